@@ -1,0 +1,77 @@
+"""The `skygreen` command: thin commands that parse, call `skygreen.api`, and print.
+
+Start-up stays fast: nothing here imports sky or torch at module level (each costs about
+2.3 s); commands import what they need when they run. A test checks it in a fresh interpreter.
+
+Errors: a `SkygreenError` prints its message (no traceback) and exits with its code, 2 for bad
+input and 1 for failures; `SKYGREEN_DEBUG=1` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import click
+import typer
+
+from skygreen.errors import SkygreenError
+
+app = typer.Typer(
+    name="skygreen",
+    help="Cheap, green cloud GPU training: cheapest spot GPUs, mixed precision, power caps, "
+    "and runs that survive preemption. Built on SkyPilot.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+catalog_app = typer.Typer(help="The GPU price catalog (SkyPilot's own, schema v8).", no_args_is_help=True)
+app.add_typer(catalog_app, name="catalog")
+
+TaskArg = Annotated[Path, typer.Argument(help="Task file: a SkyPilot task YAML with a `skygreen:` section.")]
+CatalogOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--catalog",
+        help="Catalog directory holding <cloud>/vms.csv (default: $SKYGREEN_CATALOG_DIR, "
+        "else ~/.sky/catalogs/v8, else the embedded snapshot).",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def print_json(data: object) -> None:
+    """JSON on stdout, one document, for scripts."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="skygreen", standalone_mode=False)
+    except SkygreenError as e:
+        if os.environ.get("SKYGREEN_DEBUG") == "1":
+            raise
+        sys.stderr.write(f"error: {e}\n")
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(1)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""skygreen's exception tree.
+
+Every error a user can cause or meet is a `SkygreenError`. The CLI prints its message and
+exits with its `exit_code`, without a traceback unless `SKYGREEN_DEBUG=1`. Adapters translate
+the errors of outside libraries (boto3, google-cloud-storage, SkyPilot, NVML) into these
+classes with `raise ... from e`, so the cause stays attached for debugging.
+
+Exit codes: 2 for bad input (the user can fix it by changing what they typed or wrote),
+1 for failures of the world (a bucket that refuses, a cloud that says no).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILURE = 1
+
+
+class SkygreenError(Exception):
+    """Base class: a message meant for the user, and the exit code the CLI returns."""
+
+    exit_code = EXIT_FAILURE
+
+
+class InputError(SkygreenError):
+    """Bad input the user can fix: a flag, a path, a run id."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class SpecError(InputError):
+    """A task file field is wrong.
+
+    The message always names the field path, the bad value, what is allowed, and, where a
+    near miss exists, what the user probably meant.
+    """
+
+    def __init__(
+        self,
+        field: str,
+        problem: str,
+        *,
+        value: Any = None,
+        allowed: str | None = None,
+        hint: str | None = None,
+        source: str | None = None,
+    ) -> None:
+        self.field = field
+        self.problem = problem
+        self.value = value
+        self.allowed = allowed
+        self.hint = hint
+        self.source = source
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = f"{self.source}: " if self.source else ""
+        lines = [f"{where}{self.field}: {self.problem}"]
+        if self.value is not None:
+            lines.append(f"  got: {self.value!r}")
+        if self.allowed:
+            lines.append(f"  allowed: {self.allowed}")
+        if self.hint:
+            lines.append(f"  fix: {self.hint}")
+        return "\n".join(lines)
+
+    def with_source(self, source: str) -> SpecError:
+        """The same error, naming the file it came from."""
+        return SpecError(
+            self.field,
+            self.problem,
+            value=self.value,
+            allowed=self.allowed,
+            hint=self.hint,
+            source=source,
+        )
+
+
+class NoOfferError(InputError):
+    """The constraints admit no offer in the catalog; the message says which one to relax."""
+
+
+class CatalogError(SkygreenError):
+    """The price catalog is missing, unreadable or cannot be refreshed."""
+
+
+class StoreError(SkygreenError):
+    """A checkpoint store (bucket) failed permanently: no bucket, no access, bad URL."""
+
+
+class TransientStoreError(StoreError):
+    """A store failure worth retrying: 5xx, throttling, connection reset, timeout."""
+
+
+class CheckpointError(SkygreenError):
+    """No usable checkpoint, or one that fails verification."""
+
+
+class LaunchError(SkygreenError):
+    """SkyPilot refused or failed to launch or query a job."""
+
+
+class RuntimeSetupError(InputError):
+    """The in-container runtime was configured wrongly (settings, environment)."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """The closest choice to a misspelt word, or None when nothing is close.
+
+    Case-insensitive, since GPU and cloud names are often typed in either case.
+    """
+    by_lower = {c.lower(): c for c in choices}
+    match = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[match[0]] if match else None
+
+
+def suggestion(word: str, choices: Iterable[str]) -> str | None:
+    """A 'did you mean' hint for SpecError, or None."""
+    near = did_you_mean(word, choices)
+    return f"did you mean {near!r}?" if near else None

@@ -1,0 +1,136 @@
+"""Typed readers for user-written values, each failing with a `SpecError` that names the field.
+
+YAML hands us whatever the user typed: strings for numbers, `yes` for booleans, dates, NaN.
+These readers accept exactly one shape per field and say what was expected otherwise, so the
+spec parser stays a flat list of `field = read_x(...)` lines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from skygreen.errors import SpecError, suggestion
+
+
+def type_name(value: Any) -> str:
+    """The YAML-ish name of a value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "mapping"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+def read_mapping(value: Any, path: str) -> Mapping[str, Any]:
+    """A mapping whose keys are all strings."""
+    if not isinstance(value, Mapping):
+        raise SpecError(path, f"expected a mapping, got a {type_name(value)}", value=value)
+    for key in value:
+        if not isinstance(key, str):
+            raise SpecError(f"{path}.{key}", f"keys must be strings, got a {type_name(key)}", value=key)
+    return value
+
+
+def check_keys(mapping: Mapping[str, Any], allowed: Iterable[str], path: str) -> None:
+    """Reject keys outside `allowed`, suggesting the nearest allowed key."""
+    allowed = list(allowed)
+    for key in mapping:
+        if key not in allowed:
+            raise SpecError(
+                f"{path}.{key}" if path else key,
+                "unknown key",
+                allowed=", ".join(allowed),
+                hint=suggestion(key, allowed) or "remove it",
+            )
+
+
+def read_bool(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(path, f"expected true or false, got a {type_name(value)}", value=value)
+    return value
+
+
+def read_int(value: Any, path: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An integer (not a boolean, not a float with a fraction) within bounds."""
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(path, f"expected an integer, got a {type_name(value)}", value=value)
+    _check_range(value, path, minimum, maximum)
+    return value
+
+
+def read_number(
+    value: Any,
+    path: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    positive: bool = False,
+) -> float:
+    """A finite number within bounds; `positive` excludes zero."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(path, f"expected a number, got a {type_name(value)}", value=value)
+    value = float(value)
+    if not math.isfinite(value):
+        raise SpecError(path, "expected a finite number", value=value)
+    if positive and value <= 0:
+        raise SpecError(path, "must be greater than 0", value=value, hint="use a positive number")
+    _check_range(value, path, minimum, maximum)
+    return value
+
+
+def _check_range(value: float, path: str, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise SpecError(path, f"must be at least {minimum}", value=value)
+    if maximum is not None and value > maximum:
+        raise SpecError(path, f"must be at most {maximum}", value=value)
+
+
+def read_str(value: Any, path: str, *, nonempty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise SpecError(path, f"expected a string, got a {type_name(value)}", value=value)
+    if nonempty and not value.strip():
+        raise SpecError(path, "must not be empty", value=value)
+    return value
+
+
+def read_choice(value: Any, path: str, choices: Iterable[str], *, case_sensitive: bool = False) -> str:
+    """One of `choices`, returned in the spelling of `choices`."""
+    choices = list(choices)
+    if not isinstance(value, str):
+        raise SpecError(
+            path, f"expected one of the names below, got a {type_name(value)}", value=value, allowed=", ".join(choices)
+        )
+    for choice in choices:
+        if value == choice or (not case_sensitive and value.lower() == choice.lower()):
+            return choice
+    raise SpecError(
+        path,
+        f"unknown value {value!r}",
+        allowed=", ".join(choices),
+        hint=suggestion(value, choices),
+    )
+
+
+def read_list(value: Any, path: str, *, nonempty: bool = True) -> list[Any]:
+    """A list; a single scalar is accepted as a one-item list, as users often write `gpus: A100`."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list):
+        raise SpecError(path, f"expected a list, got a {type_name(value)}", value=value)
+    if nonempty and not value:
+        raise SpecError(path, "must not be empty", value=value)
+    return value

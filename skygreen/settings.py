@@ -1,0 +1,153 @@
+"""The runtime settings contract between `skygreen up` (laptop) and `skygreen.runtime` (container).
+
+`skygreen up` renders these as `envs` of the SkyPilot task (and `--local` sets the same
+variables for its subprocess); the runtime reads them back with `RuntimeSettings.from_env`.
+Code that constructs the runtime can pass its own values, which win over the environment.
+
+One variable a cluster can set for everybody: `SKYGREEN_DEFAULT_PRECISION`, used when a run
+names no precision, so nobody forgets the cheapest switch.
+
+Credentials are never part of these settings: buckets are reached with the cloud's own
+credential chain (instance roles, SkyPilot `secrets`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from skygreen.errors import RuntimeSetupError, SpecError
+from skygreen.fields import read_choice, read_int, read_number
+from skygreen.spec import EARLY_STOP_MODES, HALF_PRECISIONS, PRECISIONS, GreenSpec
+
+DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeSettings:
+    """Everything the in-container runtime needs to know about its run."""
+
+    run_id: str
+    bucket: str
+    """Base checkpoint URL; the run's checkpoints live under `<bucket>/<run_id>/`."""
+    precision: str = "auto"
+    effective_batch: int | None = None
+    micro_batch: int | None = None
+    """None means auto: probe the largest micro-batch that fits."""
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_s: float | None = None
+    checkpoint_keep: int = 3
+    checkpoint_half_precision: str | None = None
+    power_cap: str = "auto"
+    """auto | off | <watts> | <fraction of the default limit>, as written in the task file."""
+    early_stop_metric: str | None = None
+    early_stop_mode: str = "min"
+    early_stop_patience: int = 3
+    early_stop_min_delta: float = 0.0
+    early_stop_grace: int = 0
+    preemptions_per_hour: float | None = None
+    """Assumed spot preemption rate where the run lands, for the `auto` checkpoint interval."""
+    cloud: str | None = None
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: GreenSpec,
+        *,
+        run_id: str,
+        bucket: str,
+        cloud: str | None = None,
+        preemptions_per_hour: float | None = None,
+    ) -> RuntimeSettings:
+        """Settings for a run of a task; `bucket` is the resolved base URL."""
+        stop = spec.early_stopping
+        power = spec.power
+        cap = {"auto": "auto", "off": "off", "watts": f"{power.cap_w:g}", "fraction": f"{power.cap_fraction:g}"}[power.mode]
+        return cls(
+            run_id=run_id,
+            bucket=bucket,
+            precision=spec.precision,
+            effective_batch=spec.batch.effective,
+            micro_batch=spec.batch.micro,
+            checkpoint_every_steps=spec.checkpoint.every_steps,
+            checkpoint_every_s=spec.checkpoint.every_s,
+            checkpoint_keep=spec.checkpoint.keep,
+            checkpoint_half_precision=spec.checkpoint.half_precision,
+            power_cap=cap,
+            early_stop_metric=stop.metric if stop else None,
+            early_stop_mode=stop.mode if stop else "min",
+            early_stop_patience=stop.patience if stop else 3,
+            early_stop_min_delta=stop.min_delta if stop else 0.0,
+            early_stop_grace=stop.grace if stop else 0,
+            preemptions_per_hour=preemptions_per_hour,
+            cloud=cloud,
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The `SKYGREEN_*` variables for SkyPilot `envs`; unset fields are left out."""
+        env = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                env[_env_name(f.name)] = f"{value:g}" if isinstance(value, float) else str(value)
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RuntimeSettings:
+        """Settings from the environment, with `overrides` (from code) winning.
+
+        A malformed variable is a `RuntimeSetupError` naming the variable.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            name = _env_name(f.name)
+            if name in environ and environ[name] != "":
+                values[f.name] = _parse_env(f.name, environ[name], name)
+        if "precision" not in values and environ.get(DEFAULT_PRECISION_ENV):
+            values["precision"] = _parse_env("precision", environ[DEFAULT_PRECISION_ENV], DEFAULT_PRECISION_ENV)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        for required in ("run_id", "bucket"):
+            if required not in values:
+                raise RuntimeSetupError(
+                    f"{_env_name(required)} is not set\n"
+                    "  fix: start the script with `skygreen up` (or `--local`), or pass "
+                    f"{required}= to the runtime"
+                )
+        try:
+            return cls(**values)
+        except TypeError as e:
+            raise RuntimeSetupError(f"bad runtime settings: {e}") from e
+
+
+def _env_name(field_name: str) -> str:
+    return "SKYGREEN_" + field_name.upper()
+
+
+_INTS = {"effective_batch", "micro_batch", "checkpoint_every_steps", "checkpoint_keep", "early_stop_patience", "early_stop_grace"}
+_FLOATS = {"checkpoint_every_s", "early_stop_min_delta", "preemptions_per_hour"}
+_CHOICES = {"precision": PRECISIONS, "checkpoint_half_precision": HALF_PRECISIONS, "early_stop_mode": EARLY_STOP_MODES}
+
+
+def _parse_env(field_name: str, raw: str, env_name: str) -> Any:
+    try:
+        if field_name in _INTS:
+            try:
+                number = int(raw)
+            except ValueError:
+                raise SpecError(env_name, "expected an integer", value=raw) from None
+            return read_int(number, env_name, minimum=0 if field_name == "early_stop_grace" else 1)
+        if field_name in _FLOATS:
+            try:
+                number = float(raw)
+            except ValueError:
+                raise SpecError(env_name, "expected a number", value=raw) from None
+            return read_number(number, env_name, minimum=0.0)
+        if field_name in _CHOICES:
+            return read_choice(raw, env_name, _CHOICES[field_name])
+    except SpecError as e:
+        raise RuntimeSetupError(str(e)) from None
+    return raw

@@ -1,0 +1,48 @@
+"""Shared test fixtures.
+
+`../shared/` (beside the checkout) holds a real SkyPilot price catalog and real spot traces.
+Tests that need them use the fixtures below, which skip with a reason when the folder is
+absent (a fresh clone elsewhere); the rest of the suite covers the same code with small
+fixtures of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+# Tests share two cores with each other; one intra-op thread keeps torch runs predictable.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def shared_catalog_dir() -> Path:
+    """The real v8 catalog snapshot (`../shared/catalog/v8`), or skip."""
+    path = SHARED / "catalog" / "v8"
+    if not (path / "aws" / "vms.csv").exists():
+        pytest.skip(f"real catalog snapshot not found at {path} (only present beside the main checkout)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_traces_dir() -> Path:
+    """The real spot availability and preemption traces (`../shared/spot-traces`), or skip."""
+    path = SHARED / "spot-traces"
+    if not (path / "README.md").exists():
+        pytest.skip(f"spot traces not found at {path} (only present beside the main checkout)")
+    return path
+
+
+@pytest.fixture
+def private_home(tmp_path, monkeypatch) -> Path:
+    """A private HOME and XDG data dir, so no test touches the real ~/.sky or ~/.local."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    return home

@@ -1,0 +1,34 @@
+"""The CLI's start-up path imports neither sky nor torch (each costs about 2.3 s)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("sky", "torch")
+
+
+def modules_after(code: str) -> set[str]:
+    """Top-level module names loaded after running `code` in a fresh interpreter."""
+    probe = code + "\nimport sys\nprint(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(out.stdout.strip().splitlines()[-1].split())
+
+
+def test_help_imports_neither_sky_nor_torch():
+    loaded = modules_after(
+        "import sys\nfrom skygreen.cli import main\nsys.argv=['skygreen','--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass"
+    )
+    assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_core_modules_import_no_outside_library():
+    loaded = modules_after("import skygreen.spec, skygreen.settings, skygreen.gpus, skygreen.errors")
+    assert not loaded & {"sky", "torch", "boto3", "google", "pynvml"}
+
+
+def test_help_lists_the_commands():
+    out = subprocess.run([sys.executable, "-m", "skygreen.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "catalog" in out.stdout
