@@ -1,0 +1,160 @@
+"""A local directory as a checkpoint store (`file://` URLs and plain paths).
+
+Used on laptops, by `skygreen up --local`, by the CPU smoke test and on shared filesystems.
+Every write goes to a temporary file beside its target, is flushed to disk, and is renamed
+over the target: a reader sees the old object or the whole new one, never half of one, even
+if the process dies mid-write.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from skygreen.errors import StoreError, TransientStoreError
+from skygreen.store import DEFAULT_RETRY, KeyNotFoundError, RetryPolicy, call_with_retries
+
+_COPY_CHUNK_BYTES = 8 * 1024 * 1024
+_TEMP_PREFIX = ".tmp-"
+
+# errno -> transient? Full disks and permissions do not heal by waiting; NFS hiccups can.
+_TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.EIO}
+
+
+class LocalStore:
+    """Keys are relative paths under `root`; "/" separates folders on every platform."""
+
+    def __init__(self, root: str | os.PathLike[str], *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+        self.root = Path(os.path.expanduser(str(root))).absolute()
+        self.url = str(self.root)
+        self.retry = retry
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"{self.root}: checkpoint bucket path exists but is not a directory\n  fix: choose a directory path")
+
+    def _path(self, key: str) -> Path:
+        parts = key.split("/")
+        if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise StoreError(f"{self.root}: bad store key {key!r} (relative, '/'-separated, no '.' or '..')")
+        return self.root.joinpath(*parts)
+
+    def _run(self, what: str, operation):
+        return call_with_retries(lambda: _mapped(self.root, what, operation), what=what, policy=self.retry)
+
+    def put(self, key: str, data: bytes | BinaryIO) -> None:
+        target = self._path(key)
+        self._run(f"write {target}", lambda: _atomic_write(target, data))
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        return self._run(f"read {path}", lambda: _read_existing(path, key).read_bytes())
+
+    def get_to(self, key: str, fileobj: BinaryIO) -> None:
+        path = self._path(key)
+
+        def copy() -> None:
+            with _read_existing(path, key).open("rb") as src:
+                shutil.copyfileobj(src, fileobj, _COPY_CHUNK_BYTES)
+
+        self._run(f"read {path}", copy)
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        keys = []
+        for folder, dirs, files in os.walk(self.root):
+            dirs.sort()
+            rel = Path(folder).relative_to(self.root).as_posix()
+            for name in sorted(files):
+                if name.startswith(_TEMP_PREFIX):
+                    continue
+                key = name if rel == "." else f"{rel}/{name}"
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        self._run(f"delete {path}", lambda: path.unlink(missing_ok=True))
+        _prune_empty_parents(path.parent, self.root)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        return self._run(f"stat {path}", lambda: _read_existing(path, key).stat().st_size)
+
+    def storage_class(self, key: str) -> str | None:
+        return None
+
+    def set_storage_class(self, key: str, storage_class: str) -> None:
+        raise StoreError(f"{self.root}: a local directory has no storage classes; cold storage does not apply")
+
+
+def _read_existing(path: Path, key: str) -> Path:
+    if not path.is_file():
+        raise KeyNotFoundError(f"{path}: no such checkpoint object {key!r}")
+    return path
+
+
+def _atomic_write(target: Path, data: bytes | BinaryIO) -> None:
+    """Write to a temporary file beside `target`, fsync it, rename it over `target`."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                out.write(data)
+            else:
+                shutil.copyfileobj(data, out, _COPY_CHUNK_BYTES)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (POSIX); harmless where directories cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _prune_empty_parents(folder: Path, root: Path) -> None:
+    while folder != root and root in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
+
+
+def _mapped(root: Path, what: str, operation):
+    """Run a filesystem operation, mapping OSError to skygreen's store errors."""
+    try:
+        return operation()
+    except PermissionError as e:
+        raise StoreError(
+            f"{what}: permission denied on the checkpoint directory {root}\n"
+            "  fix: make it writable by this user, or choose another bucket path"
+        ) from e
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise StoreError(f"{what}: the disk holding {root} is full\n  fix: free space or choose another bucket path") from e
+        if e.errno in _TRANSIENT_ERRNOS:
+            raise TransientStoreError(f"{what}: {e}") from e
+        raise StoreError(f"{what}: {e}") from e

@@ -1,0 +1,454 @@
+"""Saving and loading checkpoints from the training loop (the torch side of the protocol).
+
+`save` blocks training only while the state is copied to host memory; serialisation
+(`torch.save`) and upload run on a background thread. At most one save is in flight: a save
+that comes due while the previous one is still uploading first waits for it to commit, and
+that wait counts in `last_save_cost_s`, so the auto interval grows until uploads keep up.
+
+A failed background save never corrupts anything: its manifest is not written, so readers
+never see it. The next `save` logs the failure and carries on (training goes on, the last
+committed checkpoint stands) when the cause was transient; a permanent cause (no bucket,
+access denied) or three transient failures in a row stop training with the error. `wait`
+re-raises the failure of the save it waited for.
+
+Loading trusts nothing in the bucket: a checkpoint is used only if its manifest parses and
+every blob it lists matches its size and sha256; only then is it read, with
+`torch.load(weights_only=True)` and nothing else that unpickles. A corrupt or partial newest
+checkpoint is skipped with a warning naming it, and the previous good one is loaded.
+
+DDP, without collectives on the background thread: every rank uploads its own blob, then a
+small note (`rank<r>.json`) with the blob's size and sha256; rank 0 also uploads the shared
+state, waits (with a deadline) for every rank's note, and only then writes the manifest.
+On load, each rank verifies every blob the manifest lists, so all ranks reach the same answer
+from the same bucket; when a process group is initialised they also agree by `all_reduce`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from skygreen.checkpoint import (
+    SHARED_BLOB,
+    BlobInfo,
+    HashingWriter,
+    Manifest,
+    apply_retention,
+    blob_key,
+    iter_manifests,
+    rank_blob_name,
+    rank_note_name,
+    step_folders,
+    step_prefix,
+    utc_now_iso,
+    CKPT_DIR,
+    METRIC_MODES,
+    MANIFEST_NAME,
+    delete_step,
+    manifest_key,
+)
+from skygreen.errors import CheckpointError, InputError, StoreError, TransientStoreError
+from skygreen.store import KeyNotFoundError, RetryPolicy, Store, open_store
+from skygreen.spec import HALF_PRECISIONS
+
+log = logging.getLogger("skygreen.checkpoint")
+
+MAX_FAILED_SAVES_IN_ROW = 3
+_HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_ATOMS = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+_NOTE_POLL_S = 0.2
+
+
+class RankTimeoutError(CheckpointError):
+    """Some ranks did not deliver their part of a checkpoint in time (not committed)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Loaded:
+    step: int
+    state: dict
+    rank_state: dict | None
+    """This rank's own state; None when the checkpoint has none for this rank."""
+    manifest: Manifest
+
+
+def model_sha256(model_state: Mapping[str, Any]) -> str:
+    """sha256 over a state_dict's tensors in sorted name order: name, dtype, shape, bytes.
+
+    Each field is followed by a NUL byte; non-tensor entries are ignored. The definition is
+    documented in `skygreen.checkpoint`; with half-precision storage it covers the stored
+    (half-precision) tensors, so a loaded state can be checked against the manifest.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(model_state):
+        tensor = model_state[name]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(str(name).encode() + b"\0")
+        digest.update(str(tensor.dtype).encode() + b"\0")
+        digest.update(str(list(tensor.shape)).encode() + b"\0")
+        digest.update(flat.view(torch.uint8).numpy().data if flat.numel() else b"")
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def to_host(obj: Any, *, path: str = "state", half: torch.dtype | None = None) -> Any:
+    """A deep copy of `obj` with every tensor copied to CPU memory.
+
+    Only what `torch.load(weights_only=True)` reads back is allowed; anything else fails
+    here, at save time, naming where it sits, instead of failing the resume later.
+    """
+    if isinstance(obj, torch.Tensor):
+        tensor = obj.detach()
+        if half is not None and tensor.is_floating_point():
+            return tensor.to("cpu", dtype=half, copy=True)
+        return tensor.to("cpu", copy=True)
+    if isinstance(obj, Mapping):
+        out: dict = OrderedDict() if isinstance(obj, OrderedDict) else {}
+        for key, value in obj.items():
+            if not isinstance(key, (str, int)):
+                raise CheckpointError(f"{path}: key {key!r} is a {type(key).__name__}; use str or int keys")
+            out[key] = to_host(value, path=f"{path}[{key!r}]", half=half)
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [to_host(v, path=f"{path}[{i}]", half=half) for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    if isinstance(obj, _ATOMS):
+        return obj
+    kind = type(obj).__module__ + "." + type(obj).__qualname__
+    fix = "convert it with torch.from_numpy(...) or .tolist()" if kind.startswith("numpy") else "convert it to tensors, lists or numbers"
+    raise CheckpointError(f"{path}: a {kind} cannot be checkpointed (weights_only loading would refuse it)\n  fix: {fix}")
+
+
+class Checkpointer:
+    """Asynchronous, verified checkpoints of one run (one instance per rank)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        keep: int = 3,
+        half_precision: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        metric_mode: str = "min",
+        rank_wait_s: float = 600.0,
+        retry: RetryPolicy | None = None,
+        tmp_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
+            raise InputError(f"checkpoint keep: must be an integer >= 2 (the newest may be the broken one), got {keep!r}")
+        if half_precision is not None and half_precision not in HALF_PRECISIONS:
+            raise InputError(f"checkpoint half_precision: {half_precision!r} is not one of {', '.join(HALF_PRECISIONS)} or None")
+        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+            raise InputError(f"checkpoint rank/world_size: need 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}")
+        if metric_mode not in METRIC_MODES:
+            raise InputError(f"checkpoint metric_mode: {metric_mode!r} is not one of {', '.join(METRIC_MODES)}")
+        self.url = url
+        self.store: Store = open_store(url, retry=retry)
+        self.keep = keep
+        self.half_precision = half_precision
+        self.rank = rank
+        self.world_size = world_size
+        self.metric_mode = metric_mode
+        self.rank_wait_s = rank_wait_s
+        self.tmp_dir = tmp_dir
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._failed_in_row = 0
+        self._closed = False
+        self.last_committed_step: int | None = None
+        self._last_save_cost_s: float | None = None
+        self.last_upload_s: float | None = None
+
+    # -- saving -------------------------------------------------------------------------
+
+    @property
+    def last_save_cost_s(self) -> float | None:
+        """Seconds the last `save` blocked training (copy to host + waiting for the previous)."""
+        return self._last_save_cost_s
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def save(
+        self,
+        step: int,
+        state: dict,
+        *,
+        rank_state: dict | None = None,
+        metric: float | None = None,
+        meta: dict | None = None,
+        pin: bool = False,
+    ) -> None:
+        """Snapshot `state` (and this rank's `rank_state`) and commit them in the background."""
+        if self._closed:
+            raise CheckpointError(f"{self.url}: save after close")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        started = time.perf_counter()
+        self._collect_previous()
+        half = _HALF_DTYPES[self.half_precision] if self.half_precision else None
+        shared = None
+        if self.rank == 0:
+            if not isinstance(state, Mapping):
+                raise CheckpointError(f"checkpoint state must be a dict, got a {type(state).__name__}")
+            shared = {k: to_host(v, path=f"state[{k!r}]", half=half if k == "model" else None) for k, v in state.items()}
+        own = to_host(rank_state if rank_state is not None else {}, path="rank_state")
+        _synchronize_devices(state)
+        meta_json = json.loads(json.dumps(meta or {}, allow_nan=False))
+        if half is not None:
+            meta_json.setdefault("stored_weights", self.half_precision)
+        self._last_save_cost_s = time.perf_counter() - started
+        self._thread = threading.Thread(
+            target=self._write_guarded,
+            args=(step, shared, own, metric, meta_json, pin),
+            name=f"skygreen-checkpoint-{step}",
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the in-flight save committed; re-raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Finish the in-flight save (re-raising its error) and refuse further saves."""
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _collect_previous(self) -> None:
+        """Wait for the previous save; decide whether its failure stops training."""
+        try:
+            self.wait()
+        except (TransientStoreError, RankTimeoutError) as e:
+            self._failed_in_row += 1
+            if self._failed_in_row >= MAX_FAILED_SAVES_IN_ROW:
+                raise CheckpointError(
+                    f"{self.url}: {self._failed_in_row} checkpoints in a row failed to commit; last error: {e}\n"
+                    f"  the last committed checkpoint is step {self.last_committed_step}; check the bucket's health"
+                ) from e
+            log.warning(
+                "checkpoint was not committed (%s); training goes on, the next save tries again; "
+                "last committed step: %s", e, self.last_committed_step,
+            )
+            return
+
+    def _write_guarded(self, *args) -> None:
+        try:
+            self._write(*args)
+        except BaseException as e:  # surfaced by wait()/save(); never lost in the thread
+            self._error = e
+
+    def _write(self, step: int, shared: dict | None, own: dict, metric, meta: dict, pin: bool) -> None:
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="skygreen-ckpt-", dir=self.tmp_dir) as tmp:
+            own_name = rank_blob_name(self.rank)
+            blobs = {own_name: self._upload_blob(step, own_name, own, Path(tmp))}
+            self.store.put(blob_key(step, rank_note_name(self.rank)), _note(step, self.rank, blobs))
+            if self.rank != 0:
+                self.last_upload_s = time.perf_counter() - started
+                self._failed_in_row = 0
+                return
+            blobs[SHARED_BLOB] = self._upload_blob(step, SHARED_BLOB, shared, Path(tmp))
+            model_hash = model_sha256(shared["model"]) if isinstance(shared.get("model"), Mapping) else None
+        blobs.update(self._collect_rank_notes(step))
+        manifest = Manifest(
+            step=step,
+            created_at=utc_now_iso(),
+            blobs=blobs,
+            model_sha256=model_hash,
+            metric=None if metric is None else float(metric),
+            metric_mode=self.metric_mode,
+            pinned=pin,
+            world_size=self.world_size,
+            meta=meta,
+        )
+        self.store.put(manifest_key(step), manifest.dumps())
+        self.last_committed_step = step
+        self._failed_in_row = 0
+        self.last_upload_s = time.perf_counter() - started
+        log.info("checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s)
+        apply_retention(self.store, keep=self.keep)
+
+    def _upload_blob(self, step: int, name: str, obj: Any, tmp: Path) -> BlobInfo:
+        """Serialise `obj` to a temporary file (hashing on the way), then stream it up."""
+        path = tmp / name
+        with open(path, "wb") as raw:
+            writer = HashingWriter(raw)
+            torch.save(obj, writer)
+            writer.flush()
+        with open(path, "rb") as src:
+            self.store.put(blob_key(step, name), src)
+        return writer.info()
+
+    def _collect_rank_notes(self, step: int) -> dict[str, BlobInfo]:
+        """Rank 0: every other rank's blob info, from its note; waits up to `rank_wait_s`."""
+        pending = set(range(1, self.world_size))
+        found: dict[str, BlobInfo] = {}
+        deadline = time.monotonic() + self.rank_wait_s
+        while pending:
+            for rank in sorted(pending):
+                try:
+                    raw = self.store.get(blob_key(step, rank_note_name(rank)))
+                except KeyNotFoundError:
+                    continue
+                found.update(_read_note(raw, step, rank, self.url))
+                pending.discard(rank)
+            if pending and time.monotonic() > deadline:
+                raise RankTimeoutError(
+                    f"{self.url}: checkpoint step {step} not committed: rank(s) "
+                    f"{', '.join(map(str, sorted(pending)))} did not upload their part within {self.rank_wait_s:g} s"
+                )
+            if pending:
+                time.sleep(_NOTE_POLL_S)
+        return found
+
+    # -- loading ------------------------------------------------------------------------
+
+    def load_latest(self) -> Loaded | None:
+        """The newest checkpoint whose blobs all verify, loaded; None when there is none.
+
+        Call on every rank (not while a save is in flight). Uncommitted step folders newer
+        than the loaded step are leftovers of a life that died mid-save; rank 0 removes them
+        so a rank's stale note can never be mistaken for a new one.
+        """
+        self.wait()
+        bound: int | None = None
+        first_round = True
+        while True:
+            loaded = self._load_newest(bound)
+            step = loaded.step if loaded else -1
+            if first_round and self.rank == 0:
+                self._remove_uncommitted_after(step)
+            first_round = False
+            low, high = _agree_min(step), _agree_max(step)
+            if low == high:
+                self.last_committed_step = loaded.step if loaded else None
+                return loaded
+            bound = low
+
+    def _load_newest(self, bound: int | None) -> Loaded | None:
+        for manifest in iter_manifests(self.store):
+            if bound is not None and manifest.step > bound:
+                continue
+            try:
+                return self._load(manifest)
+            except TransientStoreError:
+                raise
+            except (CheckpointError, StoreError) as e:
+                log.warning("skipping %s: %s", manifest.label, e)
+        return None
+
+    def _load(self, manifest: Manifest) -> Loaded:
+        """Verify every blob of `manifest`, then load the shared and this rank's state."""
+        own_name = rank_blob_name(self.rank)
+        with tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp:
+            paths = {name: self._fetch_verified(manifest, name, info, Path(tmp)) for name, info in sorted(manifest.blobs.items())}
+            state = _torch_load(paths[SHARED_BLOB], manifest, SHARED_BLOB)
+            rank_state = _torch_load(paths[own_name], manifest, own_name) if own_name in paths else None
+        if rank_state is None and self.world_size > 1:
+            log.warning("%s has no state for rank %d (saved with %d ranks)", manifest.label, self.rank, manifest.world_size)
+        if manifest.model_sha256 is not None and isinstance(state.get("model"), Mapping):
+            if model_sha256(state["model"]) != manifest.model_sha256:
+                raise CheckpointError(f"{manifest.label}: the loaded model's sha256 does not match the manifest")
+        return Loaded(step=manifest.step, state=state, rank_state=rank_state, manifest=manifest)
+
+    def _fetch_verified(self, manifest: Manifest, name: str, info: BlobInfo, tmp: Path) -> Path:
+        path = tmp / name
+        with open(path, "wb") as raw:
+            writer = HashingWriter(raw)
+            try:
+                self.store.get_to(blob_key(manifest.step, name), writer)
+            except KeyNotFoundError as e:
+                raise CheckpointError(f"{name} is missing") from e
+            writer.flush()
+        got = writer.info()
+        if got != info:
+            raise CheckpointError(
+                f"{name} does not match the manifest (size {got.size} vs {info.size}, "
+                f"sha256 {got.sha256[:12]}... vs {info.sha256[:12]}...): corrupt or partial"
+            )
+        return path
+
+    def _remove_uncommitted_after(self, step: int) -> None:
+        folders = step_folders(self.store.list(CKPT_DIR + "/"))
+        for stale in sorted(s for s in folders if s > step and MANIFEST_NAME not in folders[s]):
+            log.info("removing uncommitted leftovers of step %d (%s)", stale, step_prefix(stale))
+            delete_step(self.store, stale)
+
+
+def _note(step: int, rank: int, blobs: Mapping[str, BlobInfo]) -> bytes:
+    return json.dumps({"step": step, "rank": rank, "blobs": {n: b.to_json() for n, b in blobs.items()}}).encode()
+
+
+def _read_note(raw: bytes, step: int, rank: int, url: str) -> dict[str, BlobInfo]:
+    try:
+        note = json.loads(raw)
+        if note["step"] != step or note["rank"] != rank:
+            raise ValueError(f"note is for step {note['step']} rank {note['rank']}")
+        return {name: BlobInfo(size=b["size"], sha256=b["sha256"]) for name, b in note["blobs"].items()}
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{url}: bad note of rank {rank} for step {step}: {e}") from e
+
+
+def _torch_load(path: Path, manifest: Manifest, name: str) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises UnpicklingError, RuntimeError, ... for bad files
+        raise CheckpointError(f"{manifest.label}: {name} verified but cannot be loaded safely: {e}") from e
+
+
+def _synchronize_devices(state: Any) -> None:
+    """Wait for device-to-host copies; a no-op on CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _dist_ready() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+
+
+def _agree_min(value: int) -> int:
+    return _all_reduce(value, "MIN")
+
+
+def _agree_max(value: int) -> int:
+    return _all_reduce(value, "MAX")
+
+
+def _all_reduce(value: int, op: str) -> int:
+    """Agreement across ranks when a process group exists (main thread only); else `value`."""
+    if not _dist_ready():
+        return value
+    dist = torch.distributed
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
+    return int(tensor.item())

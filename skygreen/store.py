@@ -1,0 +1,248 @@
+"""Checkpoint stores: one small interface over S3, GCS and local directories.
+
+A store is rooted at a URL (`s3://bucket/prefix`, `gs://bucket/prefix`, `file:///dir` or a
+plain path) and speaks in string keys relative to that root, so the checkpoint protocol in
+`skygreen.checkpoint` never sees which cloud it runs on.
+
+This module is core: it imports no outside library. `open_store` picks the adapter by URL
+scheme and imports it (and its cloud library) only then.
+
+Retries live here, once, as a pure policy (`RetryPolicy`, `backoff_delay_s`) and one loop
+(`call_with_retries`) that every adapter wraps around its network calls. Adapters turn their
+library's errors into `TransientStoreError` (worth retrying: 5xx, throttling, connection
+resets, timeouts) or `StoreError` (permanent: no such bucket, access denied; fail fast with
+the bucket and the fix) through a table, so the loop only has to look at the class.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol, TypeVar, runtime_checkable
+
+from skygreen.errors import InputError, StoreError, TransientStoreError
+
+log = logging.getLogger("skygreen.store")
+
+SUPPORTED_SCHEMES: tuple[str, ...] = ("s3://", "gs://", "file://")
+"""Plus plain local paths (no scheme)."""
+
+T = TypeVar("T")
+
+
+class KeyNotFoundError(StoreError):
+    """The key does not exist in the store (a normal answer, never retried)."""
+
+
+class ArchivedObjectError(StoreError):
+    """The object sits in a cold storage class and must be restored before it can be read."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """String keys relative to the store's root URL; values are bytes.
+
+    `put` accepts a readable binary file object so large blobs stream from disk with bounded
+    memory; a seekable one can be re-sent when a transient error interrupts the upload.
+    `get` and `get_to` raise `KeyNotFoundError` for a missing key.
+    """
+
+    url: str
+
+    def put(self, key: str, data: bytes | BinaryIO) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def get_to(self, key: str, fileobj: BinaryIO) -> None: ...
+
+    def list(self, prefix: str = "") -> list[str]: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def size(self, key: str) -> int: ...
+
+    def storage_class(self, key: str) -> str | None: ...
+
+    def set_storage_class(self, key: str, storage_class: str) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreUrl:
+    """A parsed store URL: scheme ("s3", "gs", "file"), bucket (or directory) and key prefix."""
+
+    scheme: str
+    bucket: str
+    prefix: str
+    """Without leading or trailing slash; "" for the bucket's root."""
+
+    def key(self, key: str) -> str:
+        """The full object name of a store-relative key."""
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+
+def parse_url(url: str) -> StoreUrl:
+    """Split a store URL; an unknown scheme or a missing bucket is an `InputError`."""
+    if not isinstance(url, str) or not url.strip():
+        raise InputError(f"checkpoint bucket URL is empty\n  fix: {_url_help()}")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return StoreUrl(scheme="file", bucket=url, prefix="")
+    scheme = scheme.lower()
+    if scheme == "file":
+        return StoreUrl(scheme="file", bucket=rest or "/", prefix="")
+    if scheme not in ("s3", "gs"):
+        raise InputError(
+            f"unknown checkpoint bucket scheme {scheme + '://'!r} in {url!r}\n"
+            f"  supported: {', '.join(SUPPORTED_SCHEMES)} or a plain local path\n  fix: {_url_help()}"
+        )
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise InputError(f"checkpoint bucket URL {url!r} names no bucket\n  fix: {_url_help()}")
+    return StoreUrl(scheme=scheme, bucket=bucket, prefix=prefix.strip("/"))
+
+
+def _url_help() -> str:
+    return "use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///DIR or a local directory path"
+
+
+def join_url(url: str, *parts: str) -> str:
+    """`url` with path parts appended, one slash between each."""
+    out = url.rstrip("/")
+    for part in parts:
+        out += "/" + part.strip("/")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Retries
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter for transient store errors.
+
+    Full jitter (a uniform draw in [0, cap]) spreads the retries of many ranks hitting the
+    same throttled bucket, which a fixed exponential schedule would synchronise.
+    """
+
+    max_attempts: int = 8
+    base_delay_s: float = 0.25
+    max_delay_s: float = 20.0
+    deadline_s: float | None = 300.0
+    """Give up when the next wait would pass this many seconds since the first attempt."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ValueError(f"RetryPolicy.max_attempts must be an integer >= 1, got {self.max_attempts!r}")
+        if not (self.base_delay_s >= 0 and math.isfinite(self.base_delay_s)):
+            raise ValueError(f"RetryPolicy.base_delay_s must be >= 0, got {self.base_delay_s!r}")
+        if not self.max_delay_s >= self.base_delay_s:
+            raise ValueError(f"RetryPolicy.max_delay_s must be >= base_delay_s, got {self.max_delay_s!r}")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(f"RetryPolicy.deadline_s must be > 0 or None, got {self.deadline_s!r}")
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def backoff_delay_s(policy: RetryPolicy, retry_index: int, uniform01: float) -> float:
+    """The wait before retry number `retry_index` (0 for the first retry).
+
+    `uniform01` is a draw from [0, 1): passing it in keeps this function pure and testable.
+    The cap doubles each retry from `base_delay_s` up to `max_delay_s`.
+    """
+    cap_s = min(policy.max_delay_s, policy.base_delay_s * (2.0 ** min(retry_index, 60)))
+    return cap_s * min(max(uniform01, 0.0), 1.0)
+
+
+def call_with_retries(
+    operation: Callable[[], T],
+    *,
+    what: str,
+    policy: RetryPolicy = DEFAULT_RETRY,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+    uniform01: Callable[[], float] = random.random,
+    on_retry: Callable[[], None] | None = None,
+) -> T:
+    """Run `operation`, retrying `TransientStoreError` by `policy`; anything else propagates.
+
+    `on_retry` runs before each new attempt (adapters rewind a half-sent stream there). The
+    final error says how many attempts were made, keeping the last cause attached.
+    """
+    started = monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return operation()
+        except TransientStoreError as e:
+            delay_s = backoff_delay_s(policy, attempt - 1, uniform01())
+            elapsed_s = monotonic() - started
+            out_of_time = policy.deadline_s is not None and elapsed_s + delay_s > policy.deadline_s
+            if attempt >= policy.max_attempts or out_of_time:
+                raise TransientStoreError(
+                    f"{what}: still failing after {attempt} attempt(s) over {elapsed_s:.1f} s: {e}"
+                ) from e
+            log.warning("%s: %s; retry %d in %.2f s", what, e, attempt, delay_s)
+            sleep(delay_s)
+            if on_retry is not None:
+                on_retry()
+
+
+# ---------------------------------------------------------------------------------------
+# Opening a store
+
+
+def open_store(url: str, *, retry: RetryPolicy | None = None) -> Store:
+    """The store for `url`, chosen by scheme; the adapter's library is imported only now.
+
+    A missing cloud library is a `StoreError` saying which extra to install.
+    """
+    parsed = parse_url(url)
+    policy = retry or DEFAULT_RETRY
+    if parsed.scheme == "file":
+        from skygreen.adapters.local import LocalStore
+
+        return LocalStore(parsed.bucket, retry=policy)
+    try:
+        if parsed.scheme == "s3":
+            from skygreen.adapters.s3 import S3Store
+
+            return S3Store(parsed, retry=policy)
+        from skygreen.adapters.gcs import GcsStore
+
+        return GcsStore(parsed, retry=policy)
+    except ModuleNotFoundError as e:
+        raise StoreError(
+            f"{url}: the {parsed.scheme}:// store needs the package {e.name!r}, which is not installed\n"
+            "  fix: pip install 'skygreen[runtime]'"
+        ) from e
+
+
+def rewind(data: bytes | BinaryIO) -> Callable[[], None]:
+    """A callback that puts a stream back where it started, for re-sending after an error.
+
+    A non-seekable stream cannot be re-sent: the callback then raises a permanent
+    `StoreError`, so a broken upload is never retried with half its bytes.
+    """
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return lambda: None
+    try:
+        start = data.tell()
+    except (AttributeError, OSError):
+        start = None
+
+    def _rewind() -> None:
+        if start is None:
+            raise StoreError("upload interrupted and its stream cannot be rewound; pass a seekable file")
+        data.seek(start)
+
+    return _rewind
