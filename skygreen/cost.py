@@ -1,0 +1,153 @@
+"""How long and how much: the estimate model that turns an offer into the cost of one whole run.
+
+    compute_h   = work_gpu_hours x speed(work.on) / (speed(gpu) x gpus x efficiency(gpus))
+    wall_h      = compute_h x (1 + C/tau) / (1 - lambda x (R + tau/2))      (spot)
+    wall_h      = compute_h x (1 + C/tau)                                   (on-demand, lambda = 0)
+    cost_usd    = price_usd_per_hour x wall_h x num_nodes
+
+where gpus = GPUs per node x nodes; efficiency = 0.95 per doubling of gpus (data-parallel
+all-reduce overhead); lambda = the cloud's assumed preemption rate per hour x nodes (any node
+lost stops the job); R = restart time (provision, setup, load the checkpoint); tau = the
+checkpoint interval; C = the blocking cost of one save. Each preemption costs R plus, on
+average, half an interval of lost work; each interval costs C. With `every: auto` tau is
+Daly's optimum for C and the mean time between preemptions 1/lambda (Daly 2006, "A higher
+order estimate of the optimum checkpoint interval for restart dumps"), so on-demand offers
+(lambda = 0) pay no checkpoint overhead. When lambda x (R + tau/2) reaches 0.9 the run would
+spend its time restarting: the offer is not viable and gets no estimate.
+
+Assumed preemption rates (override with `skygreen.preemption.rate_per_hour`):
+- aws 0.25/h: AWS p3.2xlarge spot, real preemption traces, one week in four zones,
+  5.5-8.1 preemptions per day (skypilot-org/spot-traces, 2023-04).
+- gcp 0.10/h: GCP a3-highgpu-1g spot probes, 13 zones, 14.6 days: 0.07-10.3 drops per day
+  per zone (SkyNomad artifact, 2025-10); about 2.4 per day, between the quiet and busy zones.
+- azure 0.10/h: no public per-hour data; Azure publishes eviction-rate bands per size and
+  region but not a rate, so skygreen assumes GCP's.
+Restart 6 min and a 10 s blocking save (an async save blocks only for the copy to host
+memory: PyTorch DCP async_save measured 6.3 s for a 7B model) are the other defaults.
+
+Energy = (wall_h - restarts x R) x nodes x gpus x board power (TDP) x 0.8 average draw x the
+cloud's PUE. Carbon = energy x grams CO2e per kWh of the region (`skygreen.carbon`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from skygreen.gpus import GPUS
+
+DEFAULT_PREEMPTION_RATE_PER_HOUR: Mapping[str, float] = {"aws": 0.25, "gcp": 0.10, "azure": 0.10}
+DEFAULT_RESTART_S = 360.0
+DEFAULT_CHECKPOINT_COST_S = 10.0
+SCALING_EFFICIENCY_PER_DOUBLING = 0.95
+GPU_AVERAGE_DRAW_FRACTION = 0.8
+"""Average board power during training as a fraction of TDP (mixed-precision training keeps
+GPUs near, not at, their limit; skygreen's own metering replaces this after a run)."""
+PUE: Mapping[str, float] = {"aws": 1.15, "gcp": 1.10, "azure": 1.18}
+"""Power usage effectiveness as each provider reports its fleet (Google 2023 environmental
+report 1.10; AWS 2023 sustainability report 1.15; Microsoft 2023 datacenter fact sheet 1.18)."""
+MAX_LOSS_FRACTION = 0.9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunModel:
+    """Everything the estimate needs besides the offer, taken from the task file."""
+
+    work_gpu_hours: float
+    work_on: str = "A100"
+    speed: Mapping[str, float] = field(default_factory=dict)
+    """Relative speed per GPU (A100 = 1.0); missing GPUs use `skygreen.gpus`."""
+    num_nodes: int = 1
+    preemption_rate_per_hour: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PREEMPTION_RATE_PER_HOUR))
+    restart_s: float = DEFAULT_RESTART_S
+    checkpoint_cost_s: float = DEFAULT_CHECKPOINT_COST_S
+    checkpoint_interval_s: float | None = None
+    """None: Daly's optimum per offer (`every: auto`)."""
+
+    def __post_init__(self) -> None:
+        if not (self.work_gpu_hours > 0 and math.isfinite(self.work_gpu_hours)):
+            raise ValueError(f"work_gpu_hours must be > 0, got {self.work_gpu_hours}")
+        if self.num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
+        if self.restart_s < 0 or self.checkpoint_cost_s < 0:
+            raise ValueError("restart_s and checkpoint_cost_s must be >= 0")
+        if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
+            raise ValueError(f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}")
+        for cloud, rate in self.preemption_rate_per_hour.items():
+            if rate < 0:
+                raise ValueError(f"preemption rate for {cloud} must be >= 0, got {rate}")
+        self.relative_speed(self.work_on)  # fail early on an unknown reference GPU
+
+    def relative_speed(self, gpu: str) -> float:
+        if gpu in self.speed:
+            return self.speed[gpu]
+        if gpu not in GPUS:
+            raise ValueError(f"no relative speed known for GPU {gpu!r}")
+        return GPUS[gpu].relative_speed
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """The expected wall time, energy and preemptions of one run on one offer."""
+
+    compute_hours: float
+    est_hours: float
+    expected_preemptions: float
+    checkpoint_interval_s: float | None
+    energy_kwh: float
+
+
+def scaling_efficiency(total_gpus: int) -> float:
+    return SCALING_EFFICIENCY_PER_DOUBLING ** math.log2(total_gpus)
+
+
+def compute_hours(model: RunModel, gpu: str, gpus_per_node: int) -> float:
+    """Hours of uninterrupted training for the whole job on `gpus_per_node` x nodes of `gpu`."""
+    total = gpus_per_node * model.num_nodes
+    reference_hours = model.work_gpu_hours * model.relative_speed(model.work_on)
+    return reference_hours / (model.relative_speed(gpu) * total * scaling_efficiency(total))
+
+
+def daly_interval_s(save_cost_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order optimum checkpoint interval (compute time between saves).
+
+    tau = sqrt(2 C M) x (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C   for C < 2M, else M.
+    A zero save cost makes any interval free; one second stands in for it.
+    """
+    if mtbf_s <= 0 or math.isinf(mtbf_s):
+        return math.inf
+    cost = max(save_cost_s, 1.0)
+    if cost >= 2 * mtbf_s:
+        return mtbf_s
+    ratio = cost / (2 * mtbf_s)
+    return math.sqrt(2 * cost * mtbf_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost
+
+
+def estimate(model: RunModel, *, cloud: str, gpu: str, gpus_per_node: int, spot: bool) -> Estimate | None:
+    """The run's expected wall hours and energy on an offer, or None when preemptions would
+    stop it from making progress."""
+    compute_h = compute_hours(model, gpu, gpus_per_node)
+    rate = model.preemption_rate_per_hour.get(cloud, DEFAULT_PREEMPTION_RATE_PER_HOUR.get(cloud, 0.0))
+    rate_per_hour = rate * model.num_nodes if spot else 0.0
+    interval_s = model.checkpoint_interval_s
+    if interval_s is None:
+        interval_s = daly_interval_s(model.checkpoint_cost_s, 3600.0 / rate_per_hour) if rate_per_hour > 0 else math.inf
+    save_overhead = model.checkpoint_cost_s / interval_s if math.isfinite(interval_s) else 0.0
+    lost_per_preemption_h = (model.restart_s + (interval_s / 2 if math.isfinite(interval_s) else 0.0)) / 3600.0
+    loss = rate_per_hour * lost_per_preemption_h
+    if loss >= MAX_LOSS_FRACTION:
+        return None
+    wall_h = compute_h * (1 + save_overhead) / (1 - loss)
+    preemptions = rate_per_hour * wall_h
+    busy_h = max(wall_h - preemptions * model.restart_s / 3600.0, compute_h)
+    info = GPUS.get(gpu)
+    tdp_w = info.tdp_w if info else 300.0
+    energy = busy_h * model.num_nodes * gpus_per_node * tdp_w * GPU_AVERAGE_DRAW_FRACTION * PUE.get(cloud, 1.2) / 1000.0
+    return Estimate(
+        compute_hours=compute_h,
+        est_hours=wall_h,
+        expected_preemptions=preemptions,
+        checkpoint_interval_s=interval_s if math.isfinite(interval_s) else None,
+        energy_kwh=energy,
+    )

@@ -1,0 +1,437 @@
+"""Rank GPU offers by what the whole run will cost, not by price per hour.
+
+A pure function of plain records: the task's `skygreen:` section, a `Catalog` of offers and
+the estimate model (`skygreen.cost`). Every offer that meets the constraints becomes a
+`Candidate` with its estimated hours, cost, energy and CO2e; candidates are sorted by the
+objective (cost, time, energy or carbon; ties broken by cost, then by name so the order is
+stable). When nothing matches, the constraints are relaxed one at a time to say which one to
+loosen, and by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+
+from skygreen import carbon
+from skygreen.catalog import CLOUDS, Catalog, Offer
+from skygreen.cost import (
+    DEFAULT_CHECKPOINT_COST_S,
+    DEFAULT_PREEMPTION_RATE_PER_HOUR,
+    DEFAULT_RESTART_S,
+    RunModel,
+    estimate,
+)
+from skygreen.errors import NoOfferError, SpecError, did_you_mean
+from skygreen.gpus import GPUS
+from skygreen.spec import OBJECTIVES, GreenSpec, TaskSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """One offer the job could run on, with what the run is expected to take there."""
+
+    cloud: str
+    region: str
+    zone: str | None
+    """The cheapest zone when the catalog has zones (AWS: a zone ID such as "use1-az1"), else None."""
+    instance_type: str
+    """For GCP: the host VM type (e.g. "a2-highgpu-1g")."""
+    accelerator: str
+    accelerator_count: int
+    """GPUs per node."""
+    spot: bool
+    price_usd_per_hour: float
+    """The price of this offer per node (the spot price when spot), equal to SkyPilot's."""
+    on_demand_price_usd_per_hour: float | None
+    spot_price_usd_per_hour: float | None
+    est_hours: float
+    """Wall hours including the expected preemption overhead."""
+    est_cost_usd: float
+    """For the whole run, all nodes."""
+    energy_kwh: float
+    co2e_kg: float
+    num_nodes: int = 1
+    compute_hours: float = 0.0
+    """Hours of uninterrupted training; est_hours minus this is the spot overhead."""
+    expected_preemptions: float = 0.0
+    checkpoint_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.cloud not in CLOUDS:
+            raise ValueError(f"unknown cloud {self.cloud!r}")
+        if self.accelerator_count < 1 or self.num_nodes < 1:
+            raise ValueError("accelerator_count and num_nodes must be >= 1")
+        for name in ("price_usd_per_hour", "est_hours", "est_cost_usd", "energy_kwh", "co2e_kg"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+
+    @property
+    def label(self) -> str:
+        """A short human name: `aws us-east-1 g6.xlarge (L4x1, spot)`."""
+        kind = "spot" if self.spot else "on-demand"
+        nodes = f" x{self.num_nodes} nodes" if self.num_nodes > 1 else ""
+        return f"{self.cloud} {self.region} {self.instance_type} ({self.accelerator}x{self.accelerator_count}{nodes}, {kind})"
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """The ranked candidates, best first, and what the ranking assumed."""
+
+    candidates: tuple[Candidate, ...]
+    objective: str
+    best_per_cloud: Mapping[str, Candidate] = field(default_factory=dict)
+    reason: tuple[str, ...] = ()
+    """One or two sentences on why the winner won."""
+    assumptions: tuple[str, ...] = ()
+    notices: tuple[str, ...] = ()
+    catalog_source: str = ""
+    offers_considered: int = 0
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}")
+        if not self.candidates:
+            raise ValueError("a plan has at least one candidate")
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+    def to_json(self) -> dict:
+        return {
+            "candidates": [c.to_json() for c in self.candidates],
+            "objective": self.objective,
+            "best_per_cloud": {cloud: c.to_json() for cloud, c in self.best_per_cloud.items()},
+            "reason": list(self.reason),
+            "assumptions": list(self.assumptions),
+            "notices": list(self.notices),
+            "catalog": self.catalog_source,
+        }
+
+
+# ---------------------------------------------------------------- constraints
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Constraints:
+    """The filters of the `skygreen:` section, in a form that can be relaxed one at a time."""
+
+    gpu_names: tuple[str, ...] | None
+    min_memory_gb: float | None
+    gpu_count: int | None
+    """None: any number of GPUs per node (only used when relaxing)."""
+    clouds: tuple[str, ...]
+    regions: tuple[str, ...] | None
+    max_price_per_hour: float | None
+    budget_usd: float | None
+    spot: bool
+    on_demand: bool
+
+    @classmethod
+    def from_spec(cls, green: GreenSpec) -> Constraints:
+        return cls(
+            gpu_names=green.gpus.names,
+            min_memory_gb=green.gpus.min_memory_gb,
+            gpu_count=green.gpu_count,
+            clouds=green.clouds,
+            regions=green.regions,
+            max_price_per_hour=green.max_price_per_hour,
+            budget_usd=green.budget_usd,
+            spot=green.spot,
+            on_demand=(not green.spot) or green.on_demand_fallback,
+        )
+
+    def admits_offer(self, offer: Offer) -> bool:
+        """The filters that need no estimate."""
+        if offer.cloud not in self.clouds or offer.accelerator not in GPUS:
+            return False
+        if self.gpu_names is not None and offer.accelerator not in self.gpu_names:
+            return False
+        if self.min_memory_gb is not None and GPUS[offer.accelerator].memory_gb < self.min_memory_gb:
+            return False
+        if self.gpu_count is not None and offer.accelerator_count != self.gpu_count:
+            return False
+        return self.regions is None or offer.region in self.regions
+
+    def spot_options(self) -> tuple[bool, ...]:
+        return tuple(s for s, allowed in ((True, self.spot), (False, self.on_demand)) if allowed)
+
+
+def run_model(spec: TaskSpec, *, measured_speed: Mapping[str, float] | None = None) -> RunModel:
+    """The estimate model for a task: its work, speeds, nodes, preemption and checkpoint settings.
+
+    Speeds: the built-in table, overridden by the task's `speed:`, overridden in turn by
+    throughput measured in earlier runs of the task (`measured_speed`) where known.
+    """
+    green = spec.green
+    rates = dict(DEFAULT_PREEMPTION_RATE_PER_HOUR)
+    rates.update(green.preemption.rate_per_hour)
+    restart_min = green.preemption.restart_minutes
+    return RunModel(
+        work_gpu_hours=green.work.gpu_hours,
+        work_on=green.work.on,
+        speed={**green.speed, **(measured_speed or {})},
+        num_nodes=spec.num_nodes,
+        preemption_rate_per_hour=rates,
+        restart_s=DEFAULT_RESTART_S if restart_min is None else restart_min * 60.0,
+        checkpoint_cost_s=DEFAULT_CHECKPOINT_COST_S,
+        checkpoint_interval_s=green.checkpoint.every_s,
+    )
+
+
+def candidates_for(catalog: Catalog, constraints: Constraints, model: RunModel) -> list[Candidate]:
+    """Every offer x (spot, on-demand) that passes the constraints, estimated, unsorted."""
+    out = []
+    for offer in catalog.offers:
+        if not constraints.admits_offer(offer):
+            continue
+        for spot in constraints.spot_options():
+            candidate = make_candidate(offer, spot, model)
+            if candidate is None:
+                continue
+            if constraints.max_price_per_hour is not None and candidate.price_usd_per_hour > constraints.max_price_per_hour:
+                continue
+            if constraints.budget_usd is not None and candidate.est_cost_usd > constraints.budget_usd:
+                continue
+            out.append(candidate)
+    return out
+
+
+def make_candidate(offer: Offer, spot: bool, model: RunModel) -> Candidate | None:
+    """The offer priced for one run, or None when it has no such price or cannot finish."""
+    price = offer.price_usd_per_hour(spot)
+    if price is None:
+        return None
+    est = estimate(model, cloud=offer.cloud, gpu=offer.accelerator, gpus_per_node=offer.accelerator_count, spot=spot)
+    if est is None:
+        return None
+    return Candidate(
+        cloud=offer.cloud,
+        region=offer.region,
+        zone=offer.zone(spot),
+        instance_type=offer.instance_type,
+        accelerator=offer.accelerator,
+        accelerator_count=offer.accelerator_count,
+        spot=spot,
+        price_usd_per_hour=price,
+        on_demand_price_usd_per_hour=offer.on_demand_price_usd_per_hour,
+        spot_price_usd_per_hour=offer.spot_price_usd_per_hour,
+        est_hours=est.est_hours,
+        est_cost_usd=price * est.est_hours * model.num_nodes,
+        energy_kwh=est.energy_kwh,
+        co2e_kg=carbon.co2e_kg(est.energy_kwh, offer.cloud, offer.region),
+        num_nodes=model.num_nodes,
+        compute_hours=est.compute_hours,
+        expected_preemptions=est.expected_preemptions,
+        checkpoint_interval_s=est.checkpoint_interval_s,
+    )
+
+
+# ---------------------------------------------------------------- ranking
+
+_METRIC: dict[str, Callable[[Candidate], float]] = {
+    "cost": lambda c: c.est_cost_usd,
+    "time": lambda c: c.est_hours,
+    "energy": lambda c: c.energy_kwh,
+    "carbon": lambda c: c.co2e_kg,
+}
+
+
+def objective_value(candidate: Candidate, objective: str) -> float:
+    return _METRIC[objective](candidate)
+
+
+def sort_key(objective: str) -> Callable[[Candidate], tuple]:
+    """Best first: the objective, then cost, then time, then names (a stable, total order)."""
+    metric = _METRIC[objective]
+
+    def key(c: Candidate) -> tuple:
+        return (metric(c), c.est_cost_usd, c.est_hours, c.cloud, c.region, c.instance_type, not c.spot)
+
+    return key
+
+
+def rank(candidates: Iterable[Candidate], objective: str) -> list[Candidate]:
+    return sorted(candidates, key=sort_key(objective))
+
+
+def best_per_cloud(ranked: Iterable[Candidate]) -> dict[str, Candidate]:
+    best: dict[str, Candidate] = {}
+    for c in ranked:
+        best.setdefault(c.cloud, c)
+    return best
+
+
+def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, float] | None = None) -> Plan:
+    """Rank the catalog's offers for a task; `NoOfferError` says which constraint to relax."""
+    green = spec.green
+    check_regions(spec, catalog)
+    model = run_model(spec, measured_speed=measured_speed)
+    constraints = Constraints.from_spec(green)
+    ranked = rank(candidates_for(catalog, constraints, model), green.objective)
+    if not ranked:
+        raise NoOfferError(no_offer_message(spec, catalog, constraints, model))
+    return Plan(
+        candidates=tuple(ranked),
+        objective=green.objective,
+        best_per_cloud=best_per_cloud(ranked),
+        reason=explain(ranked, green.objective),
+        assumptions=assumptions(model, green),
+        notices=catalog.notices,
+        catalog_source=catalog.source,
+        offers_considered=len(catalog.offers),
+    )
+
+
+def check_regions(spec: TaskSpec, catalog: Catalog) -> None:
+    """Unknown region names are a typo far more often than a constraint: say so, with a near miss."""
+    green = spec.green
+    if green.regions is None:
+        return
+    known = sorted({r for regions in catalog.regions.values() for r in regions})
+    for i, region in enumerate(green.regions):
+        if region in known:
+            continue
+        near = did_you_mean(region, known)
+        hint = f"did you mean {near!r}?" if near else "use a region the catalog lists"
+        if catalog.embedded:
+            hint += " (the embedded price table lists only a few regions; `skygreen catalog update` fetches all)"
+        shown = ", ".join(known[:40]) + (", ..." if len(known) > 40 else "")
+        raise SpecError(f"skygreen.regions[{i}]", f"unknown region {region!r}", allowed=shown, hint=hint, source=spec.source)
+
+
+# ---------------------------------------------------------------- explanations
+
+
+def _money(usd: float) -> str:
+    return f"${usd:,.2f}" if usd < 1000 else f"${usd:,.0f}"
+
+
+def _metric_text(c: Candidate, objective: str) -> str:
+    return {
+        "cost": f"{_money(c.est_cost_usd)} in {c.est_hours:.1f} h",
+        "time": f"{c.est_hours:.1f} h for {_money(c.est_cost_usd)}",
+        "energy": f"{c.energy_kwh:.1f} kWh for {_money(c.est_cost_usd)}",
+        "carbon": f"{c.co2e_kg:.1f} kg CO2e for {_money(c.est_cost_usd)}",
+    }[objective]
+
+
+def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
+    """Why the winner won: against the runner-up on another GPU or cloud, and against the
+    offer with the lowest price per hour when that is a different one."""
+    best = ranked[0]
+    noun = {"cost": "estimated run cost", "time": "estimated time", "energy": "estimated energy", "carbon": "estimated CO2e"}[objective]
+    lines = [f"{best.label} has the lowest {noun}: {_metric_text(best, objective)}."]
+    rival = next((c for c in ranked[1:] if (c.cloud, c.accelerator) != (best.cloud, best.accelerator)), None)
+    cheapest_hour = min(ranked, key=lambda c: (c.price_usd_per_hour * c.num_nodes, c.est_cost_usd))
+    if cheapest_hour is not best and cheapest_hour.price_usd_per_hour < best.price_usd_per_hour:
+        lines.append(
+            f"The lowest price per hour, {cheapest_hour.label} at {_money(cheapest_hour.price_usd_per_hour)}/h, "
+            f"would take {cheapest_hour.est_hours:.1f} h and cost {_money(cheapest_hour.est_cost_usd)}."
+        )
+    elif rival is not None:
+        b, r = objective_value(best, objective), objective_value(rival, objective)
+        more = f" (+{(r / b - 1) * 100:.0f}%)" if b > 0 else ""
+        lines.append(f"Next best on another GPU or cloud: {rival.label}, {_metric_text(rival, objective)}{more}.")
+    if best.spot and best.on_demand_price_usd_per_hour is not None and best.price_usd_per_hour >= best.on_demand_price_usd_per_hour:
+        lines.append("Its spot price is not below its on-demand price; `on_demand_fallback: true` lets on-demand compete.")
+    return tuple(lines)
+
+
+def assumptions(model: RunModel, green: GreenSpec) -> tuple[str, ...]:
+    rates = ", ".join(f"{c} {r:g}/h" for c, r in sorted(model.preemption_rate_per_hour.items()))
+    if model.checkpoint_interval_s is not None:
+        interval = f"every {model.checkpoint_interval_s:g} s"
+    elif green.checkpoint.every_steps is not None:
+        interval = f"every {green.checkpoint.every_steps} steps (estimated as Daly's optimum: step time unknown)"
+    else:
+        interval = "auto (Daly's optimum)"
+    return (
+        f"work: {model.work_gpu_hours:g} GPU-hours on {model.work_on}; relative speeds from skygreen.gpus"
+        + (" with the task's overrides" if model.speed else ""),
+        f"spot preemptions per node-hour: {rates}; restart {model.restart_s / 60:g} min; "
+        f"checkpoint {interval}, {model.checkpoint_cost_s:g} s blocking per save",
+        "energy: TDP x 0.8 x PUE; carbon: grid g CO2e/kWh per region (codecarbon data)",
+    )
+
+
+# ---------------------------------------------------------------- no offer
+
+
+_RELAXATIONS: tuple[tuple[str, str, Callable[[Constraints], Constraints | None]], ...] = (
+    ("skygreen.max_price_per_hour", "max price per hour",
+     lambda c: replace(c, max_price_per_hour=None) if c.max_price_per_hour is not None else None),
+    ("skygreen.budget_usd", "budget",
+     lambda c: replace(c, budget_usd=None) if c.budget_usd is not None else None),
+    ("skygreen.regions", "regions",
+     lambda c: replace(c, regions=None) if c.regions is not None else None),
+    ("skygreen.clouds", "clouds",
+     lambda c: replace(c, clouds=CLOUDS) if set(c.clouds) != set(CLOUDS) else None),
+    ("skygreen.gpu_count", "GPUs per node",
+     lambda c: replace(c, gpu_count=None) if c.gpu_count is not None else None),
+    ("skygreen.gpus", "GPU models",
+     lambda c: replace(c, gpu_names=None) if c.gpu_names is not None else None),
+    ("skygreen.gpus.min_memory_gb", "GPU memory floor",
+     lambda c: replace(c, min_memory_gb=None) if c.min_memory_gb is not None else None),
+    ("skygreen.spot", "spot only",
+     lambda c: replace(c, on_demand=True) if not c.on_demand else (replace(c, spot=True) if not c.spot else None)),
+)  # fmt: skip
+
+
+def no_offer_message(spec: TaskSpec, catalog: Catalog, constraints: Constraints, model: RunModel) -> str:
+    """Which single constraint, relaxed, would let offers through, and what the best one is."""
+    where = f"{spec.source}: " if spec.source else ""
+    lines = [f"{where}no offer in the catalog ({catalog.source}) matches the task's constraints"]
+    lines.append(f"  constraints: {describe(constraints)}")
+    fixes = []
+    for path, _, relax in _RELAXATIONS:
+        relaxed = relax(constraints)
+        if relaxed is None:
+            continue
+        found = rank(candidates_for(catalog, relaxed, model), spec.green.objective)
+        if found:
+            fixes.append(f"relax {path} ({_current(path, constraints)}): then the best offer is {found[0].label}, "
+                         f"{_money(found[0].price_usd_per_hour)}/h, est. {_money(found[0].est_cost_usd)} for the run")
+    if fixes:
+        lines.append("  fix: " + fixes[0])
+        lines.extend("   or: " + f for f in fixes[1:])
+    else:
+        lines.append("  fix: no single constraint relaxed alone finds an offer; loosen several of the above"
+                     + (" or run `skygreen catalog update` (the embedded price table is small)" if catalog.embedded else ""))
+    return "\n".join(lines)
+
+
+def _current(path: str, c: Constraints) -> str:
+    value = {
+        "skygreen.max_price_per_hour": c.max_price_per_hour,
+        "skygreen.budget_usd": c.budget_usd,
+        "skygreen.regions": list(c.regions or ()),
+        "skygreen.clouds": list(c.clouds),
+        "skygreen.gpu_count": c.gpu_count,
+        "skygreen.gpus": list(c.gpu_names or ()),
+        "skygreen.gpus.min_memory_gb": c.min_memory_gb,
+        "skygreen.spot": "spot only" if not c.on_demand else "on-demand only",
+    }[path]
+    return f"now {value}"
+
+
+def describe(c: Constraints) -> str:
+    parts = [f"gpus {list(c.gpu_names) if c.gpu_names else 'any'}"]
+    if c.min_memory_gb is not None:
+        parts.append(f"min_memory_gb {c.min_memory_gb:g}")
+    parts.append(f"gpu_count {c.gpu_count}")
+    parts.append(f"clouds {list(c.clouds)}")
+    if c.regions is not None:
+        parts.append(f"regions {list(c.regions)}")
+    if c.max_price_per_hour is not None:
+        parts.append(f"max_price_per_hour {c.max_price_per_hour:g}")
+    if c.budget_usd is not None:
+        parts.append(f"budget_usd {c.budget_usd:g}")
+    parts.append("spot and on-demand" if c.spot and c.on_demand else ("spot only" if c.spot else "on-demand only"))
+    return ", ".join(parts)
