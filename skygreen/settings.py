@@ -65,7 +65,8 @@ class RuntimeSettings:
         """Settings for a run of a task; `bucket` is the resolved base URL."""
         stop = spec.early_stopping
         power = spec.power
-        cap = {"auto": "auto", "off": "off", "watts": f"{power.cap_w:g}", "fraction": f"{power.cap_fraction:g}"}[power.mode]
+        cap = {"watts": power.cap_w, "fraction": power.cap_fraction}.get(power.mode)
+        cap = power.mode if cap is None else f"{cap:g}"
         return cls(
             run_id=run_id,
             bucket=bucket,
