@@ -50,6 +50,52 @@ def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def print_notice(line: str) -> None:
+    """A one-line remark for the user on stderr, so `--json` output stays clean."""
+    sys.stderr.write(f"note: {line}\n")
+
+
+@app.command()
+def plan(
+    task: TaskArg,
+    catalog: CatalogOpt = None,
+    json_output: JsonOpt = False,
+    top: Annotated[int, typer.Option("--top", min=1, help="Rows in the ranked table.")] = 10,
+) -> None:
+    """Rank spot GPU offers across AWS, GCP and Azure by estimated cost per run."""
+    from skygreen import api
+    from skygreen.spec import load_spec
+
+    result = api.plan(load_spec(task), catalog_dir=catalog)
+    for line in result.notices:
+        print_notice(line)
+    if json_output:
+        print_json(result.to_json())
+        return
+    from skygreen.plan_report import print_plan
+
+    print_plan(result, top=top)
+
+
+@catalog_app.command("update")
+def catalog_update(
+    catalog: CatalogOpt = None,
+    clouds: Annotated[
+        Optional[list[str]], typer.Option("--cloud", help="Only this cloud (repeatable): aws, gcp, azure.")
+    ] = None,
+) -> None:
+    """Download SkyPilot's current price catalog (through SkyPilot; needs the internet)."""
+    from skygreen.catalog import CLOUDS, ENV_CATALOG_DIR
+    from skygreen.fields import read_choice
+
+    chosen = tuple(read_choice(c, "--cloud", CLOUDS) for c in clouds) if clouds else CLOUDS
+    target = catalog if catalog is not None else (Path(os.environ[ENV_CATALOG_DIR]) if os.environ.get(ENV_CATALOG_DIR) else None)
+    from skygreen.adapters.skypilot_catalog import update_catalog
+
+    for result in update_catalog(chosen, catalog_dir=target):
+        sys.stdout.write(f"{result.cloud}: {result.status} {result.path}\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     command = typer.main.get_command(app)
