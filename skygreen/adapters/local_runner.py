@@ -1,0 +1,247 @@
+"""`--local`: the same rendered task, run as a process on this machine.
+
+The task's `run` script starts detached from the terminal (its own session and process
+group), with the task's `envs` (the SKYGREEN_* runtime contract), the secrets in memory, and
+the single-node SkyPilot variables, in the task's workdir. Output goes to a log file. So
+`skygreen up --local` can follow it in the foreground, and if that command (or the terminal)
+dies, training goes on; `skygreen status/logs/cancel/resume` find it again from its job
+folder.
+
+Each launch has a folder `<root>/<job_id>/` with `job.json` (pid and the kernel's start time
+of the process, to tell it from a recycled pid), `output.log`, and `exit_code` (written by
+`templates/local_job.sh` when the script ends; absent when it was killed).
+The task's `setup` is not run here: the runtime is already installed on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
+
+from skygreen.errors import InputError, LaunchError
+from skygreen.launcher import PREEMPTED_EXIT_CODE, JobState, JobStatus
+
+CANCEL_GRACE_S = 60.0
+"""How long `cancel` waits after SIGTERM for the final checkpoint before SIGKILL."""
+
+_POLL_S = 0.2
+
+
+class LocalLauncher:
+    """Runs rendered tasks as detached local processes; job folders live under `root`."""
+
+    kind = "local"
+
+    def __init__(self, root: str | os.PathLike[str], *, cancel_grace_s: float = CANCEL_GRACE_S) -> None:
+        self.root = Path(root)
+        self.cancel_grace_s = cancel_grace_s
+        self._children: dict[str, subprocess.Popen] = {}
+
+    # ------------------------------------------------------------ Launcher
+
+    def launch(self, task: Mapping[str, Any], *, name: str, secrets: Mapping[str, str] | None = None) -> str:
+        run_script = task.get("run")
+        if not run_script:
+            raise InputError("the task has no `run` command\n  fix: add e.g. `run: python train.py` to the task file")
+        workdir = Path(str(task.get("workdir") or "."))
+        if not workdir.is_dir():
+            raise InputError(f"workdir {workdir} is not a folder\n  fix: set `workdir:` in the task file to the folder with the training script")
+        job_id = self._new_job_id(name)
+        folder = self.root / job_id
+        folder.mkdir(parents=True)
+        env = _job_env(task.get("envs") or {}, secrets or {})
+        log = (folder / "output.log").open("ab")
+        try:
+            child = subprocess.Popen(
+                ["bash", "-c", _wrapper_script(), "skygreen-local", str(run_script), str(folder / "exit_code")],
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as e:
+            raise LaunchError(f"cannot start the local run: {e}\n  fix: check that bash is installed and the workdir is readable") from e
+        finally:
+            log.close()
+        self._children[job_id] = child
+        _write_json(folder / "job.json", {"pid": child.pid, "start_ticks": _start_ticks(child.pid), "started_at": time.time(), "workdir": str(workdir)})
+        return job_id
+
+    def status(self, job_id: str) -> JobStatus:
+        folder = self._folder(job_id)
+        info = _read_json(folder / "job.json")
+        pid = info.get("pid")
+        exit_code = self._exit_code(job_id)
+        cancelled = (folder / "cancelled").exists()
+        ended_at = _mtime(folder / "exit_code") if exit_code is not None else None
+        if exit_code is None and self._alive(job_id, pid, info.get("start_ticks")):
+            state, detail = (JobState.CANCELLING, "stopping") if cancelled else (JobState.RUNNING, f"pid {pid}")
+        elif exit_code is None:
+            state, detail = (JobState.CANCELLED if cancelled else JobState.STOPPED), "the process ended without an exit code (killed)"
+            ended_at = _mtime(folder / "output.log")
+        elif exit_code == 0:
+            state, detail = JobState.SUCCEEDED, "exit code 0"
+        elif cancelled:
+            state, detail = JobState.CANCELLED, f"exit code {exit_code}"
+        elif exit_code == PREEMPTED_EXIT_CODE:
+            state, detail = JobState.STOPPED, f"exit code {exit_code}: stopped after a checkpoint"
+        else:
+            state, detail = JobState.FAILED, f"exit code {exit_code}"
+        started = info.get("started_at")
+        duration = None if started is None else max(0.0, (ended_at or time.time()) - float(started))
+        return JobStatus(
+            job_id=job_id,
+            state=state,
+            duration_s=duration,
+            cloud="local",
+            exit_code=exit_code,
+            failure_reason=self._tail(job_id) if state is JobState.FAILED else None,
+            detail=detail,
+        )
+
+    def cancel(self, job_id: str) -> None:
+        folder = self._folder(job_id)
+        info = _read_json(folder / "job.json")
+        (folder / "cancelled").write_text("cancelled\n", encoding="utf-8")
+        pid, ticks = info.get("pid"), info.get("start_ticks")
+        if not self._alive(job_id, pid, ticks):
+            return
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.cancel_grace_s
+        while time.monotonic() < deadline and self._alive(job_id, pid, ticks):
+            time.sleep(_POLL_S)
+        if self._alive(job_id, pid, ticks):
+            _signal_group(pid, signal.SIGKILL)
+
+    def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
+        path = self._folder(job_id) / "output.log"
+        with path.open("r", encoding="utf-8", errors="replace") as f:
+            while True:
+                chunk = f.read()
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
+                if not follow or self.status(job_id).state.terminal:
+                    rest = f.read()
+                    if rest:
+                        out.write(rest)
+                        out.flush()
+                    break
+                time.sleep(_POLL_S)
+        return self._exit_code(job_id)
+
+    # ------------------------------------------------------------ helpers
+
+    def pid(self, job_id: str) -> int | None:
+        return _read_json(self._folder(job_id) / "job.json").get("pid")
+
+    def _new_job_id(self, name: str) -> str:
+        attempt = 1
+        while (self.root / f"{name}-{attempt}").exists():
+            attempt += 1
+        return f"{name}-{attempt}"
+
+    def _folder(self, job_id: str) -> Path:
+        folder = self.root / job_id
+        if "/" in job_id or job_id in ("", ".", "..") or not (folder / "job.json").exists():
+            raise InputError(f"no local job {job_id!r} under {self.root}\n  fix: `skygreen status` lists the runs and their jobs")
+        return folder
+
+    def _exit_code(self, job_id: str) -> int | None:
+        try:
+            return int((self.root / job_id / "exit_code").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _alive(self, job_id: str, pid: int | None, start_ticks: int | None) -> bool:
+        child = self._children.get(job_id)
+        if child is not None:
+            return child.poll() is None
+        return _process_alive(pid, start_ticks)
+
+    def _tail(self, job_id: str, lines: int = 5) -> str | None:
+        try:
+            text = (self.root / job_id / "output.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        tail = [line for line in text.splitlines() if line.strip()][-lines:]
+        return "\n".join(tail) or None
+
+
+def _wrapper_script() -> str:
+    return resources.files("skygreen").joinpath("templates", "local_job.sh").read_text(encoding="utf-8")
+
+
+def _job_env(envs: Mapping[str, Any], secrets: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment plus the task's envs and secrets, with SkyPilot's
+    single-node variables so scripts written for SkyPilot see the layout they expect."""
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in envs.items() if v is not None})
+    env.update({str(k): str(v) for k, v in secrets.items()})
+    env.update({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_IPS": "127.0.0.1"})
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to detect pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def _process_alive(pid: int | None, start_ticks: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return True  # no /proc (macOS): the pid exists, trust it
+    if fields[0] == "Z":
+        return False
+    return start_ticks is None or int(fields[19]) == start_ticks
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dict(data)), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None

@@ -1,0 +1,148 @@
+"""The one narrow seam between skygreen and whatever runs a rendered task.
+
+Two real launchers implement it: `skygreen.adapters.skypilot.SkyPilotLauncher` (managed spot
+jobs) and `skygreen.adapters.local_runner.LocalLauncher` (`--local`, this machine). Tests of
+the CLI flows use `skygreen.testing.FakeLauncher`, selected by the environment variable
+`SKYGREEN_LAUNCHER=module:factory` so no internals are patched.
+
+Job states are skygreen's own small enum, so the run registry and `skygreen status` never
+depend on SkyPilot's spelling (which grows between releases).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO, runtime_checkable
+
+from skygreen.errors import InputError
+
+PREEMPTED_EXIT_CODE = 75
+"""The runtime's exit code after committing a checkpoint on SIGTERM (EX_TEMPFAIL): the job was
+interrupted, not failed. Rendered into `job_recovery.recover_on_exit_codes` so SkyPilot
+recovers it; a local run ending with it reads as stopped, for `skygreen resume`. Must equal
+`skygreen.runtime.PREEMPTED_EXIT_CODE` (a test checks it); kept here so that launching never
+imports the runtime, and with it torch."""
+
+LAUNCHER_ENV = "SKYGREEN_LAUNCHER"
+"""`module:factory` of the launcher for cloud runs; unset means SkyPilot."""
+
+
+class JobState(str, enum.Enum):
+    """Where a launched job is in its life, from the launcher's point of view."""
+
+    PENDING = "PENDING"
+    """Submitted, waiting for resources or the controller."""
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    """Preempted (or failed with a recoverable code) and being relaunched by SkyPilot."""
+    CANCELLING = "CANCELLING"
+    SUCCEEDED = "SUCCEEDED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    """Ended without finishing and without failing: a local run killed, or preempted with
+    nothing left to recover it. `skygreen resume` continues it."""
+    UNKNOWN = "UNKNOWN"
+    """The launcher no longer knows the job (its records are gone)."""
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def resumable(self) -> bool:
+        """A run in this state can be relaunched by `skygreen resume`."""
+        return self in _RESUMABLE
+
+
+_TERMINAL = {JobState.SUCCEEDED, JobState.CANCELLED, JobState.FAILED, JobState.STOPPED, JobState.UNKNOWN}
+_RESUMABLE = {JobState.CANCELLED, JobState.FAILED, JobState.STOPPED, JobState.UNKNOWN}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobStatus:
+    """One job as its launcher sees it."""
+
+    job_id: str
+    state: JobState
+    recovery_count: int = 0
+    duration_s: float | None = None
+    """Time the job has run on a cluster (SkyPilot's job_duration; wall time for local runs)."""
+    cloud: str | None = None
+    region: str | None = None
+    accelerators: Mapping[str, float] | None = None
+    failure_reason: str | None = None
+    exit_code: int | None = None
+    detail: str | None = None
+    """The launcher's own status word (e.g. SkyPilot's FAILED_NO_RESOURCE), for display."""
+
+    def __post_init__(self) -> None:
+        if self.recovery_count < 0:
+            raise ValueError("recovery_count must be >= 0")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "state": self.state.value,
+            "recovery_count": self.recovery_count,
+            "duration_s": self.duration_s,
+            "cloud": self.cloud,
+            "region": self.region,
+            "accelerators": dict(self.accelerators) if self.accelerators else None,
+            "failure_reason": self.failure_reason,
+            "exit_code": self.exit_code,
+            "detail": self.detail,
+        }
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """Runs rendered tasks. Every method raises `skygreen.errors.LaunchError` (with the fix)
+    when the backend refuses; none of them prints."""
+
+    kind: str
+    """"skypilot", "local", or a fake's name: recorded with the run."""
+
+    def launch(self, task: Mapping[str, Any], *, name: str, secrets: Mapping[str, str] | None = None) -> str:
+        """Start the task; returns the job id. `secrets` are values for the task's declared
+        secret names, handed over in memory only."""
+        ...
+
+    def status(self, job_id: str) -> JobStatus: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+    def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
+        """Write the job's output to `out`; with `follow`, until it ends (returns its exit
+        code where known)."""
+        ...
+
+
+def cloud_launcher() -> Launcher:
+    """The launcher for cloud runs: SkyPilot, unless `SKYGREEN_LAUNCHER` names another."""
+    target = os.environ.get(LAUNCHER_ENV)
+    if target:
+        return load_launcher(target)
+    from skygreen.adapters.skypilot import SkyPilotLauncher
+
+    return SkyPilotLauncher()
+
+
+def load_launcher(target: str) -> Launcher:
+    """Instantiate `module:factory` (e.g. `skygreen.testing:FakeLauncher`)."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise InputError(f"{LAUNCHER_ENV}={target!r} is not of the form module:factory\n  fix: e.g. {LAUNCHER_ENV}=skygreen.testing:FakeLauncher, or unset it")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise InputError(f"{LAUNCHER_ENV}={target!r}: cannot load it ({e})\n  fix: name an importable module:factory, or unset it") from e
+    launcher = factory()
+    if not isinstance(launcher, Launcher):
+        raise InputError(f"{LAUNCHER_ENV}={target!r} did not give a launcher (needs kind, launch, status, cancel, logs)")
+    return launcher

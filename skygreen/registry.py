@@ -1,0 +1,188 @@
+"""The run registry: what `skygreen up` launched, kept on the user's machine.
+
+One JSON file per run under `<data dir>/runs/<run_id>/run.json` (data dir:
+`$SKYGREEN_DATA_DIR`, else `$XDG_DATA_HOME/skygreen`, else `~/.local/share/skygreen`).
+Writes are atomic (temporary file, fsync, rename), so a `kill -9` never leaves half a record.
+A record holds no credentials: the task snapshot keeps secret names only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets as _random
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from skygreen.errors import InputError, SkygreenError
+
+DATA_DIR_ENV = "SKYGREEN_DATA_DIR"
+RECORD_VERSION = 1
+_RUN_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+
+
+def data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """skygreen's folder for runs, local buckets and rendered tasks on this machine."""
+    environ = os.environ if environ is None else environ
+    if environ.get(DATA_DIR_ENV):
+        return Path(environ[DATA_DIR_ENV]).expanduser()
+    base = environ.get("XDG_DATA_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".local" / "share")
+    return Path(base).expanduser() / "skygreen"
+
+
+def default_local_bucket(environ: Mapping[str, str] | None = None) -> Path:
+    """Where `--local` runs keep checkpoints when the task names no bucket."""
+    return data_dir(environ) / "buckets"
+
+
+def new_run_id(task_name: str | None, *, now_s: float | None = None) -> str:
+    """`<task>-<yyyymmdd-hhmmss>-<4 hex>`: readable, sortable, unique, and a valid SkyPilot
+    job name (lowercase letters, digits and dashes, starting with a letter)."""
+    stem = re.sub(r"[^a-z0-9]+", "-", (task_name or "run").lower()).strip("-")[:24].strip("-") or "run"
+    if not stem[0].isalpha():
+        stem = "r-" + stem
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now_s is None else now_s))
+    return f"{stem}-{stamp}-{_random.token_hex(2)}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id or ""):
+        raise InputError(f"not a run id: {run_id!r}\n  fix: use an id from `skygreen status`")
+    return run_id
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Launch:
+    """One launch of a run (the first `up`, then each `resume`)."""
+
+    at: str
+    job_id: str
+    pid: int | None = None
+    """Local runs: the process group leader started for this launch."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRecord:
+    run_id: str
+    task_path: str
+    task_name: str | None
+    mode: str
+    """"cloud" or "local"."""
+    launcher: str
+    """The launcher's kind ("skypilot", "local", or a fake's name)."""
+    bucket: str
+    """Base checkpoint URL; the run's checkpoints are under `<bucket>/<run_id>/`."""
+    task_yaml: str
+    """Path of the rendered SkyPilot task this run launches (and `resume` relaunches)."""
+    spec_snapshot: Mapping[str, Any]
+    """The task file as parsed, secret values removed."""
+    created_at: str
+    state: str
+    """Last known `JobState` value, or "CREATED" before the first launch."""
+    launches: tuple[Launch, ...] = ()
+    plan_summary: Mapping[str, Any] | None = None
+    """The offers handed to SkyPilot and their estimates (`Candidate.to_json`)."""
+    secret_names: tuple[str, ...] = ()
+    cancelled: bool = False
+    """Set by `skygreen cancel`, so a stopped process reads as cancelled, not killed."""
+    updated_at: str = ""
+    version: int = RECORD_VERSION
+
+    def __post_init__(self) -> None:
+        check_run_id(self.run_id)
+        if self.mode not in ("cloud", "local"):
+            raise ValueError(f"mode must be cloud or local, got {self.mode!r}")
+
+    @property
+    def job_id(self) -> str | None:
+        return self.launches[-1].job_id if self.launches else None
+
+    @property
+    def checkpoint_url(self) -> str:
+        return f"{self.bucket.rstrip('/')}/{self.run_id}"
+
+    def with_launch(self, job_id: str, *, pid: int | None = None, state: str = "PENDING") -> RunRecord:
+        launch = Launch(at=_now_iso(), job_id=job_id, pid=pid)
+        return replace(self, launches=(*self.launches, launch), state=state, cancelled=False)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["launches"] = [asdict(launch) for launch in self.launches]
+        data["secret_names"] = list(self.secret_names)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
+        values = dict(data)
+        values["launches"] = tuple(Launch(**launch) for launch in values.get("launches", ()))
+        values["secret_names"] = tuple(values.get("secret_names", ()))
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Registry:
+    """Run records under `root` (default: `<data dir>/runs`)."""
+
+    root: Path = field(default_factory=lambda: data_dir() / "runs")
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / check_run_id(run_id)
+
+    def save(self, record: RunRecord) -> RunRecord:
+        record = replace(record, updated_at=_now_iso())
+        folder = self.run_dir(record.run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / "run.json", json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
+        return record
+
+    def load(self, run_id: str) -> RunRecord:
+        path = self.run_dir(run_id) / "run.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            known = ", ".join(r.run_id for r in self.list()[-5:]) or "none yet"
+            raise InputError(f"no run {run_id!r} on this machine\n  known runs: {known}\n  fix: `skygreen status` lists the runs") from None
+        except (OSError, ValueError) as e:
+            raise SkygreenError(f"run record {path} is unreadable: {e}") from e
+        return RunRecord.from_json(data)
+
+    def list(self) -> list[RunRecord]:
+        """All runs, oldest first."""
+        if not self.root.is_dir():
+            return []
+        records = []
+        for path in self.root.glob("*/run.json"):
+            try:
+                records.append(RunRecord.from_json(json.loads(path.read_text(encoding="utf-8"))))
+            except (OSError, ValueError, TypeError):
+                continue  # a foreign or damaged file does not hide the other runs
+        return sorted(records, key=lambda r: (r.created_at, r.run_id))
+
+    def latest(self) -> RunRecord | None:
+        records = self.list()
+        return records[-1] if records else None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` so readers see the old file or the new one, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

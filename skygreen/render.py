@@ -1,0 +1,326 @@
+"""Render: a validated task + a plan + a run's settings -> the final SkyPilot task (a plain dict).
+
+Pure: no sky import, no I/O except reading the shipped templates. What it writes:
+
+- the task file's own SkyPilot keys, with the `skygreen:` section gone;
+- `resources`: `use_spot`, the plan's top offers as `ordered` (cloud/region + `GPU:COUNT`,
+  tried in the plan's order), and `job_recovery` with the validated strategy, the restart
+  budget and skygreen's "preempted" exit code in `recover_on_exit_codes`. No `instance_type`:
+  it would make SkyPilot read (and download) its catalog on the client, and SkyPilot picks
+  the same instance from the accelerator anyway;
+- `envs`: the runtime settings (`RuntimeSettings.to_env()`), including the stable
+  `SKYGREEN_RUN_ID` that survives recoveries (SkyPilot's own task id may not);
+- `secrets`: the names the task declares, never their values (values travel only in memory
+  at launch, see `secret_values`);
+- `setup` installing the skygreen runtime, and `run` starting the task's command under it
+  (`torchrun` when there are several GPUs per node or several nodes).
+
+The shell lives in `templates/` and is filled with `string.Template`; every user string that
+lands in shell is quoted with `shlex.quote`.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from skygreen import __version__
+from skygreen.errors import NoOfferError, SpecError
+from skygreen.launcher import PREEMPTED_EXIT_CODE
+from skygreen.settings import RuntimeSettings
+from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
+
+TORCHRUN_MASTER_PORT = 29500
+SOURCE_MOUNT = "~/.skygreen/src"
+"""Where a source checkout of skygreen is mounted on the VM when it is installed from one."""
+
+# Resource keys skygreen decides from the `skygreen:` section; the task must not set them itself.
+_OWNED_RESOURCE_KEYS: dict[str, str] = {
+    "accelerators": "skygreen.gpus and skygreen.gpu_count",
+    "gpus": "skygreen.gpus and skygreen.gpu_count",
+    "instance_type": "skygreen.gpus",
+    "infra": "skygreen.clouds and skygreen.regions",
+    "cloud": "skygreen.clouds",
+    "region": "skygreen.regions",
+    "zone": "skygreen.regions",
+    "any_of": "skygreen.gpus, skygreen.clouds and skygreen.regions",
+    "ordered": "skygreen.gpus, skygreen.clouds and skygreen.regions",
+    "use_spot": "skygreen.spot",
+    "job_recovery": "skygreen.recovery",
+    "spot_recovery": "skygreen.recovery",
+}
+_PYTHON = ("python", "python3")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeInstall:
+    """How `setup` installs the skygreen runtime on the VM: a pip requirement, or a source
+    checkout of skygreen that is mounted to the VM and installed from there."""
+
+    requirement: str | None = None
+    source_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.requirement is None) == (self.source_dir is None):
+            raise ValueError("RuntimeInstall needs exactly one of requirement or source_dir")
+
+    @classmethod
+    def default(cls) -> RuntimeInstall:
+        return cls(requirement=f"skygreen[runtime]=={__version__}")
+
+
+# ---------------------------------------------------------------- public
+
+
+def render_task(
+    spec: TaskSpec,
+    plan: Any | None,
+    *,
+    settings: RuntimeSettings,
+    task_dir: Path,
+    install: RuntimeInstall | None = None,
+) -> dict[str, Any]:
+    """The final SkyPilot task for one run.
+
+    `plan` is a `skygreen.plan.Plan` (its `candidates`, best first); None renders the task for
+    `--local`: no cloud resources, no setup (the runtime is already installed here), and the
+    command without torchrun (one process on this machine).
+    """
+    sky = copy.deepcopy(dict(spec.sky))
+    task: dict[str, Any] = {"name": spec.name or "skygreen"}
+    task["workdir"] = _workdir(sky.get("workdir"), task_dir)
+    if spec.num_nodes != 1 and plan is not None:
+        task["num_nodes"] = spec.num_nodes
+    if plan is not None:
+        task["resources"] = _resources(spec, plan, sky.get("resources"))
+    task["envs"] = _envs(spec, settings, sky.get("envs"))
+    secrets = _secret_refs(sky.get("secrets"))
+    if secrets is not None:
+        task["secrets"] = secrets
+    file_mounts = dict(sky.get("file_mounts") or {})
+    if plan is not None:
+        install = install or RuntimeInstall.default()
+        if install.source_dir is not None:
+            file_mounts[SOURCE_MOUNT] = install.source_dir
+        task["setup"] = _setup(spec, settings, install)
+    elif sky.get("setup"):
+        task["setup"] = sky["setup"]
+    if file_mounts:
+        task["file_mounts"] = file_mounts
+    for key, value in sky.items():  # SkyPilot keys skygreen does not touch, kept as written
+        if key not in task and key not in ("resources", "num_nodes", "run", "setup"):
+            task[key] = value
+    task["run"] = _run(spec, settings, distributed=plan is not None)
+    return task
+
+
+def declared_secrets(spec: TaskSpec) -> tuple[str, ...]:
+    """Names of the secrets the task declares (dict keys, or `secrets:NAME` list entries)."""
+    raw = spec.sky.get("secrets")
+    if isinstance(raw, Mapping):
+        return tuple(str(k) for k in raw)
+    if isinstance(raw, list):
+        return tuple(str(item) for item in raw)
+    return ()
+
+
+def secret_values(spec: TaskSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """Values for the declared secrets, for the launch call only (never written anywhere).
+
+    The environment of `skygreen up` wins over a value written in the task file; a secret with
+    neither stays a reference that SkyPilot resolves itself (its managed secrets).
+    """
+    raw = spec.sky.get("secrets")
+    values: dict[str, str] = {}
+    if isinstance(raw, Mapping):
+        for name, value in raw.items():
+            name = str(name)
+            if name.startswith("secrets:"):
+                continue
+            if environ.get(name):
+                values[name] = environ[name]
+            elif value is not None:
+                values[name] = str(value)
+    return values
+
+
+def to_yaml(task: Mapping[str, Any]) -> str:
+    """YAML text of a rendered task; multi-line scripts as readable `|` blocks."""
+    return yaml.dump(dict(task), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+# ---------------------------------------------------------------- resources
+
+
+def _resources(spec: TaskSpec, plan: Any, user_resources: Any) -> dict[str, Any]:
+    base = dict(user_resources or {})
+    for key, owner in _OWNED_RESOURCE_KEYS.items():
+        if key in base:
+            raise SpecError(
+                f"resources.{key}",
+                "is chosen by skygreen from the plan",
+                value=base[key],
+                hint=f"remove resources.{key}; set {owner} instead",
+            )
+    green = spec.green
+    strategy = green.recovery.strategy.upper()
+    if strategy not in RECOVERY_STRATEGIES:  # the spec validates it; SkyPilot's client does not
+        raise SpecError("skygreen.recovery.strategy", "unknown recovery strategy", value=strategy, allowed=", ".join(RECOVERY_STRATEGIES))
+    base["use_spot"] = green.spot
+    base["job_recovery"] = {
+        "strategy": strategy,
+        "max_restarts_on_errors": green.recovery.max_restarts_on_errors,
+        "recover_on_exit_codes": [PREEMPTED_EXIT_CODE],
+    }
+    base["ordered"] = _ordered(plan, green.max_candidates)
+    return base
+
+
+def _ordered(plan: Any, limit: int) -> list[dict[str, Any]]:
+    """The plan's offers as SkyPilot candidates, best first, one per cloud/region/GPU/spot.
+
+    Offers differing only by instance type or zone collapse into one entry: SkyPilot picks the
+    instance for the accelerator and tries every zone of the region itself.
+    """
+    entries: list[dict[str, Any]] = []
+    for offer in plan.candidates:
+        entry = {
+            "infra": f"{offer.cloud}/{offer.region}",
+            "accelerators": f"{offer.accelerator}:{offer.accelerator_count}",
+            "use_spot": bool(offer.spot),
+        }
+        if entry not in entries:
+            entries.append(entry)
+        if len(entries) == limit:
+            break
+    if not entries:
+        raise NoOfferError("the plan has no offers to launch\n  fix: run `skygreen plan TASK` to see which constraint to relax")
+    return entries
+
+
+# ---------------------------------------------------------------- envs, secrets, workdir
+
+
+def _envs(spec: TaskSpec, settings: RuntimeSettings, user_envs: Any) -> dict[str, str]:
+    ours = settings.to_env()
+    envs: dict[str, str] = {}
+    for key, value in dict(user_envs or {}).items():
+        key = str(key)
+        if key in ours:
+            raise SpecError(f"envs.{key}", "is set by skygreen for every run", value=value, hint="remove it; set the matching field of the skygreen: section instead")
+        if value is None:
+            raise SpecError(f"envs.{key}", "has no value", hint=f'give it a value, or an empty string: {key}: ""')
+        envs[key] = str(value)
+    envs.update(ours)
+    return envs
+
+
+def _secret_refs(raw: Any) -> dict[str, None] | list[str] | None:
+    """The task's secrets as references only: names with null values (or the list form)."""
+    if raw is None:
+        return None
+    if isinstance(raw, Mapping):
+        return {str(name): None for name in raw}
+    if isinstance(raw, list):
+        return [str(item) for item in raw]
+    raise SpecError("secrets", "expected a mapping of names to values, or a list of secrets:NAME", value=type(raw).__name__)
+
+
+def _workdir(raw: Any, task_dir: Path) -> Any:
+    """The task's workdir resolved against the task file's folder (default: that folder)."""
+    if isinstance(raw, Mapping):  # a git workdir {url, ref}: SkyPilot's business
+        return dict(raw)
+    if raw is None:
+        return str(Path(task_dir).resolve())
+    path = Path(str(raw)).expanduser()
+    return str(path if path.is_absolute() else (Path(task_dir) / path).resolve())
+
+
+# ---------------------------------------------------------------- setup and run
+
+
+def _setup(spec: TaskSpec, settings: RuntimeSettings, install: RuntimeInstall) -> str:
+    if install.source_dir is not None:
+        target = '"$HOME/.skygreen/src[runtime]"'
+    else:
+        target = shlex.quote(install.requirement or "")
+    user_setup = spec.sky.get("setup")
+    user_part = ""
+    if user_setup:
+        user_part = _template("user_setup.sh.tmpl").substitute(user_setup_quoted=shlex.quote(str(user_setup)))
+    return _template("setup.sh.tmpl").substitute(
+        version=__version__, run_id=settings.run_id, install_target=target, user_setup=user_part
+    ).rstrip() + "\n"
+
+
+def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool) -> str:
+    command = spec.sky.get("run")
+    if not command or not str(command).strip():
+        raise SpecError("run", "is required: the command that trains", hint="add e.g. `run: python train.py`")
+    command = str(command).strip()
+    if distributed and (spec.green.gpu_count > 1 or spec.num_nodes > 1):
+        command = _torchrun(command, spec)
+    return _template("run.sh.tmpl").substitute(
+        version=__version__,
+        run_id=settings.run_id,
+        preempted_exit_code=PREEMPTED_EXIT_CODE,
+        command_quoted=shlex.quote(command),
+    )
+
+
+def _torchrun(command: str, spec: TaskSpec) -> str:
+    """`python train.py ARGS` -> `torchrun <SkyPilot's node layout> train.py ARGS`.
+
+    Only a one-line `python SCRIPT|-m MODULE ...` command can be rewritten safely; a command
+    that already calls torchrun is left alone.
+    """
+    lines = [line for line in command.splitlines() if line.strip() and not line.strip().startswith("#")]
+    try:
+        words = shlex.split(lines[0]) if len(lines) == 1 else []
+    except ValueError:
+        words = []
+    if words and words[0] == "torchrun":
+        return command
+    if len(words) < 2 or Path(words[0]).name not in _PYTHON and not Path(words[0]).name.startswith("python3."):
+        where = "skygreen.gpu_count" if spec.green.gpu_count > 1 else "num_nodes"
+        raise SpecError(
+            "run",
+            f"with {where} > 1 skygreen starts the command with torchrun, which needs a one-line `python SCRIPT ARGS` command",
+            value=command,
+            hint="write `run: python train.py ...`, or call torchrun yourself",
+        )
+    program = shlex.join(words[1:])
+    return _template("torchrun.sh.tmpl").substitute(master_port=TORCHRUN_MASTER_PORT, program=program).strip()
+
+
+@cache
+def _template(name: str) -> string.Template:
+    return string.Template(template_path(name).read_text(encoding="utf-8"))
+
+
+def template_path(name: str) -> Any:
+    """A shipped template: `skygreen/templates` (a link to the repository's `templates/`
+    in a checkout, real files in an installed wheel)."""
+    return resources.files("skygreen").joinpath("templates", name)
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that writes multi-line strings as literal blocks."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    if "\n" in value:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
+
+
+_Dumper.add_representer(str, _str_representer)

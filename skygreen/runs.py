@@ -1,0 +1,441 @@
+"""A run's life on the user's machine: up, status, resume, cancel, logs.
+
+Composition only: the task spec, the planner, the CPU smoke test, the checkpoint store, the
+renderer, a launcher and the run registry, wired in the order that keeps every failure cheap:
+nothing is launched until the task validated, planned, passed its smoke test and its bucket
+took a test write. `skygreen.api` exposes these functions; the CLI prints what they return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets as _random
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from skygreen.errors import CheckpointError, InputError, LaunchError, SkygreenError, StoreError
+from skygreen.launcher import JobState, JobStatus, Launcher, cloud_launcher
+from skygreen.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id, write_atomic
+from skygreen.spec import TaskSpec, load_spec
+
+LOCAL = "local"
+CLOUD = "cloud"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UpResult:
+    """What `up` did: the rendered YAML, the plan, and (unless a dry run) the launched run."""
+
+    yaml_path: Path
+    run_id: str
+    plan: Any | None
+    """A `skygreen.plan.Plan` for cloud runs; None for local ones."""
+    record: RunRecord | None
+    """None for a dry run: nothing was launched or recorded."""
+    smoke: Any | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunStatus:
+    """One run's state: the launcher's view joined with the progress in its bucket."""
+
+    run_id: str
+    task: str
+    mode: str
+    state: str
+    detail: str | None
+    job_id: str | None
+    launches: int
+    step: int | None
+    """Step of the latest committed checkpoint."""
+    model_sha256: str | None
+    checkpoint_at: str | None
+    completed: bool
+    """The runtime committed its final checkpoint (manifest meta state "completed")."""
+    preemptions: int | None
+    """Preemptions the runtime counted (SIGTERMs and notices), across launches."""
+    recoveries: int
+    """Relaunches by SkyPilot's job recovery plus `skygreen resume`s."""
+    spend_usd: float | None
+    spend_estimated: bool
+    """True when the price is the plan's best offer, not the offer the job landed on."""
+    energy_kwh: float | None
+    wall_s: float | None
+    where: str | None
+    checkpoint_url: str
+    progress_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- up
+
+
+def up(
+    task_path: str | Path,
+    *,
+    local: bool = False,
+    dryrun: bool = False,
+    output: str | Path | None = None,
+    smoke: bool = True,
+    catalog_dir: Path | None = None,
+    registry: Registry | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> UpResult:
+    """Validate, plan, smoke-test, preflight the bucket, render and launch one run."""
+    environ = os.environ if environ is None else environ
+    registry = registry or Registry()
+    task_path = Path(task_path)
+    spec = load_spec(task_path)
+    run_id = new_run_id(spec.name)
+    bucket = _bucket(spec, local=local, environ=environ)
+    plan = None if local else _plan(spec, catalog_dir)
+    task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent)
+    from skygreen.render import to_yaml
+
+    yaml_text = to_yaml(task)
+    if dryrun:
+        path = Path(output) if output else data_dir(environ) / "dryrun" / f"{run_id}.yaml"
+        write_atomic(path, yaml_text)
+        return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None)
+    smoke_result = _smoke(task_path) if smoke else None
+    preflight_bucket(bucket, run_id)
+    launcher = _local_launcher(environ) if local else cloud_launcher()
+    yaml_path = registry.run_dir(run_id) / "task.yaml"
+    write_atomic(yaml_path, yaml_text)
+    if output:
+        write_atomic(Path(output), yaml_text)
+    record = RunRecord(
+        run_id=run_id,
+        task_path=str(task_path.resolve()),
+        task_name=spec.name,
+        mode=LOCAL if local else CLOUD,
+        launcher=launcher.kind,
+        bucket=bucket,
+        task_yaml=str(yaml_path),
+        spec_snapshot=_snapshot(spec),
+        created_at=_now(),
+        state="CREATED",
+        plan_summary=_plan_summary(spec, plan),
+        secret_names=_secret_names(spec),
+    )
+    record = registry.save(record)
+    from skygreen.render import secret_values
+
+    record = _launch(registry, record, launcher, task, secret_values(spec, environ))
+    return UpResult(yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result)
+
+
+def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
+    """The run's base checkpoint URL. Cloud runs need a bucket the VM can reach."""
+    bucket = spec.green.checkpoint.bucket
+    if bucket is None:
+        if not local:
+            raise InputError(
+                "skygreen.checkpoint.bucket: a cloud run needs a checkpoint bucket its VMs can reach\n"
+                "  fix: set skygreen.checkpoint.bucket: s3://BUCKET/PREFIX (or gs://...), or run here with --local"
+            )
+        return str(default_local_bucket(environ))
+    if not local and not bucket.startswith(("s3://", "gs://")):
+        raise InputError(
+            f"skygreen.checkpoint.bucket: {bucket!r} is a path on this machine, which cloud VMs cannot reach\n"
+            "  fix: use s3://BUCKET/PREFIX or gs://BUCKET/PREFIX, or run here with --local"
+        )
+    if bucket.startswith("file://"):
+        return str(Path(bucket[len("file://"):]).expanduser())
+    if "://" not in bucket:
+        return str(Path(bucket).expanduser().resolve())
+    return bucket
+
+
+def _plan(spec: TaskSpec, catalog_dir: Path | None):
+    from skygreen.api import plan
+
+    return plan(spec, catalog_dir=catalog_dir)
+
+
+def _render(spec: TaskSpec, plan: Any | None, *, run_id: str, bucket: str, task_dir: Path) -> dict[str, Any]:
+    from skygreen.render import render_task
+    from skygreen.settings import RuntimeSettings
+
+    rate = None
+    if plan is not None:
+        rate = spec.green.preemption.rate_per_hour.get(plan.best.cloud)
+    settings = RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate)
+    return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
+
+
+def runtime_install():
+    """How the VM installs skygreen: from this source checkout when skygreen runs from one
+    (its folder is mounted to the VM), else the released package of the same version."""
+    from skygreen.render import RuntimeInstall
+
+    project = Path(__file__).resolve().parent.parent
+    if (project / "pyproject.toml").is_file() and (project / "skygreen" / "__init__.py").is_file():
+        return RuntimeInstall(source_dir=str(project))
+    return RuntimeInstall.default()
+
+
+def _smoke(task_path: Path):
+    from skygreen.runtime.smoke import run_smoke
+
+    return run_smoke(task_path)
+
+
+def preflight_bucket(bucket: str, run_id: str) -> None:
+    """Write, read back and delete one small object under the run's prefix, so a missing
+    bucket or a missing permission stops `up` before any VM starts."""
+    from skygreen.store import open_store
+
+    url = f"{bucket.rstrip('/')}/{run_id}"
+    key = f"preflight-{_random.token_hex(4)}"
+    probe = b"skygreen preflight\n"
+    try:
+        store = open_store(url)
+        store.put(key, probe)
+        if store.get(key) != probe:
+            raise StoreError(f"{url}: a test object read back different bytes")
+        store.delete(key)
+    except StoreError as e:
+        raise StoreError(
+            f"checkpoint bucket {bucket} is not usable: {e}\n"
+            "  fix: create the bucket (or folder) and grant this machine and the VMs write access, "
+            "or set another skygreen.checkpoint.bucket"
+        ) from e
+
+
+def _launch(registry: Registry, record: RunRecord, launcher: Launcher, task: Mapping[str, Any], secrets: Mapping[str, str]) -> RunRecord:
+    try:
+        job_id = launcher.launch(task, name=record.run_id, secrets=secrets)
+    except SkygreenError:
+        registry.save(dataclasses.replace(record, state="LAUNCH_FAILED"))
+        raise
+    pid = launcher.pid(job_id) if hasattr(launcher, "pid") else None
+    return registry.save(record.with_launch(job_id, pid=pid, state=JobState.PENDING.value))
+
+
+# ---------------------------------------------------------------- status
+
+
+def status(run_id: str | None = None, *, registry: Registry | None = None) -> list[RunStatus]:
+    """The named run, or every run on this machine (newest last)."""
+    registry = registry or Registry()
+    records = [registry.load(run_id)] if run_id else registry.list()
+    return [run_status(record, registry=registry) for record in records]
+
+
+def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunStatus:
+    registry = registry or Registry()
+    job, job_error = _job_status(record)
+    manifest, progress_error = _progress(record.checkpoint_url)
+    meta = dict(manifest.meta) if manifest else {}
+    state = job.state.value if job else record.state
+    detail = job_error or (job.detail if job else None)
+    if job and job.failure_reason:
+        detail = f"{detail}: {job.failure_reason}" if detail else job.failure_reason
+    if job and job.state.value != record.state:
+        registry.save(dataclasses.replace(record, state=job.state.value))
+    spend, estimated = _spend(record, job)
+    energy_j = meta.get("energy_j")
+    return RunStatus(
+        run_id=record.run_id,
+        task=record.task_path,
+        mode=record.mode,
+        state=state,
+        detail=detail,
+        job_id=record.job_id,
+        launches=len(record.launches),
+        step=manifest.step if manifest else None,
+        model_sha256=manifest.model_sha256 if manifest else None,
+        checkpoint_at=manifest.created_at if manifest else None,
+        completed=meta.get("state") == "completed",
+        preemptions=_int_or_none(meta.get("preemptions")),
+        recoveries=(job.recovery_count if job else 0) + max(0, len(record.launches) - 1),
+        spend_usd=spend,
+        spend_estimated=estimated,
+        energy_kwh=None if energy_j is None else float(energy_j) / 3.6e6,
+        wall_s=_float_or_none(meta.get("wall_s")),
+        where=_where(job),
+        checkpoint_url=record.checkpoint_url,
+        progress_error=progress_error,
+    )
+
+
+def _job_status(record: RunRecord) -> tuple[JobStatus | None, str | None]:
+    if record.job_id is None:
+        return None, None
+    try:
+        return launcher_for(record).status(record.job_id), None
+    except LaunchError as e:
+        return None, str(e).splitlines()[0]
+
+
+def _progress(url: str):
+    from skygreen.checkpoint import read_progress
+
+    try:
+        return read_progress(url), None
+    except (StoreError, CheckpointError) as e:
+        return None, str(e).splitlines()[0]
+
+
+def _spend(record: RunRecord, job: JobStatus | None) -> tuple[float | None, bool]:
+    """Spend of the current launch so far: its run time times the offer's catalog price.
+
+    Earlier launches (before a `resume`) are not counted; SkyPilot reports no cost per job,
+    so this is the catalog price of the offer the job landed on (or of the plan's best offer
+    when the job does not say where it runs)."""
+    if record.mode == LOCAL:
+        return 0.0, False
+    offers = list((record.plan_summary or {}).get("offers", ()))
+    if job is None or job.duration_s is None or not offers:
+        return None, False
+    landed = [o for o in offers if o["cloud"] == job.cloud and (job.region is None or o["region"] == job.region) and (not job.accelerators or o["accelerator"] in job.accelerators)]
+    offer = landed[0] if landed else offers[0]
+    price = float(offer["price_usd_per_hour"]) * int(offer.get("num_nodes") or 1)
+    return job.duration_s / 3600.0 * price, not landed
+
+
+def _where(job: JobStatus | None) -> str | None:
+    if job is None or job.cloud is None:
+        return None
+    return "/".join(p for p in (job.cloud, job.region) if p)
+
+
+# ---------------------------------------------------------------- resume, cancel, logs
+
+
+def resume(run_id: str, *, local: bool = False, registry: Registry | None = None, environ: Mapping[str, str] | None = None) -> RunRecord:
+    """Relaunch a stopped run with the same run id: the runtime continues from the latest
+    checkpoint in its bucket. `local` runs it on this machine whatever it ran on before."""
+    environ = os.environ if environ is None else environ
+    registry = registry or Registry()
+    record = registry.load(run_id)
+    current = run_status(record, registry=registry)
+    stopped = current.state in JobState.__members__ and JobState(current.state).resumable
+    if record.launches and not stopped:
+        raise InputError(
+            f"run {run_id} is {current.state}; only a stopped run can be resumed\n"
+            f"  fix: wait for it, or `skygreen cancel {run_id}` first"
+        )
+    if current.completed:
+        raise InputError(f"run {run_id} already completed at step {current.step}\n  fix: start a new run with `skygreen up`")
+    to_local = local or record.mode == LOCAL
+    if to_local == (record.mode == LOCAL):
+        task = _read_task_yaml(record)
+    else:  # a cloud run continued here: the same run id and bucket, rendered for this machine
+        spec = load_spec(record.task_path)
+        task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
+    launcher = _local_launcher(environ) if to_local else launcher_for(record)
+    record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
+    return _launch(registry, record, launcher, task, _resume_secrets(record, environ))
+
+
+def _read_task_yaml(record: RunRecord) -> dict[str, Any]:
+    import yaml
+
+    path = Path(record.task_yaml)
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise SkygreenError(f"run {record.run_id}: cannot read its rendered task {path}: {e}") from e
+
+
+def _resume_secrets(record: RunRecord, environ: Mapping[str, str]) -> dict[str, str]:
+    """Secret values for a relaunch: from the environment, else still from the task file."""
+    from skygreen.render import secret_values
+
+    try:
+        return secret_values(load_spec(record.task_path), environ)
+    except InputError:
+        return {name: environ[name] for name in record.secret_names if environ.get(name)}
+
+
+def cancel(run_id: str, *, registry: Registry | None = None) -> RunStatus:
+    """Stop a run: SIGTERM (the runtime commits a checkpoint), then its launcher's cancel."""
+    registry = registry or Registry()
+    record = registry.load(run_id)
+    if record.job_id is None:
+        raise InputError(f"run {run_id} was never launched; nothing to cancel")
+    launcher_for(record).cancel(record.job_id)
+    registry.save(dataclasses.replace(record, cancelled=True))
+    return run_status(registry.load(run_id), registry=registry)
+
+
+def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None, registry: Registry | None = None) -> int | None:
+    registry = registry or Registry()
+    record = registry.load(run_id)
+    if record.job_id is None:
+        raise InputError(f"run {run_id} was never launched; it has no logs")
+    return launcher_for(record).logs(record.job_id, follow=follow, out=out or sys.stdout)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def launcher_for(record: RunRecord) -> Launcher:
+    """The launcher a run was launched with."""
+    if record.launcher == "local":
+        return _local_launcher(os.environ)
+    launcher = cloud_launcher()
+    if launcher.kind != record.launcher:
+        raise InputError(
+            f"run {record.run_id} was launched with the {record.launcher!r} launcher, but this shell selects {launcher.kind!r}\n"
+            "  fix: set or unset SKYGREEN_LAUNCHER as it was when the run started"
+        )
+    return launcher
+
+
+def _local_launcher(environ: Mapping[str, str]):
+    from skygreen.adapters.local_runner import LocalLauncher
+
+    return LocalLauncher(data_dir(environ) / "local-jobs")
+
+
+def _snapshot(spec: TaskSpec) -> dict[str, Any]:
+    """The task as parsed, for the record: SkyPilot keys with secret values removed, and the
+    validated skygreen section."""
+    sky = dict(spec.sky)
+    if isinstance(sky.get("secrets"), Mapping):
+        sky["secrets"] = {str(k): None for k in sky["secrets"]}
+    return {"sky": sky, "skygreen": _plain(dataclasses.asdict(spec.green)), "num_nodes": spec.num_nodes}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _secret_names(spec: TaskSpec) -> tuple[str, ...]:
+    from skygreen.render import declared_secrets
+
+    return declared_secrets(spec)
+
+
+def _plan_summary(spec: TaskSpec, plan: Any | None) -> dict[str, Any] | None:
+    if plan is None:
+        return None
+    offers = [c.to_json() for c in plan.candidates[: spec.green.max_candidates]]
+    return {"objective": plan.objective, "offers": offers, "reason": list(getattr(plan, "reason", ()))}
+
+
+def _now() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
