@@ -1,0 +1,89 @@
+"""Early stopping as a small state machine whose whole state survives a resume.
+
+No ROI in polishing noise: when the watched metric has not improved by more than `min_delta`
+for `patience` evaluations in a row, stop. `grace` evaluations at the start never count
+against patience (and never set the best value), for curricula where the loss rises before it
+falls. The state is plain numbers, so it goes into a checkpoint as is.
+
+Pure: no torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from skygreen.spec import EARLY_STOP_MODES
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EarlyStopConfig:
+    metric: str
+    mode: str = "min"
+    patience: int = 3
+    min_delta: float = 0.0
+    grace: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.metric:
+            raise ValueError("EarlyStopConfig.metric must name the reported metric, e.g. 'val_loss'")
+        if self.mode not in EARLY_STOP_MODES:
+            raise ValueError(f"EarlyStopConfig.mode must be one of {EARLY_STOP_MODES}, got {self.mode!r}")
+        if self.patience < 1:
+            raise ValueError(f"EarlyStopConfig.patience must be at least 1, got {self.patience}")
+        if not (self.min_delta >= 0 and math.isfinite(self.min_delta)):
+            raise ValueError(f"EarlyStopConfig.min_delta must be a finite number >= 0, got {self.min_delta}")
+        if self.grace < 0:
+            raise ValueError(f"EarlyStopConfig.grace must be at least 0, got {self.grace}")
+
+
+class EarlyStopper:
+    """Feed it each evaluation of the metric; it says when to stop."""
+
+    def __init__(self, config: EarlyStopConfig) -> None:
+        self.config = config
+        self.evaluations = 0
+        self.best: float | None = None
+        self.bad_evaluations = 0
+        self.stopped = False
+
+    def update(self, value: float) -> bool:
+        """Record one evaluation; True once the run should stop (and from then on).
+
+        A NaN or infinite value is never an improvement: a diverged run counts against patience.
+        """
+        value = float(value)
+        self.evaluations += 1
+        if self.stopped or self.evaluations <= self.config.grace:
+            return self.stopped
+        if self._improves(value):
+            self.best = value
+            self.bad_evaluations = 0
+        else:
+            self.bad_evaluations += 1
+            self.stopped = self.bad_evaluations >= self.config.patience
+        return self.stopped
+
+    def _improves(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        if self.config.mode == "min":
+            return value < self.best - self.config.min_delta
+        return value > self.best + self.config.min_delta
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "evaluations": self.evaluations,
+            "best": self.best,
+            "bad_evaluations": self.bad_evaluations,
+            "stopped": self.stopped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.evaluations = int(state["evaluations"])
+        self.best = None if state["best"] is None else float(state["best"])
+        self.bad_evaluations = int(state["bad_evaluations"])
+        self.stopped = bool(state["stopped"])

@@ -1,0 +1,244 @@
+"""Knowing that the machine is about to go: SIGTERM, and the clouds' spot-interruption notices.
+
+SkyPilot sends no signal before a spot VM dies, so the runtime asks the cloud itself. A
+background thread polls the instance metadata endpoint of the cloud the run landed on:
+
+| cloud | request | a notice is |
+|---|---|---|
+| aws | `PUT /latest/api/token` (IMDSv2), then `GET /latest/meta-data/spot/instance-action` | 200 with `{"action": "terminate" / "stop" / "hibernate", "time": ...}`; 404 means none |
+| gcp | `GET /computeMetadata/v1/instance/preempted` with `Metadata-Flavor: Google` | the body `TRUE` |
+| azure | `GET /metadata/scheduledevents?api-version=2020-07-01` with `Metadata: true` | an event with `EventType: Preempt` |
+
+A notice can be a false alarm (AWS rebalances, Azure cancels events) and the last minutes of
+a VM still train, so a notice only asks for a checkpoint at the next step boundary; SIGTERM
+asks for a checkpoint and an exit with `PREEMPTED_EXIT_CODE`.
+
+Endpoints are configurable (`SKYGREEN_AWS_METADATA_URL`, `SKYGREEN_GCP_METADATA_URL`,
+`SKYGREEN_AZURE_METADATA_URL`, poll interval `SKYGREEN_NOTICE_POLL_S`), which is how tests
+point them at a loopback server that answers like each cloud.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+log = logging.getLogger("skygreen.runtime")
+
+DEFAULT_METADATA_URLS = {
+    "aws": "http://169.254.169.254",
+    "gcp": "http://metadata.google.internal",
+    "azure": "http://169.254.169.254",
+}
+METADATA_URL_ENV = {cloud: f"SKYGREEN_{cloud.upper()}_METADATA_URL" for cloud in DEFAULT_METADATA_URLS}
+POLL_ENV = "SKYGREEN_NOTICE_POLL_S"
+DEADLINE_ENV = "SKYGREEN_SIGTERM_DEADLINE_S"
+DEFAULT_POLL_S = 5.0
+DEFAULT_SIGTERM_DEADLINE_S = 25.0
+"""Docker and Kubernetes give 30 s between SIGTERM and SIGKILL by default; leave a margin."""
+REQUEST_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Notice:
+    cloud: str
+    detail: str
+
+
+def _request(url: str, *, method: str = "GET", headers: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(status, body) of one request; an HTTP error status is an answer, not an exception."""
+    req = urllib.request.Request(url, method=method, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+
+
+def check_aws(base_url: str) -> Notice | None:
+    """AWS spot interruption notice (IMDSv2: a session token first)."""
+    status, token = _request(
+        f"{base_url}/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"}
+    )
+    headers = {"X-aws-ec2-metadata-token": token} if status == 200 else {}
+    status, body = _request(f"{base_url}/latest/meta-data/spot/instance-action", headers=headers)
+    if status != 200:
+        return None
+    try:
+        action = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(action, dict) or "action" not in action:
+        return None
+    return Notice(cloud="aws", detail=f"spot instance-action {action['action']} at {action.get('time', '?')}")
+
+
+def check_gcp(base_url: str) -> Notice | None:
+    status, body = _request(
+        f"{base_url}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}
+    )
+    if status == 200 and body.strip().upper() == "TRUE":
+        return Notice(cloud="gcp", detail="instance/preempted is TRUE")
+    return None
+
+
+def check_azure(base_url: str) -> Notice | None:
+    status, body = _request(
+        f"{base_url}/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"}
+    )
+    if status != 200:
+        return None
+    try:
+        events = json.loads(body).get("Events", [])
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    for event in events:
+        if isinstance(event, dict) and event.get("EventType") == "Preempt":
+            return Notice(cloud="azure", detail=f"scheduled event Preempt {event.get('EventId', '?')} not before {event.get('NotBefore', '?')}")
+    return None
+
+
+CHECKS: dict[str, Callable[[str], Notice | None]] = {"aws": check_aws, "gcp": check_gcp, "azure": check_azure}
+
+
+def metadata_url(cloud: str, environ: Mapping[str, str] | None = None) -> str:
+    environ = os.environ if environ is None else environ
+    return environ.get(METADATA_URL_ENV[cloud]) or DEFAULT_METADATA_URLS[cloud]
+
+
+def _env_seconds(name: str, default: float, environ: Mapping[str, str]) -> float:
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        from skygreen.errors import RuntimeSetupError
+
+        raise RuntimeSetupError(f"{name}: expected a number of seconds greater than 0\n  got: {raw!r}")
+    return value
+
+
+class NoticeWatcher:
+    """Polls one cloud's metadata endpoint in a daemon thread; `pending()` tells the training loop.
+
+    Each notice that appears (after a poll that saw none) is reported once, so a notice that
+    stays up does not make the run checkpoint at every step.
+    """
+
+    def __init__(self, cloud: str, *, base_url: str, poll_s: float) -> None:
+        if cloud not in CHECKS:
+            raise ValueError(f"no preemption notice check for cloud {cloud!r}")
+        self.cloud = cloud
+        self.base_url = base_url.rstrip("/")
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._fresh: Notice | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="skygreen-preemption-notice", daemon=True)
+        self._errors_logged = 0
+
+    @classmethod
+    def from_env(cls, cloud: str, environ: Mapping[str, str] | None = None) -> NoticeWatcher:
+        environ = os.environ if environ is None else environ
+        return cls(cloud, base_url=metadata_url(cloud, environ), poll_s=_env_seconds(POLL_ENV, DEFAULT_POLL_S, environ))
+
+    def start(self) -> NoticeWatcher:
+        self._thread.start()
+        return self
+
+    def pending(self) -> Notice | None:
+        """The notice seen since the last call, if any (then cleared)."""
+        with self._lock:
+            notice, self._fresh = self._fresh, None
+        return notice
+
+    def _loop(self) -> None:
+        up = False
+        while not self._stop.is_set():
+            notice = self._poll_once()
+            if notice is not None and not up:
+                log.warning("skygreen: preemption notice from %s: %s; checkpointing at the next step", notice.cloud, notice.detail)
+                with self._lock:
+                    self._fresh = notice
+            up = notice is not None
+            self._stop.wait(self.poll_s)
+
+    def _poll_once(self) -> Notice | None:
+        try:
+            return CHECKS[self.cloud](self.base_url)
+        except (OSError, ValueError) as e:  # no metadata server (not on that cloud), timeouts
+            if self._errors_logged < 1:
+                log.info("skygreen: cannot reach %s metadata at %s (%s); will keep trying", self.cloud, self.base_url, e)
+            self._errors_logged += 1
+            return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=REQUEST_TIMEOUT_S * 2 + 1)
+
+
+class SigtermLatch:
+    """Turns SIGTERM into a flag the loop checks at each step boundary, with a hard deadline.
+
+    If no checkpoint has committed `deadline_s` after the signal (a step slower than the
+    grace period, a stuck upload), the process exits with `exit_code` anyway: the previous
+    committed checkpoint is intact, and SkyPilot still sees a restartable exit.
+    """
+
+    def __init__(self, *, deadline_s: float, exit_code: int) -> None:
+        self.deadline_s = deadline_s
+        self.exit_code = exit_code
+        self.received_at: float | None = None
+        self._previous = None
+        self._timer: threading.Timer | None = None
+        self.installed = False
+
+    @classmethod
+    def from_env(cls, *, exit_code: int, environ: Mapping[str, str] | None = None) -> SigtermLatch:
+        environ = os.environ if environ is None else environ
+        return cls(deadline_s=_env_seconds(DEADLINE_ENV, DEFAULT_SIGTERM_DEADLINE_S, environ), exit_code=exit_code)
+
+    def install(self) -> SigtermLatch:
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("skygreen: not in the main thread; SIGTERM will not trigger a checkpoint")
+            return self
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self.installed = True
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.received_at is not None:
+            return
+        self.received_at = time.monotonic()
+        log.warning("skygreen: SIGTERM; checkpointing at the next step boundary (deadline %.0f s)", self.deadline_s)
+        self._timer = threading.Timer(self.deadline_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        log.error("skygreen: no checkpoint committed within %.0f s of SIGTERM; exiting with the last committed one", self.deadline_s)
+        logging.shutdown()
+        os._exit(self.exit_code)
+
+    @property
+    def fired(self) -> bool:
+        return self.received_at is not None
+
+    def uninstall(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.installed:
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self.installed = False

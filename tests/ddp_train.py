@@ -1,0 +1,114 @@
+"""A small deterministic training job on CPU for the runtime's tests.
+
+Imported by the in-process tests, and run by `torchrun --nproc-per-node 2` for the DDP tests:
+
+    torchrun --nproc-per-node 2 tests/ddp_train.py BUCKET RUN_ID TOTAL_STEPS [CRASH_STEP CRASH_MICRO]
+
+The model has dropout and the loop draws from python's `random` and numpy, so all three RNG
+streams matter to the result; the dataset size does not divide the effective batch, so
+accumulation windows straddle epoch boundaries.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from skygreen.runtime.run import Run
+from skygreen.settings import RuntimeSettings
+
+DATASET_LEN = 42
+FEATURES = 6
+CLASSES = 3
+
+
+class Crash(Exception):
+    """Stands in for the process dying at a chosen micro-step."""
+
+
+def dataset(length: int = DATASET_LEN) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(length, FEATURES, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def model() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, CLASSES)
+    )
+
+
+def settings(bucket, run_id: str = "run", **overrides) -> RuntimeSettings:
+    values = dict(
+        run_id=run_id, bucket=str(bucket), precision="fp32", effective_batch=12, micro_batch=3, checkpoint_every_steps=2
+    )
+    values.update(overrides)
+    return RuntimeSettings(**values)
+
+
+def train(
+    run_settings: RuntimeSettings,
+    total_steps: int,
+    *,
+    crash_at: tuple[int, int] | None = None,
+    dataset_len: int = DATASET_LEN,
+    metrics: dict[int, float] | None = None,
+    hooks=None,
+    environ=None,
+    trace: list | None = None,
+    noise: bool = True,
+) -> Run:
+    """Train to `total_steps` (resuming from the bucket); raise `Crash` at (step, micro-step)."""
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    net = model()
+    if hooks:
+        hooks(net)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    run = Run(
+        model=net,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        dataset=dataset(dataset_len),
+        settings=run_settings,
+        seed=7,
+        environ=environ if environ is not None else {k: v for k, v in os.environ.items() if k != "SKYGREEN_SMOKE"},
+    )
+    with run:
+        for step in run.steps(total_steps):
+            with step:
+                for i, (x, y) in enumerate(step.micro_batches()):
+                    if crash_at == (step.index, i):
+                        raise Crash(f"crash at step {step.index} micro-step {i}")
+                    if noise:
+                        x = x + 0.01 * random.random() + 0.01 * float(np.random.rand())
+                    with step.autocast():
+                        loss = F.cross_entropy(run.model(x), y)
+                    step.backward(loss)
+                    if trace is not None:
+                        trace.append((step.index, run.micro_batch, x.shape[0]))
+                step.clip_grad_norm_(1.0)
+                step.optimizer_step()
+            if metrics and step.index in metrics:
+                run.report(val_loss=metrics[step.index])
+    return run
+
+
+if __name__ == "__main__":
+    bucket, run_id, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    crash = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else None
+    try:
+        train(settings(bucket, run_id, effective_batch=12, micro_batch=3), total, crash_at=crash)
+    except Crash:
+        sys.exit(3)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
