@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from servers import gcs_bucket, gcs_server, moto_server, s3_bucket  # noqa: F401  (real S3/GCS test servers)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 

@@ -1,0 +1,183 @@
+"""Google Cloud Storage as a checkpoint store, through google-cloud-storage.
+
+`STORAGE_EMULATOR_HOST` (honoured by the client library itself) points it at an emulator,
+with anonymous credentials. Otherwise credentials come from Application Default Credentials
+(the VM's service account); skygreen never sees or writes them.
+
+Objects above 8 MiB go up as resumable uploads in `CHUNK_BYTES` chunks streamed from a file,
+so memory stays bounded by one chunk. The library's own retries are switched off
+(`retry=None`): errors are mapped by `_STATUS_TABLE` and retried once, by skygreen's
+`RetryPolicy`, around the whole operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import BinaryIO, TypeVar
+
+import google.api_core.exceptions as api_exceptions
+import google.auth.exceptions
+import requests.exceptions
+from google.cloud import storage
+from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
+
+from skygreen.errors import StoreError, TransientStoreError
+from skygreen.store import DEFAULT_RETRY, KeyNotFoundError, RetryPolicy, StoreUrl, call_with_retries, rewind
+
+T = TypeVar("T")
+
+CHUNK_BYTES = 64 * 1024 * 1024
+"""Resumable upload chunk (a multiple of 256 KiB): the most an upload holds in memory."""
+_TIMEOUT_S = (10, 300)
+
+_DENIED_FIX = "grant the VM's service account roles/storage.objectAdmin on the bucket (or storage.objects.{create,get,list,delete})"
+# HTTP status -> (kind, fix) for google.api_core errors.
+_STATUS_TABLE: dict[int, tuple[str, str]] = {
+    401: ("denied", "the credentials were rejected; check Application Default Credentials on the VM"),
+    403: ("denied", _DENIED_FIX),
+    404: ("missing", "create it (`gcloud storage buckets create gs://{bucket}`) or fix checkpoint.bucket in the task file"),
+    408: ("transient", ""),
+    429: ("transient", ""),
+    500: ("transient", ""),
+    502: ("transient", ""),
+    503: ("transient", ""),
+    504: ("transient", ""),
+}
+_TRANSIENT_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    requests.exceptions.ChunkedEncodingError,
+    google.auth.exceptions.TransportError,
+    DataCorruption,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+class GcsStore:
+    """Keys are object names under `gs://bucket/prefix/`."""
+
+    def __init__(self, url: StoreUrl, *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+        self.bucket_name = url.bucket
+        self.root = url
+        self.url = f"gs://{url.bucket}/{url.prefix}".rstrip("/")
+        self.retry = retry
+        try:
+            self.client = storage.Client()
+        except google.auth.exceptions.DefaultCredentialsError as e:
+            raise StoreError(
+                f"{self.url}: no Google Cloud credentials for bucket {url.bucket!r}\n"
+                "  fix: run on a VM with a service account, or `gcloud auth application-default login`"
+            ) from e
+        self.bucket = self.client.bucket(url.bucket)
+
+    def _run(self, what: str, operation: Callable[[], T], *, on_retry: Callable[[], None] | None = None) -> T:
+        label = f"{what} {self.url}"
+        return call_with_retries(
+            lambda: _mapped(self.bucket_name, label, operation), what=label, policy=self.retry, on_retry=on_retry
+        )
+
+    def _blob(self, key: str) -> storage.Blob:
+        return self.bucket.blob(self.root.key(key), chunk_size=CHUNK_BYTES)
+
+    def put(self, key: str, data: bytes | BinaryIO) -> None:
+        blob = self._blob(key)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            payload = bytes(data)
+            self._run(f"put {key} to", lambda: blob.upload_from_string(payload, retry=None, timeout=_TIMEOUT_S))
+            return
+        self._run(
+            f"upload {key} to",
+            lambda: blob.upload_from_file(data, retry=None, timeout=_TIMEOUT_S),
+            on_retry=rewind(data),
+        )
+
+    def get(self, key: str) -> bytes:
+        blob = self._blob(key)
+        return self._run(f"get {key} from", lambda: blob.download_as_bytes(retry=None, timeout=_TIMEOUT_S))
+
+    def get_to(self, key: str, fileobj: BinaryIO) -> None:
+        blob = self._blob(key)
+        start = fileobj.tell()
+
+        def restart() -> None:
+            fileobj.seek(start)
+            fileobj.truncate()
+
+        self._run(
+            f"download {key} from",
+            lambda: blob.download_to_file(fileobj, retry=None, timeout=_TIMEOUT_S),
+            on_retry=restart,
+        )
+
+    def list(self, prefix: str = "") -> list[str]:
+        full = self.root.key(prefix) if self.root.prefix else prefix
+        strip = len(self.root.prefix) + 1 if self.root.prefix else 0
+
+        def listing() -> list[str]:
+            blobs = self.client.list_blobs(self.bucket_name, prefix=full, retry=None, timeout=_TIMEOUT_S)
+            return sorted(b.name[strip:] for b in blobs)
+
+        return self._run(f"list {prefix or '/'} in", listing)
+
+    def delete(self, key: str) -> None:
+        blob = self._blob(key)
+        try:
+            self._run(f"delete {key} from", lambda: blob.delete(retry=None, timeout=_TIMEOUT_S))
+        except KeyNotFoundError:
+            pass
+
+    def _reloaded(self, key: str) -> storage.Blob:
+        blob = self._blob(key)
+        self._run(f"stat {key} in", lambda: blob.reload(retry=None, timeout=_TIMEOUT_S))
+        return blob
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._reloaded(key)
+        except KeyNotFoundError:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        return int(self._reloaded(key).size)
+
+    def storage_class(self, key: str) -> str | None:
+        return self._reloaded(key).storage_class
+
+    def set_storage_class(self, key: str, storage_class: str) -> None:
+        """Rewrite the object in place with a new storage class (server-side, no download)."""
+        blob = self._blob(key)
+        self._run(
+            f"move {key} to {storage_class} in",
+            lambda: blob.update_storage_class(storage_class, retry=None, timeout=_TIMEOUT_S),
+        )
+
+
+def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:
+    """Run a google-cloud-storage call, turning its exceptions into skygreen's."""
+    try:
+        return operation()
+    except api_exceptions.GoogleAPICallError as e:
+        raise _from_status(bucket, what, int(e.code or 0), e.message or str(e)) from e
+    except InvalidResponse as e:
+        status = getattr(getattr(e, "response", None), "status_code", 0) or 0
+        raise _from_status(bucket, what, int(status), str(e)) from e
+    except _TRANSIENT_EXCEPTIONS as e:
+        raise TransientStoreError(f"{what}: {type(e).__name__}: {e}") from e
+
+
+def _from_status(bucket: str, what: str, status: int, message: str) -> StoreError:
+    kind, fix = _STATUS_TABLE.get(status, ("other", ""))
+    fix = fix.format(bucket=bucket)
+    if kind == "missing":
+        if "bucket does not exist" in message.lower() or "no such bucket" in message.lower():
+            return StoreError(f"{what}: the bucket {bucket!r} does not exist ({status})\n  fix: {fix}")
+        return KeyNotFoundError(f"{what}: no such object ({status})")
+    if kind == "transient":
+        return TransientStoreError(f"{what}: HTTP {status}: {message}")
+    if kind == "denied":
+        return StoreError(f"{what}: access to bucket {bucket!r} denied (HTTP {status}: {message})\n  fix: {fix}")
+    if status >= 500:
+        return TransientStoreError(f"{what}: HTTP {status}: {message}")
+    return StoreError(f"{what}: bucket {bucket!r} refused: HTTP {status}: {message}")

@@ -1,0 +1,221 @@
+"""S3 (and any S3-compatible endpoint) as a checkpoint store, through boto3.
+
+Endpoints come from boto3's own settings: `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` reach
+MinIO, R2, Ceph or a local test server with no skygreen setting. Credentials come from
+boto3's usual chain (instance role, `AWS_PROFILE`, SkyPilot secrets); skygreen never sees or
+writes them.
+
+Large objects go up as multipart uploads streamed from a file: at most `max_concurrency`
+parts of `multipart_chunksize` bytes are in memory at once. botocore retries single requests
+(one part, one GET) a couple of times; whatever still fails is mapped by `_ERROR_TABLE` and
+retried as a whole operation by skygreen's `RetryPolicy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import BinaryIO, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+from boto3.s3.transfer import TransferConfig
+
+from skygreen.errors import StoreError, TransientStoreError
+from skygreen.store import (
+    DEFAULT_RETRY,
+    ArchivedObjectError,
+    KeyNotFoundError,
+    RetryPolicy,
+    StoreUrl,
+    call_with_retries,
+    rewind,
+)
+
+T = TypeVar("T")
+
+MIB = 1024 * 1024
+_TRANSFER = TransferConfig(
+    multipart_threshold=16 * MIB,
+    multipart_chunksize=16 * MIB,
+    max_concurrency=8,
+    use_threads=True,
+)
+
+# What an S3 error code means for a checkpoint: (kind, fix). Kinds: "transient" retries,
+# "missing" is a normal answer, the rest fail fast naming the bucket.
+_ERROR_TABLE: dict[str, tuple[str, str]] = {
+    "NoSuchKey": ("missing", ""),
+    "404": ("missing", ""),
+    "NotFound": ("missing", ""),
+    "NoSuchBucket": ("no_bucket", "create it (`aws s3 mb s3://{bucket}`) or fix checkpoint.bucket in the task file"),
+    "AccessDenied": ("denied", "grant the instance role or credentials s3:ListBucket on the bucket and s3:GetObject, s3:PutObject, s3:DeleteObject on its objects"),
+    "403": ("denied", "grant the instance role or credentials s3:ListBucket on the bucket and s3:GetObject, s3:PutObject, s3:DeleteObject on its objects"),
+    "AllAccessDisabled": ("denied", "the bucket's owner has disabled all access to it; use another bucket"),
+    "InvalidAccessKeyId": ("denied", "the AWS access key is not valid; check the credentials the job runs with"),
+    "SignatureDoesNotMatch": ("denied", "the AWS secret key does not match the access key; check the credentials"),
+    "ExpiredToken": ("denied", "the AWS session token expired; refresh the credentials"),
+    "InvalidToken": ("denied", "the AWS session token is not valid; refresh the credentials"),
+    "PermanentRedirect": ("denied", "the bucket is in another region; set AWS_DEFAULT_REGION to the bucket's region"),
+    "AuthorizationHeaderMalformed": ("denied", "the bucket is in another region; set AWS_DEFAULT_REGION to the bucket's region"),
+    "InvalidObjectState": ("archived", "restore it from cold storage first (`aws s3api restore-object`)"),
+    "InternalError": ("transient", ""),
+    "ServiceUnavailable": ("transient", ""),
+    "SlowDown": ("transient", ""),
+    "Throttling": ("transient", ""),
+    "ThrottlingException": ("transient", ""),
+    "RequestTimeout": ("transient", ""),
+    "RequestTimeTooSkewed": ("transient", ""),
+    "NoSuchUpload": ("transient", ""),
+    "500": ("transient", ""),
+    "502": ("transient", ""),
+    "503": ("transient", ""),
+    "504": ("transient", ""),
+}
+
+_TRANSIENT_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    botocore.exceptions.ConnectionError,  # endpoint unreachable, connection closed, timeouts
+    botocore.exceptions.HTTPClientError,
+    botocore.exceptions.ResponseStreamingError,
+    botocore.exceptions.IncompleteReadError,
+    ConnectionError,
+    TimeoutError,
+)
+_CREDENTIAL_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    botocore.exceptions.NoCredentialsError,
+    botocore.exceptions.PartialCredentialsError,
+)
+
+
+class S3Store:
+    """Keys are object names under `s3://bucket/prefix/`."""
+
+    def __init__(self, url: StoreUrl, *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+        self.bucket = url.bucket
+        self.root = url
+        self.url = f"s3://{url.bucket}/{url.prefix}".rstrip("/")
+        self.retry = retry
+        config = botocore.config.Config(
+            retries={"mode": "standard", "total_max_attempts": 3},
+            connect_timeout=10,
+            read_timeout=120,
+            max_pool_connections=_TRANSFER.max_request_concurrency + 2,
+        )
+        self.client = boto3.session.Session().client("s3", config=config)
+
+    def _run(self, what: str, operation: Callable[[], T], *, on_retry: Callable[[], None] | None = None) -> T:
+        label = f"{what} {self.url}"
+        return call_with_retries(
+            lambda: _mapped(self.bucket, label, operation), what=label, policy=self.retry, on_retry=on_retry
+        )
+
+    def put(self, key: str, data: bytes | BinaryIO) -> None:
+        name = self.root.key(key)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            self._run(f"put {key} to", lambda: self.client.put_object(Bucket=self.bucket, Key=name, Body=bytes(data)))
+            return
+        self._run(
+            f"upload {key} to",
+            lambda: self.client.upload_fileobj(data, self.bucket, name, Config=_TRANSFER),
+            on_retry=rewind(data),
+        )
+
+    def get(self, key: str) -> bytes:
+        name = self.root.key(key)
+        return self._run(f"get {key} from", lambda: self.client.get_object(Bucket=self.bucket, Key=name)["Body"].read())
+
+    def get_to(self, key: str, fileobj: BinaryIO) -> None:
+        name = self.root.key(key)
+        start = fileobj.tell()
+
+        def restart() -> None:
+            fileobj.seek(start)
+            fileobj.truncate()
+
+        self._run(
+            f"download {key} from",
+            lambda: self.client.download_fileobj(self.bucket, name, fileobj, Config=_TRANSFER),
+            on_retry=restart,
+        )
+
+    def list(self, prefix: str = "") -> list[str]:
+        full = self.root.key(prefix) if self.root.prefix else prefix
+        strip = len(self.root.prefix) + 1 if self.root.prefix else 0
+
+        def listing() -> list[str]:
+            keys = []
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+                keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+            return sorted(keys)
+
+        return self._run(f"list {prefix or '/'} in", listing)
+
+    def delete(self, key: str) -> None:
+        name = self.root.key(key)
+        self._run(f"delete {key} from", lambda: self.client.delete_object(Bucket=self.bucket, Key=name))
+
+    def _head(self, key: str) -> dict:
+        name = self.root.key(key)
+        return self._run(f"stat {key} in", lambda: self.client.head_object(Bucket=self.bucket, Key=name))
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._head(key)
+        except KeyNotFoundError:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        return int(self._head(key)["ContentLength"])
+
+    def storage_class(self, key: str) -> str | None:
+        return self._head(key).get("StorageClass", "STANDARD")
+
+    def set_storage_class(self, key: str, storage_class: str) -> None:
+        """Copy the object onto itself with a new class (multipart copy for large objects)."""
+        name = self.root.key(key)
+        source = {"Bucket": self.bucket, "Key": name}
+        self._run(
+            f"move {key} to {storage_class} in",
+            lambda: self.client.copy(source, self.bucket, name, ExtraArgs={"StorageClass": storage_class}, Config=_TRANSFER),
+        )
+
+
+def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:
+    """Run a boto3 call, turning its exceptions into skygreen's by `_ERROR_TABLE`."""
+    try:
+        return operation()
+    except botocore.exceptions.ClientError as e:
+        error = e.response.get("Error", {})
+        code = str(error.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+        raise _from_code(bucket, what, code, error.get("Message") or str(e)) from e
+    except _CREDENTIAL_EXCEPTIONS as e:
+        raise StoreError(
+            f"{what}: no usable AWS credentials for bucket {bucket!r}\n"
+            "  fix: run with an instance role, AWS_PROFILE, or SkyPilot secrets for AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+        ) from e
+    except _TRANSIENT_EXCEPTIONS as e:
+        raise TransientStoreError(f"{what}: {type(e).__name__}: {e}") from e
+    except boto3.exceptions.RetriesExceededError as e:
+        raise TransientStoreError(f"{what}: {e}") from e
+    except boto3.exceptions.S3UploadFailedError as e:
+        raise TransientStoreError(f"{what}: {e}") from e
+
+
+def _from_code(bucket: str, what: str, code: str, message: str) -> StoreError:
+    kind, fix = _ERROR_TABLE.get(code, ("other", ""))
+    fix = fix.format(bucket=bucket)
+    if kind == "missing":
+        return KeyNotFoundError(f"{what}: no such object ({code})")
+    if kind == "transient":
+        return TransientStoreError(f"{what}: {code}: {message}")
+    if kind == "no_bucket":
+        return StoreError(f"{what}: the bucket {bucket!r} does not exist ({code})\n  fix: {fix}")
+    if kind == "denied":
+        return StoreError(f"{what}: access to bucket {bucket!r} denied ({code}: {message})\n  fix: {fix}")
+    if kind == "archived":
+        return ArchivedObjectError(f"{what}: the object is in cold storage ({code})\n  fix: {fix}")
+    if code.isdigit() and int(code) >= 500:
+        return TransientStoreError(f"{what}: HTTP {code}: {message}")
+    return StoreError(f"{what}: bucket {bucket!r} refused: {code}: {message}")
+

@@ -1,0 +1,207 @@
+"""A loopback HTTP proxy that injects the faults object stores really produce.
+
+Put it between a client and a test server (moto_server, gcp-storage-emulator) by pointing
+the client's endpoint at `proxy.url`. Faults are queued with `inject` and consumed in order
+by the requests that match:
+
+- "403":       access denied (S3 `AccessDenied`, GCS 403 `forbidden`), not forwarded;
+- "500":       an InternalError answer, the request never reaches the server;
+- "503":       throttling (S3 `SlowDown`, GCS 503 `rateLimitExceeded`), not forwarded;
+- "drop":      the connection is reset after half of the request body is read;
+- "drop_reply": the request IS forwarded and done by the server, then the connection is
+               reset before the reply: the client cannot tell that it succeeded.
+
+Every request is logged as (method, path, outcome) so tests can check what happened.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+FAULTS = ("403", "500", "503", "drop", "drop_reply")
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
+
+_S3_BODIES = {
+    "403": b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>",
+    "500": b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code>"
+    b"<Message>We encountered an internal error. Please try again.</Message></Error>",
+    "503": b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+    b"<Message>Please reduce your request rate.</Message></Error>",
+}
+_GCS_BODIES = {
+    "403": b'{"error": {"code": 403, "message": "caller does not have storage.objects.create access", "errors": [{"reason": "forbidden"}]}}',
+    "500": b'{"error": {"code": 500, "message": "Internal error. Please try again.", "errors": [{"reason": "backendError"}]}}',
+    "503": b'{"error": {"code": 503, "message": "The service is currently unavailable.", "errors": [{"reason": "rateLimitExceeded"}]}}',
+}
+
+
+@dataclass
+class _Fault:
+    kind: str
+    times: int
+    match: Callable[[str, str], bool]
+
+
+class FaultProxy:
+    """A threaded HTTP/1.1 proxy to `upstream` on a free 127.0.0.1 port."""
+
+    def __init__(self, upstream: str, *, flavour: str = "s3") -> None:
+        parts = urlsplit(upstream)
+        self.upstream_host = parts.hostname
+        self.upstream_port = parts.port
+        self.flavour = flavour
+        self.log: list[tuple[str, str, str]] = []
+        self.bodies: list[tuple[str, str, bytes]] = []
+        """(method, path, body) of forwarded requests with small bodies, for assertions."""
+        self.bytes_forwarded = 0
+        self.on_bytes: Callable[[int], None] | None = None
+        """Called with the running upload byte count after each forwarded request body."""
+        self._faults: list[_Fault] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def inject(self, kind: str, *, times: int = 1, method: str | None = None, path_contains: str | None = None) -> None:
+        """Queue `times` faults of `kind` for the next requests matching method/path."""
+        if kind not in FAULTS:
+            raise ValueError(f"unknown fault {kind!r}; one of {FAULTS}")
+
+        def match(m: str, p: str) -> bool:
+            return (method is None or m == method) and (path_contains is None or path_contains in p)
+
+        with self._lock:
+            self._faults.append(_Fault(kind, times, match))
+
+    def pending(self) -> int:
+        with self._lock:
+            return sum(f.times for f in self._faults)
+
+    def outcomes(self, kind: str) -> int:
+        return sum(1 for _, _, outcome in self.log if outcome == kind)
+
+    def _take_fault(self, method: str, path: str) -> str | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.times > 0 and fault.match(method, path):
+                    fault.times -= 1
+                    if fault.times == 0:
+                        self._faults.remove(fault)
+                    return fault.kind
+        return None
+
+    def _handler_class(self):
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # keep test output clean
+                pass
+
+            def _handle(self) -> None:
+                fault = proxy._take_fault(self.command, self.path)
+                if fault == "drop":
+                    length = int(self.headers.get("Content-Length") or 0)
+                    self.rfile.read(length // 2)
+                    proxy.log.append((self.command, self.path, "drop"))
+                    self._reset()
+                    return
+                body = self._read_body()
+                if fault in ("403", "500", "503"):
+                    proxy.log.append((self.command, self.path, fault))
+                    self._answer_error(int(fault))
+                    return
+                forwarded = self._forward(body)
+                if forwarded is None:
+                    proxy.log.append((self.command, self.path, "upstream_down"))
+                    return
+                status, headers, reply = forwarded
+                proxy.bytes_forwarded += len(body)
+                if len(body) <= 64 * 1024:
+                    proxy.bodies.append((self.command, self.path, body))
+                if proxy.on_bytes is not None:
+                    proxy.on_bytes(proxy.bytes_forwarded)
+                if fault == "drop_reply":
+                    proxy.log.append((self.command, self.path, "drop_reply"))
+                    self._reset()
+                    return
+                proxy.log.append((self.command, self.path, str(status)))
+                self.send_response(status)
+                for name, value in headers:
+                    if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(reply)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
+
+            def _read_body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    chunks = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass
+                            return b"".join(chunks)
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _forward(self, body: bytes):
+                conn = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=120)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                    headers["Content-Length"] = str(len(body))
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    response = conn.getresponse()
+                    return response.status, response.getheaders(), response.read()
+                except OSError:
+                    # The server is gone: the client sees the connection die, as it would.
+                    self._reset()
+                    return None
+                finally:
+                    conn.close()
+
+            def _answer_error(self, status: int) -> None:
+                body = (_GCS_BODIES if proxy.flavour == "gcs" else _S3_BODIES)[str(status)]
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json" if proxy.flavour == "gcs" else "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                if status == 503:
+                    self.send_header("Retry-After", "0")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _reset(self) -> None:
+                """Close with RST (SO_LINGER 0), as a dying peer or middlebox does."""
+                try:
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                except OSError:
+                    pass
+                self.close_connection = True
+
+        return Handler
