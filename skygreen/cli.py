@@ -96,6 +96,110 @@ def catalog_update(
         sys.stdout.write(f"{result.cloud}: {result.status} {result.path}\n")
 
 
+RunArg = Annotated[str, typer.Argument(help="Run id, as printed by `skygreen up` and `skygreen status`.")]
+
+
+@app.command()
+def up(
+    task: TaskArg,
+    local: Annotated[bool, typer.Option("--local", help="Run on this machine (CPU, or a local GPU) instead of the cloud.")] = False,
+    dryrun: Annotated[bool, typer.Option("--dryrun", help="Print the plan and write the SkyPilot YAML; launch nothing.")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also write the rendered SkyPilot YAML here.")] = None,
+    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the CPU smoke test of the training script.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="With --local: return at once instead of following the run.")] = False,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Smoke-test, render and launch a run: a managed spot job, or with --local this machine."""
+    from skygreen import api
+
+    result = api.up(task, local=local, dryrun=dryrun, output=output, smoke=not no_smoke, catalog_dir=catalog)
+    if result.plan is not None:
+        for line in result.plan.notices:
+            print_notice(line)
+        if dryrun:
+            from skygreen.plan_report import print_plan
+
+            print_plan(result.plan, top=10)
+    if dryrun:
+        sys.stdout.write(f"wrote {result.yaml_path} (dry run: nothing launched)\n")
+        return
+    from skygreen.run_report import print_launched
+
+    print_launched(result, sys.stdout)
+    if local and not detach:
+        _follow_local(result.run_id)
+
+
+def _follow_local(run_id: str) -> None:
+    """Stream a local run's output until it ends; Ctrl-C stops following, not the run."""
+    from skygreen import api
+    from skygreen.run_report import print_status_detail
+
+    try:
+        api.logs(run_id, follow=True)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nstopped following; run {run_id} continues in the background "
+                         f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n")
+        raise typer.Exit(130) from None
+    (final,) = api.status(run_id)
+    print_status_detail(final, sys.stdout)
+    if final.state != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    run: Annotated[Optional[str], typer.Argument(help="Run id; default: every run on this machine.")] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Runs with their state, step, model digest, preemptions, spend and energy so far."""
+    from skygreen import api
+    from skygreen.run_report import print_status_detail, print_status_table
+
+    rows = api.status(run)
+    if json_output:
+        print_json([r.to_json() for r in rows] if run is None else rows[0].to_json())
+    elif run is None:
+        print_status_table(rows, sys.stdout)
+    else:
+        print_status_detail(rows[0], sys.stdout)
+
+
+@app.command()
+def resume(
+    run: RunArg,
+    local: Annotated[bool, typer.Option("--local", help="Continue the run on this machine.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="For local runs: return at once instead of following.")] = False,
+) -> None:
+    """Relaunch a stopped run with the same id; it continues from its latest checkpoint."""
+    from skygreen import api
+
+    record = api.resume(run, local=local)
+    sys.stdout.write(f"resumed run {record.run_id} (job {record.job_id}, launch {len(record.launches)})\n")
+    if record.mode == "local" and not detach:
+        _follow_local(record.run_id)
+
+
+@app.command()
+def cancel(run: RunArg) -> None:
+    """Stop a run; it commits a checkpoint first, so `skygreen resume` can continue it."""
+    from skygreen import api
+
+    final = api.cancel(run)
+    sys.stdout.write(f"cancelled run {final.run_id}: {final.state}, last checkpoint at step {final.step if final.step is not None else '-'}\n")
+
+
+@app.command()
+def logs(
+    run: RunArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the run ends.")] = False,
+) -> None:
+    """Print a run's output (the training script's stdout and stderr)."""
+    from skygreen import api
+
+    api.logs(run, follow=follow)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     command = typer.main.get_command(app)
