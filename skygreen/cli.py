@@ -200,6 +200,54 @@ def logs(
     api.logs(run, follow=follow)
 
 
+@app.command()
+def gc(
+    target: Annotated[str, typer.Argument(help="A run id, a run's checkpoint URL, or a bucket URL holding runs.")],
+    older_than: Annotated[str, typer.Option("--older-than", help="Age of checkpoints to move, e.g. 90d, 12h, 2w.")] = "90d",
+    storage_class: Annotated[
+        Optional[str],
+        typer.Option("--storage-class", help="S3: GLACIER (default), DEEP_ARCHIVE, GLACIER_IR; GCS: ARCHIVE (default), COLDLINE, NEARLINE."),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Act; without it gc only prints what it would move.")] = False,
+) -> None:
+    """Move stale checkpoints to a cold storage class (never the latest, best or pinned ones)."""
+    import time
+
+    from skygreen import checkpoint
+    from skygreen.errors import InputError
+    from skygreen.store import parse_url
+
+    url = _checkpoint_target(target)
+    scheme = parse_url(url).scheme
+    if scheme == "file":
+        sys.stdout.write(f"{url} is a local directory: cold storage classes do not apply; nothing to move\n")
+        return
+    allowed = checkpoint.COLD_CLASSES[scheme]
+    cold = (storage_class or checkpoint.DEFAULT_COLD_CLASS[scheme]).upper()
+    if cold not in allowed:
+        raise InputError(f"--storage-class: {storage_class!r} is not a cold class for {scheme}://\n  allowed: {', '.join(allowed)}")
+    moves = checkpoint.plan_cold_moves(url, older_than_s=checkpoint.parse_age_s(older_than), storage_class=cold, now_s=time.time())
+    if not moves:
+        sys.stdout.write(f"nothing older than {older_than} to move under {url} (latest, best and pinned checkpoints are kept)\n")
+        return
+    if yes:
+        moves = checkpoint.apply_cold_moves(moves)
+    verb = "moved" if yes else "would move"
+    for move in moves:
+        sys.stdout.write(f"{verb} {move.run_url}/{move.key} (step {move.step}, {move.age_days:.0f} days old) to {move.storage_class}\n")
+    if not yes:
+        sys.stdout.write(f"dry run: {len(moves)} object(s); run again with --yes to move them\n")
+
+
+def _checkpoint_target(target: str) -> str:
+    """A URL or existing path as given; otherwise a run id, resolved through the run registry."""
+    if "://" in target or Path(target).exists():
+        return target
+    from skygreen.registry import Registry
+
+    return Registry().load(target).checkpoint_url
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     command = typer.main.get_command(app)
