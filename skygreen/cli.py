@@ -248,6 +248,15 @@ def _checkpoint_target(target: str) -> str:
     return Registry().load(target).checkpoint_url
 
 
+@app.command()
+def smoke(task: TaskArg) -> None:
+    """Run the task's training script for two steps on CPU, with a checkpoint round trip."""
+    from skygreen.runtime.smoke import run_smoke
+
+    result = run_smoke(task)
+    sys.stdout.write(f"{result.line} ({result.duration_s:.1f} s)\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     command = typer.main.get_command(app)

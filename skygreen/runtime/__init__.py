@@ -11,7 +11,7 @@
                 step.backward(loss)          # loss / accum_steps, scaled; no all-reduce until the last one
             step.clip_grad_norm_(1.0)        # unscales first
             step.optimizer_step()            # scaler step + update, zero_grad, scheduler
-        if step.index % 100 == 0:
+        if run.step_index % 100 == 0:
             run.report(val_loss=evaluate(run.model))
 
 Importing this package does not import torch: the laptop side reads `PREEMPTED_EXIT_CODE`

@@ -50,16 +50,14 @@ from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream
 from skygreen.runtime.energy import EnergyMeter
 from skygreen.runtime.preemption import NoticeWatcher, SigtermLatch
+from skygreen.runtime.smoke import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE
 from skygreen.settings import DEFAULT_PRECISION_ENV, RuntimeSettings
 
 log = logging.getLogger("skygreen.runtime")
 
-SMOKE_ENV = "SKYGREEN_SMOKE"
 SMOKE_STEPS = 2
 SMOKE_MICRO_BATCH = 2
 SMOKE_ACCUM_STEPS = 2
-SMOKE_LINE = "skygreen smoke: ok"
-SMOKE_FAILED = "skygreen smoke: failed at"
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

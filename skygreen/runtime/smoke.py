@@ -1,0 +1,136 @@
+"""The CPU smoke test: two real steps of the user's script before paying for a GPU.
+
+`run_smoke` runs the task's own `run` command on this machine, in the task's workdir, with
+the settings of a throw-away run (a temporary local bucket) and `SKYGREEN_SMOKE=1`. Under
+that variable the runtime trains on CPU with a tiny micro-batch in fp32 (or CPU bf16), stops
+after two optimizer steps, saves a checkpoint, loads it back, checks every tensor came back
+equal, prints one line and exits 0; a failure prints which step broke (forward, backward,
+optimizer, save, load) and the error, and exits non-zero.
+
+This module runs on the laptop (`skygreen up`, `skygreen smoke`): it imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from skygreen.errors import SkygreenError
+from skygreen.settings import RuntimeSettings
+from skygreen.spec import TaskSpec, load_spec
+
+SMOKE_ENV = "SKYGREEN_SMOKE"
+SMOKE_LINE = "skygreen smoke: ok"
+SMOKE_FAILED = "skygreen smoke: failed at"
+DEFAULT_TIMEOUT_S = 600.0
+# What SkyPilot sets on a one-node, one-GPU cluster, so `torchrun --nproc-per-node
+# $SKYPILOT_NUM_GPUS_PER_NODE ...` run commands start one CPU process here.
+_SKYPILOT_SINGLE_NODE = {
+    "SKYPILOT_NUM_NODES": "1",
+    "SKYPILOT_NODE_RANK": "0",
+    "SKYPILOT_NODE_IPS": "127.0.0.1",
+    "SKYPILOT_NUM_GPUS_PER_NODE": "1",
+}
+
+
+class SmokeTestError(SkygreenError):
+    """The training script failed its CPU smoke test; the message names the step and the error."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SmokeResult:
+    line: str
+    """The runtime's one-line result, e.g. 'skygreen smoke: ok: 2 steps, ...'."""
+    duration_s: float
+    output: str
+    """Everything the script printed (stdout and stderr), for the curious."""
+
+
+def run_smoke(
+    task: TaskSpec | str | os.PathLike[str],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    environ: Mapping[str, str] | None = None,
+) -> SmokeResult:
+    """Smoke-test a task's training script on CPU; raises `SmokeTestError` on failure."""
+    spec = task if isinstance(task, TaskSpec) else load_spec(task)
+    command = spec.sky.get("run")
+    if not command:
+        raise SmokeTestError("the task has no `run` command to smoke-test\n  fix: add `run: python train.py`")
+    workdir = _workdir(spec)
+    bucket = tempfile.mkdtemp(prefix="skygreen-smoke-")
+    try:
+        env = _environment(spec, bucket, os.environ if environ is None else environ)
+        return _run(str(command), workdir, env, timeout_s)
+    finally:
+        shutil.rmtree(bucket, ignore_errors=True)
+
+
+def _workdir(spec: TaskSpec) -> Path:
+    base = Path(spec.source).resolve().parent if spec.source else Path.cwd()
+    raw = spec.sky.get("workdir")
+    if raw is None or isinstance(raw, Mapping):  # a git workdir: the task file's folder stands in
+        return base
+    path = Path(str(raw)).expanduser()
+    path = path if path.is_absolute() else base / path
+    if not path.is_dir():
+        raise SmokeTestError(f"workdir: {path} is not a directory\n  fix: point workdir at the folder holding the training script")
+    return path
+
+
+def _environment(spec: TaskSpec, bucket: str, environ: Mapping[str, str]) -> dict[str, str]:
+    settings = RuntimeSettings.from_spec(spec.green, run_id=f"smoke-{os.getpid()}-{int(time.time())}", bucket=bucket)
+    env = dict(environ)
+    env.update(_SKYPILOT_SINGLE_NODE)
+    env.update({str(k): str(v) for k, v in dict(spec.sky.get("envs") or {}).items() if v is not None})
+    env.update(settings.to_env())
+    env.pop("SKYGREEN_CLOUD", None)  # no preemption notices to poll on the laptop
+    env[SMOKE_ENV] = "1"
+    # `python` in the run command means the interpreter skygreen runs in (its venv has torch).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _run(command: str, workdir: Path, env: dict[str, str], timeout_s: float) -> SmokeResult:
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", command], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired as e:
+        raise SmokeTestError(
+            f"smoke test: `{command}` did not finish within {timeout_s:.0f} s\n"
+            "  fix: make sure the script builds skygreen.runtime.Run and iterates run.steps(...)"
+        ) from e
+    duration_s = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    line = _find(output, SMOKE_LINE)
+    if proc.returncode == 0 and line:
+        return SmokeResult(line=line, duration_s=duration_s, output=output)
+    failed = _find(output, SMOKE_FAILED)
+    if failed:
+        raise SmokeTestError(f"{failed}\n  command: {command} (in {workdir})")
+    if proc.returncode == 0:
+        raise SmokeTestError(
+            f"smoke test: `{command}` exited 0 without running the skygreen runtime's smoke test\n"
+            "  fix: train through skygreen.runtime.Run (see the README's Runtime section)"
+        )
+    tail = "\n".join("    " + ln for ln in output.strip().splitlines()[-8:])
+    raise SmokeTestError(
+        f"smoke test: `{command}` failed before training started (exit {proc.returncode}):\n{tail}"
+    )
+
+
+def _find(output: str, prefix: str) -> str | None:
+    for line in output.splitlines():
+        if line.startswith(prefix):
+            return line.strip()
+    return None
