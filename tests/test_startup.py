@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = ("sky", "torch")
 
@@ -32,3 +33,21 @@ def test_help_lists_the_commands():
     out = subprocess.run([sys.executable, "-m", "skygreen.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     assert "catalog" in out.stdout
+
+
+def test_plan_imports_neither_sky_nor_torch(tmp_path):
+    """`skygreen plan`, table and --json, over a real catalog directory: still no sky, no torch."""
+    catalog = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
+    task = tmp_path / "task.yaml"
+    task.write_text("skygreen: {gpus: [L4, T4, A100]}\nrun: python train.py\n")
+    for extra in ([], ["--json"]):
+        argv = ["plan", str(task), "--catalog", str(catalog), *extra]
+        loaded = modules_after(
+            f"from skygreen.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit as e:\n    assert not e.code, e.code"
+        )
+        assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_planning_core_imports_no_outside_library():
+    loaded = modules_after("import skygreen.catalog, skygreen.plan, skygreen.cost, skygreen.carbon, skygreen.api")
+    assert not loaded & {"sky", "torch", "boto3", "google", "pynvml", "pandas", "rich"}
