@@ -54,7 +54,7 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
     lines = [
         ("run", r.run_id),
         ("task", r.task),
-        ("mode", r.mode + (f" ({r.where})" if r.where else "")),
+        ("mode", r.mode + (f" ({r.where})" if r.where and r.mode != "local" else "")),
         ("state", r.state + (f" - {r.detail}" if r.detail else "")),
         ("job", f"{_dash(r.job_id)} (launches: {r.launches})"),
         ("step", _dash(r.step) + (" (completed)" if r.completed else "")),

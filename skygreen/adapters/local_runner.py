@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from importlib import resources
@@ -190,6 +191,8 @@ def _job_env(envs: Mapping[str, Any], secrets: Mapping[str, str]) -> dict[str, s
     env.update({str(k): str(v) for k, v in secrets.items()})
     env.update({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_IPS": "127.0.0.1"})
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # `python` in the run command means the interpreter skygreen runs in (it has the runtime).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 
 

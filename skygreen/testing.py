@@ -1,0 +1,161 @@
+"""Fakes of the outermost edges, shipped so that users' and skygreen's own tests can use them.
+
+`FakeLauncher` stands in for SkyPilot's managed jobs where no cloud can be reached: select it
+with `SKYGREEN_LAUNCHER=skygreen.testing:FakeLauncher`. It keeps its jobs in a JSON file
+(`$SKYGREEN_FAKE_LAUNCHER_DIR/jobs.json`), so separate `skygreen` invocations see the same
+jobs, and it fails the way the real adapter fails: `SKYGREEN_FAKE_LAUNCHER_FAIL=<action>:<SkyPilot
+exception class>` (actions: launch, status, cancel, logs) raises exactly the `LaunchError` the
+SkyPilot adapter raises for that exception. Like SkyPilot's client, it rejects a task whose
+`envs` hold a null, whose recovery strategy SkyPilot does not know, or that has no `run`.
+It never stores secret values: only which names were given a value at launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from skygreen.errors import LaunchError
+from skygreen.launcher import JobState, JobStatus
+
+FAKE_DIR_ENV = "SKYGREEN_FAKE_LAUNCHER_DIR"
+FAKE_FAIL_ENV = "SKYGREEN_FAKE_LAUNCHER_FAIL"
+_ACTIONS = {
+    "launch": "launching the managed job",
+    "status": "reading managed job {job_id}",
+    "cancel": "cancelling managed job {job_id}",
+    "logs": "reading the logs of managed job {job_id}",
+}
+_STRATEGIES = ("EAGER_NEXT_REGION", "FAILOVER")
+
+
+class FakeLauncher:
+    """Managed jobs that live in a JSON file; tests move them along with `set_state`."""
+
+    kind = "fake"
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        if root is None:
+            if not os.environ.get(FAKE_DIR_ENV):
+                raise LaunchError(f"FakeLauncher needs {FAKE_DIR_ENV} (a folder for its job table)")
+            root = os.environ[FAKE_DIR_ENV]
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ Launcher
+
+    def launch(self, task: Mapping[str, Any], *, name: str, secrets: Mapping[str, str] | None = None) -> str:
+        self._maybe_fail("launch", "")
+        _check_task(task)
+        jobs = self._jobs()
+        job_id = str(max((int(j) for j in jobs), default=0) + 1)
+        jobs[job_id] = {
+            "name": name,
+            "state": JobState.PENDING.value,
+            "recovery_count": 0,
+            "submitted_at": time.time(),
+            "duration_s": 0.0,
+            "cloud": None,
+            "region": None,
+            "accelerators": None,
+            "task": dict(task),
+            "secrets_given": sorted((secrets or {}).keys()),
+            "log": [f"fake: managed job {job_id} ({name}) submitted"],
+        }
+        self._save(jobs)
+        return job_id
+
+    def status(self, job_id: str) -> JobStatus:
+        self._maybe_fail("status", job_id)
+        job = self._jobs().get(str(job_id))
+        if job is None:
+            return JobStatus(job_id=str(job_id), state=JobState.UNKNOWN, detail="not in `sky jobs queue`")
+        return JobStatus(
+            job_id=str(job_id),
+            state=JobState(job["state"]),
+            recovery_count=job["recovery_count"],
+            duration_s=job["duration_s"],
+            cloud=job["cloud"],
+            region=job["region"],
+            accelerators=job["accelerators"],
+            failure_reason=job.get("failure_reason"),
+            detail=job.get("detail", job["state"]),
+        )
+
+    def cancel(self, job_id: str) -> None:
+        self._maybe_fail("cancel", job_id)
+        jobs = self._jobs()
+        job = jobs.get(str(job_id))
+        if job is None:  # SkyPilot says nothing for an unknown id either
+            return
+        if not JobState(job["state"]).terminal:
+            job["state"] = JobState.CANCELLED.value
+            job["log"].append(f"fake: managed job {job_id} cancelled")
+        self._save(jobs)
+
+    def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
+        self._maybe_fail("logs", job_id)
+        job = self._jobs().get(str(job_id))
+        if job is None:
+            raise LaunchError(f"reading the logs of managed job {job_id} failed: no such job\n  fix: `sky jobs queue` lists the jobs")
+        for line in job["log"]:
+            out.write(line + "\n")
+        state = JobState(job["state"])
+        return {JobState.SUCCEEDED: 0, JobState.CANCELLED: 103}.get(state, 100 if state is JobState.FAILED else None)
+
+    # ------------------------------------------------------------ for tests
+
+    def set_state(self, job_id: str, state: JobState | str, *, recovery_count: int | None = None, duration_s: float | None = None,
+                  cloud: str | None = None, region: str | None = None, accelerators: Mapping[str, float] | None = None,
+                  failure_reason: str | None = None, detail: str | None = None) -> None:
+        """Move a job along, as SkyPilot's controller would."""
+        jobs = self._jobs()
+        job = jobs[str(job_id)]
+        job["state"] = JobState(state).value
+        updates = {"recovery_count": recovery_count, "duration_s": duration_s, "cloud": cloud, "region": region,
+                   "accelerators": dict(accelerators) if accelerators else None, "failure_reason": failure_reason, "detail": detail}
+        job.update({k: v for k, v in updates.items() if v is not None})
+        job["log"].append(f"fake: managed job {job_id} is {job['state']}")
+        self._save(jobs)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The stored job: its task as launched, the secret names given values, its log."""
+        return self._jobs()[str(job_id)]
+
+    # ------------------------------------------------------------ storage
+
+    def _maybe_fail(self, action: str, job_id: str) -> None:
+        spec = os.environ.get(FAKE_FAIL_ENV, "")
+        wanted, _, class_name = spec.partition(":")
+        if wanted == action and class_name:
+            from skygreen.adapters.skypilot import describe_failure
+
+            raise describe_failure(class_name, f"(fake) {class_name} raised by SkyPilot", _ACTIONS[action].format(job_id=job_id))
+
+    def _jobs(self) -> dict[str, dict[str, Any]]:
+        try:
+            return json.loads((self.root / "jobs.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+
+    def _save(self, jobs: Mapping[str, Any]) -> None:
+        tmp = self.root / "jobs.json.tmp"
+        tmp.write_text(json.dumps(jobs, indent=1), encoding="utf-8")
+        os.replace(tmp, self.root / "jobs.json")
+
+
+def _check_task(task: Mapping[str, Any]) -> None:
+    """The client-side checks of `sky.Task.from_yaml_config` a rendered task can trip."""
+    if not task.get("run"):
+        raise LaunchError("building the SkyPilot task failed: SkyPilot rejected the task\n  detail: no run command\n  fix: check the rendered YAML with `skygreen up TASK --dryrun`")
+    for key, value in (task.get("envs") or {}).items():
+        if value is None:
+            raise LaunchError(f"building the SkyPilot task failed: SkyPilot rejected the task\n  detail: Environment variable {key!r} is None.\n  fix: check the rendered YAML with `skygreen up TASK --dryrun`")
+    recovery = (task.get("resources") or {}).get("job_recovery") or {}
+    strategy = recovery.get("strategy") if isinstance(recovery, Mapping) else recovery
+    if strategy is not None and str(strategy).upper() not in _STRATEGIES:
+        raise LaunchError(f"launching the managed job failed: SkyPilot rejected the task\n  detail: unknown job recovery strategy {strategy!r}\n  fix: use EAGER_NEXT_REGION or FAILOVER")
