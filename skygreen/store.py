@@ -236,8 +236,8 @@ def rewind(data: bytes | BinaryIO) -> Callable[[], None]:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return lambda: None
     try:
-        start = data.tell()
-    except (AttributeError, OSError):
+        start = data.tell() if data.seekable() else None
+    except (AttributeError, OSError, ValueError):
         start = None
 
     def _rewind() -> None:

@@ -30,7 +30,7 @@ CHUNK_BYTES = 64 * 1024 * 1024
 """Resumable upload chunk (a multiple of 256 KiB): the most an upload holds in memory."""
 _TIMEOUT_S = (10, 300)
 
-_DENIED_FIX = "grant the VM's service account roles/storage.objectAdmin on the bucket (or storage.objects.{create,get,list,delete})"
+_DENIED_FIX = "grant the VM's service account roles/storage.objectAdmin on the bucket (or storage.objects.create, get, list and delete)"
 # HTTP status -> (kind, fix) for google.api_core errors.
 _STATUS_TABLE: dict[int, tuple[str, str]] = {
     401: ("denied", "the credentials were rejected; check Application Default Credentials on the VM"),
@@ -71,10 +71,15 @@ class GcsStore:
             ) from e
         self.bucket = self.client.bucket(url.bucket)
 
-    def _run(self, what: str, operation: Callable[[], T], *, on_retry: Callable[[], None] | None = None) -> T:
+    def _run(
+        self, what: str, operation: Callable[[], T], *, on_retry: Callable[[], None] | None = None, writing: bool = False
+    ) -> T:
         label = f"{what} {self.url}"
         return call_with_retries(
-            lambda: _mapped(self.bucket_name, label, operation), what=label, policy=self.retry, on_retry=on_retry
+            lambda: _mapped(self.bucket_name, label, operation, writing=writing),
+            what=label,
+            policy=self.retry,
+            on_retry=on_retry,
         )
 
     def _blob(self, key: str) -> storage.Blob:
@@ -84,12 +89,13 @@ class GcsStore:
         blob = self._blob(key)
         if isinstance(data, (bytes, bytearray, memoryview)):
             payload = bytes(data)
-            self._run(f"put {key} to", lambda: blob.upload_from_string(payload, retry=None, timeout=_TIMEOUT_S))
+            self._run(f"put {key} to", lambda: blob.upload_from_string(payload, retry=None, timeout=_TIMEOUT_S), writing=True)
             return
         self._run(
             f"upload {key} to",
             lambda: blob.upload_from_file(data, retry=None, timeout=_TIMEOUT_S),
             on_retry=rewind(data),
+            writing=True,
         )
 
     def get(self, key: str) -> bytes:
@@ -118,7 +124,7 @@ class GcsStore:
             blobs = self.client.list_blobs(self.bucket_name, prefix=full, retry=None, timeout=_TIMEOUT_S)
             return sorted(b.name[strip:] for b in blobs)
 
-        return self._run(f"list {prefix or '/'} in", listing)
+        return self._run(f"list {prefix or '/'} in", listing, writing=True)
 
     def delete(self, key: str) -> None:
         blob = self._blob(key)
@@ -154,24 +160,27 @@ class GcsStore:
         )
 
 
-def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:
-    """Run a google-cloud-storage call, turning its exceptions into skygreen's."""
+def _mapped(bucket: str, what: str, operation: Callable[[], T], *, writing: bool = False) -> T:
+    """Run a google-cloud-storage call, turning its exceptions into skygreen's.
+
+    A 404 on an upload or a listing can only mean the bucket is missing (`writing`).
+    """
     try:
         return operation()
     except api_exceptions.GoogleAPICallError as e:
-        raise _from_status(bucket, what, int(e.code or 0), e.message or str(e)) from e
+        raise _from_status(bucket, what, int(e.code or 0), e.message or str(e), writing=writing) from e
     except InvalidResponse as e:
         status = getattr(getattr(e, "response", None), "status_code", 0) or 0
-        raise _from_status(bucket, what, int(status), str(e)) from e
+        raise _from_status(bucket, what, int(status), str(e), writing=writing) from e
     except _TRANSIENT_EXCEPTIONS as e:
         raise TransientStoreError(f"{what}: {type(e).__name__}: {e}") from e
 
 
-def _from_status(bucket: str, what: str, status: int, message: str) -> StoreError:
+def _from_status(bucket: str, what: str, status: int, message: str, *, writing: bool = False) -> StoreError:
     kind, fix = _STATUS_TABLE.get(status, ("other", ""))
     fix = fix.format(bucket=bucket)
     if kind == "missing":
-        if "bucket does not exist" in message.lower() or "no such bucket" in message.lower():
+        if writing or "bucket does not exist" in message.lower():
             return StoreError(f"{what}: the bucket {bucket!r} does not exist ({status})\n  fix: {fix}")
         return KeyNotFoundError(f"{what}: no such object ({status})")
     if kind == "transient":
