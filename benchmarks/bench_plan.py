@@ -1,0 +1,100 @@
+"""Speed of `skygreen plan` over the full real three-cloud catalog, side by side with
+SkyPilot's own `sky.catalog.list_accelerators` answering the same query.
+
+    .venv/bin/python benchmarks/bench_plan.py [--runs 5] [--catalog ../shared/catalog/v8]
+
+The query: every GPU, one per node, spot prices, all regions of AWS, GCP and Azure. Both
+sides run as a user runs them, in a fresh process each time (skygreen: the `skygreen plan
+--json` command; SkyPilot: `import sky` + `list_accelerators(..., all_regions=True)`), runs
+interleaved so machine noise hits both alike. Also reported: the query alone inside a warm
+process (skygreen: read catalog + rank; SkyPilot: the call after `import sky`).
+Target: skygreen plan <= 1.0 s wall on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _sky import REPO, SHARED_CATALOG, clean_env, run_python, seeded_home  # noqa: E402
+
+TASK = "name: bench\nskygreen: {work: {gpu_hours: 24, on: A100}}\nrun: python train.py\n"
+
+SKY_QUERY = """
+import json, time
+t0 = time.perf_counter()
+import sky
+from sky import catalog
+t1 = time.perf_counter()
+r = catalog.list_accelerators(gpus_only=True, quantity_filter=1, clouds=['aws', 'gcp', 'azure'], all_regions=True)
+t2 = time.perf_counter()
+r = catalog.list_accelerators(gpus_only=True, quantity_filter=1, clouds=['aws', 'gcp', 'azure'], all_regions=True)
+t3 = time.perf_counter()
+print(json.dumps({'import_s': t1 - t0, 'first_call_s': t2 - t1, 'warm_call_s': t3 - t2,
+                  'rows': sum(len(v) for v in r.values())}))
+"""
+
+SKYGREEN_QUERY = """
+import json, sys, time
+from skygreen.catalog import load_catalog
+from skygreen.plan import make_plan
+from skygreen.spec import parse_spec_text
+spec = parse_spec_text(sys.stdin.read())
+t0 = time.perf_counter()
+plan = make_plan(spec, load_catalog(%r, env={}))
+t1 = time.perf_counter()
+print(json.dumps({'call_s': t1 - t0, 'candidates': len(plan.candidates)}))
+"""
+
+
+def time_process(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
+    elapsed = time.perf_counter() - start
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--catalog", type=Path, default=SHARED_CATALOG)
+    args = parser.parse_args()
+    catalog = args.catalog.resolve()
+    home = seeded_home(catalog)
+    task = Path(tempfile.mkdtemp()) / "task.yaml"
+    task.write_text(TASK)
+    env = clean_env(home)
+    skygreen_cmd = [sys.executable, "-m", "skygreen.cli", "plan", str(task), "--catalog", str(catalog), "--json"]
+    sky_cmd = [sys.executable, "-c", SKY_QUERY]
+    time_process(skygreen_cmd, env)  # warm the page cache and .pyc files for both
+    time_process(sky_cmd, env)
+    ours, theirs = [], []
+    for _ in range(args.runs):
+        ours.append(time_process(skygreen_cmd, env))
+        theirs.append(time_process(sky_cmd, env))
+    sky_inner = [run_python(SKY_QUERY, home) for _ in range(3)]
+    our_inner = [run_python(SKYGREEN_QUERY % str(catalog), home, stdin=TASK) for _ in range(3)]
+    med_ours, med_theirs = statistics.median(ours), statistics.median(theirs)
+    print(f"catalog: {catalog}  (runs: {args.runs}, median wall seconds, fresh process each)")
+    print(f"{'':44} {'skygreen':>10} {'SkyPilot':>10} {'ratio':>7}")
+    print(f"{'command, fresh process (wall s)':44} {med_ours:10.3f} {med_theirs:10.3f} {med_theirs / med_ours:6.1f}x")
+    q_ours = statistics.median(r["call_s"] for r in our_inner)
+    q_theirs_first = statistics.median(r["first_call_s"] for r in sky_inner)
+    q_theirs_warm = statistics.median(r["warm_call_s"] for r in sky_inner)
+    print(f"{'query in process, first call (s)':44} {q_ours:10.3f} {q_theirs_first:10.3f} {q_theirs_first / q_ours:6.1f}x")
+    print(f"{'query in process, SkyPilot warm call (s)':44} {q_ours:10.3f} {q_theirs_warm:10.3f} {q_theirs_warm / q_ours:6.1f}x")
+    print(f"{'import sky (s)':44} {'-':>10} {statistics.median(r['import_s'] for r in sky_inner):10.3f}")
+    print(f"rows: skygreen ranked {our_inner[0]['candidates']} candidates; SkyPilot listed {sky_inner[0]['rows']} offers")
+    print(f"target skygreen plan <= 1.0 s: {'met' if med_ours <= 1.0 else 'MISSED'} (max of runs {max(ours):.3f} s)")
+
+
+if __name__ == "__main__":
+    main()
