@@ -1,0 +1,309 @@
+"""Render: every YAML skygreen writes is a task SkyPilot's own parser accepts, offline.
+
+SkyPilot validates with `sky.Task.from_yaml_config` (schema, resources, secrets) on a private
+HOME; the shell it runs is executed for real with bash, so quoting mistakes show up as wrong
+argv, not as a string that merely looks right.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from skygreen.errors import SpecError
+from skygreen.gpus import GPU_NAMES
+from skygreen.launcher import PREEMPTED_EXIT_CODE
+from skygreen.plan import Candidate, Plan
+from skygreen.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
+from skygreen.settings import RuntimeSettings
+from skygreen.spec import PRECISIONS, RECOVERY_STRATEGIES, parse_spec
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = sorted((REPO / "tasks").glob("*.yaml"))
+WORKDIR = Path(tempfile.mkdtemp(prefix="skygreen-render-"))
+REGIONS = {"aws": ["us-east-1", "eu-west-1"], "gcp": ["us-central1", "europe-west4"], "azure": ["eastus", "westeurope"]}
+
+
+@pytest.fixture(scope="module")
+def sky(tmp_path_factory):
+    """SkyPilot, imported with a private HOME (its catalog and config paths are read at
+    import time), so no test reads or writes the real ~/.sky."""
+    home = tmp_path_factory.mktemp("skyhome")
+    saved = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        import sky as sky_module
+    finally:
+        if saved is not None:
+            os.environ["HOME"] = saved
+    return sky_module
+
+
+def sky_accepts(sky, task: dict) -> object:
+    """Parse the YAML text skygreen writes, exactly as SkyPilot's client would."""
+    config = yaml.safe_load(to_yaml(task))
+    return sky.Task.from_yaml_config(copy.deepcopy(config))
+
+
+def candidate(cloud: str, region: str, gpu: str, count: int = 1, *, spot: bool = True, price: float = 1.0) -> Candidate:
+    return Candidate(
+        cloud=cloud, region=region, zone=None, instance_type="some-vm", accelerator=gpu, accelerator_count=count,
+        spot=spot, price_usd_per_hour=price, on_demand_price_usd_per_hour=price * 3, spot_price_usd_per_hour=price,
+        est_hours=1.0, est_cost_usd=price, energy_kwh=0.3, co2e_kg=0.1,
+    )  # fmt: skip
+
+
+def settings_for(spec, run_id: str = "demo-20260101-000000-abcd") -> RuntimeSettings:
+    return RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket="s3://bucket/runs")
+
+
+def spec_of(**task) -> object:
+    task.setdefault("run", "python train.py")
+    return parse_spec(task)
+
+
+# ---------------------------------------------------------------- the shipped tasks
+
+
+@pytest.mark.parametrize("path", TASKS, ids=lambda p: p.name)
+def test_every_shipped_task_renders_to_yaml_skypilot_accepts(path, sky, private_home):
+    from skygreen.api import plan as make_plan
+    from skygreen.spec import load_spec
+
+    assert TASKS, "tasks/ holds no task files"
+    spec = load_spec(path)
+    plan = make_plan(spec)
+    cloud = render_task(spec, plan, settings=settings_for(spec), task_dir=path.parent, install=RuntimeInstall(source_dir=str(REPO)))
+    local = render_task(spec, None, settings=settings_for(spec), task_dir=path.parent)
+    for task in (cloud, local):
+        parsed = sky_accepts(sky, task)
+        assert parsed.envs["SKYGREEN_RUN_ID"] == "demo-20260101-000000-abcd"
+        assert "skygreen" not in yaml.safe_load(to_yaml(task))
+    resources = list(sky_accepts(sky, cloud).resources)
+    assert len(resources) == len(cloud["resources"]["ordered"]) >= 1
+    assert all(r.use_spot == spec.green.spot for r in resources)
+    best = plan.candidates[0]
+    assert cloud["resources"]["ordered"][0] == {"infra": f"{best.cloud}/{best.region}", "accelerators": f"{best.accelerator}:{best.accelerator_count}", "use_spot": best.spot}
+
+
+def test_preempted_exit_code_matches_the_runtime():
+    import skygreen.runtime
+
+    assert PREEMPTED_EXIT_CODE == skygreen.runtime.PREEMPTED_EXIT_CODE
+
+
+# ---------------------------------------------------------------- property-based specs
+
+NAMES = st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True)
+ENV_NAMES = st.from_regex(r"[A-Z][A-Z0-9_]{0,12}", fullmatch=True).filter(lambda n: not n.startswith("SKYGREEN_"))
+TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")) | st.sampled_from("\n\t"), max_size=30)
+ARGS = st.lists(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=12), max_size=5)
+
+
+@st.composite
+def specs_and_plans(draw):
+    gpus = draw(st.lists(st.sampled_from(GPU_NAMES), min_size=1, max_size=4, unique=True))
+    gpu_count = draw(st.sampled_from([1, 1, 2, 4, 8]))
+    green = {
+        "gpus": gpus,
+        "gpu_count": gpu_count,
+        "spot": draw(st.booleans()),
+        "max_candidates": draw(st.integers(1, 8)),
+        "precision": draw(st.sampled_from(PRECISIONS)),
+        "recovery": {"strategy": draw(st.sampled_from(RECOVERY_STRATEGIES)), "max_restarts_on_errors": draw(st.integers(0, 10))},
+        "checkpoint": {"bucket": "s3://bucket/runs", "every": draw(st.sampled_from(["auto", 100, "30s"])), "keep": draw(st.integers(2, 5))},
+    }
+    secret_names = draw(st.lists(ENV_NAMES, max_size=3, unique=True))
+    secrets = {name: (None if draw(st.booleans()) else f"sekrit-{i}-{draw(st.integers(1000, 9999))}") for i, name in enumerate(secret_names)}
+    envs = {k: v for k, v in draw(st.dictionaries(ENV_NAMES, TEXT, max_size=3)).items() if k not in secrets}
+    task = {"name": draw(NAMES), "skygreen": green, "run": "python train.py " + shlex.join(draw(ARGS)), "num_nodes": draw(st.integers(1, 3))}
+    if envs:
+        task["envs"] = envs
+    if secrets:
+        task["secrets"] = secrets
+    if draw(st.booleans()):
+        task["setup"] = draw(TEXT) or "true"
+    if draw(st.booleans()):
+        task["resources"] = {"disk_size": draw(st.integers(50, 500))}
+    offers = draw(st.lists(st.tuples(st.sampled_from(sorted(REGIONS)), st.integers(0, 1), st.sampled_from(gpus), st.booleans()), min_size=1, max_size=10))
+    plan = Plan(candidates=tuple(candidate(c, REGIONS[c][r], g, gpu_count, spot=s) for c, r, g, s in offers), objective="cost")
+    return parse_spec(task), plan, secrets
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(drawn=specs_and_plans())
+def test_generated_specs_render_to_yaml_skypilot_accepts(drawn, sky):
+    spec, plan, secrets = drawn
+    task = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR, install=RuntimeInstall(source_dir=str(REPO)))
+    text = to_yaml(task)
+    parsed = sky_accepts(sky, task)
+
+    assert "instance_type" not in text and "skygreen:" not in text
+    recovery = task["resources"]["job_recovery"]
+    assert recovery == {
+        "strategy": spec.green.recovery.strategy,
+        "max_restarts_on_errors": spec.green.recovery.max_restarts_on_errors,
+        "recover_on_exit_codes": [PREEMPTED_EXIT_CODE],
+    }
+    ordered = task["resources"]["ordered"]
+    assert 1 <= len(ordered) <= spec.green.max_candidates
+    assert len({json.dumps(e, sort_keys=True) for e in ordered}) == len(ordered)
+    first = plan.candidates[0]
+    assert ordered[0]["infra"] == f"{first.cloud}/{first.region}"
+    assert len(list(parsed.resources)) == len(ordered)
+    assert parsed.envs["SKYGREEN_RUN_ID"] == "demo-20260101-000000-abcd"
+    assert parsed.num_nodes == spec.num_nodes
+    for name, value in secrets.items():
+        assert task["secrets"][name] is None
+        if value is not None:
+            assert value not in text
+    for name, value in dict(spec.sky.get("envs") or {}).items():
+        assert parsed.envs[name] == value
+
+
+# ---------------------------------------------------------------- the shell, run for real
+
+
+def run_script(script: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], env=env, cwd=cwd, capture_output=True, text=True, timeout=30)
+
+
+@settings(max_examples=25, deadline=None)
+@given(args=ARGS)
+def test_run_script_passes_the_users_arguments_through_unchanged(args):
+    program = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    spec = spec_of(run=f"{shlex.quote(sys.executable)} -c {shlex.quote(program)} {shlex.join(args)}")
+    task = render_task(spec, None, settings=settings_for(spec), task_dir=WORKDIR)
+    out = run_script(task["run"], dict(os.environ), WORKDIR)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == args
+
+
+@settings(max_examples=15, deadline=None)
+@given(args=ARGS)
+def test_several_gpus_start_torchrun_with_skypilots_node_layout(args, tmp_path_factory):
+    bin_dir = tmp_path_factory.mktemp("bin")
+    fake = bin_dir / "torchrun"  # records its argv instead of starting workers
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    spec = spec_of(skygreen={"gpu_count": 4}, num_nodes=2, run="python -u train.py " + shlex.join(args))
+    plan = Plan(candidates=(candidate("aws", "us-east-1", "A100", 4),), objective="cost")
+    task = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SKYPILOT_NUM_NODES="2",
+               SKYPILOT_NODE_RANK="1", SKYPILOT_NUM_GPUS_PER_NODE="4", SKYPILOT_NODE_IPS="10.0.0.7\n10.0.0.8")  # fmt: skip
+    out = run_script(task["run"], env, WORKDIR)
+    assert out.returncode == 0, out.stderr
+    argv = json.loads(out.stdout)
+    assert argv[:5] == ["--nnodes=2", "--node_rank=1", "--nproc_per_node=4", "--master_addr=10.0.0.7", "--master_port=29500"]
+    assert argv[5:] == ["-u", "train.py", *args]
+
+
+def test_sigterm_during_the_run_exits_with_the_preempted_code():
+    """A signal to the job (a spot reclaim, a cancel) ends the script with the code SkyPilot
+    is told to recover on, even when the training process dies of the signal itself."""
+    spec = spec_of(run="sleep 30")
+    task = render_task(spec, None, settings=settings_for(spec), task_dir=WORKDIR)
+    proc = subprocess.Popen(["bash", "-c", task["run"]], cwd=WORKDIR)
+    import time
+
+    time.sleep(0.5)
+    proc.terminate()
+    assert proc.wait(timeout=10) == PREEMPTED_EXIT_CODE
+
+
+def test_a_failing_command_keeps_its_exit_code():
+    spec = spec_of(run="exit 3")
+    task = render_task(spec, None, settings=settings_for(spec), task_dir=WORKDIR)
+    assert run_script(task["run"], dict(os.environ), WORKDIR).returncode == 3
+
+
+def test_setup_installs_the_runtime_then_runs_the_users_setup_quoted():
+    spec = spec_of(setup="echo 'it''s' \"$HOME\"")
+    plan = Plan(candidates=(candidate("gcp", "us-central1", "L4"),), objective="cost")
+    released = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR)
+    assert "pip install --quiet --upgrade-strategy only-if-needed 'skygreen[runtime]==" in released["setup"]
+    assert "bash -c " + shlex.quote(spec.sky["setup"]) in released["setup"]
+    from_source = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR, install=RuntimeInstall(source_dir=str(REPO)))
+    assert from_source["file_mounts"] == {"~/.skygreen/src": str(REPO)}
+    assert '"$HOME/.skygreen/src[runtime]"' in from_source["setup"]
+    subprocess.run(["bash", "-n", "-c", from_source["setup"]], check=True)
+
+
+# ---------------------------------------------------------------- errors, with the fix
+
+
+@pytest.mark.parametrize(
+    ("task", "field"),
+    [
+        ({"resources": {"accelerators": "A100:1"}}, "resources.accelerators"),
+        ({"resources": {"use_spot": False}}, "resources.use_spot"),
+        ({"resources": {"job_recovery": "FAILOVER"}}, "resources.job_recovery"),
+        ({"envs": {"SKYGREEN_RUN_ID": "mine"}}, "envs.SKYGREEN_RUN_ID"),
+        ({"envs": {"TOKEN": None}}, "envs.TOKEN"),
+        ({"skygreen": {"gpu_count": 2}, "run": "cd src\npython train.py"}, "run"),
+        ({"skygreen": {"gpu_count": 2}, "run": "./train.sh"}, "run"),
+    ],
+)
+def test_what_skygreen_owns_or_cannot_run_is_a_clear_spec_error(task, field):
+    spec = spec_of(**task)
+    plan = Plan(candidates=(candidate("aws", "us-east-1", "A100", spec.green.gpu_count),), objective="cost")
+    with pytest.raises(SpecError) as caught:
+        render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR)
+    assert caught.value.field == field
+    assert "fix:" in str(caught.value)
+
+
+def test_a_command_that_calls_torchrun_itself_is_left_alone():
+    spec = spec_of(skygreen={"gpu_count": 2}, run="torchrun --nproc_per_node=2 train.py")
+    plan = Plan(candidates=(candidate("aws", "us-east-1", "A100", 2),), objective="cost")
+    task = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR)
+    assert "skygreen_command='torchrun --nproc_per_node=2 train.py'" in task["run"]
+
+
+# ---------------------------------------------------------------- secrets
+
+
+def test_secret_values_come_from_the_environment_and_stay_out_of_the_yaml():
+    spec = spec_of(secrets={"WANDB_API_KEY": None, "HF_TOKEN": "file-value-4711", "secrets:ORG_KEY": None})
+    assert declared_secrets(spec) == ("WANDB_API_KEY", "HF_TOKEN", "secrets:ORG_KEY")
+    values = secret_values(spec, {"WANDB_API_KEY": "env-value-0815"})
+    assert values == {"WANDB_API_KEY": "env-value-0815", "HF_TOKEN": "file-value-4711"}
+    task = render_task(spec, None, settings=settings_for(spec), task_dir=WORKDIR)
+    assert task["secrets"] == {"WANDB_API_KEY": None, "HF_TOKEN": None, "secrets:ORG_KEY": None}
+    assert "file-value-4711" not in to_yaml(task)
+
+
+# ---------------------------------------------------------------- packaging
+
+
+def test_templates_ship_inside_the_built_wheel(tmp_path):
+    """`templates/` reaches installed packages through the `skygreen/templates` link."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "skygreen", src / "skygreen", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "templates", src / "templates")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    import zipfile
+
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for template in (REPO / "templates").iterdir():
+        assert f"skygreen/templates/{template.name}" in names
