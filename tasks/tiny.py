@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import math
 import os
+import random
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +87,9 @@ def evaluate(run: sg.Run, val: torch.Tensor) -> float:
 
 
 def main() -> None:
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # every stream the process draws from, for runs that repeat exactly
+    random.seed(0)
+    np.random.seed(0)
     model = TinyGPT()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     warmup = 20
