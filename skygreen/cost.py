@@ -8,7 +8,8 @@
 where gpus = GPUs per node x nodes; efficiency = 0.95 per doubling of gpus (data-parallel
 all-reduce overhead); lambda = the cloud's assumed preemption rate per hour x nodes (any node
 lost stops the job); R = restart time (provision, setup, load the checkpoint); tau = the
-checkpoint interval; C = the blocking cost of one save. Each preemption costs R plus, on
+checkpoint interval; C = the blocking cost of one save (with a fixed interval, at most a
+tenth of it: whoever checkpoints every few seconds has small saves). Each preemption costs R plus, on
 average, half an interval of lost work; each interval costs C. With `every: auto` tau is
 Daly's optimum for C and the mean time between preemptions 1/lambda (Daly 2006, "A higher
 order estimate of the optimum checkpoint interval for restart dumps"), so on-demand offers
@@ -48,6 +49,8 @@ PUE: Mapping[str, float] = {"aws": 1.15, "gcp": 1.10, "azure": 1.18}
 """Power usage effectiveness as each provider reports its fleet (Google 2023 environmental
 report 1.10; AWS 2023 sustainability report 1.15; Microsoft 2023 datacenter fact sheet 1.18)."""
 MAX_LOSS_FRACTION = 0.9
+MAX_SAVE_FRACTION = 0.1
+"""A fixed interval (`every: 5s`) caps the assumed blocking save at this fraction of it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,9 +134,13 @@ def estimate(model: RunModel, *, cloud: str, gpu: str, gpus_per_node: int, spot:
     rate = model.preemption_rate_per_hour.get(cloud, DEFAULT_PREEMPTION_RATE_PER_HOUR.get(cloud, 0.0))
     rate_per_hour = rate * model.num_nodes if spot else 0.0
     interval_s = model.checkpoint_interval_s
+    save_cost_s = model.checkpoint_cost_s
     if interval_s is None:
-        interval_s = daly_interval_s(model.checkpoint_cost_s, 3600.0 / rate_per_hour) if rate_per_hour > 0 else math.inf
-    save_overhead = model.checkpoint_cost_s / interval_s if math.isfinite(interval_s) else 0.0
+        interval_s = daly_interval_s(save_cost_s, 3600.0 / rate_per_hour) if rate_per_hour > 0 else math.inf
+    else:
+        # Whoever saves every few seconds has small saves: at most a tenth of the interval.
+        save_cost_s = min(save_cost_s, interval_s * MAX_SAVE_FRACTION)
+    save_overhead = save_cost_s / interval_s if math.isfinite(interval_s) else 0.0
     lost_per_preemption_h = (model.restart_s + (interval_s / 2 if math.isfinite(interval_s) else 0.0)) / 3600.0
     loss = rate_per_hour * lost_per_preemption_h
     if loss >= MAX_LOSS_FRACTION:

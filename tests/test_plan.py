@@ -91,6 +91,11 @@ def test_a_fixed_interval_costs_checkpoint_time_even_on_demand():
     assert est.est_hours == pytest.approx(10 * 1.1)
 
 
+def test_a_short_fixed_interval_caps_the_assumed_save_cost_at_a_tenth_of_it():
+    model = RunModel(work_gpu_hours=10, checkpoint_cost_s=10, checkpoint_interval_s=5)
+    assert estimate(model, cloud="aws", gpu="A100", gpus_per_node=1, spot=False).est_hours == pytest.approx(11)
+
+
 def test_energy_and_carbon_follow_board_power_and_region():
     est = estimate(RunModel(work_gpu_hours=10), cloud="gcp", gpu="A100", gpus_per_node=1, spot=False)
     assert est.energy_kwh == pytest.approx(10 * 400 * 0.8 * 1.10 / 1000)
