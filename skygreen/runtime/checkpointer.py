@@ -248,7 +248,6 @@ class Checkpointer:
         try:
             self.wait()
         except (TransientStoreError, RankTimeoutError) as e:
-            self._failed_in_row += 1
             if self._failed_in_row >= MAX_FAILED_SAVES_IN_ROW:
                 raise CheckpointError(
                     f"{self.url}: {self._failed_in_row} checkpoints in a row failed to commit; last error: {e}\n"
@@ -264,6 +263,7 @@ class Checkpointer:
         try:
             self._write(*args)
         except BaseException as e:  # surfaced by wait()/save(); never lost in the thread
+            self._failed_in_row += 1
             self._error = e
 
     def _write(self, step: int, shared: dict | None, own: dict, metric, meta: dict, pin: bool) -> None:
