@@ -263,7 +263,7 @@ def _gpu_rows(text: str, cloud: str) -> tuple[list[_Row], tuple[str, ...]]:
             head = line.split(",", quick)
             acc, itype = head[acc_i], head[type_i]
             if not (acc in known or (cloud == "gcp" and not acc and itype.startswith(_GCP_HOST_PREFIXES))):
-                regions.add(_region_of(line, region_i))
+                regions.add(_region_of(line, region_i, len(header)))
                 continue
         kept.append(line)
     rows = []
@@ -277,11 +277,13 @@ def _gpu_rows(text: str, cloud: str) -> tuple[list[_Row], tuple[str, ...]]:
     return rows, tuple(sorted(regions))
 
 
-def _region_of(line: str, region_i: int) -> str:
-    """The region of a row we otherwise skip (quoted fields make a plain split unsafe)."""
-    if '"' not in line:
-        parts = line.split(",")
-        return parts[region_i] if region_i < len(parts) else ""
+def _region_of(line: str, region_i: int, n_columns: int) -> str:
+    """The region of a row we otherwise skip. The columns after Region (zone, prices, arch)
+    hold no commas, so a split from the right finds it even past a quoted GpuInfo."""
+    from_right = n_columns - region_i
+    parts = line.rsplit(",", from_right)
+    if len(parts) == from_right + 1 and line.count(",") >= n_columns - 1:
+        return parts[1] if region_i > 0 else parts[0]
     return next(csv.reader([line]))[region_i]
 
 

@@ -3,6 +3,7 @@ against SkyPilot's own `sky.catalog` functions on the same files."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -71,6 +72,13 @@ def test_cpu_rows_unknown_accelerators_and_fractional_gpus_make_no_offer(fixture
 def test_regions_include_rows_that_make_no_offer(fixture_catalog):
     assert "ap-south-1" in fixture_catalog.regions["aws"]  # a CPU-only region
     assert "asia-east1" in fixture_catalog.regions["gcp"]
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_regions_are_every_value_of_the_region_column(fixture_catalog, cloud):
+    with (FIXTURE_CATALOG / cloud / "vms.csv").open() as f:
+        expected = {row["Region"] for row in csv.DictReader(f)}
+    assert set(fixture_catalog.regions[cloud]) == expected
 
 
 def test_azure_has_no_zones_and_keeps_spot_equal_to_on_demand(fixture_catalog):
