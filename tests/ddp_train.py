@@ -2,7 +2,7 @@
 
 Imported by the in-process tests, and run by `torchrun --nproc-per-node 2` for the DDP tests:
 
-    torchrun --nproc-per-node 2 tests/ddp_train.py BUCKET RUN_ID TOTAL_STEPS [CRASH_STEP CRASH_MICRO]
+    torchrun --nproc-per-node 2 tests/ddp_train.py BUCKET RUN_ID TOTAL_STEPS MICRO [CRASH_STEP CRASH_MICRO]
 
 The model has dropout and the loop draws from python's `random` and numpy, so all three RNG
 streams matter to the result; the dataset size does not divide the effective batch, so
@@ -63,12 +63,18 @@ def train(
     environ=None,
     trace: list | None = None,
     noise: bool = True,
+    setup_run=None,
 ) -> Run:
     """Train to `total_steps` (resuming from the bucket); raise `Crash` at (step, micro-step)."""
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
     net = model()
+    rank = int(os.environ.get("RANK", "0"))
+    if rank:  # same initial weights, but each rank its own dropout masks and noise
+        torch.manual_seed(rank)
+        random.seed(rank)
+        np.random.seed(rank)
     if hooks:
         hooks(net)
     optimizer = torch.optim.AdamW(net.parameters(), lr=0.05)
@@ -82,6 +88,8 @@ def train(
         seed=7,
         environ=environ if environ is not None else {k: v for k, v in os.environ.items() if k != "SKYGREEN_SMOKE"},
     )
+    if setup_run:
+        setup_run(run)
     with run:
         for step in run.steps(total_steps):
             with step:
@@ -102,11 +110,47 @@ def train(
     return run
 
 
+def _oom_above(limit: int):
+    """Fail like a GPU that holds `limit` samples (the autotune test's stand-in for a small GPU)."""
+
+    def install(net):
+        def hook(module, inputs):
+            if inputs[0].shape[0] > limit:
+                raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {inputs[0].shape[0]} MiB")
+
+        net[0].register_forward_pre_hook(hook)
+
+    return install
+
+
+def _count_allreduces(counts: list[int]):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def hook(state, bucket):
+        counts.append(1)
+        return allreduce_hook(state, bucket)
+
+    return lambda run: run.model.register_comm_hook(None, hook)
+
+
 if __name__ == "__main__":
-    bucket, run_id, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    crash = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else None
+    # argv: BUCKET RUN_ID TOTAL_STEPS MICRO [CRASH_STEP CRASH_MICRO]; MICRO is a number or "auto".
+    # DDP_TEST_OOM_RANK1_ABOVE=N: rank 1 runs out of memory above N samples per micro-batch.
+    # DDP_TEST_COUNT_ALLREDUCE=1: print how many gradient all-reduces DDP ran.
+    bucket, run_id, total, micro = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    crash = (int(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 6 else None
+    rank = int(os.environ.get("RANK", "0"))
+    oom = os.environ.get("DDP_TEST_OOM_RANK1_ABOVE")
+    counts: list[int] = []
     try:
-        train(settings(bucket, run_id, effective_batch=12, micro_batch=3), total, crash_at=crash)
+        run = train(
+            settings(bucket, run_id, micro_batch=None if micro == "auto" else int(micro)),
+            total,
+            crash_at=crash,
+            hooks=_oom_above(int(oom)) if oom and rank == 1 else None,
+            setup_run=_count_allreduces(counts) if os.environ.get("DDP_TEST_COUNT_ALLREDUCE") else None,
+        )
+        print(f"rank {rank} micro {run.micro_batch} accum {run.accum_steps} allreduces {len(counts)}", flush=True)
     except Crash:
         sys.exit(3)
     finally:
