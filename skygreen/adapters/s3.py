@@ -114,9 +114,10 @@ class S3Store:
         if isinstance(data, (bytes, bytearray, memoryview)):
             self._run(f"put {key} to", lambda: self.client.put_object(Bucket=self.bucket, Key=name, Body=bytes(data)))
             return
+        stream = _KeepOpen(data)
         self._run(
             f"upload {key} to",
-            lambda: self.client.upload_fileobj(data, self.bucket, name, Config=_TRANSFER),
+            lambda: self.client.upload_fileobj(stream, self.bucket, name, Config=_TRANSFER),
             on_retry=rewind(data),
         )
 
@@ -179,6 +180,32 @@ class S3Store:
             f"move {key} to {storage_class} in",
             lambda: self.client.copy(source, self.bucket, name, ExtraArgs={"StorageClass": storage_class}, Config=_TRANSFER),
         )
+
+
+class _KeepOpen:
+    """The caller's stream, minus `close`: s3transfer closes what it reads when an upload
+    fails, which would make the retry (and the caller's own `with`) fail on a closed file."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+
+    def read(self, size: int = -1) -> bytes:
+        return self._raw.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def seekable(self) -> bool:
+        return self._raw.seekable()
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
 
 
 def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:

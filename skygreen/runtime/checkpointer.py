@@ -69,6 +69,7 @@ MAX_FAILED_SAVES_IN_ROW = 3
 _HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _ATOMS = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 _NOTE_POLL_S = 0.2
+_HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class RankTimeoutError(CheckpointError):
@@ -381,15 +382,14 @@ class Checkpointer:
         return Loaded(step=manifest.step, state=state, rank_state=rank_state, manifest=manifest)
 
     def _fetch_verified(self, manifest: Manifest, name: str, info: BlobInfo, tmp: Path) -> Path:
+        """Download a blob to a local file, then check its size and sha256 against `info`."""
         path = tmp / name
-        with open(path, "wb") as raw:
-            writer = HashingWriter(raw)
+        with open(path, "wb") as out:
             try:
-                self.store.get_to(blob_key(manifest.step, name), writer)
+                self.store.get_to(blob_key(manifest.step, name), out)
             except KeyNotFoundError as e:
                 raise CheckpointError(f"{name} is missing") from e
-            writer.flush()
-        got = writer.info()
+        got = _file_info(path)
         if got != info:
             raise CheckpointError(
                 f"{name} does not match the manifest (size {got.size} vs {info.size}, "
@@ -402,6 +402,16 @@ class Checkpointer:
         for stale in sorted(s for s in folders if s > step and MANIFEST_NAME not in folders[s]):
             log.info("removing uncommitted leftovers of step %d (%s)", stale, step_prefix(stale))
             delete_step(self.store, stale)
+
+
+def _file_info(path: Path) -> BlobInfo:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return BlobInfo(size=size, sha256=digest.hexdigest())
 
 
 def _note(step: int, rank: int, blobs: Mapping[str, BlobInfo]) -> bytes:
