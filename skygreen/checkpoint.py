@@ -527,13 +527,14 @@ class ColdMove:
 
 
 def plan_cold_moves(url: str, *, older_than_s: float, storage_class: str, now_s: float) -> list[ColdMove]:
-    """Blobs of stale checkpoints under `url` (a run or a bucket of runs) not yet in the class.
+    """Blobs of stale checkpoints under `url` (a run or a bucket of runs) not yet cold.
 
     Manifests and rank notes stay in the standard class, so status and listings keep working
     and a reader meets a clear 'in cold storage' error instead of a missing checkpoint.
     """
-    from skygreen.store import join_url
+    from skygreen.store import join_url, parse_url
 
+    cold_already = set(COLD_CLASSES.get(parse_url(url).scheme, ()))
     root = open_store(url)
     moves = []
     for run in find_runs(root):
@@ -546,8 +547,8 @@ def plan_cold_moves(url: str, *, older_than_s: float, storage_class: str, now_s:
             manifest = by_step[step]
             for name in sorted(manifest.blobs):
                 key = blob_key(step, name)
-                if store.storage_class(key) == storage_class:
-                    continue
+                if store.storage_class(key) in cold_already:
+                    continue  # already cold; moving between cold classes needs a restore first
                 age_days = (now_s - manifest.created_at_s) / 86400.0
                 moves.append(ColdMove(run_url=run_url, step=step, key=key, age_days=age_days, storage_class=storage_class))
     return moves
