@@ -35,6 +35,10 @@ ERROR_TABLE: dict[str, tuple[str, str]] = {
         "SkyPilot could not read your cloud identity",
         f"run `sky check`; log in to the cloud's CLI again, {_LOCAL_FIX}",
     ),
+    "CloudError": (
+        "SkyPilot failed talking to a cloud or fetching its price catalog",
+        f"check the network and `sky check`, {_LOCAL_FIX}",
+    ),
     "ClusterNotUpError": (
         "the SkyPilot jobs controller is not up",
         "run `sky jobs queue --refresh` to start it (it stops itself when idle), then retry",
