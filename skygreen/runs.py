@@ -317,14 +317,16 @@ def resume(run_id: str, *, local: bool = False, registry: Registry | None = None
     registry = registry or Registry()
     record = registry.load(run_id)
     current = run_status(record, registry=registry)
+    if current.completed:
+        raise InputError(f"run {run_id} already completed at step {current.step}\n  fix: start a new run with `skygreen up`")
+    if current.state == JobState.SUCCEEDED.value:
+        raise InputError(f"run {run_id} finished (SUCCEEDED); there is nothing to resume\n  fix: start a new run with `skygreen up`")
     stopped = current.state in JobState.__members__ and JobState(current.state).resumable
     if record.launches and not stopped:
         raise InputError(
             f"run {run_id} is {current.state}; only a stopped run can be resumed\n"
             f"  fix: wait for it, or `skygreen cancel {run_id}` first"
         )
-    if current.completed:
-        raise InputError(f"run {run_id} already completed at step {current.step}\n  fix: start a new run with `skygreen up`")
     to_local = local or record.mode == LOCAL
     if to_local == (record.mode == LOCAL):
         task = _read_task_yaml(record)
