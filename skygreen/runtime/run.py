@@ -133,6 +133,7 @@ class Run:
         self.samples_seen = 0
         self.counters: dict[str, float] = {"energy_j": 0.0, "wall_s": 0.0, "preemptions": 0, "restarts": 0}
         self.completed = False
+        self._stopping = False
         self.last_metrics: dict[str, float] = {}
         self._probe_steps_left = 0
         self._loader_iter: Iterator | None = None
@@ -257,19 +258,19 @@ class Run:
                 log.warning("skygreen: early stopping at step %d (%s)", self.step_index, self.stopper.state_dict())
 
     def _should_stop(self) -> bool:
-        return self.stopper is not None and self.stopper.stopped
+        """The agreed decision: rank 0's stopper, applied on every rank at the same boundary."""
+        return self._stopping
 
     def _after_step(self) -> None:
         """Boundary work: agree on signals across ranks, then checkpoint if something asks."""
         notice = self._watcher.pending() if self._watcher else None
         sigterm = bool(self._sigterm and self._sigterm.fired)
-        stop = self._should_stop() if self.rank == 0 else False
+        stop = self.rank == 0 and self.stopper is not None and self.stopper.stopped
         if self.world_size > 1:
             sigterm, notice_up, stop = self._agree_flags(sigterm, notice is not None, stop)
-            if self.stopper is not None and stop:
-                self.stopper.stopped = True
         else:
             notice_up = notice is not None
+        self._stopping = stop
         if sigterm:
             self.counters["preemptions"] += 1
             self._save(state="preempted", wait=True)
@@ -461,6 +462,7 @@ class Run:
                 obj.load_state_dict(state["extra"][name])
         self.counters.update(state["counters"])
         self._wall_base_s = float(self.counters["wall_s"])
+        self._stopping = self.stopper is not None and self.stopper.stopped
         self.completed = loaded.manifest.meta.get("state") == "completed"
         if not self.completed:
             self.counters["restarts"] += 1
