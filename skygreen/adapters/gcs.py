@@ -12,6 +12,7 @@ so memory stays bounded by one chunk. The library's own retries are switched off
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
 
@@ -26,8 +27,9 @@ from skygreen.store import DEFAULT_RETRY, KeyNotFoundError, RetryPolicy, StoreUr
 
 T = TypeVar("T")
 
-CHUNK_BYTES = 64 * 1024 * 1024
-"""Resumable upload chunk (a multiple of 256 KiB): the most an upload holds in memory."""
+CHUNK_BYTES = 100 * 1024 * 1024
+"""Resumable upload chunk (a multiple of 256 KiB; the library's default): the most an upload
+holds in memory."""
 _TIMEOUT_S = (10, 300)
 
 _DENIED_FIX = "grant the VM's service account roles/storage.objectAdmin on the bucket (or storage.objects.create, get, list and delete)"
@@ -91,9 +93,10 @@ class GcsStore:
             payload = bytes(data)
             self._run(f"put {key} to", lambda: blob.upload_from_string(payload, retry=None, timeout=_TIMEOUT_S), writing=True)
             return
+        size = _remaining_bytes(data)
         self._run(
             f"upload {key} to",
-            lambda: blob.upload_from_file(data, retry=None, timeout=_TIMEOUT_S),
+            lambda: blob.upload_from_file(data, size=size, retry=None, timeout=_TIMEOUT_S),
             on_retry=rewind(data),
             writing=True,
         )
@@ -158,6 +161,14 @@ class GcsStore:
             f"move {key} to {storage_class} in",
             lambda: blob.update_storage_class(storage_class, retry=None, timeout=_TIMEOUT_S),
         )
+
+
+def _remaining_bytes(data: BinaryIO) -> int | None:
+    """Bytes left in a real file (small ones then go up in one request), else None."""
+    try:
+        return os.fstat(data.fileno()).st_size - data.tell()
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def _mapped(bucket: str, what: str, operation: Callable[[], T], *, writing: bool = False) -> T:

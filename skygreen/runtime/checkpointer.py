@@ -34,6 +34,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -368,33 +369,38 @@ class Checkpointer:
         return None
 
     def _load(self, manifest: Manifest) -> Loaded:
-        """Verify every blob of `manifest`, then load the shared and this rank's state."""
+        """Download every blob of `manifest`, check each one's size and sha256, load ours.
+
+        Hashing runs on worker threads (hashlib releases the GIL) while later blobs download
+        and while `torch.load` reads: the result is returned only if every blob matched, so
+        corrupt bytes are never handed to training, and `weights_only=True` keeps even
+        unverified bytes from running code. `model_sha256` is not recomputed: the blob's
+        sha256 already proves the bytes are the ones saved.
+        """
         own_name = rank_blob_name(self.rank)
-        with tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp:
-            paths = {name: self._fetch_verified(manifest, name, info, Path(tmp)) for name, info in sorted(manifest.blobs.items())}
-            state = _torch_load(paths[SHARED_BLOB], manifest, SHARED_BLOB)
-            rank_state = _torch_load(paths[own_name], manifest, own_name) if own_name in paths else None
+        with tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp, ThreadPoolExecutor(
+            max_workers=4, thread_name_prefix="skygreen-verify"
+        ) as pool:
+            paths, checks = {}, {}
+            for name in sorted(manifest.blobs):
+                paths[name] = self._fetch(manifest, name, Path(tmp))
+                checks[name] = pool.submit(_file_info, paths[name])
+            try:
+                state = _torch_load(paths[SHARED_BLOB], manifest, SHARED_BLOB)
+                rank_state = _torch_load(paths[own_name], manifest, own_name) if own_name in paths else None
+            finally:
+                _raise_on_mismatch(manifest, checks)
         if rank_state is None and self.world_size > 1:
             log.warning("%s has no state for rank %d (saved with %d ranks)", manifest.label, self.rank, manifest.world_size)
-        if manifest.model_sha256 is not None and isinstance(state.get("model"), Mapping):
-            if model_sha256(state["model"]) != manifest.model_sha256:
-                raise CheckpointError(f"{manifest.label}: the loaded model's sha256 does not match the manifest")
         return Loaded(step=manifest.step, state=state, rank_state=rank_state, manifest=manifest)
 
-    def _fetch_verified(self, manifest: Manifest, name: str, info: BlobInfo, tmp: Path) -> Path:
-        """Download a blob to a local file, then check its size and sha256 against `info`."""
+    def _fetch(self, manifest: Manifest, name: str, tmp: Path) -> Path:
         path = tmp / name
         with open(path, "wb") as out:
             try:
                 self.store.get_to(blob_key(manifest.step, name), out)
             except KeyNotFoundError as e:
                 raise CheckpointError(f"{name} is missing") from e
-        got = _file_info(path)
-        if got != info:
-            raise CheckpointError(
-                f"{name} does not match the manifest (size {got.size} vs {info.size}, "
-                f"sha256 {got.sha256[:12]}... vs {info.sha256[:12]}...): corrupt or partial"
-            )
         return path
 
     def _remove_uncommitted_after(self, step: int) -> None:
@@ -402,6 +408,16 @@ class Checkpointer:
         for stale in sorted(s for s in folders if s > step and MANIFEST_NAME not in folders[s]):
             log.info("removing uncommitted leftovers of step %d (%s)", stale, step_prefix(stale))
             delete_step(self.store, stale)
+
+
+def _raise_on_mismatch(manifest: Manifest, checks: Mapping[str, Future]) -> None:
+    for name, check in sorted(checks.items()):
+        got, want = check.result(), manifest.blobs[name]
+        if got != want:
+            raise CheckpointError(
+                f"{name} does not match the manifest (size {got.size} vs {want.size}, "
+                f"sha256 {got.sha256[:12]}... vs {want.sha256[:12]}...): corrupt or partial"
+            )
 
 
 def _file_info(path: Path) -> BlobInfo:

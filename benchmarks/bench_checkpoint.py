@@ -1,0 +1,169 @@
+"""Checkpoint benchmarks, each a ratio measured side by side in one run (medians of rounds).
+
+1. stall:  blocking time of `Checkpointer.save` vs a plain state_dict copy to CPU memory of
+           the same model (target <= 1.5).
+2. s3 / gcs upload: throughput of skygreen's store `put` vs boto3's own `upload_file` /
+           google-cloud-storage's `upload_from_filename` of the same bytes, against
+           moto_server / gcp-storage-emulator on loopback (target >= 0.8).
+3. resume: `Checkpointer.load_latest` (find latest, download, verify sha256, load) vs a raw
+           boto3 download + `torch.load` of the same blob (target <= 1.3).
+
+Run: .venv/bin/python benchmarks/bench_checkpoint.py [--model-mb 256] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from servers import FAKE_AWS_ENV, gcs_process, moto_process  # noqa: E402
+
+
+def make_model(total_mb: int) -> torch.nn.Module:
+    """Linear layers of 1024 x 4096 fp32 (16 MiB each) up to about `total_mb`."""
+    layers = max(1, total_mb // 16)
+    return torch.nn.Sequential(*[torch.nn.Linear(4096, 1024, bias=False) for _ in range(layers)])
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_stall(model: torch.nn.Module, rounds: int, tmp: Path) -> tuple[float, float]:
+    from skygreen.runtime.checkpointer import Checkpointer
+
+    ck = Checkpointer(str(tmp / "stall"), keep=2)
+    plain, ours = [], []
+    for step in range(rounds):
+        plain.append(timed(lambda: {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}))
+        ours.append(timed(lambda: ck.save(step, {"model": model.state_dict()})))
+        ck.wait()  # the next save starts with nothing in flight, as when uploads keep up
+    ck.close()
+    return statistics.median(plain), statistics.median(ours)
+
+
+def bench_upload(kind: str, blob: Path, rounds: int) -> tuple[float, float]:
+    from skygreen.store import open_store
+
+    bucket = f"bench-{kind}-{os.getpid()}"
+    if kind == "s3":
+        import boto3
+
+        client = boto3.client("s3")
+        client.create_bucket(Bucket=bucket)
+        baseline = lambda i: client.upload_file(str(blob), bucket, f"baseline/{i}")  # noqa: E731
+    else:
+        from google.cloud import storage
+
+        gcs_bucket = storage.Client().create_bucket(bucket)
+        baseline = lambda i: gcs_bucket.blob(f"baseline/{i}").upload_from_filename(str(blob))  # noqa: E731
+    store = open_store(f"{'s3' if kind == 's3' else 'gs'}://{bucket}/ours")
+
+    def ours(i: int) -> None:
+        with open(blob, "rb") as f:
+            store.put(f"x/{i}", f)
+
+    size_mb = blob.stat().st_size / 1e6
+    base_s, ours_s = [], []
+    for i in range(rounds):
+        base_s.append(timed(lambda: baseline(i)))
+        ours_s.append(timed(lambda: ours(i)))
+    return size_mb / statistics.median(base_s), size_mb / statistics.median(ours_s)
+
+
+def bench_resume(model: torch.nn.Module, rounds: int, tmp: Path) -> tuple[float, float, float]:
+    """Medians of: raw download (boto3 defaults) + torch.load, the same with skygreen's
+    transfer settings (16 MiB parts, which moto serves faster), and load_latest."""
+    import boto3
+
+    from skygreen.adapters.s3 import _TRANSFER
+
+    from skygreen.checkpoint import SHARED_BLOB, blob_key
+    from skygreen.runtime.checkpointer import Checkpointer
+
+    bucket = f"bench-resume-{os.getpid()}"
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=bucket)
+    url = f"s3://{bucket}/run"
+    with Checkpointer(url) as ck:
+        ck.save(100, {"model": model.state_dict()})
+    key = "run/" + blob_key(100, SHARED_BLOB)
+
+    def raw(config=None) -> None:
+        path = tmp / "raw.pt"
+        client.download_file(bucket, key, str(path), Config=config)
+        torch.load(path, map_location="cpu", weights_only=True)
+        path.unlink()
+
+    def ours() -> None:
+        loaded = Checkpointer(url).load_latest()
+        assert loaded is not None and loaded.step == 100
+
+    raw_s, same_s, ours_s = [], [], []
+    for _ in range(rounds):
+        raw_s.append(timed(raw))
+        same_s.append(timed(lambda: raw(_TRANSFER)))
+        ours_s.append(timed(ours))
+    return statistics.median(raw_s), statistics.median(same_s), statistics.median(ours_s)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-mb", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=["stall", "s3", "gcs", "resume"], action="append")
+    args = parser.parse_args()
+    only = set(args.only or ["stall", "s3", "gcs", "resume"])
+    torch.manual_seed(0)
+    model = make_model(args.model_mb)
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(f"model: {n_bytes / 2**20:.0f} MiB of fp32 weights; {args.rounds} rounds; medians")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        if "stall" in only:
+            plain, ours = bench_stall(model, args.rounds, tmp)
+            print(f"stall:  plain copy {plain:.3f} s, Checkpointer.save {ours:.3f} s, ratio {ours / plain:.2f} (target <= 1.5)")
+        blob = tmp / "blob.pt"
+        torch.save({"model": model.state_dict()}, blob)
+        os.environ.update(FAKE_AWS_ENV)
+        servers = []
+        try:
+            if only & {"s3", "resume"}:
+                moto = moto_process().start(log_dir=tmp)
+                servers.append(moto)
+                os.environ["AWS_ENDPOINT_URL_S3"] = moto.url
+            if "s3" in only:
+                base, ours = bench_upload("s3", blob, args.rounds)
+                print(f"s3 upload:  boto3 upload_file {base:.0f} MB/s, skygreen {ours:.0f} MB/s, ratio {ours / base:.2f} (target >= 0.8)")
+            if "gcs" in only:
+                gcs = gcs_process().start(log_dir=tmp)
+                servers.append(gcs)
+                os.environ["STORAGE_EMULATOR_HOST"] = gcs.url
+                base, ours = bench_upload("gcs", blob, args.rounds)
+                print(f"gcs upload: upload_from_filename {base:.0f} MB/s, skygreen {ours:.0f} MB/s, ratio {ours / base:.2f} (target >= 0.8)")
+            if "resume" in only:
+                raw, same, ours = bench_resume(model, args.rounds, tmp)
+                print(
+                    f"resume: raw download + torch.load {raw:.2f} s (boto3 defaults), {same:.2f} s (same transfer "
+                    f"settings as skygreen); load_latest {ours:.2f} s; ratios {ours / raw:.2f} and {ours / same:.2f} (target <= 1.3)"
+                )
+        finally:
+            for server in servers:
+                server.stop()
+
+
+if __name__ == "__main__":
+    main()
