@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import time
 
 import numpy as np
 import torch
@@ -25,6 +26,8 @@ from skygreen.settings import RuntimeSettings
 DATASET_LEN = 42
 FEATURES = 6
 CLASSES = 3
+STEP_SLEEP_S = float(os.environ.get("DDP_TEST_STEP_SLEEP_S", "0"))
+"""Slows each step down, so that a signal sent by a test lands in the middle of the run."""
 
 
 class Crash(Exception):
@@ -105,6 +108,8 @@ def train(
                         trace.append((step.index, run.micro_batch, x.shape[0]))
                 step.clip_grad_norm_(1.0)
                 step.optimizer_step()
+            if STEP_SLEEP_S:
+                time.sleep(STEP_SLEEP_S)
             if metrics and step.index in metrics:
                 run.report(val_loss=metrics[step.index])
     return run

@@ -67,3 +67,40 @@ def test_all_ranks_agree_on_the_micro_batch_when_one_runs_out_of_memory(tmp_path
     # per-rank batch 6: rank 1 fails at 6, both ranks move to 3 (accumulation 2)
     assert "rank 0 micro 3 accum 2" in out.stdout and "rank 1 micro 3 accum 2" in out.stdout
     assert load(tmp_path, "auto", 0).state["batch"]["micro"] == 3
+
+
+def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identical(tmp_path):
+    import signal
+    import time
+
+    from skygreen.checkpoint import committed_steps, read_manifest
+    from skygreen.store import open_store
+
+    env = {"DDP_TEST_STEP_SLEEP_S": "0.05"}
+    ref = torchrun(tmp_path, "ref", "3", env=env)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
+    full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **env)
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(tmp_path), "victim", str(STEPS), "3"]
+    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = open_store(f"{tmp_path}/victim")
+    deadline = time.monotonic() + 120
+    while not committed_steps(store):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks
+    out, err = proc.communicate(timeout=120)
+    last = max(committed_steps(store))
+    manifest = read_manifest(store, last)
+    assert manifest.meta["state"] == "preempted", (last, err[-3000:])
+    assert last < STEPS and manifest.world_size == 2
+    assert {"rank00000.pt", "rank00001.pt"} <= set(manifest.blobs)
+    # torchrun itself exits with its own failure code (the rendered run script maps a
+    # SIGTERM'd non-zero exit to PREEMPTED_EXIT_CODE); its workers committed first.
+    assert proc.returncode != 0 and manifest.meta["preemptions"] == 1
+    resumed = torchrun(tmp_path, "victim", "3", env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for rank in (0, 1):
+        a, b = load(tmp_path, "ref", rank), load(tmp_path, "victim", rank)
+        assert first_difference(a.state, b.state, ignore=IGNORE | {"state['counters']['preemptions']"}) is None
+        assert first_difference(a.rank_state, b.rank_state) is None

@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job  # noqa: E402
 
+from skygreen.errors import RuntimeSetupError  # noqa: E402
 from skygreen.runtime.checkpointer import Checkpointer  # noqa: E402
 from skygreen.runtime.compare import first_difference  # noqa: E402
 
@@ -114,3 +115,34 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     assert a.accum_steps == 4 and b.accum_steps == 1
     for pa, pb in zip(a.module.parameters(), b.module.parameters()):
         torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+
+
+def _misused_run(tmp_path, body):
+    net = job.model()
+    run = job.Run(
+        model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), dataset=job.dataset(),
+        settings=job.settings(tmp_path), environ={},
+    )  # fmt: skip
+    with run:
+        for step in run.steps(3):
+            with step:
+                body(run, step)
+
+
+def test_a_step_without_optimizer_step_is_a_clear_error(tmp_path):
+    def body(run, step):
+        for x, y in step.micro_batches():
+            step.backward(torch.nn.functional.cross_entropy(run.model(x), y))
+
+    with pytest.raises(RuntimeSetupError, match="ended without step.optimizer_step"):
+        _misused_run(tmp_path, body)
+
+
+def test_skipping_micro_batches_is_a_clear_error(tmp_path):
+    def body(run, step):
+        x, y = next(iter(step.micro_batches()))
+        step.backward(torch.nn.functional.cross_entropy(run.model(x), y))
+        step.optimizer_step()
+
+    with pytest.raises(RuntimeSetupError, match="1 micro-batches drawn and 1 backward calls, expected 4"):
+        _misused_run(tmp_path, body)
