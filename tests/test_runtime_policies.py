@@ -96,6 +96,8 @@ def test_cluster_default_precision_reaches_the_runtime(tmp_path):
     assert run_with({**base, "SKYGREEN_DEFAULT_PRECISION": "bf16"}, precision="fp32").precision.precision == "fp32"
     with pytest.raises(RuntimeSetupError, match="SKYGREEN_DEFAULT_PRECISION"):
         run_with({**base, "SKYGREEN_DEFAULT_PRECISION": "fp8"})
+    with pytest.raises(RuntimeSetupError, match="SKYGREEN_DEFAULT_PRECISION"):
+        run_with({**base, "SKYGREEN_PRECISION": "auto", "SKYGREEN_DEFAULT_PRECISION": "fp8"})
     with pytest.raises(RuntimeSetupError, match="effective batch is not set"):
         run_with({k: v for k, v in base.items() if k != "SKYGREEN_EFFECTIVE_BATCH"})
     with pytest.raises(RuntimeSetupError, match="micro-batch 5 does not divide the per-rank batch 12"):
@@ -195,3 +197,43 @@ def test_laptop_side_runtime_modules_import_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- energy ---------------------------------------------------------------------------------
+
+
+class FakeNvml:
+    """NVML's total-energy counter as the real library exposes it (millijoules, monotonic),
+    raising the real library's NotSupported error where a GPU has no counter."""
+
+    def __init__(self, readings_mj, supported=True):
+        import pynvml
+
+        self.pynvml = pynvml
+        self.readings = list(readings_mj)
+        self.supported = supported
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        if not self.supported:
+            raise self.pynvml.NVMLError(self.pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.readings.pop(0)
+
+
+def test_energy_meter_accumulates_counter_deltas_in_joules():
+    from skygreen.runtime.energy import EnergyMeter
+
+    meter = EnergyMeter(handle=object(), nvml=FakeNvml([1_000_000, 1_250_500, 1_250_500, 2_000_000]))
+    assert meter.take_j() == 250.5
+    assert meter.take_j() == 0.0
+    assert meter.take_j() == 749.5
+
+
+def test_energy_meter_without_a_counter_reads_zero(caplog):
+    import torch
+
+    from skygreen.runtime.energy import EnergyMeter
+
+    meter = EnergyMeter(handle=object(), nvml=FakeNvml([], supported=False))
+    assert meter.take_j() == 0.0 and meter.take_j() == 0.0
+    assert "energy counter unavailable" in caplog.text
+    assert EnergyMeter.for_device(torch.device("cpu")).take_j() == 0.0

@@ -31,6 +31,8 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from skygreen.errors import RuntimeSetupError
+
 log = logging.getLogger("skygreen.runtime")
 
 DEFAULT_METADATA_URLS = {
@@ -123,8 +125,6 @@ def _env_seconds(name: str, default: float, environ: Mapping[str, str]) -> float
     except ValueError:
         value = -1.0
     if not value > 0:
-        from skygreen.errors import RuntimeSetupError
-
         raise RuntimeSetupError(f"{name}: expected a number of seconds greater than 0\n  got: {raw!r}")
     return value
 

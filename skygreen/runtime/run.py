@@ -52,6 +52,7 @@ from skygreen.runtime.energy import EnergyMeter
 from skygreen.runtime.preemption import NoticeWatcher, SigtermLatch
 from skygreen.runtime.smoke import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE
 from skygreen.settings import DEFAULT_PRECISION_ENV, RuntimeSettings
+from skygreen.spec import PRECISIONS
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -163,6 +164,10 @@ class Run:
         cluster_default = self._environ.get(DEFAULT_PRECISION_ENV)
         if code_precision is None and requested == "auto" and cluster_default:
             requested = cluster_default.lower()  # the cluster's choice stands in for "auto"
+            if requested not in PRECISIONS:
+                raise RuntimeSetupError(
+                    f"{DEFAULT_PRECISION_ENV}: unknown precision {cluster_default!r}\n  allowed: {', '.join(PRECISIONS)}"
+                )
         return choose_precision(requested, self.facts)
 
     def _batch_shape(self, code_effective: int | None, code_micro: int | str | None) -> tuple[int, bool, int]:
