@@ -4,6 +4,7 @@ and the fault cases: corrupt blobs, manifests without blobs, partial saves, unsa
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 import threading
 
@@ -237,3 +238,36 @@ def test_ddp_all_ranks_agree_on_the_step_when_one_rank_blob_is_corrupt(tmp_path)
     (tmp_path / "ckpt" / "000000000002" / "rank00001.pt").write_bytes(b"rot")
     steps = [Checkpointer(url, rank=r, world_size=2).load_latest().step for r in (0, 1)]
     assert steps == [1, 1]
+
+
+def _ddp_worker(rank: int, url: str, init_file: str, out_dir: str) -> None:
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        loaded = Checkpointer(url, rank=rank, world_size=2).load_latest()
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump([loaded.step, loaded.rank_state["r"]], f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_with_a_process_group_all_ranks_resume_from_the_same_step(tmp_path):
+    """Rank 1's newest blob is corrupt: with gloo, both ranks agree on the older step."""
+    import torch.multiprocessing as mp
+
+    model, opt = make_model()
+    url = str(tmp_path / "bucket")
+    for step in (1, 2):
+        cks = [Checkpointer(url, rank=r, world_size=2, rank_wait_s=30) for r in (1, 0)]
+        for ck in cks:
+            ck.save(step, train_state(model, opt, step), rank_state={"r": ck.rank})
+        for ck in cks:
+            ck.close()
+    (tmp_path / "bucket" / "ckpt" / "000000000002" / "rank00001.pt").write_bytes(b"rot")
+    mp.start_processes(_ddp_worker, args=(url, str(tmp_path / "init"), str(tmp_path)), nprocs=2, start_method="spawn")
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert results == [[1, 0], [1, 1]]
