@@ -84,9 +84,8 @@ def test_a_notice_commits_a_checkpoint_at_the_next_boundary_and_training_goes_on
             net[0].register_forward_pre_hook(hook)
 
         run_settings = job.settings(tmp_path, cloud="aws", checkpoint_every_steps=1000)
-        trace: list = []
 
-        class Tracing(list):
+        class Tracing(list):  # tells the hook which step is running
             def append(self, item):
                 seen["step"] = item[0]
                 super().append(item)
