@@ -7,8 +7,8 @@ pure core, return plain records. Nothing here imports sky or torch at module lev
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from skygreen.spec import TaskSpec
@@ -80,3 +80,54 @@ def logs(run_id: str, *, follow: bool = False, out=None) -> int | None:
     from skygreen import runs
 
     return runs.logs(run_id, follow=follow, out=out)
+
+
+# ---------------------------------------------------------------- gc
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GcResult:
+    url: str
+    local: bool
+    """A local directory: cold storage classes do not apply, nothing was looked at."""
+    moves: tuple = ()
+    """`checkpoint.ColdMove`s, done when `act` was true, else only planned."""
+
+
+def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None, act: bool = False) -> GcResult:
+    """Move checkpoints older than `older_than` to a cold storage class; `act=False` is a dry run.
+
+    `target` is a run id (resolved through the run registry), a run's checkpoint URL, or a
+    bucket URL holding runs. The latest, best and pinned checkpoints never move.
+    """
+    import time
+
+    from skygreen import checkpoint
+    from skygreen.errors import InputError
+    from skygreen.store import parse_url
+
+    url = _checkpoint_target(target)
+    scheme = parse_url(url).scheme
+    if scheme == "file":
+        return GcResult(url=url, local=True)
+    allowed = checkpoint.COLD_CLASSES[scheme]
+    cold = (storage_class or checkpoint.DEFAULT_COLD_CLASS[scheme]).upper()
+    if cold not in allowed:
+        raise InputError(
+            f"--storage-class: {storage_class!r} is not a cold class for {scheme}://\n  allowed: {', '.join(allowed)}"
+        )
+    moves = checkpoint.plan_cold_moves(
+        url, older_than_s=checkpoint.parse_age_s(older_than), storage_class=cold, now_s=time.time()
+    )
+    if act and moves:
+        moves = checkpoint.apply_cold_moves(moves)
+    return GcResult(url=url, local=False, moves=tuple(moves))
+
+
+def _checkpoint_target(target: str) -> str:
+    """A URL or existing path as given; otherwise a run id, resolved through the run registry."""
+    if "://" in target or Path(target).exists():
+        return target
+    from skygreen.registry import Registry
+
+    return Registry().load(target).checkpoint_url

@@ -13,36 +13,51 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
 
 import click
-import typer
 
 from skygreen.errors import SkygreenError
 
-app = typer.Typer(
-    name="skygreen",
+# click, not Typer: Typer builds its parameters through pydantic (about 0.3 s of imports),
+# which would eat a third of `skygreen plan`'s one-second budget.
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(
+    context_settings=CONTEXT,
     help="Cheap, green cloud GPU training: cheapest spot GPUs, mixed precision, power caps, "
     "and runs that survive preemption. Built on SkyPilot.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
 )
-catalog_app = typer.Typer(help="The GPU price catalog (SkyPilot's own, schema v8).", no_args_is_help=True)
-app.add_typer(catalog_app, name="catalog")
+@click.version_option(package_name="skygreen", message="%(prog)s %(version)s")
+def app() -> None:
+    pass
 
-TaskArg = Annotated[Path, typer.Argument(help="Task file: a SkyPilot task YAML with a `skygreen:` section.")]
-CatalogOpt = Annotated[
-    Optional[Path],
-    typer.Option(
+
+@app.group("catalog", context_settings=CONTEXT)
+def catalog_app() -> None:
+    """The GPU price catalog (SkyPilot's own, schema v8)."""
+
+
+def task_argument(f):
+    return click.argument("task", type=click.Path(path_type=Path), metavar="TASK")(f)
+
+
+def catalog_option(f):
+    return click.option(
         "--catalog",
+        type=click.Path(path_type=Path),
+        default=None,
         help="Catalog directory holding <cloud>/vms.csv (default: $SKYGREEN_CATALOG_DIR, "
-        "else ~/.sky/catalogs/v8, else the embedded snapshot).",
-        show_default=False,
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+        "else ~/.sky/catalogs/v8, else the embedded price table).",
+    )(f)
+
+
+def json_option(f):
+    return click.option("--json", "json_output", is_flag=True, help="Print machine-readable JSON.")(f)
+
+
+def run_argument(f):
+    return click.argument("run", metavar="RUN")(f)
 
 
 def print_json(data: object) -> None:
@@ -56,12 +71,11 @@ def print_notice(line: str) -> None:
 
 
 @app.command()
-def plan(
-    task: TaskArg,
-    catalog: CatalogOpt = None,
-    json_output: JsonOpt = False,
-    top: Annotated[int, typer.Option("--top", min=1, help="Rows in the ranked table.")] = 10,
-) -> None:
+@task_argument
+@catalog_option
+@json_option
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the ranked table.")
+def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
     """Rank spot GPU offers across AWS, GCP and Azure by estimated cost per run."""
     from skygreen import api
     from skygreen.spec import load_spec
@@ -78,12 +92,9 @@ def plan(
 
 
 @catalog_app.command("update")
-def catalog_update(
-    catalog: CatalogOpt = None,
-    clouds: Annotated[
-        Optional[list[str]], typer.Option("--cloud", help="Only this cloud (repeatable): aws, gcp, azure.")
-    ] = None,
-) -> None:
+@catalog_option
+@click.option("--cloud", "clouds", multiple=True, help="Only this cloud (repeatable): aws, gcp, azure.")
+def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
     """Download SkyPilot's current price catalog (through SkyPilot; needs the internet)."""
     from skygreen.catalog import CLOUDS, ENV_CATALOG_DIR
     from skygreen.fields import read_choice
@@ -96,19 +107,15 @@ def catalog_update(
         sys.stdout.write(f"{result.cloud}: {result.status} {result.path}\n")
 
 
-RunArg = Annotated[str, typer.Argument(help="Run id, as printed by `skygreen up` and `skygreen status`.")]
-
-
 @app.command()
-def up(
-    task: TaskArg,
-    local: Annotated[bool, typer.Option("--local", help="Run on this machine (CPU, or a local GPU) instead of the cloud.")] = False,
-    dryrun: Annotated[bool, typer.Option("--dryrun", help="Print the plan and write the SkyPilot YAML; launch nothing.")] = False,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also write the rendered SkyPilot YAML here.")] = None,
-    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the CPU smoke test of the training script.")] = False,
-    detach: Annotated[bool, typer.Option("--detach", "-d", help="With --local: return at once instead of following the run.")] = False,
-    catalog: CatalogOpt = None,
-) -> None:
+@task_argument
+@click.option("--local", is_flag=True, help="Run on this machine (CPU, or a local GPU) instead of the cloud.")
+@click.option("--dryrun", is_flag=True, help="Print the plan and write the SkyPilot YAML; launch nothing.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=None, help="Also write the rendered SkyPilot YAML here.")
+@click.option("--no-smoke", is_flag=True, help="Skip the CPU smoke test of the training script.")
+@click.option("--detach", "-d", is_flag=True, help="With --local: return at once instead of following the run.")
+@catalog_option
+def up(task: Path, local: bool, dryrun: bool, output: Path | None, no_smoke: bool, detach: bool, catalog: Path | None) -> None:
     """Smoke-test, render and launch a run: a managed spot job, or with --local this machine."""
     from skygreen import api
 
@@ -140,19 +147,21 @@ def _follow_local(run_id: str) -> None:
     except KeyboardInterrupt:
         sys.stderr.write(f"\nstopped following; run {run_id} continues in the background "
                          f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n")
-        raise typer.Exit(130) from None
+        raise click.exceptions.Exit(130) from None
     (final,) = api.status(run_id)
     print_status_detail(final, sys.stdout)
     if final.state != "SUCCEEDED":
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
 @app.command()
-def status(
-    run: Annotated[Optional[str], typer.Argument(help="Run id; default: every run on this machine.")] = None,
-    json_output: JsonOpt = False,
-) -> None:
-    """Runs with their state, step, model digest, preemptions, spend and energy so far."""
+@click.argument("run", required=False, metavar="[RUN]")
+@json_option
+def status(run: str | None, json_output: bool) -> None:
+    """Runs with their state, step, model digest, preemptions, spend and energy so far.
+
+    RUN: a run id; default: every run on this machine.
+    """
     from skygreen import api
     from skygreen.run_report import print_status_detail, print_status_table
 
@@ -166,11 +175,10 @@ def status(
 
 
 @app.command()
-def resume(
-    run: RunArg,
-    local: Annotated[bool, typer.Option("--local", help="Continue the run on this machine.")] = False,
-    detach: Annotated[bool, typer.Option("--detach", "-d", help="For local runs: return at once instead of following.")] = False,
-) -> None:
+@run_argument
+@click.option("--local", is_flag=True, help="Continue the run on this machine.")
+@click.option("--detach", "-d", is_flag=True, help="For local runs: return at once instead of following.")
+def resume(run: str, local: bool, detach: bool) -> None:
     """Relaunch a stopped run with the same id; it continues from its latest checkpoint."""
     from skygreen import api
 
@@ -181,19 +189,20 @@ def resume(
 
 
 @app.command()
-def cancel(run: RunArg) -> None:
+@run_argument
+def cancel(run: str) -> None:
     """Stop a run; it commits a checkpoint first, so `skygreen resume` can continue it."""
     from skygreen import api
 
     final = api.cancel(run)
-    sys.stdout.write(f"cancelled run {final.run_id}: {final.state}, last checkpoint at step {final.step if final.step is not None else '-'}\n")
+    step = final.step if final.step is not None else "-"
+    sys.stdout.write(f"cancelled run {final.run_id}: {final.state}, last checkpoint at step {step}\n")
 
 
 @app.command()
-def logs(
-    run: RunArg,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the run ends.")] = False,
-) -> None:
+@run_argument
+@click.option("--follow", "-f", is_flag=True, help="Keep streaming until the run ends.")
+def logs(run: str, follow: bool) -> None:
     """Print a run's output (the training script's stdout and stderr)."""
     from skygreen import api
 
@@ -201,55 +210,38 @@ def logs(
 
 
 @app.command()
-def gc(
-    target: Annotated[str, typer.Argument(help="A run id, a run's checkpoint URL, or a bucket URL holding runs.")],
-    older_than: Annotated[str, typer.Option("--older-than", help="Age of checkpoints to move, e.g. 90d, 12h, 2w.")] = "90d",
-    storage_class: Annotated[
-        Optional[str],
-        typer.Option("--storage-class", help="S3: GLACIER (default), DEEP_ARCHIVE, GLACIER_IR; GCS: ARCHIVE (default), COLDLINE, NEARLINE."),
-    ] = None,
-    yes: Annotated[bool, typer.Option("--yes", help="Act; without it gc only prints what it would move.")] = False,
-) -> None:
-    """Move stale checkpoints to a cold storage class (never the latest, best or pinned ones)."""
-    import time
+@click.argument("target", metavar="RUN|URL")
+@click.option("--older-than", default="90d", show_default=True, help="Age of checkpoints to move, e.g. 90d, 12h, 2w.")
+@click.option(
+    "--storage-class",
+    default=None,
+    help="S3: GLACIER (default), DEEP_ARCHIVE, GLACIER_IR; GCS: ARCHIVE (default), COLDLINE, NEARLINE.",
+)
+@click.option("--yes", is_flag=True, help="Act; without it gc only prints what it would move.")
+def gc(target: str, older_than: str, storage_class: str | None, yes: bool) -> None:
+    """Move stale checkpoints to a cold storage class (never the latest, best or pinned ones).
 
-    from skygreen import checkpoint
-    from skygreen.errors import InputError
-    from skygreen.store import parse_url
+    RUN|URL: a run id, a run's checkpoint URL, or a bucket URL holding runs.
+    """
+    from skygreen import api
 
-    url = _checkpoint_target(target)
-    scheme = parse_url(url).scheme
-    if scheme == "file":
-        sys.stdout.write(f"{url} is a local directory: cold storage classes do not apply; nothing to move\n")
+    result = api.gc(target, older_than=older_than, storage_class=storage_class, act=yes)
+    if result.local:
+        sys.stdout.write(f"{result.url} is a local directory: cold storage classes do not apply; nothing to move\n")
         return
-    allowed = checkpoint.COLD_CLASSES[scheme]
-    cold = (storage_class or checkpoint.DEFAULT_COLD_CLASS[scheme]).upper()
-    if cold not in allowed:
-        raise InputError(f"--storage-class: {storage_class!r} is not a cold class for {scheme}://\n  allowed: {', '.join(allowed)}")
-    moves = checkpoint.plan_cold_moves(url, older_than_s=checkpoint.parse_age_s(older_than), storage_class=cold, now_s=time.time())
-    if not moves:
-        sys.stdout.write(f"nothing older than {older_than} to move under {url} (latest, best and pinned checkpoints are kept)\n")
+    if not result.moves:
+        sys.stdout.write(f"nothing older than {older_than} to move under {result.url} (latest, best and pinned checkpoints are kept)\n")
         return
-    if yes:
-        moves = checkpoint.apply_cold_moves(moves)
     verb = "moved" if yes else "would move"
-    for move in moves:
+    for move in result.moves:
         sys.stdout.write(f"{verb} {move.run_url}/{move.key} (step {move.step}, {move.age_days:.0f} days old) to {move.storage_class}\n")
     if not yes:
-        sys.stdout.write(f"dry run: {len(moves)} object(s); run again with --yes to move them\n")
-
-
-def _checkpoint_target(target: str) -> str:
-    """A URL or existing path as given; otherwise a run id, resolved through the run registry."""
-    if "://" in target or Path(target).exists():
-        return target
-    from skygreen.registry import Registry
-
-    return Registry().load(target).checkpoint_url
+        sys.stdout.write(f"dry run: {len(result.moves)} object(s); run again with --yes to move them\n")
 
 
 @app.command()
-def smoke(task: TaskArg) -> None:
+@task_argument
+def smoke(task: Path) -> None:
     """Run the task's training script for two steps on CPU, with a checkpoint round trip."""
     from skygreen.runtime.smoke import run_smoke
 
@@ -259,9 +251,8 @@ def smoke(task: TaskArg) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
-    command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="skygreen", standalone_mode=False)
+        app.main(args=argv, prog_name="skygreen", standalone_mode=False)
     except SkygreenError as e:
         if os.environ.get("SKYGREEN_DEBUG") == "1":
             raise
