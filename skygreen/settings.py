@@ -4,8 +4,9 @@
 variables for its subprocess); the runtime reads them back with `RuntimeSettings.from_env`.
 Code that constructs the runtime can pass its own values, which win over the environment.
 
-One variable a cluster can set for everybody: `SKYGREEN_DEFAULT_PRECISION`, used when a run
-names no precision, so nobody forgets the cheapest switch.
+One variable a cluster can set for everybody: `SKYGREEN_DEFAULT_PRECISION`, which stands in for
+`auto` (the default) unless the training code names a precision itself, so nobody forgets the
+cheapest switch. The runtime applies it (`skygreen.runtime.run`), where the code's choice is known.
 
 Credentials are never part of these settings: buckets are reached with the cloud's own
 credential chain (instance roles, SkyPilot `secrets`).
@@ -108,8 +109,6 @@ class RuntimeSettings:
             name = _env_name(f.name)
             if name in environ and environ[name] != "":
                 values[f.name] = _parse_env(f.name, environ[name], name)
-        if "precision" not in values and environ.get(DEFAULT_PRECISION_ENV):
-            values["precision"] = _parse_env("precision", environ[DEFAULT_PRECISION_ENV], DEFAULT_PRECISION_ENV)
         values.update({k: v for k, v in overrides.items() if v is not None})
         for required in ("run_id", "bucket"):
             if required not in values:
