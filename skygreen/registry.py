@@ -12,7 +12,6 @@ import json
 import os
 import re
 import secrets as _random
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.errors import InputError, SkygreenError
+from skygreen.files import write_atomic
 
 DATA_DIR_ENV = "SKYGREEN_DATA_DIR"
 RECORD_VERSION = 1
@@ -167,21 +167,6 @@ class Registry:
     def latest(self) -> RunRecord | None:
         records = self.list()
         return records[-1] if records else None
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` so readers see the old file or the new one, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _now_iso() -> str:

@@ -17,9 +17,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from skygreen.errors import CheckpointError, InputError, LaunchError, SkygreenError, StoreError
+from skygreen.errors import (
+    CheckpointError,
+    InputError,
+    LaunchError,
+    SkygreenError,
+    StoreError,
+)
+from skygreen.files import write_atomic
 from skygreen.launcher import JobState, JobStatus, Launcher, cloud_launcher
-from skygreen.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id, write_atomic
+from skygreen.registry import (
+    Registry,
+    RunRecord,
+    data_dir,
+    default_local_bucket,
+    new_run_id,
+)
 from skygreen.spec import TaskSpec, load_spec
 
 LOCAL = "local"

@@ -50,7 +50,7 @@ def test_oom_halves_the_micro_batch_and_the_result_equals_a_run_at_that_size(tmp
     assert ooms == [12, 6]  # 12 -> 6 -> 3 (divisors of the per-rank batch 12)
     assert auto.micro_batch == 3 and auto.accum_steps == 4 and auto.effective_batch == 12
     assert {micro for _, micro, _ in trace} == {3}
-    fixed = job.train(job.settings(tmp_path / "fixed", micro_batch=3), 8)
+    job.train(job.settings(tmp_path / "fixed", micro_batch=3), 8)
     a = Checkpointer(f"{tmp_path}/auto/run").load_latest()
     b = Checkpointer(f"{tmp_path}/fixed/run").load_latest()
     assert a.state["batch"]["micro"] == 3 and a.manifest.meta["micro_batch"] == 3

@@ -23,7 +23,14 @@ from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 
 from skygreen.errors import StoreError, TransientStoreError
-from skygreen.store import DEFAULT_RETRY, KeyNotFoundError, RetryPolicy, StoreUrl, call_with_retries, rewind
+from skygreen.store import (
+    DEFAULT_RETRY,
+    KeyNotFoundError,
+    RetryPolicy,
+    StoreUrl,
+    call_with_retries,
+    rewind,
+)
 
 T = TypeVar("T")
 

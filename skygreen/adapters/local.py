@@ -11,15 +11,17 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
 from skygreen.errors import StoreError, TransientStoreError
-from skygreen.store import DEFAULT_RETRY, KeyNotFoundError, RetryPolicy, call_with_retries
-
-_COPY_CHUNK_BYTES = 8 * 1024 * 1024
-_TEMP_PREFIX = ".tmp-"
+from skygreen.files import COPY_CHUNK_BYTES, TEMP_PREFIX, write_atomic
+from skygreen.store import (
+    DEFAULT_RETRY,
+    KeyNotFoundError,
+    RetryPolicy,
+    call_with_retries,
+)
 
 # errno -> transient? Full disks and permissions do not heal by waiting; NFS hiccups can.
 _TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.EIO}
@@ -46,7 +48,7 @@ class LocalStore:
 
     def put(self, key: str, data: bytes | BinaryIO) -> None:
         target = self._path(key)
-        self._run(f"write {target}", lambda: _atomic_write(target, data))
+        self._run(f"write {target}", lambda: write_atomic(target, data))
 
     def get(self, key: str) -> bytes:
         path = self._path(key)
@@ -57,7 +59,7 @@ class LocalStore:
 
         def copy() -> None:
             with _read_existing(path, key).open("rb") as src:
-                shutil.copyfileobj(src, fileobj, _COPY_CHUNK_BYTES)
+                shutil.copyfileobj(src, fileobj, COPY_CHUNK_BYTES)
 
         self._run(f"read {path}", copy)
 
@@ -69,7 +71,7 @@ class LocalStore:
             dirs.sort()
             rel = Path(folder).relative_to(self.root).as_posix()
             for name in sorted(files):
-                if name.startswith(_TEMP_PREFIX):
+                if name.startswith(TEMP_PREFIX):
                     continue
                 key = name if rel == "." else f"{rel}/{name}"
                 if key.startswith(prefix):
@@ -99,39 +101,6 @@ def _read_existing(path: Path, key: str) -> Path:
     if not path.is_file():
         raise KeyNotFoundError(f"{path}: no such checkpoint object {key!r}")
     return path
-
-
-def _atomic_write(target: Path, data: bytes | BinaryIO) -> None:
-    """Write to a temporary file beside `target`, fsync it, rename it over `target`."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            if isinstance(data, (bytes, bytearray, memoryview)):
-                out.write(data)
-            else:
-                shutil.copyfileobj(data, out, _COPY_CHUNK_BYTES)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(target.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename itself durable (POSIX); harmless where directories cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _prune_empty_parents(folder: Path, root: Path) -> None:

@@ -42,27 +42,27 @@ from typing import Any
 import torch
 
 from skygreen.checkpoint import (
+    CKPT_DIR,
+    MANIFEST_NAME,
+    METRIC_MODES,
     SHARED_BLOB,
     BlobInfo,
     HashingWriter,
     Manifest,
     apply_retention,
     blob_key,
+    delete_step,
     iter_manifests,
+    manifest_key,
     rank_blob_name,
     rank_note_name,
     step_folders,
     step_prefix,
     utc_now_iso,
-    CKPT_DIR,
-    METRIC_MODES,
-    MANIFEST_NAME,
-    delete_step,
-    manifest_key,
 )
 from skygreen.errors import CheckpointError, InputError, StoreError, TransientStoreError
-from skygreen.store import KeyNotFoundError, RetryPolicy, Store, open_store
 from skygreen.spec import HALF_PRECISIONS
+from skygreen.store import KeyNotFoundError, RetryPolicy, Store, open_store
 
 log = logging.getLogger("skygreen.checkpoint")
 

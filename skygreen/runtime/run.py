@@ -43,9 +43,19 @@ import torch.distributed as dist
 from skygreen.checkpoint import CheckpointSchedule, IntervalPolicy
 from skygreen.early_stop import EarlyStopConfig, EarlyStopper
 from skygreen.errors import RuntimeSetupError
-from skygreen.precision import DeviceFacts, PrecisionChoice, choose_precision, cpu_facts, cuda_facts
+from skygreen.precision import (
+    DeviceFacts,
+    PrecisionChoice,
+    choose_precision,
+    cpu_facts,
+    cuda_facts,
+)
 from skygreen.runtime import PREEMPTED_EXIT_CODE, rng
-from skygreen.runtime.autotune import OOM_PROBE_STEPS, is_out_of_memory, smaller_micro_batch
+from skygreen.runtime.autotune import (
+    OOM_PROBE_STEPS,
+    is_out_of_memory,
+    smaller_micro_batch,
+)
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream
 from skygreen.runtime.energy import EnergyMeter
@@ -710,8 +720,9 @@ def _average_gradients(module: torch.nn.Module, world_size: int) -> None:
 def _reset_scaler_stage(scaler: torch.amp.GradScaler) -> None:
     """Forget a half-done unscale of an abandoned step (GradScaler has no public reset)."""
     if scaler.is_enabled():
-        from torch.amp.grad_scaler import _refresh_per_optimizer_state
         from collections import defaultdict
+
+        from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
         scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 

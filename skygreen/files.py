@@ -1,0 +1,53 @@
+"""Local files written so that a reader, or a process killed mid-write, never sees half of one.
+
+Run records, rendered YAML and local checkpoint objects all go through `write_atomic`: a
+temporary file beside the target, fsynced, renamed over it, and the folder fsynced so the
+rename itself survives a crash. Temporary names start with `TEMP_PREFIX`, so listings can skip
+the leftovers of a killed writer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+TEMP_PREFIX = ".tmp-"
+COPY_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def write_atomic(target: Path, data: str | bytes | bytearray | memoryview | BinaryIO) -> None:
+    """Write `data` (text as UTF-8, bytes, or a binary stream copied in chunks) to `target`."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if isinstance(data, str):
+                out.write(data.encode("utf-8"))
+            elif isinstance(data, (bytes, bytearray, memoryview)):
+                out.write(data)
+            else:
+                shutil.copyfileobj(data, out, COPY_CHUNK_BYTES)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable (POSIX); harmless where directories cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
