@@ -298,17 +298,40 @@ def _progress(url: str):
 
 
 def _spend(record: RunRecord, job: JobStatus | None) -> tuple[float | None, bool]:
-    """Spend of the current launch so far: its run time times the offer's catalog price.
+    """Spend of every launch of the run so far, and whether any part of it is a guess.
 
-    Earlier launches (before a `resume`) are not counted; SkyPilot reports no cost per job,
-    so this is the catalog price of the offer the job landed on (or of the plan's best offer
-    when the job does not say where it runs)."""
+    SkyPilot reports no cost per managed job, so each launch costs its job's run time times
+    the catalog price of the offer it landed on; a job that does not say where it runs is
+    priced at the plan's best offer (a guess). `job` is the current launch's status, already
+    fetched; earlier launches (before a `resume`) are asked for theirs. A launch whose status
+    is gone from SkyPilot's queue is left out."""
     if record.mode == LOCAL:
         return 0.0, False
     offers = list((record.plan_summary or {}).get("offers", ()))
-    if job is None or job.duration_s is None or not offers:
+    if not offers:
         return None, False
-    landed = [o for o in offers if o["cloud"] == job.cloud and (job.region is None or o["region"] == job.region) and (not job.accelerators or o["accelerator"] in job.accelerators)]
+    jobs = [_job_status_of(record, launch.job_id) for launch in record.launches[:-1]] + [job]
+    priced = [_launch_spend(offers, j) for j in jobs if j is not None and j.duration_s is not None]
+    if not priced:
+        return None, False
+    return sum(usd for usd, _ in priced), any(guessed for _, guessed in priced)
+
+
+def _job_status_of(record: RunRecord, job_id: str) -> JobStatus | None:
+    try:
+        return launcher_for(record).status(job_id)
+    except LaunchError:
+        return None
+
+
+def _launch_spend(offers: list[Mapping[str, Any]], job: JobStatus) -> tuple[float, bool]:
+    landed = [
+        o
+        for o in offers
+        if o["cloud"] == job.cloud
+        and (job.region is None or o["region"] == job.region)
+        and (not job.accelerators or o["accelerator"] in job.accelerators)
+    ]
     offer = landed[0] if landed else offers[0]
     price = float(offer["price_usd_per_hour"]) * int(offer.get("num_nodes") or 1)
     return job.duration_s / 3600.0 * price, not landed

@@ -143,6 +143,23 @@ def test_cancel_then_resume_relaunches_the_same_run_id(env, tmp_path, capsys, s3
     assert (status["job_id"], status["launches"], status["state"]) == ("2", 2, "PENDING")
 
 
+def test_spend_adds_up_every_launch_of_a_resumed_run(env, tmp_path, capsys, s3_bucket):
+    task = write_task(tmp_path, bucket=f"s3://{s3_bucket}/runs")
+    run_id = up_json(capsys, str(task), "--no-smoke")["run_id"]
+    record = json.loads((env["data"] / "runs" / run_id / "run.json").read_text())
+    first, second = record["plan_summary"]["offers"][:2]
+    fake = FakeLauncher(env["fake"])
+    where = lambda o: {"cloud": o["cloud"], "region": o["region"], "accelerators": {o["accelerator"]: 1}}  # noqa: E731
+    fake.set_state("1", "FAILED", duration_s=3600.0, **where(first))
+    assert cli(capsys, "resume", run_id)[0] == 0
+    fake.set_state("2", "RUNNING", duration_s=1800.0, **where(second))
+
+    status = json.loads(cli(capsys, "status", run_id, "--json")[1])
+    expected = 1.0 * first["price_usd_per_hour"] + 0.5 * second["price_usd_per_hour"]
+    assert status["spend_usd"] == pytest.approx(expected)
+    assert status["spend_estimated"] is False
+
+
 def test_a_completed_run_is_not_resumed(env, tmp_path, capsys, s3_bucket):
     task = write_task(tmp_path, bucket=f"s3://{s3_bucket}/runs")
     run_id = up_json(capsys, str(task), "--no-smoke")["run_id"]
