@@ -59,6 +59,7 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
         ("job", f"{_dash(r.job_id)} (launches: {r.launches})"),
         ("step", _dash(r.step) + (" (completed)" if r.completed else "")),
         ("checkpoint", f"{r.checkpoint_at} at {r.checkpoint_url}" if r.checkpoint_at else f"none yet at {r.checkpoint_url}"),
+        ("interval", f"every {r.checkpoint_interval_s:.0f} s" if r.checkpoint_interval_s is not None else "-"),
         ("model_sha256", _dash(r.model_sha256)),
         ("preemptions", _dash(r.preemptions)),
         ("recoveries", str(r.recoveries)),

@@ -78,6 +78,8 @@ class RunStatus:
     """True when the price is the plan's best offer, not the offer the job landed on."""
     energy_kwh: float | None
     wall_s: float | None
+    checkpoint_interval_s: float | None
+    """The interval the runtime last chose (fixed, or `auto`'s Young/Daly optimum)."""
     where: str | None
     checkpoint_url: str
     progress_error: str | None = None
@@ -177,8 +179,11 @@ def _render(spec: TaskSpec, plan: Any | None, *, run_id: str, bucket: str, task_
     from skygreen.settings import RuntimeSettings
 
     rate = None
-    if plan is not None:
-        rate = spec.green.preemption.rate_per_hour.get(plan.best.cloud)
+    if plan is not None:  # the planner's assumption for the cloud it ranked first
+        from skygreen.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
+
+        cloud = plan.best.cloud
+        rate = spec.green.preemption.rate_per_hour.get(cloud, DEFAULT_PREEMPTION_RATE_PER_HOUR.get(cloud))
     settings = RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate)
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
 
@@ -273,6 +278,7 @@ def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunSta
         spend_estimated=estimated,
         energy_kwh=None if energy_j is None else float(energy_j) / 3.6e6,
         wall_s=_float_or_none(meta.get("wall_s")),
+        checkpoint_interval_s=_float_or_none(meta.get("checkpoint_interval_s")),
         where=_where(job),
         checkpoint_url=record.checkpoint_url,
         progress_error=progress_error,

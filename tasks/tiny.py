@@ -111,7 +111,7 @@ def main() -> None:
                 val_loss = evaluate(run, val)
                 run.report(val_loss=val_loss)
                 if run.rank == 0:
-                    print(f"step {run.step_index} epoch {run.epoch} train_loss {loss.item() * run.accum_steps:.4f} val_loss {val_loss:.4f}", flush=True)
+                    print(f"step {run.step_index} epoch {run.epoch} train_loss {loss.item():.4f} val_loss {val_loss:.4f}", flush=True)
 
 
 if __name__ == "__main__":

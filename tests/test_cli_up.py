@@ -97,7 +97,7 @@ def test_up_launches_a_managed_job_and_status_joins_it_with_the_bucket(env, tmp_
     landed = offers[1]
 
     fake.set_state("1", "RUNNING", recovery_count=1, duration_s=1800.0, cloud=landed["cloud"], region=landed["region"], accelerators={landed["accelerator"]: 1})
-    digest = commit_checkpoint(f"s3://{s3_bucket}/runs/{run_id}", 120, meta={"energy_j": 7.2e6, "preemptions": 1, "wall_s": 1700.0})
+    digest = commit_checkpoint(f"s3://{s3_bucket}/runs/{run_id}", 120, meta={"energy_j": 7.2e6, "preemptions": 1, "wall_s": 1700.0, "checkpoint_interval_s": 412.0})
     code, out, _ = cli(capsys, "status", run_id, "--json")
     status = json.loads(out)
     assert (status["state"], status["step"], status["model_sha256"]) == ("RUNNING", 120, digest)
@@ -105,6 +105,9 @@ def test_up_launches_a_managed_job_and_status_joins_it_with_the_bucket(env, tmp_
     assert status["spend_usd"] == pytest.approx(0.5 * landed["price_usd_per_hour"])
     assert status["spend_estimated"] is False
     assert status["energy_kwh"] == pytest.approx(2.0)
+    assert status["checkpoint_interval_s"] == 412.0
+    code, out, _ = cli(capsys, "status", run_id)
+    assert "every 412 s" in out
     assert status["where"] == f"{landed['cloud']}/{landed['region']}"
 
     code, out, _ = cli(capsys, "status")

@@ -164,6 +164,8 @@ def test_sigterm_commits_exits_75_and_the_restart_ends_identical(tmp_path, tiny_
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, err
+    assert "skygreen: checkpoint interval: every 5 steps" in err  # the chosen interval is logged
+    assert "skygreen: SIGTERM; checkpointing at the next step boundary" in err
     store = open_store(f"{tmp_path}/victim")
     last = max(committed_steps(store))
     assert last > first

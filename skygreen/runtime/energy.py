@@ -35,7 +35,7 @@ class EnergyMeter:
             handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
             meter = cls(handle, pynvml)
         except Exception as e:  # no NVML library, no permission, no counter
-            log.warning("skygreen: GPU energy metering unavailable (%s); energy_j stays 0", e)
+            log.warning("GPU energy metering unavailable (%s); energy_j stays 0", e)
             return cls()
         return meter
 
@@ -45,7 +45,7 @@ class EnergyMeter:
         try:
             return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
         except Exception as e:  # NVMLError_NotSupported on pre-Volta GPUs
-            log.warning("skygreen: NVML total energy counter unavailable (%s); energy_j stays 0", e)
+            log.warning("NVML total energy counter unavailable (%s); energy_j stays 0", e)
             self._handle = None
             return None
 

@@ -168,7 +168,7 @@ class NoticeWatcher:
         while not self._stop.is_set():
             notice = self._poll_once()
             if notice is not None and not up:
-                log.warning("skygreen: preemption notice from %s: %s; checkpointing at the next step", notice.cloud, notice.detail)
+                log.warning("preemption notice from %s: %s; checkpointing at the next step", notice.cloud, notice.detail)
                 with self._lock:
                     self._fresh = notice
             up = notice is not None
@@ -179,7 +179,7 @@ class NoticeWatcher:
             return CHECKS[self.cloud](self.base_url)
         except (OSError, ValueError) as e:  # no metadata server (not on that cloud), timeouts
             if self._errors_logged < 1:
-                log.info("skygreen: cannot reach %s metadata at %s (%s); will keep trying", self.cloud, self.base_url, e)
+                log.info("cannot reach %s metadata at %s (%s); will keep trying", self.cloud, self.base_url, e)
             self._errors_logged += 1
             return None
 
@@ -212,7 +212,7 @@ class SigtermLatch:
 
     def install(self) -> SigtermLatch:
         if threading.current_thread() is not threading.main_thread():
-            log.warning("skygreen: not in the main thread; SIGTERM will not trigger a checkpoint")
+            log.warning("not in the main thread; SIGTERM will not trigger a checkpoint")
             return self
         self._previous = signal.signal(signal.SIGTERM, self._handle)
         self.installed = True
@@ -222,7 +222,7 @@ class SigtermLatch:
         if self.received_at is not None:
             return
         self.received_at = time.monotonic()
-        log.warning("skygreen: SIGTERM; checkpointing at the next step boundary (deadline %.0f s)", self.deadline_s)
+        log.warning("SIGTERM; checkpointing at the next step boundary (deadline %.0f s)", self.deadline_s)
         self._timer = threading.Timer(self.deadline_s, self._expire)
         self._timer.daemon = True
         self._timer.start()

@@ -113,6 +113,7 @@ class Run:
         else:
             self.settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
         self.rank, self.world_size, self.local_rank = _world(self._environ)
+        _show_runtime_logs(verbose=self.rank == 0)
         self.device = self._pick_device(device)
         self.facts = _device_facts(self.device)
         self.precision = self._pick_precision(precision)
@@ -155,7 +156,7 @@ class Run:
         self._energy = EnergyMeter.for_device(self.device)
         self._schedule: CheckpointSchedule | None = None
         if self.precision.warning and self.rank == 0:
-            log.warning("skygreen: %s", self.precision.warning)
+            log.warning("%s", self.precision.warning)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -246,7 +247,7 @@ class Run:
             total_steps = min(total_steps, SMOKE_STEPS)
         self._resume()
         if self.completed:
-            log.warning("skygreen: run %s already completed at step %d; nothing to do", self.settings.run_id, self.step_index)
+            log.warning("run %s already completed at step %d; nothing to do", self.settings.run_id, self.step_index)
             return
         self._install_preemption()
         try:
@@ -270,7 +271,7 @@ class Run:
         self.last_metrics.update({k: float(v) for k, v in metrics.items()})
         if self.stopper is not None and self.stopper.config.metric in metrics:
             if self.stopper.update(metrics[self.stopper.config.metric]) and self.rank == 0:
-                log.warning("skygreen: early stopping at step %d (%s)", self.step_index, self.stopper.state_dict())
+                log.warning("early stopping at step %d (%s)", self.step_index, self.stopper.state_dict())
 
     def _should_stop(self) -> bool:
         """The agreed decision: rank 0's stopper, applied on every rank at the same boundary."""
@@ -290,7 +291,7 @@ class Run:
             self.counters["preemptions"] += 1
             self._save(state="preempted", wait=True)
             self.close()
-            log.warning("skygreen: checkpoint committed at step %d after SIGTERM; exiting %d", self.step_index, PREEMPTED_EXIT_CODE)
+            log.warning("checkpoint committed at step %d after SIGTERM; exiting %d", self.step_index, PREEMPTED_EXIT_CODE)
             raise SystemExit(PREEMPTED_EXIT_CODE)
         if notice_up:
             self._save(state="running", reason="preemption-notice")
@@ -311,7 +312,7 @@ class Run:
             self._smoke_round_trip()
         self.completed = True
         self._save(state="completed", wait=True, pin=True)
-        log.info("skygreen: run %s completed at step %d", self.settings.run_id, self.step_index)
+        log.info("run %s completed at step %d", self.settings.run_id, self.step_index)
 
     # -- micro-batches --------------------------------------------------------------------
 
@@ -485,8 +486,8 @@ class Run:
         if loaded.rank_state is not None:
             rng.restore(loaded.rank_state["rng"])
         else:
-            log.warning("skygreen: checkpoint step %d has no RNG state for rank %d; random streams restart", loaded.step, self.rank)
-        log.info("skygreen: resumed run %s at step %d (epoch %d)", self.settings.run_id, self.step_index, self.epoch)
+            log.warning("checkpoint step %d has no RNG state for rank %d; random streams restart", loaded.step, self.rank)
+        log.info("resumed run %s at step %d (epoch %d)", self.settings.run_id, self.step_index, self.epoch)
 
     def _restore_micro_batch(self, batch: Mapping[str, Any]) -> None:
         if not self.micro_auto or self.smoke:
@@ -673,6 +674,23 @@ class Step:
 
 
 # -- helpers --------------------------------------------------------------------------------
+
+
+def _show_runtime_logs(*, verbose: bool) -> None:
+    """Print skygreen's lines (resume point, checkpoint interval, commits) on stderr.
+
+    In a container the runtime narrates the run: where it resumed, how often it checkpoints
+    and why, what a preemption did. Only when the application has not configured logging
+    itself; other ranks than 0 print warnings only, so a DDP run does not say everything N times.
+    """
+    logger = logging.getLogger("skygreen")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("skygreen: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
 
 
 def _world(environ: Mapping[str, str]) -> tuple[int, int, int]:
