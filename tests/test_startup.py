@@ -24,9 +24,16 @@ def test_help_imports_neither_sky_nor_torch():
     assert not loaded & set(HEAVY), loaded & set(HEAVY)
 
 
+CORE = (
+    "errors", "fields", "files", "spec", "settings", "gpus", "catalog", "cost", "carbon", "plan",
+    "render", "checkpoint", "store", "registry", "launcher", "precision", "early_stop", "api", "runs",
+)  # fmt: skip
+
+
 def test_core_modules_import_no_outside_library():
-    loaded = modules_after("import skygreen.spec, skygreen.settings, skygreen.gpus, skygreen.errors")
-    assert not loaded & {"sky", "torch", "boto3", "google", "pynvml"}
+    """The pure core and the laptop-side composition import no outside library at module level."""
+    loaded = modules_after("import " + ", ".join(f"skygreen.{m}" for m in CORE))
+    assert not loaded & {"sky", "torch", "boto3", "botocore", "google", "pynvml", "numpy"}
 
 
 def test_help_lists_the_commands():
