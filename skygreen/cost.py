@@ -16,13 +16,17 @@ order estimate of the optimum checkpoint interval for restart dumps"), so on-dem
 (lambda = 0) pay no checkpoint overhead. When lambda x (R + tau/2) reaches 0.9 the run would
 spend its time restarting: the offer is not viable and gets no estimate.
 
-Assumed preemption rates (override with `skygreen.preemption.rate_per_hour`):
-- aws 0.25/h: AWS p3.2xlarge spot, real preemption traces, one week in four zones,
-  5.5-8.1 preemptions per day (skypilot-org/spot-traces, 2023-04).
-- gcp 0.10/h: GCP a3-highgpu-1g spot probes, 13 zones, 14.6 days: 0.07-10.3 drops per day
-  per zone (SkyNomad artifact, 2025-10); about 2.4 per day, between the quiet and busy zones.
-- azure 0.10/h: no public per-hour data; Azure publishes eviction-rate bands per size and
-  region but not a rate, so skygreen assumes GCP's.
+Assumed preemption rates, per hour a spot node is alive (override with
+`skygreen.preemption.rate_per_hour`); `tests/test_replay.py` derives them from the real traces
+in `../shared/spot-traces` and fails if they drift from what the traces say:
+- aws 0.47/h: AWS p3.2xlarge (V100) spot kept alive and relaunched for a week in four zones
+  (skypilot-org/spot-traces, 2023-04): 202 preemptions in 431 alive hours, pooled; 0.31-0.74
+  per zone (mean lifetimes 1.4-2.9 h).
+- gcp 0.24/h: GCP a3-highgpu-1g (H100) spot probes every 10 min in 13 zones for 14.6 days
+  (SkyNomad artifact, 2025-10): 834 available -> unavailable transitions in 3,497 available
+  hours, pooled; 0.003-1.8 per zone. Probes, not running instances: an upper estimate.
+- azure 0.24/h: no public trace; Azure publishes eviction-rate bands per size and region but
+  not a rate, so skygreen assumes GCP's.
 Restart 6 min and a 10 s blocking save (an async save blocks only for the copy to host
 memory: PyTorch DCP async_save measured 6.3 s for a 7B model) are the other defaults.
 
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 
 from skygreen.gpus import GPUS
 
-DEFAULT_PREEMPTION_RATE_PER_HOUR: Mapping[str, float] = {"aws": 0.25, "gcp": 0.10, "azure": 0.10}
+DEFAULT_PREEMPTION_RATE_PER_HOUR: Mapping[str, float] = {"aws": 0.47, "gcp": 0.24, "azure": 0.24}
 DEFAULT_RESTART_S = 360.0
 DEFAULT_CHECKPOINT_COST_S = 10.0
 SCALING_EFFICIENCY_PER_DOUBLING = 0.95
