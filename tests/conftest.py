@@ -48,3 +48,18 @@ def private_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
     return home
+
+
+@pytest.fixture(scope="session")
+def sky(tmp_path_factory):
+    """SkyPilot, imported with a private HOME (its catalog and config paths are read at
+    import time), so no test reads or writes the real ~/.sky."""
+    home = tmp_path_factory.mktemp("skyhome")
+    saved = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        import sky as sky_module
+    finally:
+        if saved is not None:
+            os.environ["HOME"] = saved
+    return sky_module

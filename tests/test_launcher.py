@@ -34,19 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL_CATALOG = REPO / "tests" / "data" / "catalog" / "v8"
 
 
-@pytest.fixture(scope="module")
-def sky(tmp_path_factory):
-    home = tmp_path_factory.mktemp("skyhome")
-    saved = os.environ.get("HOME")
-    os.environ["HOME"] = str(home)
-    try:
-        import sky as sky_module
-    finally:
-        if saved is not None:
-            os.environ["HOME"] = saved
-    return sky_module
-
-
 def rendered(tmp_path, **green) -> dict:
     spec = parse_spec({"name": "demo", "skygreen": {"gpus": ["A100", "L4"], **green}, "run": "python train.py",
                        "secrets": {"WANDB_API_KEY": None}, "envs": {"DATA": "/data"}})  # fmt: skip

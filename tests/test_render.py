@@ -37,21 +37,6 @@ WORKDIR = Path(tempfile.mkdtemp(prefix="skygreen-render-"))
 REGIONS = {"aws": ["us-east-1", "eu-west-1"], "gcp": ["us-central1", "europe-west4"], "azure": ["eastus", "westeurope"]}
 
 
-@pytest.fixture(scope="module")
-def sky(tmp_path_factory):
-    """SkyPilot, imported with a private HOME (its catalog and config paths are read at
-    import time), so no test reads or writes the real ~/.sky."""
-    home = tmp_path_factory.mktemp("skyhome")
-    saved = os.environ.get("HOME")
-    os.environ["HOME"] = str(home)
-    try:
-        import sky as sky_module
-    finally:
-        if saved is not None:
-            os.environ["HOME"] = saved
-    return sky_module
-
-
 def sky_accepts(sky, task: dict) -> object:
     """Parse the YAML text skygreen writes, exactly as SkyPilot's client would."""
     config = yaml.safe_load(to_yaml(task))
