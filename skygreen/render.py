@@ -22,6 +22,7 @@ lands in shell is quoted with `shlex.quote`.
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 import string
 from collections.abc import Mapping
@@ -75,7 +76,34 @@ class RuntimeInstall:
 
     @classmethod
     def default(cls) -> RuntimeInstall:
-        return cls(requirement=f"skygreen[runtime]=={__version__}")
+        return cls(requirement=f"skygreen=={__version__}")
+
+
+LAPTOP_ONLY: tuple[str, ...] = ("skypilot", "click", "rich")
+"""Base dependencies only the laptop side uses (plan, launch, the CLI). The VM installs
+skygreen without them: SkyPilot alone is about 100 packages and 460 MB, and setup runs again
+on every VM a preempted job is recovered onto."""
+
+
+def container_requirements() -> tuple[str, ...]:
+    """What the runtime needs on the VM: skygreen's `runtime` extra plus the base requirements
+    it imports (pyyaml), read from the installed package's metadata so the list follows
+    pyproject.toml."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        declared = requires("skygreen") or []
+    except PackageNotFoundError:
+        declared = []
+    wanted = []
+    for requirement in declared:
+        spec, _, marker = (part.strip() for part in requirement.partition(";"))
+        name = re.split(r"[\s<>=!~\[;]", spec, maxsplit=1)[0].lower()
+        if (not marker and name not in LAPTOP_ONLY) or marker.replace(" ", "").replace("'", '"') == 'extra=="runtime"':
+            wanted.append(spec)
+    if not any(re.match(r"torch\b", w) for w in wanted):
+        raise ValueError("skygreen's package metadata lists no runtime requirements; reinstall skygreen")
+    return tuple(wanted)
 
 
 # ---------------------------------------------------------------- public
@@ -250,15 +278,20 @@ def _workdir(raw: Any, task_dir: Path) -> Any:
 
 def _setup(spec: TaskSpec, settings: RuntimeSettings, install: RuntimeInstall) -> str:
     if install.source_dir is not None:
-        target = '"$HOME/.skygreen/src[runtime]"'
+        target = '"$HOME/.skygreen/src"'
     else:
         target = shlex.quote(install.requirement or "")
+    requirements = " ".join(shlex.quote(r) for r in container_requirements())
     user_setup = spec.sky.get("setup")
     user_part = ""
     if user_setup:
         user_part = _template("user_setup.sh.tmpl").substitute(user_setup_quoted=shlex.quote(str(user_setup)))
     return _template("setup.sh.tmpl").substitute(
-        version=__version__, run_id=settings.run_id, install_target=target, user_setup=user_part
+        version=__version__,
+        run_id=settings.run_id,
+        install_target=target,
+        runtime_requirements=requirements,
+        user_setup=user_part,
     ).rstrip() + "\n"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -23,11 +24,20 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from skygreen import __version__
 from skygreen.errors import SpecError
 from skygreen.gpus import GPU_NAMES
 from skygreen.launcher import PREEMPTED_EXIT_CODE
 from skygreen.plan import Candidate, Plan
-from skygreen.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
+from skygreen.render import (
+    LAPTOP_ONLY,
+    RuntimeInstall,
+    container_requirements,
+    declared_secrets,
+    render_task,
+    secret_values,
+    to_yaml,
+)
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import PRECISIONS, RECOVERY_STRATEGIES, parse_spec
 
@@ -219,12 +229,32 @@ def test_setup_installs_the_runtime_then_runs_the_users_setup_quoted():
     spec = spec_of(setup="echo 'it''s' \"$HOME\"")
     plan = Plan(candidates=(candidate("gcp", "us-central1", "L4"),), objective="cost")
     released = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR)
-    assert "pip install --quiet --upgrade-strategy only-if-needed 'skygreen[runtime]==" in released["setup"]
+    assert f"pip install --quiet --no-deps skygreen=={__version__}\n" in released["setup"]
+    requirements = " ".join(shlex.quote(r) for r in container_requirements())
+    assert f"pip install --quiet --upgrade-strategy only-if-needed {requirements}\n" in released["setup"]
     assert "bash -c " + shlex.quote(spec.sky["setup"]) in released["setup"]
     from_source = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR, install=RuntimeInstall(source_dir=str(REPO)))
     assert from_source["file_mounts"] == {"~/.skygreen/src": str(REPO)}
-    assert '"$HOME/.skygreen/src[runtime]"' in from_source["setup"]
+    assert 'pip install --quiet --no-deps "$HOME/.skygreen/src"' in from_source["setup"]
     subprocess.run(["bash", "-n", "-c", from_source["setup"]], check=True)
+
+
+def test_the_vm_installs_the_runtime_extra_without_the_laptop_side():
+    names = {re.split(r"[<>=!~\[]", r, maxsplit=1)[0].lower() for r in container_requirements()}
+    assert {"torch", "numpy", "boto3", "google-cloud-storage", "nvidia-ml-py", "pyyaml"} <= names
+    assert not names & set(LAPTOP_ONLY)
+
+
+def test_the_runtime_imports_nothing_the_vm_does_not_install():
+    """What training imports in the container (runtime, stores, settings) loads no laptop-only
+    package, so installing skygreen with --no-deps plus `container_requirements()` suffices."""
+    code = (
+        "import sys, skygreen.runtime.run, skygreen.runtime.checkpointer, skygreen.runtime.smoke, "
+        "skygreen.adapters.s3, skygreen.adapters.gcs, skygreen.adapters.local, skygreen.settings\n"
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert not loaded & {"sky", "click", "rich"}
 
 
 # ---------------------------------------------------------------- errors, with the fix
