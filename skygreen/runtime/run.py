@@ -157,6 +157,11 @@ class Run:
         self._schedule: CheckpointSchedule | None = None
         if self.precision.warning and self.rank == 0:
             log.warning("%s", self.precision.warning)
+        if self.device.type == "cuda" and self.settings.power_cap != "off" and self.rank == 0:
+            # The task file's `power:` is validated and carried to the VM, but setting NVML power
+            # limits is not part of this runtime yet: say so rather than let the cap seem applied.
+            log.warning("power cap %s requested: this runtime meters GPU energy but does not set "
+                        "power limits yet; the GPU keeps its default limit", self.settings.power_cap)
 
     # -- set-up ---------------------------------------------------------------------------
 
