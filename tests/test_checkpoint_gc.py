@@ -63,3 +63,20 @@ def test_gc_bad_flags_exit_2_naming_the_flag(s3_bucket, capsys, argv, message):
         main(["gc", f"s3://{s3_bucket}/runs", *argv])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_gc_by_run_id_finds_the_runs_bucket_through_the_registry(private_home, s3_bucket, capsys):
+    from skygreen.registry import Registry, RunRecord
+
+    record = RunRecord(
+        run_id="demo-20260101-000000-abcd", task_path="task.yaml", task_name="demo", mode="cloud",
+        launcher="skypilot", bucket=f"s3://{s3_bucket}/runs", task_yaml="task.yaml", spec_snapshot={},
+        created_at=OLD, state="SUCCEEDED",
+    )  # fmt: skip
+    Registry().save(record)
+    store = open_store(record.checkpoint_url)
+    commit(store, 1)
+    commit(store, 2)
+    out = run_cli(capsys, "gc", record.run_id)
+    assert f"would move {record.checkpoint_url}/ckpt/000000000001/{SHARED_BLOB}" in out
+    assert out.count("would move") == 1
