@@ -20,7 +20,7 @@ from skygreen.checkpoint import committed_steps, read_manifest  # noqa: E402
 from skygreen.runtime import PREEMPTED_EXIT_CODE  # noqa: E402
 from skygreen.runtime.checkpointer import Checkpointer  # noqa: E402
 from skygreen.runtime.compare import first_difference  # noqa: E402
-from skygreen.runtime.preemption import CHECKS, NoticeWatcher  # noqa: E402
+from skygreen.runtime.preemption import CHECKS, NoticeWatcher, landed_cloud  # noqa: E402
 from skygreen.store import open_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,9 +69,29 @@ def test_watcher_reports_each_notice_once_and_survives_no_server():
     dead.stop()
 
 
-def test_a_notice_commits_a_checkpoint_at_the_next_boundary_and_training_goes_on(tmp_path):
+@pytest.mark.parametrize(
+    ("info", "expected"),
+    [
+        ('{"cluster_name": "c", "cloud": "AWS", "region": "us-east-1", "zone": null}', "aws"),
+        ('{"cloud": "GCP"}', "gcp"),
+        ('{"cloud": "Azure"}', "azure"),
+        ('{"cloud": "Kubernetes"}', None),
+        ("not json", None),
+        ("[1, 2]", None),
+        ("", None),
+    ],
+)
+def test_the_landed_cloud_comes_from_skypilots_cluster_info(info, expected):
+    assert landed_cloud(None, {"SKYPILOT_CLUSTER_INFO": info}) == expected
+    assert landed_cloud("gcp", {"SKYPILOT_CLUSTER_INFO": info}) == "gcp"  # SKYGREEN_CLOUD wins
+
+
+@pytest.mark.parametrize("cloud_known_by", ["settings", "skypilot"])
+def test_a_notice_commits_a_checkpoint_at_the_next_boundary_and_training_goes_on(tmp_path, cloud_known_by):
     with MetadataServer("aws") as server:
         environ = {"SKYGREEN_AWS_METADATA_URL": server.url, "SKYGREEN_NOTICE_POLL_S": "0.02"}
+        if cloud_known_by == "skypilot":  # as on a managed job's VM, where `up` cannot know the cloud
+            environ["SKYPILOT_CLUSTER_INFO"] = '{"cluster_name": "c", "cloud": "AWS", "region": "us-east-1", "zone": null}'
         seen = {}
 
         def raise_notice_during_step_5(net):
@@ -79,11 +99,13 @@ def test_a_notice_commits_a_checkpoint_at_the_next_boundary_and_training_goes_on
                 if seen.get("step") == 5 and not server.notice:
                     server.notice = True
                     polls = server.polls
-                    while server.polls < polls + 2:  # the watcher has seen it
+                    deadline = time.monotonic() + 10
+                    while server.polls < polls + 2 and time.monotonic() < deadline:  # the watcher has seen it
                         time.sleep(0.01)
             net[0].register_forward_pre_hook(hook)
 
-        run_settings = job.settings(tmp_path, cloud="aws", checkpoint_every_steps=1000)
+        cloud = "aws" if cloud_known_by == "settings" else None
+        run_settings = job.settings(tmp_path, cloud=cloud, checkpoint_every_steps=1000)
 
         class Tracing(list):  # tells the hook which step is running
             def append(self, item):

@@ -129,6 +129,26 @@ def _env_seconds(name: str, default: float, environ: Mapping[str, str]) -> float
     return value
 
 
+CLUSTER_INFO_ENV = "SKYPILOT_CLUSTER_INFO"
+
+
+def landed_cloud(settings_cloud: str | None, environ: Mapping[str, str]) -> str | None:
+    """The cloud this process runs on, for the notice watcher, or None off the three clouds.
+
+    A managed job may land on any cloud among its candidates, so `skygreen up` cannot name it
+    in advance; SkyPilot tells the task in `SKYPILOT_CLUSTER_INFO` (JSON whose `cloud` is
+    "AWS", "GCP" or "Azure"). `SKYGREEN_CLOUD` (settings) wins, for tests and other launchers.
+    """
+    if settings_cloud:
+        return settings_cloud.lower()
+    try:
+        info = json.loads(environ.get(CLUSTER_INFO_ENV, "") or "{}")
+    except ValueError:
+        return None
+    cloud = str(info.get("cloud", "")).lower() if isinstance(info, dict) else ""
+    return cloud if cloud in CHECKS else None
+
+
 class NoticeWatcher:
     """Polls one cloud's metadata endpoint in a daemon thread; `pending()` tells the training loop.
 

@@ -59,7 +59,7 @@ from skygreen.runtime.autotune import (
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream
 from skygreen.runtime.energy import EnergyMeter
-from skygreen.runtime.preemption import NoticeWatcher, SigtermLatch
+from skygreen.runtime.preemption import NoticeWatcher, SigtermLatch, landed_cloud
 from skygreen.runtime.smoke import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE
 from skygreen.settings import DEFAULT_PRECISION_ENV, RuntimeSettings
 from skygreen.spec import PRECISIONS
@@ -536,7 +536,7 @@ class Run:
 
     def _install_preemption(self) -> None:
         self._sigterm = SigtermLatch.from_env(exit_code=PREEMPTED_EXIT_CODE, environ=self._environ).install()
-        cloud = self.settings.cloud
+        cloud = landed_cloud(self.settings.cloud, self._environ)
         if cloud and not self.smoke:
             self._watcher = NoticeWatcher.from_env(cloud, self._environ).start()
 
