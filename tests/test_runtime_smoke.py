@@ -109,3 +109,5 @@ def test_a_script_that_crashes_before_training_shows_its_output(tmp_path):
     with pytest.raises(SmokeTestError, match="failed before training started") as info:
         run_smoke(task)
     assert "nonexistent_module_xyz" in str(info.value)
+    assert "fix: install what the script imports on this machine" in str(info.value)  # e.g. a laptop without torch
+    assert "--no-smoke" in str(info.value)

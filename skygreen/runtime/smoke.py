@@ -124,8 +124,16 @@ def _run(command: str, workdir: Path, env: dict[str, str], timeout_s: float) -> 
             "  fix: train through skygreen.runtime.Run (see the README's Runtime section)"
         )
     tail = "\n".join("    " + ln for ln in output.strip().splitlines()[-8:])
+    fix = ""
+    if "ModuleNotFoundError" in output:
+        # The smoke test runs the script on this machine: a laptop with only `pip install
+        # skygreen` has no torch, nor the script's own packages.
+        fix = (
+            "\n  fix: install what the script imports on this machine (pip install 'skygreen[runtime]' "
+            "and the task's own requirements), or skip the smoke test with --no-smoke"
+        )
     raise SmokeTestError(
-        f"smoke test: `{command}` failed before training started (exit {proc.returncode}):\n{tail}"
+        f"smoke test: `{command}` failed before training started (exit {proc.returncode}):\n{tail}{fix}"
     )
 
 
