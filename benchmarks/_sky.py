@@ -36,7 +36,13 @@ def clean_env(home: Path) -> dict[str, str]:
 def run_python(code: str, home: Path, stdin: str = "") -> dict:
     """Run `code` in a fresh interpreter under `home`; it must print one JSON document last."""
     out = subprocess.run(
-        [sys.executable, "-c", code], input=stdin, capture_output=True, text=True, env=clean_env(home), cwd=REPO, timeout=600
+        [sys.executable, "-c", code],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=clean_env(home),
+        cwd=REPO,
+        timeout=600,
     )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-3000:])

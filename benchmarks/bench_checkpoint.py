@@ -49,14 +49,14 @@ def bench_stall(model: torch.nn.Module, rounds: int, tmp: Path) -> tuple[float, 
     plain, ours = [], []
     for step in range(rounds):
         plain.append(timed(lambda: {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}))
-        ours.append(timed(lambda: ck.save(step, {"model": model.state_dict()})))
+        ours.append(timed(lambda step=step: ck.save(step, {"model": model.state_dict()})))
         ck.wait()  # the next save starts with nothing in flight, as when uploads keep up
     ck.close()
     return statistics.median(plain), statistics.median(ours)
 
 
 def bench_upload(kind: str, blob: Path, rounds: int) -> tuple[float, float]:
-    from skygreen.store import open_store
+    from skygreen.checkpoint.store import open_store
 
     bucket = f"bench-{kind}-{os.getpid()}"
     if kind == "s3":
@@ -79,8 +79,8 @@ def bench_upload(kind: str, blob: Path, rounds: int) -> tuple[float, float]:
     size_mb = blob.stat().st_size / 1e6
     base_s, ours_s = [], []
     for i in range(rounds):
-        base_s.append(timed(lambda: baseline(i)))
-        ours_s.append(timed(lambda: ours(i)))
+        base_s.append(timed(lambda i=i: baseline(i)))
+        ours_s.append(timed(lambda i=i: ours(i)))
     return size_mb / statistics.median(base_s), size_mb / statistics.median(ours_s)
 
 
@@ -89,9 +89,8 @@ def bench_resume(model: torch.nn.Module, rounds: int, tmp: Path) -> tuple[float,
     transfer settings (16 MiB parts, which moto serves faster), and load_latest."""
     import boto3
 
-    from skygreen.adapters.s3 import _TRANSFER
-
-    from skygreen.checkpoint import SHARED_BLOB, blob_key
+    from skygreen.checkpoint.manifest import SHARED_BLOB, blob_key
+    from skygreen.checkpoint.s3_store import _TRANSFER
     from skygreen.runtime.checkpointer import Checkpointer
 
     bucket = f"bench-resume-{os.getpid()}"
@@ -135,7 +134,9 @@ def main() -> None:
         tmp = Path(tmp_name)
         if "stall" in only:
             plain, ours = bench_stall(model, args.rounds, tmp)
-            print(f"stall:  plain copy {plain:.3f} s, Checkpointer.save {ours:.3f} s, ratio {ours / plain:.2f} (target <= 1.5)")
+            print(
+                f"stall:  plain copy {plain:.3f} s, Checkpointer.save {ours:.3f} s, ratio {ours / plain:.2f} (target <= 1.5)"
+            )
         blob = tmp / "blob.pt"
         torch.save({"model": model.state_dict()}, blob)
         os.environ.update(FAKE_AWS_ENV)
@@ -147,13 +148,17 @@ def main() -> None:
                 os.environ["AWS_ENDPOINT_URL_S3"] = moto.url
             if "s3" in only:
                 base, ours = bench_upload("s3", blob, args.rounds)
-                print(f"s3 upload:  boto3 upload_file {base:.0f} MB/s, skygreen {ours:.0f} MB/s, ratio {ours / base:.2f} (target >= 0.8)")
+                print(
+                    f"s3 upload:  boto3 upload_file {base:.0f} MB/s, skygreen {ours:.0f} MB/s, ratio {ours / base:.2f} (target >= 0.8)"
+                )
             if "gcs" in only:
                 gcs = gcs_process().start(log_dir=tmp)
                 servers.append(gcs)
                 os.environ["STORAGE_EMULATOR_HOST"] = gcs.url
                 base, ours = bench_upload("gcs", blob, args.rounds)
-                print(f"gcs upload: upload_from_filename {base:.0f} MB/s, skygreen {ours:.0f} MB/s, ratio {ours / base:.2f} (target >= 0.8)")
+                print(
+                    f"gcs upload: upload_from_filename {base:.0f} MB/s, skygreen {ours:.0f} MB/s, ratio {ours / base:.2f} (target >= 0.8)"
+                )
             if "resume" in only:
                 raw, same, ours = bench_resume(model, args.rounds, tmp)
                 print(

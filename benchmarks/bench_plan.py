@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sky import REPO, SHARED_CATALOG, clean_env, run_python, seeded_home  # noqa: E402
+from _sky import REPO, SHARED_CATALOG, clean_env, run_python, seeded_home
 
 TASK = "name: bench\nskygreen: {work: {gpu_hours: 24, on: A100}}\nrun: python train.py\n"
 
@@ -42,8 +42,8 @@ print(json.dumps({'import_s': t1 - t0, 'first_call_s': t2 - t1, 'warm_call_s': t
 
 SKYGREEN_QUERY = """
 import json, sys, time
-from skygreen.catalog import load_catalog
-from skygreen.plan import make_plan
+from skygreen.plan.catalog import load_catalog
+from skygreen.plan.rank import make_plan
 from skygreen.spec import parse_spec_text
 spec = parse_spec_text(sys.stdin.read())
 t0 = time.perf_counter()
@@ -89,10 +89,16 @@ def main() -> None:
     q_ours = statistics.median(r["call_s"] for r in our_inner)
     q_theirs_first = statistics.median(r["first_call_s"] for r in sky_inner)
     q_theirs_warm = statistics.median(r["warm_call_s"] for r in sky_inner)
-    print(f"{'query in process, first call (s)':44} {q_ours:10.3f} {q_theirs_first:10.3f} {q_theirs_first / q_ours:6.1f}x")
-    print(f"{'query in process, SkyPilot warm call (s)':44} {q_ours:10.3f} {q_theirs_warm:10.3f} {q_theirs_warm / q_ours:6.1f}x")
+    print(
+        f"{'query in process, first call (s)':44} {q_ours:10.3f} {q_theirs_first:10.3f} {q_theirs_first / q_ours:6.1f}x"
+    )
+    print(
+        f"{'query in process, SkyPilot warm call (s)':44} {q_ours:10.3f} {q_theirs_warm:10.3f} {q_theirs_warm / q_ours:6.1f}x"
+    )
     print(f"{'import sky (s)':44} {'-':>10} {statistics.median(r['import_s'] for r in sky_inner):10.3f}")
-    print(f"rows: skygreen ranked {our_inner[0]['candidates']} candidates; SkyPilot listed {sky_inner[0]['rows']} offers")
+    print(
+        f"rows: skygreen ranked {our_inner[0]['candidates']} candidates; SkyPilot listed {sky_inner[0]['rows']} offers"
+    )
     print(f"target skygreen plan <= 1.0 s: {'met' if med_ours <= 1.0 else 'MISSED'} (max of runs {max(ours):.3f} s)")
 
 

@@ -23,12 +23,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sky import SHARED_CATALOG, run_python, seeded_home  # noqa: E402
-
-from skygreen.catalog import Catalog, load_catalog  # noqa: E402
-from skygreen.cost import estimate  # noqa: E402
-from skygreen.plan import make_candidate, make_plan, run_model  # noqa: E402
-from skygreen.spec import TaskSpec, parse_spec_text  # noqa: E402
+from _sky import SHARED_CATALOG, run_python, seeded_home
+from skygreen.plan.catalog import Catalog, load_catalog
+from skygreen.plan.cost import estimate
+from skygreen.plan.rank import make_candidate, make_plan, run_model
+from skygreen.spec import TaskSpec, parse_spec_text
 
 JOBS: dict[str, str] = {
     "fine-tune, 2 GPU-h": "{work: {gpu_hours: 2, on: A100}}",
@@ -96,9 +95,13 @@ def main() -> None:
     catalog = load_catalog(args.catalog.resolve(), env={})
     by_key = {(o.cloud, o.region, o.instance_type): o for o in catalog.offers}
     counts = sorted({task(s).green.gpu_count for s in JOBS.values()})
-    picks = run_python(SKY_PICKS, seeded_home(args.catalog.resolve()), stdin=json.dumps([[n, c] for n in NAMED_GPUS for c in counts]))
+    picks = run_python(
+        SKY_PICKS, seeded_home(args.catalog.resolve()), stdin=json.dumps([[n, c] for n in NAMED_GPUS for c in counts])
+    )
     print(f"catalog: {args.catalog}; costs are skygreen's estimate of the whole run (USD)")
-    header = f"{'job':36} {'plan winner':42} {'est $':>9} {'brute/plan':>10}  " + "  ".join(f"{n:>6}" for n in NAMED_GPUS)
+    header = f"{'job':36} {'plan winner':42} {'est $':>9} {'brute/plan':>10}  " + "  ".join(
+        f"{n:>6}" for n in NAMED_GPUS
+    )
     print(header)
     ratios_brute, ratios_sky = [], []
     for name, section in JOBS.items():
@@ -115,13 +118,17 @@ def main() -> None:
                 cells.append(f"{'-':>6}")
                 continue
             offer = by_key[(pick[0], pick[1], pick[2])]
-            assert offer.spot_price_usd_per_hour == pick[3] or math.isclose(offer.spot_price_usd_per_hour, pick[3], rel_tol=1e-12)
+            assert offer.spot_price_usd_per_hour == pick[3] or math.isclose(
+                offer.spot_price_usd_per_hour, pick[3], rel_tol=1e-12
+            )
             sky_candidate = make_candidate(offer, True, model)
             ratio = sky_candidate.est_cost_usd / winner.est_cost_usd
             ratios_sky.append(ratio)
             cells.append(f"{ratio:6.2f}")
         label = f"{winner.cloud} {winner.region} {winner.instance_type} ({'spot' if winner.spot else 'od'})"
-        print(f"{name:36} {label:42} {winner.est_cost_usd:9.2f} {winner.est_cost_usd / brute:10.2f}  " + "  ".join(cells))
+        print(
+            f"{name:36} {label:42} {winner.est_cost_usd:9.2f} {winner.est_cost_usd / brute:10.2f}  " + "  ".join(cells)
+        )
     print()
     print(f"plan winner / brute-force best: min {min(ratios_brute):.2f}, max {max(ratios_brute):.2f} (1.00 expected)")
     print(

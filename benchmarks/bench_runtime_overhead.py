@@ -53,7 +53,9 @@ def seed_steps():
     A generator: one optimizer step per `next()`.
     """
     model, optimizer, data = build()
-    loader = torch.utils.data.DataLoader(data, batch_size=MICRO, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=MICRO, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     while True:
         for i, (x, y) in enumerate(loader):

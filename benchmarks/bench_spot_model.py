@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_spot_model.py [--traces ../shared/spot-traces]
 
 For V100 runs of several sizes on AWS spot, the planner's expected wall hours
-(`skygreen.cost.estimate`: preemption rate per alive hour, restart, half an interval lost,
+(`skygreen.plan.cost.estimate`: preemption rate per alive hour, restart, half an interval lost,
 Daly's interval) beside the mean billed hours of the same run replayed (`skygreen.replay`)
 from every start point of the four real AWS p3.2xlarge preemption traces (2023-04, one week
 each), with the model's own interval, save cost and restart time. Also the same with the
@@ -17,9 +17,9 @@ import json
 import statistics
 from pathlib import Path
 
-from skygreen.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR, RunModel, estimate
 from skygreen.gpus import GPUS
-from skygreen.replay import alive_runs_s, replay_run, trace_stats
+from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR, RunModel, estimate
+from skygreen.plan.replay import alive_runs_s, replay_run, trace_stats
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "spot-traces"
@@ -55,12 +55,18 @@ def main() -> None:
     traces = load(args.traces)
     for zone, (ticks, gap_s) in traces.items():
         s = trace_stats(ticks, gap_s)
-        print(f"{zone}: {s.preemptions} preemptions in {s.alive_hours:.1f} alive h = {s.preemptions_per_alive_hour:.2f}/h")
+        print(
+            f"{zone}: {s.preemptions} preemptions in {s.alive_hours:.1f} alive h = {s.preemptions_per_alive_hour:.2f}/h"
+        )
     print()
-    print(f"{'rate/h':>6} {'work h':>6} {'interval min':>12} {'model h':>8} {'replay h':>9} {'model/replay':>12}  replay per zone")
+    print(
+        f"{'rate/h':>6} {'work h':>6} {'interval min':>12} {'model h':>8} {'replay h':>9} {'model/replay':>12}  replay per zone"
+    )
     for rate in (DEFAULT_PREEMPTION_RATE_PER_HOUR["aws"], 0.25):
         for work_h in WORK_HOURS:
-            model = RunModel(work_gpu_hours=work_h * GPUS["V100"].relative_speed, preemption_rate_per_hour={"aws": rate})
+            model = RunModel(
+                work_gpu_hours=work_h * GPUS["V100"].relative_speed, preemption_rate_per_hour={"aws": rate}
+            )
             est = estimate(model, cloud="aws", gpu="V100", gpus_per_node=1, spot=True)
             per_zone = replayed_hours(traces, model, est)
             mean_h = statistics.fmean(per_zone.values())

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from skygreen.precision import choose_precision, cpu_facts, cuda_facts  # noqa: E402
+from skygreen.runtime.precision import choose_precision, cpu_facts, cuda_facts  # noqa: E402
 from skygreen.runtime.run import Run  # noqa: E402
 from skygreen.settings import RuntimeSettings  # noqa: E402
 
@@ -46,7 +46,9 @@ class LM(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, d_model)
         self.pos = torch.nn.Parameter(torch.zeros(seq_len, d_model))
-        layer = torch.nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True)
+        layer = torch.nn.TransformerEncoderLayer(
+            d_model, heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = torch.nn.Linear(d_model, vocab)
         self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
@@ -89,7 +91,9 @@ class Nvml:
         return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
 
 
-def measure(precision: str, shape: dict, device: torch.device, steps: int, warmup: int, nvml: Nvml | None, bucket: str) -> dict:
+def measure(
+    precision: str, shape: dict, device: torch.device, steps: int, warmup: int, nvml: Nvml | None, bucket: str
+) -> dict:
     """Train `warmup + steps` optimizer steps in `precision`; time and meter the last `steps`."""
     torch.manual_seed(0)
     if device.type == "cuda":
@@ -166,7 +170,9 @@ def main() -> None:
         device, facts, shape, nvml = torch.device("cpu"), cpu_facts(), CPU_SHAPE, None
         report.update(device="cpu")
         precisions = ["fp32"]
-        skipped.append("AMP bf16/fp16 throughput: no CUDA GPU here (ran fp32 on CPU with a tiny model to exercise the code)")
+        skipped.append(
+            "AMP bf16/fp16 throughput: no CUDA GPU here (ran fp32 on CPU with a tiny model to exercise the code)"
+        )
         skipped.append("energy: no CUDA GPU, so no NVML energy counter")
     auto = choose_precision("auto", facts)
     report["auto_precision"] = {"precision": auto.precision, "grad_scaler": auto.grad_scaler, "warning": auto.warning}

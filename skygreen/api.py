@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 from skygreen.spec import TaskSpec
 
 if TYPE_CHECKING:
-    from skygreen.plan import Plan
+    from skygreen.plan.rank import Plan
 
 
 def plan(spec: TaskSpec, *, catalog_dir: Path | None = None, measured_speed: Mapping[str, float] | None = None) -> Plan:
-    """Rank the GPU offers for a task, best first (a `skygreen.plan.Plan`).
+    """Rank the GPU offers for a task, best first (a `skygreen.plan.rank.Plan`).
 
     `catalog_dir`: a SkyPilot v8 catalog folder (`<cloud>/vms.csv`); None means
     `$SKYGREEN_CATALOG_DIR`, else SkyPilot's own (`~/.sky/catalogs/v8`), else the embedded
@@ -26,8 +26,8 @@ def plan(spec: TaskSpec, *, catalog_dir: Path | None = None, measured_speed: Map
     the built-in table. Raises `NoOfferError` (which constraint to relax), `SpecError`
     (unknown region) or `CatalogError`.
     """
-    from skygreen.catalog import load_catalog
-    from skygreen.plan import make_plan
+    from skygreen.plan.catalog import load_catalog
+    from skygreen.plan.rank import make_plan
 
     catalog = load_catalog(catalog_dir)
     return make_plan(spec, catalog, measured_speed=measured_speed)
@@ -49,35 +49,35 @@ def up(
     """Validate, plan, CPU smoke-test, preflight the checkpoint bucket, render the SkyPilot
     task and launch it (a managed spot job; `local=True` runs it on this machine). `dryrun`
     only writes the YAML (to `output`, else under the data dir). Returns `runs.UpResult`."""
-    from skygreen import runs
+    from skygreen.launch import runs
 
     return runs.up(task_path, local=local, dryrun=dryrun, output=output, smoke=smoke, catalog_dir=catalog_dir)
 
 
 def status(run_id: str | None = None):
     """`runs.RunStatus` of one run, or of every run on this machine."""
-    from skygreen import runs
+    from skygreen.launch import runs
 
     return runs.status(run_id)
 
 
 def resume(run_id: str, *, local: bool = False):
     """Relaunch a stopped run with the same run id; it continues from its last checkpoint."""
-    from skygreen import runs
+    from skygreen.launch import runs
 
     return runs.resume(run_id, local=local)
 
 
 def cancel(run_id: str):
     """Stop a run; the runtime commits a checkpoint first, so `resume` can continue it."""
-    from skygreen import runs
+    from skygreen.launch import runs
 
     return runs.cancel(run_id)
 
 
 def logs(run_id: str, *, follow: bool = False, out=None) -> int | None:
     """Write a run's output to `out` (stdout); `follow` until it ends."""
-    from skygreen import runs
+    from skygreen.launch import runs
 
     return runs.logs(run_id, follow=follow, out=out)
 
@@ -102,25 +102,25 @@ def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None
     """
     import time
 
-    from skygreen import checkpoint
+    from skygreen.checkpoint import gc as checkpoint_gc
+    from skygreen.checkpoint.store import parse_url
     from skygreen.errors import InputError
-    from skygreen.store import parse_url
 
     url = _checkpoint_target(target)
     scheme = parse_url(url).scheme
     if scheme == "file":
         return GcResult(url=url, local=True)
-    allowed = checkpoint.COLD_CLASSES[scheme]
-    cold = (storage_class or checkpoint.DEFAULT_COLD_CLASS[scheme]).upper()
+    allowed = checkpoint_gc.COLD_CLASSES[scheme]
+    cold = (storage_class or checkpoint_gc.DEFAULT_COLD_CLASS[scheme]).upper()
     if cold not in allowed:
         raise InputError(
             f"--storage-class: {storage_class!r} is not a cold class for {scheme}://\n  allowed: {', '.join(allowed)}"
         )
-    moves = checkpoint.plan_cold_moves(
-        url, older_than_s=checkpoint.parse_age_s(older_than), storage_class=cold, now_s=time.time()
+    moves = checkpoint_gc.plan_cold_moves(
+        url, older_than_s=checkpoint_gc.parse_age_s(older_than), storage_class=cold, now_s=time.time()
     )
     if act and moves:
-        moves = checkpoint.apply_cold_moves(moves)
+        moves = checkpoint_gc.apply_cold_moves(moves)
     return GcResult(url=url, local=False, moves=tuple(moves))
 
 
@@ -128,6 +128,6 @@ def _checkpoint_target(target: str) -> str:
     """A URL or existing path as given; otherwise a run id, resolved through the run registry."""
     if "://" in target or Path(target).exists():
         return target
-    from skygreen.registry import Registry
+    from skygreen.launch.registry import Registry
 
     return Registry().load(target).checkpoint_url

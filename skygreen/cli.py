@@ -86,7 +86,7 @@ def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
     if json_output:
         print_json(result.to_json())
         return
-    from skygreen.plan_report import print_plan
+    from skygreen.plan.report import print_plan
 
     print_plan(result, top=top)
 
@@ -96,12 +96,16 @@ def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
 @click.option("--cloud", "clouds", multiple=True, help="Only this cloud (repeatable): aws, gcp, azure.")
 def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
     """Download SkyPilot's current price catalog (through SkyPilot; needs the internet)."""
-    from skygreen.catalog import CLOUDS, ENV_CATALOG_DIR
     from skygreen.fields import read_choice
+    from skygreen.plan.catalog import CLOUDS, ENV_CATALOG_DIR
 
     chosen = tuple(read_choice(c, "--cloud", CLOUDS) for c in clouds) if clouds else CLOUDS
-    target = catalog if catalog is not None else (Path(os.environ[ENV_CATALOG_DIR]) if os.environ.get(ENV_CATALOG_DIR) else None)
-    from skygreen.adapters.skypilot_catalog import update_catalog
+    target = (
+        catalog
+        if catalog is not None
+        else (Path(os.environ[ENV_CATALOG_DIR]) if os.environ.get(ENV_CATALOG_DIR) else None)
+    )
+    from skygreen.plan.catalog_update import update_catalog
 
     for result in update_catalog(chosen, catalog_dir=target):
         sys.stdout.write(f"{result.cloud}: {result.status} {result.path}\n")
@@ -111,11 +115,15 @@ def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
 @task_argument
 @click.option("--local", is_flag=True, help="Run on this machine (CPU, or a local GPU) instead of the cloud.")
 @click.option("--dryrun", is_flag=True, help="Print the plan and write the SkyPilot YAML; launch nothing.")
-@click.option("--output", "-o", type=click.Path(path_type=Path), default=None, help="Also write the rendered SkyPilot YAML here.")
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path), default=None, help="Also write the rendered SkyPilot YAML here."
+)
 @click.option("--no-smoke", is_flag=True, help="Skip the CPU smoke test of the training script.")
 @click.option("--detach", "-d", is_flag=True, help="With --local: return at once instead of following the run.")
 @catalog_option
-def up(task: Path, local: bool, dryrun: bool, output: Path | None, no_smoke: bool, detach: bool, catalog: Path | None) -> None:
+def up(
+    task: Path, local: bool, dryrun: bool, output: Path | None, no_smoke: bool, detach: bool, catalog: Path | None
+) -> None:
     """Smoke-test, render and launch a run: a managed spot job, or with --local this machine."""
     from skygreen import api
 
@@ -124,13 +132,13 @@ def up(task: Path, local: bool, dryrun: bool, output: Path | None, no_smoke: boo
         for line in result.plan.notices:
             print_notice(line)
         if dryrun:
-            from skygreen.plan_report import print_plan
+            from skygreen.plan.report import print_plan
 
             print_plan(result.plan, top=10)
     if dryrun:
         sys.stdout.write(f"wrote {result.yaml_path} (dry run: nothing launched)\n")
         return
-    from skygreen.run_report import print_launched
+    from skygreen.launch.report import print_launched
 
     print_launched(result, sys.stdout)
     if local and not detach:
@@ -140,13 +148,15 @@ def up(task: Path, local: bool, dryrun: bool, output: Path | None, no_smoke: boo
 def _follow_local(run_id: str) -> None:
     """Stream a local run's output until it ends; Ctrl-C stops following, not the run."""
     from skygreen import api
-    from skygreen.run_report import print_status_detail
+    from skygreen.launch.report import print_status_detail
 
     try:
         api.logs(run_id, follow=True)
     except KeyboardInterrupt:
-        sys.stderr.write(f"\nstopped following; run {run_id} continues in the background "
-                         f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n")
+        sys.stderr.write(
+            f"\nstopped following; run {run_id} continues in the background "
+            f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n"
+        )
         raise click.exceptions.Exit(130) from None
     (final,) = api.status(run_id)
     print_status_detail(final, sys.stdout)
@@ -163,7 +173,7 @@ def status(run: str | None, json_output: bool) -> None:
     RUN: a run id; default: every run on this machine.
     """
     from skygreen import api
-    from skygreen.run_report import print_status_detail, print_status_table
+    from skygreen.launch.report import print_status_detail, print_status_table
 
     rows = api.status(run)
     if json_output:
@@ -230,11 +240,15 @@ def gc(target: str, older_than: str, storage_class: str | None, yes: bool) -> No
         sys.stdout.write(f"{result.url} is a local directory: cold storage classes do not apply; nothing to move\n")
         return
     if not result.moves:
-        sys.stdout.write(f"nothing older than {older_than} to move under {result.url} (latest, best and pinned checkpoints are kept)\n")
+        sys.stdout.write(
+            f"nothing older than {older_than} to move under {result.url} (latest, best and pinned checkpoints are kept)\n"
+        )
         return
     verb = "moved" if yes else "would move"
     for move in result.moves:
-        sys.stdout.write(f"{verb} {move.run_url}/{move.key} (step {move.step}, {move.age_days:.0f} days old) to {move.storage_class}\n")
+        sys.stdout.write(
+            f"{verb} {move.run_url}/{move.key} (step {move.step}, {move.age_days:.0f} days old) to {move.storage_class}\n"
+        )
     if not yes:
         sys.stdout.write(f"dry run: {len(result.moves)} object(s); run again with --yes to move them\n")
 
@@ -243,7 +257,7 @@ def gc(target: str, older_than: str, storage_class: str | None, yes: bool) -> No
 @task_argument
 def smoke(task: Path) -> None:
     """Run the task's training script for two steps on CPU, with a checkpoint round trip."""
-    from skygreen.runtime.smoke import run_smoke
+    from skygreen.launch.smoke import run_smoke
 
     result = run_smoke(task)
     sys.stdout.write(f"{result.line} ({result.duration_s:.1f} s)\n")

@@ -41,17 +41,27 @@ GPUS: dict[str, GpuInfo] = {
     for g in [
         GpuInfo(name="H200", memory_gb=141, tdp_w=700, relative_speed=2.4, bf16=True, tensor_cores=True, released=2024),
         GpuInfo(name="H100", memory_gb=80, tdp_w=700, relative_speed=2.2, bf16=True, tensor_cores=True, released=2022),
-        GpuInfo(name="A100-80GB", memory_gb=80, tdp_w=400, relative_speed=1.1, bf16=True, tensor_cores=True, released=2020),
+        GpuInfo(
+            name="A100-80GB", memory_gb=80, tdp_w=400, relative_speed=1.1, bf16=True, tensor_cores=True, released=2020
+        ),
         GpuInfo(name="A100", memory_gb=40, tdp_w=400, relative_speed=1.0, bf16=True, tensor_cores=True, released=2020),
         GpuInfo(name="L40S", memory_gb=48, tdp_w=350, relative_speed=0.8, bf16=True, tensor_cores=True, released=2023),
         GpuInfo(name="A10G", memory_gb=24, tdp_w=300, relative_speed=0.35, bf16=True, tensor_cores=True, released=2021),
         GpuInfo(name="A10", memory_gb=24, tdp_w=150, relative_speed=0.33, bf16=True, tensor_cores=True, released=2021),
         GpuInfo(name="L4", memory_gb=24, tdp_w=72, relative_speed=0.3, bf16=True, tensor_cores=True, released=2023),
-        GpuInfo(name="V100", memory_gb=16, tdp_w=300, relative_speed=0.45, bf16=False, tensor_cores=True, released=2017),
-        GpuInfo(name="V100-32GB", memory_gb=32, tdp_w=300, relative_speed=0.45, bf16=False, tensor_cores=True, released=2018),
+        GpuInfo(
+            name="V100", memory_gb=16, tdp_w=300, relative_speed=0.45, bf16=False, tensor_cores=True, released=2017
+        ),
+        GpuInfo(
+            name="V100-32GB", memory_gb=32, tdp_w=300, relative_speed=0.45, bf16=False, tensor_cores=True, released=2018
+        ),
         GpuInfo(name="T4", memory_gb=16, tdp_w=70, relative_speed=0.15, bf16=False, tensor_cores=True, released=2018),
-        GpuInfo(name="P100", memory_gb=16, tdp_w=250, relative_speed=0.12, bf16=False, tensor_cores=False, released=2016),
-        GpuInfo(name="K80", memory_gb=12, tdp_w=300, relative_speed=0.05, bf16=False, tensor_cores=False, released=2014),
+        GpuInfo(
+            name="P100", memory_gb=16, tdp_w=250, relative_speed=0.12, bf16=False, tensor_cores=False, released=2016
+        ),
+        GpuInfo(
+            name="K80", memory_gb=12, tdp_w=300, relative_speed=0.05, bf16=False, tensor_cores=False, released=2014
+        ),
     ]
 }
 

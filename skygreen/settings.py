@@ -25,6 +25,12 @@ from skygreen.fields import read_choice, read_int, read_number
 from skygreen.spec import EARLY_STOP_MODES, HALF_PRECISIONS, PRECISIONS, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
+SMOKE_ENV = "SKYGREEN_SMOKE"
+"""Set to 1 by the CPU smoke test (`skygreen.launch.smoke`): the runtime trains two tiny steps."""
+SMOKE_LINE = "skygreen smoke: ok"
+"""The runtime's line on a passed smoke test; the laptop side looks for it in the output."""
+SMOKE_FAILED = "skygreen smoke: failed at"
+"""The runtime's line on a failed smoke test, followed by the phase and the error."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,7 +133,14 @@ def _env_name(field_name: str) -> str:
     return "SKYGREEN_" + field_name.upper()
 
 
-_INTS = {"effective_batch", "micro_batch", "checkpoint_every_steps", "checkpoint_keep", "early_stop_patience", "early_stop_grace"}
+_INTS = {
+    "effective_batch",
+    "micro_batch",
+    "checkpoint_every_steps",
+    "checkpoint_keep",
+    "early_stop_patience",
+    "early_stop_grace",
+}
 _FLOATS = {"checkpoint_every_s", "early_stop_min_delta", "preemptions_per_hour"}
 _CHOICES = {"precision": PRECISIONS, "checkpoint_half_precision": HALF_PRECISIONS, "early_stop_mode": EARLY_STOP_MODES}
 

@@ -204,9 +204,7 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, d
         except TypeError:  # an unhashable key; construct_mapping reports it
             break
         if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -220,7 +218,9 @@ def load_spec(path: str | Path) -> TaskSpec:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"task file not found: {path}\n  fix: check the path, e.g. `skygreen plan tasks/tiny.yaml`") from None
+        raise InputError(
+            f"task file not found: {path}\n  fix: check the path, e.g. `skygreen plan tasks/tiny.yaml`"
+        ) from None
     except IsADirectoryError:
         raise InputError(f"task file is a directory: {path}\n  fix: name the YAML file inside it") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -234,7 +234,7 @@ def load_spec(path: str | Path) -> TaskSpec:
 def parse_spec_text(text: str, *, source: str | None = None) -> TaskSpec:
     """Parse YAML text into a `TaskSpec`."""
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
@@ -325,7 +325,12 @@ def _gpu_name(value: Any, path: str) -> str:
             hint=_gpu_hint(base),
         )
     if count:
-        raise SpecError(path, "give the GPU count in gpu_count, not in the name", value=name, hint=f"write {canonical!r} and gpu_count: {count}")
+        raise SpecError(
+            path,
+            "give the GPU count in gpu_count, not in the name",
+            value=name,
+            hint=f"write {canonical!r} and gpu_count: {count}",
+        )
     return canonical
 
 
@@ -420,7 +425,9 @@ def _parse_every(raw: Any, path: str) -> tuple[int | None, float | None]:
     if isinstance(raw, str):
         match = _DURATION.match(raw)
         if not match:
-            raise SpecError(path, "expected auto, a number of steps, or a duration", value=raw, allowed="auto | 500 | 90s | 5m | 1h")
+            raise SpecError(
+                path, "expected auto, a number of steps, or a duration", value=raw, allowed="auto | 500 | 90s | 5m | 1h"
+            )
         seconds = float(match.group(1)) * _DURATION_S[match.group(2)]
         if seconds <= 0:
             raise SpecError(path, "the interval must be greater than 0", value=raw)
@@ -472,10 +479,20 @@ def _parse_power(raw: Any, path: str) -> PowerSpec:
     value = read_number(cap, cap_path, positive=True)
     if value <= 1.0:
         if value < 0.3:
-            raise SpecError(cap_path, "a power cap below 30% of the default limit stalls training", value=cap, hint="use a fraction between 0.3 and 1.0, or watts")
+            raise SpecError(
+                cap_path,
+                "a power cap below 30% of the default limit stalls training",
+                value=cap,
+                hint="use a fraction between 0.3 and 1.0, or watts",
+            )
         return PowerSpec(mode="fraction", cap_fraction=value)
     if value < 50 or value > 1500:
-        raise SpecError(cap_path, "watts must be between 50 and 1500", value=cap, allowed="auto | off | watts (50-1500) | fraction (0.3-1.0)")
+        raise SpecError(
+            cap_path,
+            "watts must be between 50 and 1500",
+            value=cap,
+            allowed="auto | off | watts (50-1500) | fraction (0.3-1.0)",
+        )
     return PowerSpec(mode="watts", cap_w=value)
 
 
@@ -485,7 +502,9 @@ def _parse_early_stopping(raw: Any, path: str) -> EarlyStoppingSpec | None:
     raw = read_mapping(raw, path)
     check_keys(raw, EarlyStoppingSpec.__dataclass_fields__, path)
     if raw.get("metric") is None:
-        raise SpecError(f"{path}.metric", "is required", hint="name the metric your script reports, e.g. metric: val_loss")
+        raise SpecError(
+            f"{path}.metric", "is required", hint="name the metric your script reports, e.g. metric: val_loss"
+        )
     values: dict[str, Any] = {"metric": read_str(raw["metric"], f"{path}.metric")}
     get = _getter(raw, path)
     get(values, "mode", lambda v, p: read_choice(v, p, EARLY_STOP_MODES))

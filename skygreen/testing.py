@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from skygreen.errors import LaunchError
-from skygreen.launcher import JobState, JobStatus
+from skygreen.launch.launcher import JobState, JobStatus
 
 FAKE_DIR_ENV = "SKYGREEN_FAKE_LAUNCHER_DIR"
 FAKE_FAIL_ENV = "SKYGREEN_FAKE_LAUNCHER_FAIL"
@@ -101,7 +101,9 @@ class FakeLauncher:
         self._maybe_fail("logs", job_id)
         job = self._jobs().get(str(job_id))
         if job is None:
-            raise LaunchError(f"reading the logs of managed job {job_id} failed: no such job\n  fix: `sky jobs queue` lists the jobs")
+            raise LaunchError(
+                f"reading the logs of managed job {job_id} failed: no such job\n  fix: `sky jobs queue` lists the jobs"
+            )
         for line in job["log"]:
             out.write(line + "\n")
         state = JobState(job["state"])
@@ -109,15 +111,32 @@ class FakeLauncher:
 
     # ------------------------------------------------------------ for tests
 
-    def set_state(self, job_id: str, state: JobState | str, *, recovery_count: int | None = None, duration_s: float | None = None,
-                  cloud: str | None = None, region: str | None = None, accelerators: Mapping[str, float] | None = None,
-                  failure_reason: str | None = None, detail: str | None = None) -> None:
+    def set_state(
+        self,
+        job_id: str,
+        state: JobState | str,
+        *,
+        recovery_count: int | None = None,
+        duration_s: float | None = None,
+        cloud: str | None = None,
+        region: str | None = None,
+        accelerators: Mapping[str, float] | None = None,
+        failure_reason: str | None = None,
+        detail: str | None = None,
+    ) -> None:
         """Move a job along, as SkyPilot's controller would."""
         jobs = self._jobs()
         job = jobs[str(job_id)]
         job["state"] = JobState(state).value
-        updates = {"recovery_count": recovery_count, "duration_s": duration_s, "cloud": cloud, "region": region,
-                   "accelerators": dict(accelerators) if accelerators else None, "failure_reason": failure_reason, "detail": detail}
+        updates = {
+            "recovery_count": recovery_count,
+            "duration_s": duration_s,
+            "cloud": cloud,
+            "region": region,
+            "accelerators": dict(accelerators) if accelerators else None,
+            "failure_reason": failure_reason,
+            "detail": detail,
+        }
         job.update({k: v for k, v in updates.items() if v is not None})
         job["log"].append(f"fake: managed job {job_id} is {job['state']}")
         self._save(jobs)
@@ -132,9 +151,11 @@ class FakeLauncher:
         spec = os.environ.get(FAKE_FAIL_ENV, "")
         wanted, _, class_name = spec.partition(":")
         if wanted == action and class_name:
-            from skygreen.adapters.skypilot import describe_failure
+            from skygreen.launch.skypilot_launcher import describe_failure
 
-            raise describe_failure(class_name, f"(fake) {class_name} raised by SkyPilot", _ACTIONS[action].format(job_id=job_id))
+            raise describe_failure(
+                class_name, f"(fake) {class_name} raised by SkyPilot", _ACTIONS[action].format(job_id=job_id)
+            )
 
     def _jobs(self) -> dict[str, dict[str, Any]]:
         try:
@@ -151,11 +172,17 @@ class FakeLauncher:
 def _check_task(task: Mapping[str, Any]) -> None:
     """The client-side checks of `sky.Task.from_yaml_config` a rendered task can trip."""
     if not task.get("run"):
-        raise LaunchError("building the SkyPilot task failed: SkyPilot rejected the task\n  detail: no run command\n  fix: check the rendered YAML with `skygreen up TASK --dryrun`")
+        raise LaunchError(
+            "building the SkyPilot task failed: SkyPilot rejected the task\n  detail: no run command\n  fix: check the rendered YAML with `skygreen up TASK --dryrun`"
+        )
     for key, value in (task.get("envs") or {}).items():
         if value is None:
-            raise LaunchError(f"building the SkyPilot task failed: SkyPilot rejected the task\n  detail: Environment variable {key!r} is None.\n  fix: check the rendered YAML with `skygreen up TASK --dryrun`")
+            raise LaunchError(
+                f"building the SkyPilot task failed: SkyPilot rejected the task\n  detail: Environment variable {key!r} is None.\n  fix: check the rendered YAML with `skygreen up TASK --dryrun`"
+            )
     recovery = (task.get("resources") or {}).get("job_recovery") or {}
     strategy = recovery.get("strategy") if isinstance(recovery, Mapping) else recovery
     if strategy is not None and str(strategy).upper() not in _STRATEGIES:
-        raise LaunchError(f"launching the managed job failed: SkyPilot rejected the task\n  detail: unknown job recovery strategy {strategy!r}\n  fix: use EAGER_NEXT_REGION or FAILOVER")
+        raise LaunchError(
+            f"launching the managed job failed: SkyPilot rejected the task\n  detail: unknown job recovery strategy {strategy!r}\n  fix: use EAGER_NEXT_REGION or FAILOVER"
+        )

@@ -17,7 +17,6 @@ import os
 import random
 
 import numpy as np
-
 import torch
 import torch.nn.functional as F
 
@@ -61,7 +60,9 @@ class TinyGPT(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, d_model)
         self.pos = torch.nn.Parameter(torch.zeros(SEQ_LEN, d_model))
-        layer = torch.nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.1, batch_first=True, norm_first=True)
+        layer = torch.nn.TransformerEncoderLayer(
+            d_model, heads, 4 * d_model, dropout=0.1, batch_first=True, norm_first=True
+        )
         self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = torch.nn.Linear(d_model, VOCAB)
         self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(SEQ_LEN), persistent=False)
@@ -97,7 +98,12 @@ def main() -> None:
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, STEPS) / STEPS))
     )
     val = make_sequences(VAL_SEQUENCES, seed=2)
-    run = sg.Run(model=model, optimizer=optimizer, scheduler=scheduler, dataset=Sequences(make_sequences(TRAIN_SEQUENCES, seed=1)))
+    run = sg.Run(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        dataset=Sequences(make_sequences(TRAIN_SEQUENCES, seed=1)),
+    )
     with run:
         for step in run.steps(STEPS):
             with step:
@@ -111,7 +117,10 @@ def main() -> None:
                 val_loss = evaluate(run, val)
                 run.report(val_loss=val_loss)
                 if run.rank == 0:
-                    print(f"step {run.step_index} epoch {run.epoch} train_loss {loss.item():.4f} val_loss {val_loss:.4f}", flush=True)
+                    print(
+                        f"step {run.step_index} epoch {run.epoch} train_loss {loss.item():.4f} val_loss {val_loss:.4f}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ class ServerProcess:
 
     def start(self, *, log_dir: Path, timeout_s: float = 60.0) -> ServerProcess:
         self.log_path = log_dir / f"{self.name}-{self.port}.log"
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the server process writes to it after we return
         self.proc = subprocess.Popen(
             self.argv_for_port(self.port), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=log_dir
         )
@@ -64,7 +64,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_path.read_text()[-2000:]}"
+                )
             try:
                 urllib.request.urlopen(self.url + "/", timeout=1).close()
                 return
@@ -97,9 +99,10 @@ def moto_process() -> ServerProcess:
 
 def gcs_process(*, data_dir: Path | None = None) -> ServerProcess:
     """The GCS emulator; in memory, or persisting to `data_dir` so it survives a restart."""
+
     def argv(port: int) -> list[str]:
         cmd = [str(BIN / "gcp-storage-emulator"), "start", "--host", "127.0.0.1", "--port", str(port), "--quiet"]
-        return cmd if data_dir is not None else cmd + ["--in-memory"]
+        return cmd if data_dir is not None else [*cmd, "--in-memory"]
 
     env = {"STORAGE_BASE": str(data_dir)} if data_dir is not None else None
     return ServerProcess("gcp-storage-emulator", argv, env=env)

@@ -27,7 +27,13 @@ def _sky_price(catalog, offer: dict, spot: bool, zone: str | None):
     if cloud == "gcp":
         host = _price_or_none(catalog.get_hourly_cost, offer["instance_type"], spot, region, zone, clouds="gcp")
         gpu = _price_or_none(
-            catalog.get_accelerator_hourly_cost, offer["accelerator"], offer["accelerator_count"], spot, region, zone, clouds="gcp"
+            catalog.get_accelerator_hourly_cost,
+            offer["accelerator"],
+            offer["accelerator_count"],
+            spot,
+            region,
+            zone,
+            clouds="gcp",
         )
         return None if host is None or gpu is None else host + gpu
     return _price_or_none(catalog.get_hourly_cost, offer["instance_type"], spot, region, zone, clouds=cloud)

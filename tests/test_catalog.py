@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from skygreen.catalog import (
+from skygreen.errors import CatalogError, InputError
+from skygreen.gpus import GPUS
+from skygreen.plan.catalog import (
     ENV_CATALOG_DIR,
     Offer,
     embedded_catalog_date,
@@ -24,8 +26,6 @@ from skygreen.catalog import (
     resolve_catalog_dir,
     skypilot_catalog_dir,
 )
-from skygreen.errors import CatalogError, InputError
-from skygreen.gpus import GPUS
 
 TESTS = Path(__file__).resolve().parent
 FIXTURE_CATALOG = TESTS / "data" / "catalog" / "v8"
@@ -239,7 +239,7 @@ def check_against_skypilot(catalog_dir: Path, tmp_path: Path) -> int:
     catalog = load_catalog(catalog_dir, env={})
     result = sky_prices(catalog_dir, list(catalog.offers), tmp_path)
     mismatches = []
-    for o, row in zip(catalog.offers, result["offers"]):
+    for o, row in zip(catalog.offers, result["offers"], strict=True):
         checks = [
             ("on-demand at zone", o.on_demand_price_usd_per_hour, row["on_demand_zone"], o.on_demand_zone),
             ("spot at zone", o.spot_price_usd_per_hour, row["spot_zone"], o.spot_zone),

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skygreen.checkpoint import (
+from skygreen.checkpoint.gc import parse_age_s, stale_steps
+from skygreen.checkpoint.interval import CheckpointSchedule, IntervalPolicy, young_daly_interval_s
+from skygreen.checkpoint.manifest import (
     SHARED_BLOB,
     BlobInfo,
-    CheckpointSchedule,
-    IntervalPolicy,
     Manifest,
     apply_retention,
     blob_info,
@@ -23,16 +23,13 @@ from skygreen.checkpoint import (
     deletable_steps,
     latest_manifest,
     manifest_key,
-    parse_age_s,
     parse_step_key,
     read_progress,
     retained_steps,
-    stale_steps,
     utc_now_iso,
-    young_daly_interval_s,
 )
+from skygreen.checkpoint.store import open_store
 from skygreen.errors import CheckpointError, InputError
-from skygreen.store import open_store
 
 
 def manifest(step: int, *, metric=None, pinned=False, mode="min", created_at=None, blobs=None) -> Manifest:
@@ -64,7 +61,12 @@ def test_layout_keys():
 
 def test_manifest_round_trips_through_json():
     m = manifest(7, metric=0.25, pinned=True)
-    m = Manifest(**{**{f: getattr(m, f) for f in Manifest.__dataclass_fields__}, "meta": {"state": "completed", "energy_j": 12.5}})
+    m = Manifest(
+        **{
+            **{f: getattr(m, f) for f in Manifest.__dataclass_fields__},
+            "meta": {"state": "completed", "energy_j": 12.5},
+        }
+    )
     back = Manifest.loads(m.dumps(), where="x")
     assert back == m
     assert json.loads(m.dumps())["format_version"] == 1
@@ -76,9 +78,21 @@ def test_manifest_round_trips_through_json():
         (b"{not json", "unreadable"),
         (b"[]", "not a JSON object"),
         (json.dumps({"format_version": 99}).encode(), "format_version 99"),
-        (json.dumps({"format_version": 1, "step": 1, "created_at": "2025-01-01T00:00:00Z", "blobs": {}}).encode(), "shared.pt"),
-        (json.dumps({"format_version": 1, "step": 1, "created_at": "2025-01-01T00:00:00Z",
-                     "blobs": {"shared.pt": {"size": 1, "sha256": "zz"}}}).encode(), "sha256"),
+        (
+            json.dumps({"format_version": 1, "step": 1, "created_at": "2025-01-01T00:00:00Z", "blobs": {}}).encode(),
+            "shared.pt",
+        ),
+        (
+            json.dumps(
+                {
+                    "format_version": 1,
+                    "step": 1,
+                    "created_at": "2025-01-01T00:00:00Z",
+                    "blobs": {"shared.pt": {"size": 1, "sha256": "zz"}},
+                }
+            ).encode(),
+            "sha256",
+        ),
     ],
 )
 def test_malformed_manifests_are_checkpoint_errors_naming_the_place(text, problem):
@@ -110,7 +124,7 @@ def test_read_progress_imports_no_torch_or_cloud_library(tmp_path):
     store = open_store(str(tmp_path))
     commit(store, 3)
     code = (
-        "import sys\nfrom skygreen.checkpoint import read_progress\n"
+        "import sys\nfrom skygreen.checkpoint.manifest import read_progress\n"
         f"print(read_progress({str(tmp_path)!r}).step)\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'boto3', 'google', 'sky'}))"
     )
@@ -136,7 +150,12 @@ def test_retention_refuses_keep_below_two():
 
 
 @given(
-    st.lists(st.tuples(st.integers(0, 50), st.none() | st.floats(-10, 10), st.booleans()), min_size=1, max_size=15, unique_by=lambda t: t[0]),
+    st.lists(
+        st.tuples(st.integers(0, 50), st.none() | st.floats(-10, 10), st.booleans()),
+        min_size=1,
+        max_size=15,
+        unique_by=lambda t: t[0],
+    ),
     st.lists(st.integers(0, 60), max_size=5),
     st.integers(2, 5),
 )
@@ -223,7 +242,9 @@ def test_stale_steps_never_include_latest_best_or_pinned():
     assert stale_steps(ms, latest_step=5, now_s=now_s, older_than_s=101 * 86400) == []
 
 
-@pytest.mark.parametrize("text, seconds", [("90d", 90 * 86400), ("12h", 43200), ("2w", 14 * 86400), ("1.5d", 1.5 * 86400)])
+@pytest.mark.parametrize(
+    "text, seconds", [("90d", 90 * 86400), ("12h", 43200), ("2w", 14 * 86400), ("1.5d", 1.5 * 86400)]
+)
 def test_parse_age(text, seconds):
     assert parse_age_s(text) == seconds
 

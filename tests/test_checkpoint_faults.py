@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from faultproxy import FaultProxy
-from servers import gcs_process, make_gcs_bucket, moto_process, make_s3_bucket, point_gcs_at, point_s3_at, unique_bucket
-from skygreen.checkpoint import committed_steps
+from servers import gcs_process, make_gcs_bucket, make_s3_bucket, moto_process, point_gcs_at, point_s3_at, unique_bucket
+from skygreen.checkpoint.manifest import committed_steps
+from skygreen.checkpoint.store import RetryPolicy, open_store
 from skygreen.errors import StoreError, TransientStoreError
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.store import RetryPolicy, open_store
 
 FAST_RETRY = RetryPolicy(max_attempts=4, base_delay_s=0.01, max_delay_s=0.05)
 

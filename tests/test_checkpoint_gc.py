@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from skygreen.checkpoint import SHARED_BLOB, Manifest, blob_info, manifest_key
+from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, manifest_key
+from skygreen.checkpoint.store import open_store
 from skygreen.cli import main
-from skygreen.store import open_store
 
 OLD = "2020-01-01T00:00:00.000000Z"
 
@@ -14,7 +14,9 @@ OLD = "2020-01-01T00:00:00.000000Z"
 def commit(store, step: int, *, created_at: str = OLD, metric=None, pinned=False) -> None:
     payload = b"weights %d" % step
     store.put(f"ckpt/{step:012d}/{SHARED_BLOB}", payload)
-    m = Manifest(step=step, created_at=created_at, blobs={SHARED_BLOB: blob_info(payload)}, metric=metric, pinned=pinned)
+    m = Manifest(
+        step=step, created_at=created_at, blobs={SHARED_BLOB: blob_info(payload)}, metric=metric, pinned=pinned
+    )
     store.put(manifest_key(step), m.dumps())
 
 
@@ -54,10 +56,13 @@ def test_gc_on_a_local_bucket_says_cold_storage_does_not_apply(tmp_path, capsys)
     assert "cold storage classes do not apply" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--older-than", "ninety"], "--older-than"),
-    (["--storage-class", "ARCHIVE"], "--storage-class"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--older-than", "ninety"], "--older-than"),
+        (["--storage-class", "ARCHIVE"], "--storage-class"),
+    ],
+)
 def test_gc_bad_flags_exit_2_naming_the_flag(s3_bucket, capsys, argv, message):
     with pytest.raises(SystemExit) as info:
         main(["gc", f"s3://{s3_bucket}/runs", *argv])
@@ -66,7 +71,7 @@ def test_gc_bad_flags_exit_2_naming_the_flag(s3_bucket, capsys, argv, message):
 
 
 def test_gc_by_run_id_finds_the_runs_bucket_through_the_registry(private_home, s3_bucket, capsys):
-    from skygreen.registry import Registry, RunRecord
+    from skygreen.launch.registry import Registry, RunRecord
 
     record = RunRecord(
         run_id="demo-20260101-000000-abcd", task_path="task.yaml", task_name="demo", mode="cloud",

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from skygreen.checkpoint import SHARED_BLOB, Manifest, blob_info, committed_steps, manifest_key, utc_now_iso
+from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, committed_steps, manifest_key, utc_now_iso
+from skygreen.checkpoint.store import open_store
 from skygreen.errors import CheckpointError, InputError
 from skygreen.runtime.checkpointer import Checkpointer, RankTimeoutError, model_sha256
-from skygreen.store import open_store
 
 
 def make_model(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -30,7 +30,12 @@ def make_model(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def train_state(model, opt, step: int) -> dict:
-    return {"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "data": {"epoch": 1, "index": step * 4}}
+    return {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "step": step,
+        "data": {"epoch": 1, "index": step * 4},
+    }
 
 
 def assert_same(a, b) -> None:
@@ -42,7 +47,7 @@ def assert_same(a, b) -> None:
             assert_same(a[k], b[k])
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_same(x, y)
     else:
         assert a == b
@@ -195,7 +200,11 @@ def test_ddp_ranks_commit_together_and_each_gets_its_own_state(tmp_path):
     url = str(tmp_path)
     ranks = [Checkpointer(url, rank=r, world_size=2, rank_wait_s=30) for r in (0, 1)]
     threads = [
-        threading.Thread(target=lambda r=r: ranks[r].save(4, train_state(model, opt, 4), rank_state={"rank": r, "rng": torch.tensor([r])}))
+        threading.Thread(
+            target=lambda r=r: ranks[r].save(
+                4, train_state(model, opt, 4), rank_state={"rank": r, "rng": torch.tensor([r])}
+            )
+        )
         for r in (1, 0)
     ]
     for t in threads:
@@ -207,8 +216,8 @@ def test_ddp_ranks_commit_together_and_each_gets_its_own_state(tmp_path):
     manifest = Checkpointer(url).load_latest().manifest
     assert set(manifest.blobs) == {"shared.pt", "rank00000.pt", "rank00001.pt"} and manifest.world_size == 2
     loaded = [Checkpointer(url, rank=r, world_size=2).load_latest() for r in (0, 1)]
-    assert [l.step for l in loaded] == [4, 4]
-    assert [l.rank_state["rank"] for l in loaded] == [0, 1]
+    assert [each.step for each in loaded] == [4, 4]
+    assert [each.rank_state["rank"] for each in loaded] == [0, 1]
 
 
 def test_ddp_a_missing_rank_means_no_commit_and_training_goes_on(tmp_path, caplog):

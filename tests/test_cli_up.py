@@ -43,7 +43,9 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def write_task(tmp_path: Path, *, bucket: str | None, run: str = "python train.py", extra: dict | None = None, name: str = "demo") -> Path:
+def write_task(
+    tmp_path: Path, *, bucket: str | None, run: str = "python train.py", extra: dict | None = None, name: str = "demo"
+) -> Path:
     green = {"gpus": ["L4", "T4", "A100"], "work": {"gpu_hours": 1, "on": "A100"}, "max_candidates": 3}
     if bucket is not None:
         green["checkpoint"] = {"bucket": bucket}
@@ -65,14 +67,16 @@ def up_json(capsys, *args: str) -> dict:
 
 def commit_checkpoint(url: str, step: int, *, meta: dict) -> str:
     """A checkpoint as the runtime commits it: blob first, then the manifest."""
-    from skygreen.checkpoint import SHARED_BLOB, Manifest, blob_info, blob_key, manifest_key, utc_now_iso
-    from skygreen.store import open_store
+    from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, blob_key, manifest_key, utc_now_iso
+    from skygreen.checkpoint.store import open_store
 
     store = open_store(url)
     blob = f"weights at step {step}".encode()
     store.put(blob_key(step, SHARED_BLOB), blob)
     digest = hashlib.sha256(blob).hexdigest()
-    manifest = Manifest(step=step, created_at=utc_now_iso(), blobs={SHARED_BLOB: blob_info(blob)}, model_sha256=digest, meta=meta)
+    manifest = Manifest(
+        step=step, created_at=utc_now_iso(), blobs={SHARED_BLOB: blob_info(blob)}, model_sha256=digest, meta=meta
+    )
     store.put(manifest_key(step), manifest.dumps())
     return digest
 
@@ -96,8 +100,20 @@ def test_up_launches_a_managed_job_and_status_joins_it_with_the_bucket(env, tmp_
     offers = record["plan_summary"]["offers"]
     landed = offers[1]
 
-    fake.set_state("1", "RUNNING", recovery_count=1, duration_s=1800.0, cloud=landed["cloud"], region=landed["region"], accelerators={landed["accelerator"]: 1})
-    digest = commit_checkpoint(f"s3://{s3_bucket}/runs/{run_id}", 120, meta={"energy_j": 7.2e6, "preemptions": 1, "wall_s": 1700.0, "checkpoint_interval_s": 412.0})
+    fake.set_state(
+        "1",
+        "RUNNING",
+        recovery_count=1,
+        duration_s=1800.0,
+        cloud=landed["cloud"],
+        region=landed["region"],
+        accelerators={landed["accelerator"]: 1},
+    )
+    digest = commit_checkpoint(
+        f"s3://{s3_bucket}/runs/{run_id}",
+        120,
+        meta={"energy_j": 7.2e6, "preemptions": 1, "wall_s": 1700.0, "checkpoint_interval_s": 412.0},
+    )
     code, out, _ = cli(capsys, "status", run_id, "--json")
     status = json.loads(out)
     assert (status["state"], status["step"], status["model_sha256"]) == ("RUNNING", 120, digest)
@@ -205,7 +221,14 @@ def test_a_cloud_run_without_a_bucket_is_refused_before_anything(env, tmp_path, 
 
 
 def test_a_missing_bucket_fails_the_preflight_before_any_vm(env, tmp_path, capsys, s3_bucket):
-    code, _, err = cli(capsys, "up", str(write_task(tmp_path, bucket="s3://no-such-bucket-here/runs")), "--no-smoke", "--catalog", str(CATALOG))
+    code, _, err = cli(
+        capsys,
+        "up",
+        str(write_task(tmp_path, bucket="s3://no-such-bucket-here/runs")),
+        "--no-smoke",
+        "--catalog",
+        str(CATALOG),
+    )
     assert code == 1
     assert "checkpoint bucket s3://no-such-bucket-here/runs is not usable" in err and "fix:" in err
     assert nothing_launched(env)
@@ -251,7 +274,14 @@ def test_an_unknown_run_is_bad_input(env, capsys):
 
 def test_a_broken_launcher_setting_is_bad_input(env, tmp_path, capsys, s3_bucket, monkeypatch):
     monkeypatch.setenv("SKYGREEN_LAUNCHER", "skygreen.testing")
-    code, _, err = cli(capsys, "up", str(write_task(tmp_path, bucket=f"s3://{s3_bucket}/runs")), "--no-smoke", "--catalog", str(CATALOG))
+    code, _, err = cli(
+        capsys,
+        "up",
+        str(write_task(tmp_path, bucket=f"s3://{s3_bucket}/runs")),
+        "--no-smoke",
+        "--catalog",
+        str(CATALOG),
+    )
     assert code == 2 and "module:factory" in err
 
 
@@ -279,6 +309,7 @@ def test_secret_values_appear_nowhere_skygreen_writes(env, tmp_path, capsys, s3_
 
     # A local run: the training process gets the values, and prints only that it did.
     (tmp_path / "local").mkdir()
+
     def digest_check(name: str, value: str) -> str:  # compares digests: the command holds no value
         return f'test "$(printf %s "${name}" | sha256sum | cut -c1-16)" = {hashlib.sha256(value.encode()).hexdigest()[:16]}'
 

@@ -22,11 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from skygreen.adapters.skypilot import ERROR_TABLE, STATE_TABLE, SkyPilotLauncher, describe_failure, launch_error, status_from_record
 from skygreen.errors import LaunchError
-from skygreen.launcher import PREEMPTED_EXIT_CODE, JobState, Launcher
-from skygreen.plan import Candidate, Plan
-from skygreen.render import render_task
+from skygreen.launch.launcher import PREEMPTED_EXIT_CODE, JobState, Launcher
+from skygreen.launch.render import render_task
+from skygreen.launch.skypilot_launcher import (
+    ERROR_TABLE,
+    STATE_TABLE,
+    SkyPilotLauncher,
+    describe_failure,
+    launch_error,
+    status_from_record,
+)
+from skygreen.plan.rank import Candidate, Plan
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import parse_spec
 
@@ -38,9 +45,22 @@ def rendered(tmp_path, **green) -> dict:
     spec = parse_spec({"name": "demo", "skygreen": {"gpus": ["A100", "L4"], **green}, "run": "python train.py",
                        "secrets": {"WANDB_API_KEY": None}, "envs": {"DATA": "/data"}})  # fmt: skip
     offers = tuple(
-        Candidate(cloud=c, region=r, zone=None, instance_type="vm", accelerator=g, accelerator_count=1, spot=True,
-                  price_usd_per_hour=p, on_demand_price_usd_per_hour=None, spot_price_usd_per_hour=p,
-                  est_hours=1.0, est_cost_usd=p, energy_kwh=0.1, co2e_kg=0.01)  # fmt: skip
+        Candidate(
+            cloud=c,
+            region=r,
+            zone=None,
+            instance_type="vm",
+            accelerator=g,
+            accelerator_count=1,
+            spot=True,
+            price_usd_per_hour=p,
+            on_demand_price_usd_per_hour=None,
+            spot_price_usd_per_hour=p,
+            est_hours=1.0,
+            est_cost_usd=p,
+            energy_kwh=0.1,
+            co2e_kg=0.01,
+        )
         for c, r, g, p in [("gcp", "us-central1", "L4", 0.3), ("aws", "us-east-1", "A100", 1.2)]
     )
     settings = RuntimeSettings.from_spec(spec.green, run_id="demo-20260101-000000-abcd", bucket="s3://b/runs")
@@ -57,9 +77,16 @@ def test_a_rendered_task_becomes_a_real_sky_task_with_secret_values_in_memory(sk
     task = SkyPilotLauncher().build_task(task_dict, {"WANDB_API_KEY": "sk-fake-123"})
     assert json.dumps(task_dict, sort_keys=True) == before  # SkyPilot pops keys: a deep copy went in
     resources = list(task.resources)  # `ordered` keeps the plan's order
-    assert [(str(r.cloud), r.region, r.accelerators) for r in resources] == [("GCP", "us-central1", {"L4": 1}), ("AWS", "us-east-1", {"A100": 1})]
+    assert [(str(r.cloud), r.region, r.accelerators) for r in resources] == [
+        ("GCP", "us-central1", {"L4": 1}),
+        ("AWS", "us-east-1", {"A100": 1}),
+    ]
     assert all(r.use_spot for r in resources)
-    assert resources[0].job_recovery == {"strategy": "FAILOVER", "max_restarts_on_errors": 2, "recover_on_exit_codes": [PREEMPTED_EXIT_CODE]}
+    assert resources[0].job_recovery == {
+        "strategy": "FAILOVER",
+        "max_restarts_on_errors": 2,
+        "recover_on_exit_codes": [PREEMPTED_EXIT_CODE],
+    }
     assert task.envs["SKYGREEN_RUN_ID"] == "demo-20260101-000000-abcd" and task.envs["DATA"] == "/data"
     assert task.secrets["WANDB_API_KEY"].get_secret_value() == "sk-fake-123"
     assert "sk-fake-123" not in repr(task.secrets)
@@ -79,7 +106,11 @@ def test_every_error_in_the_table_is_a_real_exception_class(sky):
     import sky.exceptions
 
     for name in ERROR_TABLE:
-        real = getattr(sky.exceptions, name, None) or getattr(builtins, name, None) or getattr(requests.exceptions, name, None)
+        real = (
+            getattr(sky.exceptions, name, None)
+            or getattr(builtins, name, None)
+            or getattr(requests.exceptions, name, None)
+        )
         assert isinstance(real, type) and issubclass(real, BaseException), name
 
 
@@ -87,13 +118,25 @@ def test_every_error_in_the_table_is_a_real_exception_class(sky):
     ("make", "words"),
     [
         (lambda ex: ex.NoCloudAccessError("No cloud access available."), ["no cloud enabled", "sky check", "--local"]),
-        (lambda ex: ex.ClusterNotUpError("No in-progress managed jobs."), ["jobs controller is not up", "sky jobs queue --refresh"]),
+        (
+            lambda ex: ex.ClusterNotUpError("No in-progress managed jobs."),
+            ["jobs controller is not up", "sky jobs queue --refresh"],
+        ),
         (lambda ex: ex.ResourcesUnavailableError("no capacity"), ["could be provisioned", "skygreen plan"]),
-        (lambda ex: ex.ApiServerConnectionError("http://127.0.0.1:1"), ["cannot reach the SkyPilot API server", "sky api start"]),
+        (
+            lambda ex: ex.ApiServerConnectionError("http://127.0.0.1:1"),
+            ["cannot reach the SkyPilot API server", "sky api start"],
+        ),
         (lambda ex: ex.ApiServerAuthenticationError("http://127.0.0.1:1"), ["sky api login"]),
-        (lambda ex: ex.CloudError("Max retries exceeded", "requests", "ConnectionError"), ["fetching its price catalog", "--local"]),
+        (
+            lambda ex: ex.CloudError("Max retries exceeded", "requests", "ConnectionError"),
+            ["fetching its price catalog", "--local"],
+        ),
         (lambda ex: ex.NoWorkspaceAccessError("denied"), ["denied"]),
-        (lambda ex: ex.KubeAPIUnreachableError("unreachable"), ["could be provisioned"]),  # a subclass maps through its parent
+        (
+            lambda ex: ex.KubeAPIUnreachableError("unreachable"),
+            ["could be provisioned"],
+        ),  # a subclass maps through its parent
     ],
 )
 def test_skypilot_errors_map_to_launch_errors_with_the_fix(sky, make, words):
@@ -132,10 +175,22 @@ def test_job_records_become_skygreen_statuses(sky):
     record = ManagedJobRecord(job_id=7, task_id=0, status=ManagedJobStatus.RECOVERING, recovery_count=2, job_duration=3600.0,
                               cloud="AWS", region="us-east-1", accelerators={"A100": 1})  # fmt: skip
     status = status_from_record("7", [record])
-    assert (status.state, status.recovery_count, status.duration_s, status.cloud, status.region) == (JobState.RECOVERING, 2, 3600.0, "aws", "us-east-1")
+    assert (status.state, status.recovery_count, status.duration_s, status.cloud, status.region) == (
+        JobState.RECOVERING,
+        2,
+        3600.0,
+        "aws",
+        "us-east-1",
+    )
     assert status.detail == "RECOVERING"
-    failed = status_from_record("8", [ManagedJobRecord(job_id=8, status=ManagedJobStatus.FAILED_NO_RESOURCE, failure_reason="no capacity")])
-    assert failed.state is JobState.FAILED and failed.detail == "FAILED_NO_RESOURCE" and failed.failure_reason == "no capacity"
+    failed = status_from_record(
+        "8", [ManagedJobRecord(job_id=8, status=ManagedJobStatus.FAILED_NO_RESOURCE, failure_reason="no capacity")]
+    )
+    assert (
+        failed.state is JobState.FAILED
+        and failed.detail == "FAILED_NO_RESOURCE"
+        and failed.failure_reason == "no capacity"
+    )
     assert failed.state.resumable
 
 
@@ -154,7 +209,7 @@ SERVER_SCRIPT = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from skygreen.adapters.skypilot import SkyPilotLauncher
+    from skygreen.launch.skypilot_launcher import SkyPilotLauncher
     from skygreen.errors import LaunchError
     task = json.loads(Path(sys.argv[1]).read_text())
     launcher, out = SkyPilotLauncher(), {}
@@ -176,13 +231,20 @@ def test_a_real_skypilot_api_server_without_credentials(tmp_path):
     home.mkdir()
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_"))}
-    env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), SKYPILOT_API_SERVER_LOCAL_PORT=str(port), SKYPILOT_DISABLE_USAGE_COLLECTION="1")
+    env.update(
+        HOME=str(home),
+        SKY_RUNTIME_DIR=str(home),
+        SKYPILOT_API_SERVER_LOCAL_PORT=str(port),
+        SKYPILOT_DISABLE_USAGE_COLLECTION="1",
+    )
     # SkyPilot's server reads its catalog to canonicalise GPU names and check regions; seeded
     # (without .meta checksums) it never downloads one. Tests reach loopback only.
     catalogs = home / ".sky" / "catalogs" / "v8"
     shutil.copytree(SMALL_CATALOG, catalogs)
     (catalogs / "common").mkdir()
-    (catalogs / "common" / "accelerators.csv").write_text('AcceleratorName,Clouds\nA100,"AWS, GCP, Azure"\nL4,"AWS, GCP"\nT4,"AWS, GCP, Azure"\n')
+    (catalogs / "common" / "accelerators.csv").write_text(
+        'AcceleratorName,Clouds\nA100,"AWS, GCP, Azure"\nL4,"AWS, GCP"\nT4,"AWS, GCP, Azure"\n'
+    )
     from skygreen.api import plan
 
     spec = parse_spec({"name": "demo", "skygreen": {"gpus": ["L4", "T4", "A100"]}, "run": "python train.py"})
@@ -191,13 +253,15 @@ def test_a_real_skypilot_api_server_without_credentials(tmp_path):
     task_path = tmp_path / "task.json"
     task_path.write_text(json.dumps(task))
     try:
-        out = subprocess.run([sys.executable, "-c", SERVER_SCRIPT, str(task_path)], env=env, capture_output=True, text=True, timeout=420)
+        out = subprocess.run(
+            [sys.executable, "-c", SERVER_SCRIPT, str(task_path)], env=env, capture_output=True, text=True, timeout=420
+        )
     finally:
         subprocess.run([sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120)
     assert not _listening(port), "the SkyPilot API server is still running"
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, out.stdout[-2000:] + out.stderr[-3000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     launch = result["launch"]
     assert "error" in launch, launch
     assert launch["cause"] == "NoCloudAccessError", launch["error"]

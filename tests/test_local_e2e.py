@@ -28,7 +28,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def env(private_home, tmp_path):
     environ = dict(os.environ)
-    environ.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"), OMP_NUM_THREADS="1", TINY_STEPS="300")
+    environ.update(
+        HOME=str(private_home),
+        XDG_DATA_HOME=str(private_home / ".local" / "share"),
+        OMP_NUM_THREADS="1",
+        TINY_STEPS="300",
+    )
     for name in ("SKYGREEN_LAUNCHER", "SKYGREEN_DATA_DIR"):
         environ.pop(name, None)
     return environ
@@ -82,7 +87,10 @@ def test_kill_9_at_any_moment_then_resume_ends_with_the_uninterrupted_weights(en
     first_step = wait_for(lambda: status(env, run_id)["step"], "a first checkpoint")
     foreground.kill()
     foreground.wait(timeout=30)
-    later = wait_for(lambda: (s := status(env, run_id))["step"] and s["step"] > first_step and s, "training to go on without the terminal")
+    later = wait_for(
+        lambda: (s := status(env, run_id))["step"] and s["step"] > first_step and s,
+        "training to go on without the terminal",
+    )
     assert later["state"] == "RUNNING"
 
     kill_training(env, run_id)

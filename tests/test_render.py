@@ -27,9 +27,8 @@ from hypothesis import strategies as st
 from skygreen import __version__
 from skygreen.errors import SpecError
 from skygreen.gpus import GPU_NAMES
-from skygreen.launcher import PREEMPTED_EXIT_CODE
-from skygreen.plan import Candidate, Plan
-from skygreen.render import (
+from skygreen.launch.launcher import PREEMPTED_EXIT_CODE
+from skygreen.launch.render import (
     LAPTOP_ONLY,
     RuntimeInstall,
     container_requirements,
@@ -38,6 +37,7 @@ from skygreen.render import (
     secret_values,
     to_yaml,
 )
+from skygreen.plan.rank import Candidate, Plan
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import PRECISIONS, RECOVERY_STRATEGIES, parse_spec
 
@@ -81,7 +81,9 @@ def test_every_shipped_task_renders_to_yaml_skypilot_accepts(path, sky, private_
     assert TASKS, "tasks/ holds no task files"
     spec = load_spec(path)
     plan = make_plan(spec)
-    cloud = render_task(spec, plan, settings=settings_for(spec), task_dir=path.parent, install=RuntimeInstall(source_dir=str(REPO)))
+    cloud = render_task(
+        spec, plan, settings=settings_for(spec), task_dir=path.parent, install=RuntimeInstall(source_dir=str(REPO))
+    )
     local = render_task(spec, None, settings=settings_for(spec), task_dir=path.parent)
     for task in (cloud, local):
         parsed = sky_accepts(sky, task)
@@ -91,7 +93,11 @@ def test_every_shipped_task_renders_to_yaml_skypilot_accepts(path, sky, private_
     assert len(resources) == len(cloud["resources"]["ordered"]) >= 1
     assert all(r.use_spot == spec.green.spot for r in resources)
     best = plan.candidates[0]
-    assert cloud["resources"]["ordered"][0] == {"infra": f"{best.cloud}/{best.region}", "accelerators": f"{best.accelerator}:{best.accelerator_count}", "use_spot": best.spot}
+    assert cloud["resources"]["ordered"][0] == {
+        "infra": f"{best.cloud}/{best.region}",
+        "accelerators": f"{best.accelerator}:{best.accelerator_count}",
+        "use_spot": best.spot,
+    }
 
 
 def test_preempted_exit_code_matches_the_runtime():
@@ -118,13 +124,28 @@ def specs_and_plans(draw):
         "spot": draw(st.booleans()),
         "max_candidates": draw(st.integers(1, 8)),
         "precision": draw(st.sampled_from(PRECISIONS)),
-        "recovery": {"strategy": draw(st.sampled_from(RECOVERY_STRATEGIES)), "max_restarts_on_errors": draw(st.integers(0, 10))},
-        "checkpoint": {"bucket": "s3://bucket/runs", "every": draw(st.sampled_from(["auto", 100, "30s"])), "keep": draw(st.integers(2, 5))},
+        "recovery": {
+            "strategy": draw(st.sampled_from(RECOVERY_STRATEGIES)),
+            "max_restarts_on_errors": draw(st.integers(0, 10)),
+        },
+        "checkpoint": {
+            "bucket": "s3://bucket/runs",
+            "every": draw(st.sampled_from(["auto", 100, "30s"])),
+            "keep": draw(st.integers(2, 5)),
+        },
     }
     secret_names = draw(st.lists(ENV_NAMES, max_size=3, unique=True))
-    secrets = {name: (None if draw(st.booleans()) else f"sekrit-{i}-{draw(st.integers(1000, 9999))}") for i, name in enumerate(secret_names)}
+    secrets = {
+        name: (None if draw(st.booleans()) else f"sekrit-{i}-{draw(st.integers(1000, 9999))}")
+        for i, name in enumerate(secret_names)
+    }
     envs = {k: v for k, v in draw(st.dictionaries(ENV_NAMES, TEXT, max_size=3)).items() if k not in secrets}
-    task = {"name": draw(NAMES), "skygreen": green, "run": "python train.py " + shlex.join(draw(ARGS)), "num_nodes": draw(st.integers(1, 3))}
+    task = {
+        "name": draw(NAMES),
+        "skygreen": green,
+        "run": "python train.py " + shlex.join(draw(ARGS)),
+        "num_nodes": draw(st.integers(1, 3)),
+    }
     if envs:
         task["envs"] = envs
     if secrets:
@@ -133,8 +154,16 @@ def specs_and_plans(draw):
         task["setup"] = draw(TEXT) or "true"
     if draw(st.booleans()):
         task["resources"] = {"disk_size": draw(st.integers(50, 500))}
-    offers = draw(st.lists(st.tuples(st.sampled_from(sorted(REGIONS)), st.integers(0, 1), st.sampled_from(gpus), st.booleans()), min_size=1, max_size=10))
-    plan = Plan(candidates=tuple(candidate(c, REGIONS[c][r], g, gpu_count, spot=s) for c, r, g, s in offers), objective="cost")
+    offers = draw(
+        st.lists(
+            st.tuples(st.sampled_from(sorted(REGIONS)), st.integers(0, 1), st.sampled_from(gpus), st.booleans()),
+            min_size=1,
+            max_size=10,
+        )
+    )
+    plan = Plan(
+        candidates=tuple(candidate(c, REGIONS[c][r], g, gpu_count, spot=s) for c, r, g, s in offers), objective="cost"
+    )
     return parse_spec(task), plan, secrets
 
 
@@ -142,7 +171,9 @@ def specs_and_plans(draw):
 @given(drawn=specs_and_plans())
 def test_generated_specs_render_to_yaml_skypilot_accepts(drawn, sky):
     spec, plan, secrets = drawn
-    task = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR, install=RuntimeInstall(source_dir=str(REPO)))
+    task = render_task(
+        spec, plan, settings=settings_for(spec), task_dir=WORKDIR, install=RuntimeInstall(source_dir=str(REPO))
+    )
     text = to_yaml(task)
     parsed = sky_accepts(sky, task)
 
@@ -202,7 +233,13 @@ def test_several_gpus_start_torchrun_with_skypilots_node_layout(args, tmp_path_f
     out = run_script(task["run"], env, WORKDIR)
     assert out.returncode == 0, out.stderr
     argv = json.loads(out.stdout)
-    assert argv[:5] == ["--nnodes=2", "--node_rank=1", "--nproc_per_node=4", "--master_addr=10.0.0.7", "--master_port=29500"]
+    assert argv[:5] == [
+        "--nnodes=2",
+        "--node_rank=1",
+        "--nproc_per_node=4",
+        "--master_addr=10.0.0.7",
+        "--master_port=29500",
+    ]
     assert argv[5:] == ["-u", "train.py", *args]
 
 
@@ -233,7 +270,9 @@ def test_setup_installs_the_runtime_then_runs_the_users_setup_quoted():
     requirements = " ".join(shlex.quote(r) for r in container_requirements())
     assert f"pip install --quiet --upgrade-strategy only-if-needed {requirements}\n" in released["setup"]
     assert "bash -c " + shlex.quote(spec.sky["setup"]) in released["setup"]
-    from_source = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR, install=RuntimeInstall(source_dir=str(REPO)))
+    from_source = render_task(
+        spec, plan, settings=settings_for(spec), task_dir=WORKDIR, install=RuntimeInstall(source_dir=str(REPO))
+    )
     assert from_source["file_mounts"] == {"~/.skygreen/src": str(REPO)}
     assert 'pip install --quiet --no-deps "$HOME/.skygreen/src"' in from_source["setup"]
     subprocess.run(["bash", "-n", "-c", from_source["setup"]], check=True)
@@ -249,11 +288,14 @@ def test_the_runtime_imports_nothing_the_vm_does_not_install():
     """What training imports in the container (runtime, stores, settings) loads no laptop-only
     package, so installing skygreen with --no-deps plus `container_requirements()` suffices."""
     code = (
-        "import sys, skygreen.runtime.run, skygreen.runtime.checkpointer, skygreen.runtime.smoke, "
-        "skygreen.adapters.s3, skygreen.adapters.gcs, skygreen.adapters.local, skygreen.settings\n"
+        "import sys, skygreen.runtime.run, skygreen.runtime.checkpointer, skygreen.runtime.smoke_mode, "
+        "skygreen.checkpoint.s3_store, skygreen.checkpoint.gcs_store, skygreen.checkpoint.local_store, "
+        "skygreen.settings\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    loaded = set(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
     assert not loaded & {"sky", "click", "rich"}
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from skygreen.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR, RunModel, estimate
 from skygreen.gpus import GPUS
-from skygreen.replay import alive_runs_s, replay_run, trace_stats
+from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR, RunModel, estimate
+from skygreen.plan.replay import alive_runs_s, replay_run, trace_stats
 
 # -- the replay on hand-made traces ---------------------------------------------------------
 
@@ -91,4 +91,3 @@ def test_the_models_spot_hours_match_a_replay_over_the_real_aws_traces(shared_tr
     mean_h = sum(replayed) / len(replayed)
     assert est.est_hours > est.compute_hours  # spot costs something
     assert est.est_hours == pytest.approx(mean_h, rel=0.06)
-

@@ -14,14 +14,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_train as job  # noqa: E402
-
-from skygreen.errors import RuntimeSetupError  # noqa: E402
-from skygreen.precision import DeviceFacts  # noqa: E402
-from skygreen.runtime import run as run_module  # noqa: E402
-from skygreen.runtime.autotune import is_out_of_memory, smaller_micro_batch  # noqa: E402
-from skygreen.runtime.checkpointer import Checkpointer  # noqa: E402
-from skygreen.runtime.compare import first_difference  # noqa: E402
+import ddp_train as job
+from skygreen.errors import RuntimeSetupError
+from skygreen.runtime import run as run_module
+from skygreen.runtime.autotune import is_out_of_memory, smaller_micro_batch
+from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.runtime.compare import first_difference
+from skygreen.runtime.precision import DeviceFacts
 
 IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']", "state['batch']['micro_auto']"})
 
@@ -72,7 +71,7 @@ def test_resume_on_a_different_gpu_type_probes_again(tmp_path, monkeypatch):
     with pytest.raises(job.Crash):
         job.train(job.settings(tmp_path, micro_batch=None), 8, hooks=memory_limit(4, []), crash_at=(5, 0))
     # The resumed run lands on a device with more memory (and another name).
-    monkeypatch.setattr(run_module, "_device_facts", lambda device: DeviceFacts(kind="cpu", name="bigger-device"))
+    monkeypatch.setattr(run_module, "device_facts", lambda device: DeviceFacts(kind="cpu", name="bigger-device"))
     ooms: list[int] = []
     run = job.train(job.settings(tmp_path, micro_batch=None), 8, hooks=memory_limit(6, ooms))
     assert ooms == [12] and run.micro_batch == 6 and run.accum_steps == 2
@@ -103,6 +102,8 @@ def test_smaller_micro_batch_keeps_divisors():
 def test_out_of_memory_detection():
     assert is_out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory."))
     assert is_out_of_memory(RuntimeError("CUDA error: out of memory"))
-    assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"))
+    assert is_out_of_memory(
+        RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+    )
     assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not is_out_of_memory(ValueError("out of memory"))

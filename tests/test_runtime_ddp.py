@@ -23,7 +23,9 @@ STEPS = 10
 pytestmark = pytest.mark.skipif(not TORCHRUN.exists() and not shutil.which("torchrun"), reason="torchrun not installed")
 
 
-def torchrun(bucket: Path, run_id: str, micro: str, *crash: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def torchrun(
+    bucket: Path, run_id: str, micro: str, *crash: int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
     full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(env or {}))
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(bucket), run_id, str(STEPS), micro]
@@ -48,7 +50,10 @@ def test_two_ranks_resume_bit_identical(tmp_path):
         assert a.manifest.world_size == 2
         assert first_difference(a.state, b.state, ignore=IGNORE) is None
         assert a.rank_state is not None and b.rank_state is not None
-        assert first_difference(a.rank_state, b.rank_state) is None, (rank, first_difference(a.rank_state, b.rank_state))
+        assert first_difference(a.rank_state, b.rank_state) is None, (
+            rank,
+            first_difference(a.rank_state, b.rank_state),
+        )
     # the two ranks drew different dropout masks and data: their RNG streams differ
     assert first_difference(load(tmp_path, "ref", 0).rank_state, load(tmp_path, "ref", 1).rank_state) is not None
 
@@ -73,15 +78,25 @@ def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identica
     import signal
     import time
 
-    from skygreen.checkpoint import committed_steps, read_manifest
-    from skygreen.store import open_store
+    from skygreen.checkpoint.manifest import committed_steps, read_manifest
+    from skygreen.checkpoint.store import open_store
 
     env = {"DDP_TEST_STEP_SLEEP_S": "0.05"}
     ref = torchrun(tmp_path, "ref", "3", env=env)
     assert ref.returncode == 0, ref.stderr[-3000:]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
     full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **env)
-    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(tmp_path), "victim", str(STEPS), "3"]
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPT),
+        str(tmp_path),
+        "victim",
+        str(STEPS),
+        "3",
+    ]
     proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     store = open_store(f"{tmp_path}/victim")
     deadline = time.monotonic() + 120
@@ -89,7 +104,7 @@ def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identica
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     last = max(committed_steps(store))
     manifest = read_manifest(store, last)
     assert manifest.meta["state"] == "preempted", (last, err[-3000:])

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from skygreen.early_stop import EarlyStopConfig, EarlyStopper
 from skygreen.errors import RuntimeSetupError
-from skygreen.precision import DeviceFacts, catalog_facts, choose_precision, cpu_facts, cuda_facts
+from skygreen.runtime.early_stop import EarlyStopConfig, EarlyStopper
+from skygreen.runtime.precision import DeviceFacts, catalog_facts, choose_precision, cpu_facts, cuda_facts
 
 # -- precision ------------------------------------------------------------------------------
 
@@ -40,7 +40,15 @@ def test_auto_precision_per_gpu(gpu, expected, scaler, warns):
 
 @pytest.mark.parametrize(
     "capability, expected",
-    [((9, 0), "bf16"), ((8, 0), "bf16"), ((8, 6), "bf16"), ((7, 5), "fp16"), ((7, 0), "fp16"), ((6, 0), "fp32"), ((3, 7), "fp32")],
+    [
+        ((9, 0), "bf16"),
+        ((8, 0), "bf16"),
+        ((8, 6), "bf16"),
+        ((7, 5), "fp16"),
+        ((7, 0), "fp16"),
+        ((6, 0), "fp32"),
+        ((3, 7), "fp32"),
+    ],
 )
 def test_auto_precision_from_compute_capability(capability, expected):
     assert choose_precision("auto", cuda_facts("some GPU", capability)).precision == expected
@@ -68,7 +76,7 @@ def test_explicit_precisions_on_gpus():
     assert choose_precision("fp16", catalog_facts("A100")).grad_scaler
     assert choose_precision("fp32", catalog_facts("H100")).precision == "fp32"
     assert "no tensor cores" in choose_precision("fp16", catalog_facts("P100")).warning
-    with pytest.raises(RuntimeSetupError, match="(?s)bf16.*V100.*fix: use precision auto"):
+    with pytest.raises(RuntimeSetupError, match=r"(?s)bf16.*V100.*fix: use precision auto"):
         choose_precision("bf16", catalog_facts("V100"))
     with pytest.raises(RuntimeSetupError, match="unknown value 'fp8'"):
         choose_precision("fp8", cpu_facts())
@@ -78,21 +86,29 @@ def test_explicit_precisions_on_gpus():
 
 def test_cluster_default_precision_reaches_the_runtime(tmp_path):
     """SKYGREEN_DEFAULT_PRECISION stands in for auto; a task's or the code's explicit choice wins."""
-    import ddp_train as job
     import torch
 
+    import ddp_train as job
     from skygreen.runtime.run import Run
     from skygreen.settings import RuntimeSettings
 
     def run_with(environ, **kw):
         net = job.model()
-        return Run(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), dataset=job.dataset(), environ=environ, **kw)
+        return Run(
+            model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), dataset=job.dataset(), environ=environ, **kw
+        )
 
     base = {"SKYGREEN_RUN_ID": "r", "SKYGREEN_BUCKET": str(tmp_path), "SKYGREEN_EFFECTIVE_BATCH": "12"}
     assert run_with(base).precision.precision == "fp32"
     assert run_with({**base, "SKYGREEN_DEFAULT_PRECISION": "bf16"}).precision.precision == "bf16"
-    assert run_with({**base, "SKYGREEN_PRECISION": "auto", "SKYGREEN_DEFAULT_PRECISION": "bf16"}).precision.precision == "bf16"
-    assert run_with({**base, "SKYGREEN_PRECISION": "fp32", "SKYGREEN_DEFAULT_PRECISION": "bf16"}).precision.precision == "fp32"
+    assert (
+        run_with({**base, "SKYGREEN_PRECISION": "auto", "SKYGREEN_DEFAULT_PRECISION": "bf16"}).precision.precision
+        == "bf16"
+    )
+    assert (
+        run_with({**base, "SKYGREEN_PRECISION": "fp32", "SKYGREEN_DEFAULT_PRECISION": "bf16"}).precision.precision
+        == "fp32"
+    )
     assert run_with({**base, "SKYGREEN_DEFAULT_PRECISION": "bf16"}, precision="fp32").precision.precision == "fp32"
     with pytest.raises(RuntimeSetupError, match="SKYGREEN_DEFAULT_PRECISION"):
         run_with({**base, "SKYGREEN_DEFAULT_PRECISION": "fp8"})
@@ -153,7 +169,6 @@ def test_bad_config_is_refused():
 
 def test_early_stop_in_a_run_writes_a_completed_checkpoint_and_survives_resume(tmp_path):
     import ddp_train as job
-
     from skygreen.runtime.checkpointer import Checkpointer
 
     metrics = {1: 1.0, 2: 0.5, 3: 0.6, 4: 0.7, 5: 0.4}  # patience 2: stops after step index 4
@@ -178,7 +193,11 @@ def test_micro_batches_of_all_ranks_cover_each_window_exactly(dataset_len, micro
     effective = micro * accum * world
     drawn = []
     for rank in range(world):
-        it = iter(MicroBatchSampler(stream, start=start, effective_batch=effective, micro_batch=micro, rank=rank, world_size=world))
+        it = iter(
+            MicroBatchSampler(
+                stream, start=start, effective_batch=effective, micro_batch=micro, rank=rank, world_size=world
+            )
+        )
         for _ in range(accum * 2):  # two optimizer steps
             drawn.extend(next(it))
     assert sorted(drawn) == sorted(stream.take(start, 2 * effective))
@@ -191,7 +210,7 @@ def test_laptop_side_runtime_modules_import_no_torch():
     import subprocess
 
     code = (
-        "import sys, skygreen.runtime, skygreen.runtime.smoke, skygreen.precision, skygreen.early_stop\n"
+        "import sys, skygreen.runtime, skygreen.launch.smoke, skygreen.runtime.precision, skygreen.runtime.early_stop\n"
         "assert skygreen.runtime.PREEMPTED_EXIT_CODE == 75\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'sky', 'pynvml'}))"
     )

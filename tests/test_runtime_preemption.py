@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_train as job  # noqa: E402
-from metadata_server import MetadataServer  # noqa: E402
-
-from skygreen.checkpoint import committed_steps, read_manifest  # noqa: E402
-from skygreen.runtime import PREEMPTED_EXIT_CODE  # noqa: E402
-from skygreen.runtime.checkpointer import Checkpointer  # noqa: E402
-from skygreen.runtime.compare import first_difference  # noqa: E402
-from skygreen.runtime.preemption import CHECKS, NoticeWatcher, landed_cloud  # noqa: E402
-from skygreen.store import open_store  # noqa: E402
+import ddp_train as job
+from metadata_server import MetadataServer
+from skygreen.checkpoint.manifest import committed_steps, read_manifest
+from skygreen.checkpoint.store import open_store
+from skygreen.runtime import PREEMPTED_EXIT_CODE
+from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.runtime.compare import first_difference
+from skygreen.runtime.preemption import CHECKS, NoticeWatcher, landed_cloud
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.py"
@@ -91,7 +90,9 @@ def test_a_notice_commits_a_checkpoint_at_the_next_boundary_and_training_goes_on
     with MetadataServer("aws") as server:
         environ = {"SKYGREEN_AWS_METADATA_URL": server.url, "SKYGREEN_NOTICE_POLL_S": "0.02"}
         if cloud_known_by == "skypilot":  # as on a managed job's VM, where `up` cannot know the cloud
-            environ["SKYPILOT_CLUSTER_INFO"] = '{"cluster_name": "c", "cloud": "AWS", "region": "us-east-1", "zone": null}'
+            environ["SKYPILOT_CLUSTER_INFO"] = (
+                '{"cluster_name": "c", "cloud": "AWS", "region": "us-east-1", "zone": null}'
+            )
         seen = {}
 
         def raise_notice_during_step_5(net):
@@ -102,6 +103,7 @@ def test_a_notice_commits_a_checkpoint_at_the_next_boundary_and_training_goes_on
                     deadline = time.monotonic() + 10
                     while server.polls < polls + 2 and time.monotonic() < deadline:  # the watcher has seen it
                         time.sleep(0.01)
+
             net[0].register_forward_pre_hook(hook)
 
         cloud = "aws" if cloud_known_by == "settings" else None
@@ -145,7 +147,9 @@ def tiny_env(bucket: Path, run_id: str, **extra: str) -> dict[str, str]:
 
 
 def start_tiny(env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(TINY)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(TINY)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_for_commit(bucket: Path, run_id: str, proc: subprocess.Popen, *, after: int = -1) -> int:
@@ -164,19 +168,21 @@ def wait_for_commit(bucket: Path, run_id: str, proc: subprocess.Popen, *, after:
 def tiny_reference(tmp_path_factory):
     bucket = tmp_path_factory.mktemp("tiny-reference")
     proc = start_tiny(tiny_env(bucket, "ref"))
-    out, err = proc.communicate(timeout=300)
+    _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     return Checkpointer(f"{bucket}/ref").load_latest()
 
 
 def finish_and_compare(bucket: Path, reference) -> None:
     proc = start_tiny(tiny_env(bucket, "victim"))
-    out, err = proc.communicate(timeout=300)
+    _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     final = Checkpointer(f"{bucket}/victim").load_latest()
     assert final.manifest.meta["state"] == "completed"
     assert final.step == reference.step == 40
-    assert first_difference(reference.state, final.state, ignore=IGNORE) is None, first_difference(reference.state, final.state, ignore=IGNORE)
+    assert first_difference(reference.state, final.state, ignore=IGNORE) is None, first_difference(
+        reference.state, final.state, ignore=IGNORE
+    )
     assert first_difference(reference.rank_state, final.rank_state) is None
 
 
@@ -184,7 +190,7 @@ def test_sigterm_commits_exits_75_and_the_restart_ends_identical(tmp_path, tiny_
     proc = start_tiny(tiny_env(tmp_path, "victim"))
     first = wait_for_commit(tmp_path, "victim", proc)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, err
     assert "skygreen: checkpoint interval: every 5 steps" in err  # the chosen interval is logged
     assert "skygreen: SIGTERM; checkpointing at the next step boundary" in err
@@ -228,14 +234,16 @@ def test_sigterm_deadline_exits_75_even_when_the_step_never_ends(tmp_path):
     script = tmp_path / "slow.py"
     script.write_text(SLOW_STEP)
     env = tiny_env(tmp_path, "slow", SKYGREEN_SIGTERM_DEADLINE_S="1", SKYGREEN_CHECKPOINT_EVERY_STEPS="1")
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     wait_for_commit(tmp_path, "slow", proc)
     for line in proc.stdout:
         if line.startswith("step 1"):
             break
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    _out, err = proc.communicate(timeout=30)
     assert proc.returncode == PREEMPTED_EXIT_CODE
     assert time.monotonic() - started < 20
     assert "no checkpoint committed within 1 s of SIGTERM" in err

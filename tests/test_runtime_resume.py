@@ -14,11 +14,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_train as job  # noqa: E402
-
-from skygreen.errors import RuntimeSetupError  # noqa: E402
-from skygreen.runtime.checkpointer import Checkpointer  # noqa: E402
-from skygreen.runtime.compare import first_difference  # noqa: E402
+import ddp_train as job
+from skygreen.errors import RuntimeSetupError
+from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.runtime.compare import first_difference
 
 TOTAL_STEPS = 10
 # Wall time and the restart count legitimately differ between the two histories.
@@ -113,7 +112,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     a = job.train(job.settings(tmp_path / "a", micro_batch=3), 4, hooks=no_dropout, noise=False)
     b = job.train(job.settings(tmp_path / "b", micro_batch=12), 4, hooks=no_dropout, noise=False)
     assert a.accum_steps == 4 and b.accum_steps == 1
-    for pa, pb in zip(a.module.parameters(), b.module.parameters()):
+    for pa, pb in zip(a.module.parameters(), b.module.parameters(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
 
 
@@ -134,7 +133,7 @@ def test_a_step_without_optimizer_step_is_a_clear_error(tmp_path):
         for x, y in step.micro_batches():
             step.backward(torch.nn.functional.cross_entropy(run.model(x), y))
 
-    with pytest.raises(RuntimeSetupError, match="ended without step.optimizer_step"):
+    with pytest.raises(RuntimeSetupError, match=r"ended without step\.optimizer_step"):
         _misused_run(tmp_path, body)
 
 

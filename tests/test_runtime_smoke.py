@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from skygreen.runtime.smoke import SmokeTestError, run_smoke
+from skygreen.launch.smoke import SmokeTestError, run_smoke
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"
@@ -92,7 +92,9 @@ def test_failure_names_the_step_and_the_error(tmp_path, broken, expected):
 
 def test_failure_through_the_cli_exits_1_with_the_message(tmp_path):
     task = write_task(tmp_path, broken="forward")
-    out = subprocess.run([sys.executable, "-m", "skygreen.cli", "smoke", str(task)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", "smoke", str(task)], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 1
     assert out.stderr.startswith("error: skygreen smoke: failed at forward")
     assert "Traceback" not in out.stderr

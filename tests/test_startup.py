@@ -25,8 +25,11 @@ def test_help_imports_neither_sky_nor_torch():
 
 
 CORE = (
-    "errors", "fields", "files", "spec", "settings", "gpus", "catalog", "cost", "carbon", "plan",
-    "render", "checkpoint", "store", "registry", "launcher", "precision", "early_stop", "api", "runs",
+    "errors", "files", "settings", "api",
+    "fields", "spec", "gpus", "plan.catalog", "plan.cost", "plan.carbon", "plan.rank",
+    "launch.render", "launch.registry", "launch.launcher", "launch.runs",
+    "checkpoint.manifest", "checkpoint.interval", "checkpoint.gc", "checkpoint.store",
+    "runtime.precision", "runtime.early_stop",
 )  # fmt: skip
 
 
@@ -56,5 +59,7 @@ def test_plan_imports_neither_sky_nor_torch(tmp_path):
 
 
 def test_planning_core_imports_no_outside_library():
-    loaded = modules_after("import skygreen.catalog, skygreen.plan, skygreen.cost, skygreen.carbon, skygreen.api")
+    loaded = modules_after(
+        "import skygreen.plan.catalog, skygreen.plan.rank, skygreen.plan.cost, skygreen.plan.carbon, skygreen.api"
+    )
     assert not loaded & {"sky", "torch", "boto3", "google", "pynvml", "pandas", "rich"}

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from skygreen.adapters.local import LocalStore
+from skygreen.checkpoint.local_store import LocalStore
+from skygreen.checkpoint.store import KeyNotFoundError, Store, open_store
 from skygreen.errors import StoreError
-from skygreen.store import KeyNotFoundError, Store, open_store
 
 
 def test_plain_paths_and_file_urls_open_the_same_directory(tmp_path):

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from skygreen.checkpoint.store import RetryPolicy, backoff_delay_s, call_with_retries, open_store, parse_url
 from skygreen.errors import InputError, StoreError, TransientStoreError
-from skygreen.store import RetryPolicy, backoff_delay_s, call_with_retries, open_store, parse_url
 
 
 class FakeClock:
@@ -56,8 +56,12 @@ def test_transient_errors_are_retried_until_success_with_growing_waits():
     clock = FakeClock()
     operation, calls = flaky(3, TransientStoreError("503 SlowDown"))
     result = call_with_retries(
-        operation, what="put x", policy=RetryPolicy(base_delay_s=1.0, max_delay_s=100.0),
-        sleep=clock.sleep, monotonic=clock.monotonic, uniform01=lambda: 1.0,
+        operation,
+        what="put x",
+        policy=RetryPolicy(base_delay_s=1.0, max_delay_s=100.0),
+        sleep=clock.sleep,
+        monotonic=clock.monotonic,
+        uniform01=lambda: 1.0,
     )
     assert result == "ok" and calls["n"] == 4
     assert clock.sleeps == [1.0, 2.0, 4.0]
@@ -74,10 +78,15 @@ def test_permanent_errors_fail_fast_without_retry():
 def test_gives_up_after_max_attempts_naming_the_operation_and_count():
     clock = FakeClock()
     operation, calls = flaky(100, TransientStoreError("connection reset"))
-    with pytest.raises(TransientStoreError, match=r"put ckpt/x: still failing after 4 attempt\(s\).*connection reset") as info:
+    with pytest.raises(
+        TransientStoreError, match=r"put ckpt/x: still failing after 4 attempt\(s\).*connection reset"
+    ) as info:
         call_with_retries(
-            operation, what="put ckpt/x", policy=RetryPolicy(max_attempts=4, base_delay_s=0.1),
-            sleep=clock.sleep, monotonic=clock.monotonic,
+            operation,
+            what="put ckpt/x",
+            policy=RetryPolicy(max_attempts=4, base_delay_s=0.1),
+            sleep=clock.sleep,
+            monotonic=clock.monotonic,
         )
     assert calls["n"] == 4 and len(clock.sleeps) == 3
     assert isinstance(info.value.__cause__, TransientStoreError)
@@ -88,9 +97,12 @@ def test_gives_up_when_the_deadline_would_pass():
     operation, calls = flaky(100, TransientStoreError("timeout"))
     with pytest.raises(TransientStoreError, match="still failing"):
         call_with_retries(
-            operation, what="get x",
+            operation,
+            what="get x",
             policy=RetryPolicy(max_attempts=1000, base_delay_s=1.0, max_delay_s=8.0, deadline_s=20.0),
-            sleep=clock.sleep, monotonic=clock.monotonic, uniform01=lambda: 1.0,
+            sleep=clock.sleep,
+            monotonic=clock.monotonic,
+            uniform01=lambda: 1.0,
         )
     assert clock.now_s <= 20.0
     assert calls["n"] == 5  # waits 1 + 2 + 4 + 8 = 15 s; one more 8 s wait would pass 20 s
@@ -100,11 +112,15 @@ def test_on_retry_runs_before_each_new_attempt():
     clock = FakeClock()
     rewinds = []
     operation, _ = flaky(2, TransientStoreError("reset"))
-    call_with_retries(operation, what="x", sleep=clock.sleep, monotonic=clock.monotonic, on_retry=lambda: rewinds.append(1))
+    call_with_retries(
+        operation, what="x", sleep=clock.sleep, monotonic=clock.monotonic, on_retry=lambda: rewinds.append(1)
+    )
     assert rewinds == [1, 1]
 
 
-@pytest.mark.parametrize("bad", [{"max_attempts": 0}, {"base_delay_s": -1.0}, {"base_delay_s": 2.0, "max_delay_s": 1.0}, {"deadline_s": 0.0}])
+@pytest.mark.parametrize(
+    "bad", [{"max_attempts": 0}, {"base_delay_s": -1.0}, {"base_delay_s": 2.0, "max_delay_s": 1.0}, {"deadline_s": 0.0}]
+)
 def test_policy_rejects_nonsense(bad):
     with pytest.raises(ValueError, match="RetryPolicy"):
         RetryPolicy(**bad)

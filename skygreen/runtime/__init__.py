@@ -15,7 +15,7 @@
             run.report(val_loss=evaluate(run.model))
 
 Importing this package does not import torch: the laptop side reads `PREEMPTED_EXIT_CODE`
-and calls `skygreen.runtime.smoke.run_smoke` without paying torch's 2.3 s start-up.
+without paying torch's 2.3 s start-up.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ PREEMPTED_EXIT_CODE = 75
 """Exit status after committing a checkpoint on SIGTERM; SkyPilot's job recovery restarts on it
 (`job_recovery.recover_on_exit_codes`). 75 is EX_TEMPFAIL: try again later."""
 
-_LAZY = {"Run": "skygreen.runtime.run", "Step": "skygreen.runtime.run"}
+_LAZY = {"Run": "skygreen.runtime.run", "Step": "skygreen.runtime.step"}
 
 
 def __getattr__(name: str) -> Any:

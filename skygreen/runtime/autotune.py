@@ -9,9 +9,16 @@ steps (the second one includes the optimizer's state, allocated by the first upd
 
 from __future__ import annotations
 
+from typing import Any
+
 OOM_PROBE_STEPS = 2
 
-_OOM_PATTERNS = ("out of memory", "cuda error: out of memory", "cudnn_status_not_supported", "defaultcpuallocator: can't allocate")
+_OOM_PATTERNS = (
+    "out of memory",
+    "cuda error: out of memory",
+    "cudnn_status_not_supported",
+    "defaultcpuallocator: can't allocate",
+)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -35,3 +42,13 @@ def smaller_micro_batch(micro: int, per_rank_batch: int) -> int | None:
         if per_rank_batch % candidate == 0:
             return candidate
     return None
+
+
+def reset_scaler_stage(scaler: Any) -> None:
+    """Forget a half-done unscale of an abandoned step (GradScaler has no public reset)."""
+    if scaler.is_enabled():
+        from collections import defaultdict
+
+        from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+        scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from skygreen.checkpoint import (
+from skygreen.checkpoint.manifest import (
     CKPT_DIR,
     MANIFEST_NAME,
     METRIC_MODES,
@@ -60,9 +60,10 @@ from skygreen.checkpoint import (
     step_prefix,
     utc_now_iso,
 )
+from skygreen.checkpoint.store import KeyNotFoundError, RetryPolicy, Store, open_store
 from skygreen.errors import CheckpointError, InputError, StoreError, TransientStoreError
+from skygreen.runtime.ranks import all_reduce
 from skygreen.spec import HALF_PRECISIONS
-from skygreen.store import KeyNotFoundError, RetryPolicy, Store, open_store
 
 log = logging.getLogger("skygreen.checkpoint")
 
@@ -131,8 +132,14 @@ def to_host(obj: Any, *, path: str = "state", half: torch.dtype | None = None) -
     if isinstance(obj, _ATOMS):
         return obj
     kind = type(obj).__module__ + "." + type(obj).__qualname__
-    fix = "convert it with torch.from_numpy(...) or .tolist()" if kind.startswith("numpy") else "convert it to tensors, lists or numbers"
-    raise CheckpointError(f"{path}: a {kind} cannot be checkpointed (weights_only loading would refuse it)\n  fix: {fix}")
+    fix = (
+        "convert it with torch.from_numpy(...) or .tolist()"
+        if kind.startswith("numpy")
+        else "convert it to tensors, lists or numbers"
+    )
+    raise CheckpointError(
+        f"{path}: a {kind} cannot be checkpointed (weights_only loading would refuse it)\n  fix: {fix}"
+    )
 
 
 class Checkpointer:
@@ -152,11 +159,17 @@ class Checkpointer:
         tmp_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
-            raise InputError(f"checkpoint keep: must be an integer >= 2 (the newest may be the broken one), got {keep!r}")
+            raise InputError(
+                f"checkpoint keep: must be an integer >= 2 (the newest may be the broken one), got {keep!r}"
+            )
         if half_precision is not None and half_precision not in HALF_PRECISIONS:
-            raise InputError(f"checkpoint half_precision: {half_precision!r} is not one of {', '.join(HALF_PRECISIONS)} or None")
+            raise InputError(
+                f"checkpoint half_precision: {half_precision!r} is not one of {', '.join(HALF_PRECISIONS)} or None"
+            )
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-            raise InputError(f"checkpoint rank/world_size: need 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}")
+            raise InputError(
+                f"checkpoint rank/world_size: need 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}"
+            )
         if metric_mode not in METRIC_MODES:
             raise InputError(f"checkpoint metric_mode: {metric_mode!r} is not one of {', '.join(METRIC_MODES)}")
         self.url = url
@@ -209,7 +222,9 @@ class Checkpointer:
         if self.rank == 0:
             if not isinstance(state, Mapping):
                 raise CheckpointError(f"checkpoint state must be a dict, got a {type(state).__name__}")
-            shared = {k: to_host(v, path=f"state[{k!r}]", half=half if k == "model" else None) for k, v in state.items()}
+            shared = {
+                k: to_host(v, path=f"state[{k!r}]", half=half if k == "model" else None) for k, v in state.items()
+            }
         own = to_host(rank_state if rank_state is not None else {}, path="rank_state")
         _synchronize_devices(state)
         meta_json = json.loads(json.dumps(meta or {}, allow_nan=False))
@@ -257,7 +272,9 @@ class Checkpointer:
                 ) from e
             log.warning(
                 "checkpoint was not committed (%s); training goes on, the next save tries again; "
-                "last committed step: %s", e, self.last_committed_step,
+                "last committed step: %s",
+                e,
+                self.last_committed_step,
             )
             return
 
@@ -350,7 +367,8 @@ class Checkpointer:
             if first_round and self.rank == 0:
                 self._remove_uncommitted_after(step)
             first_round = False
-            low, high = _agree_min(step), _agree_max(step)
+            low = int(all_reduce([step], op="MIN", dtype=torch.int64)[0])
+            high = int(all_reduce([step], op="MAX", dtype=torch.int64)[0])
             if low == high:
                 self.last_committed_step = loaded.step if loaded else None
                 return loaded
@@ -378,9 +396,10 @@ class Checkpointer:
         sha256 already proves the bytes are the ones saved.
         """
         own_name = rank_blob_name(self.rank)
-        with tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp, ThreadPoolExecutor(
-            max_workers=4, thread_name_prefix="skygreen-verify"
-        ) as pool:
+        with (
+            tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp,
+            ThreadPoolExecutor(max_workers=4, thread_name_prefix="skygreen-verify") as pool,
+        ):
             paths, checks = {}, {}
             for name in sorted(manifest.blobs):
                 paths[name] = self._fetch(manifest, name, Path(tmp))
@@ -391,7 +410,9 @@ class Checkpointer:
             finally:
                 _raise_on_mismatch(manifest, checks)
         if rank_state is None and self.world_size > 1:
-            log.warning("%s has no state for rank %d (saved with %d ranks)", manifest.label, self.rank, manifest.world_size)
+            log.warning(
+                "%s has no state for rank %d (saved with %d ranks)", manifest.label, self.rank, manifest.world_size
+            )
         return Loaded(step=manifest.step, state=state, rank_state=rank_state, manifest=manifest)
 
     def _fetch(self, manifest: Manifest, name: str, tmp: Path) -> Path:
@@ -455,26 +476,3 @@ def _synchronize_devices(state: Any) -> None:
     """Wait for device-to-host copies; a no-op on CPU."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
-
-
-def _dist_ready() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-
-
-def _agree_min(value: int) -> int:
-    return _all_reduce(value, "MIN")
-
-
-def _agree_max(value: int) -> int:
-    return _all_reduce(value, "MAX")
-
-
-def _all_reduce(value: int, op: str) -> int:
-    """Agreement across ranks when a process group exists (main thread only); else `value`."""
-    if not _dist_ready():
-        return value
-    dist = torch.distributed
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
-    return int(tensor.item())

@@ -25,7 +25,12 @@ def first_difference(a: Any, b: Any, path: str = "state", *, ignore: frozenset[s
             return f"{path} (tensor vs {type(b if isinstance(a, torch.Tensor) else a).__name__})"
         if a.dtype != b.dtype or a.shape != b.shape:
             return f"{path} ({a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)})"
-        same = torch.equal(a, b) if not a.is_floating_point() else torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0)) and torch.equal(a.isnan(), b.isnan())
+        same = (
+            torch.equal(a, b)
+            if not a.is_floating_point()
+            else torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+            and torch.equal(a.isnan(), b.isnan())
+        )
         return None if same else f"{path} (values differ)"
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         if set(a) != set(b):
@@ -38,7 +43,7 @@ def first_difference(a: Any, b: Any, path: str = "state", *, ignore: frozenset[s
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b):
             return f"{path} (length {len(a)} vs {len(b)})"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             found = first_difference(x, y, f"{path}[{i}]", ignore=ignore)
             if found:
                 return found

@@ -84,18 +84,14 @@ def check_aws(base_url: str) -> Notice | None:
 
 
 def check_gcp(base_url: str) -> Notice | None:
-    status, body = _request(
-        f"{base_url}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}
-    )
+    status, body = _request(f"{base_url}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"})
     if status == 200 and body.strip().upper() == "TRUE":
         return Notice(cloud="gcp", detail="instance/preempted is TRUE")
     return None
 
 
 def check_azure(base_url: str) -> Notice | None:
-    status, body = _request(
-        f"{base_url}/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"}
-    )
+    status, body = _request(f"{base_url}/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"})
     if status != 200:
         return None
     try:
@@ -104,7 +100,10 @@ def check_azure(base_url: str) -> Notice | None:
         return None
     for event in events:
         if isinstance(event, dict) and event.get("EventType") == "Preempt":
-            return Notice(cloud="azure", detail=f"scheduled event Preempt {event.get('EventId', '?')} not before {event.get('NotBefore', '?')}")
+            return Notice(
+                cloud="azure",
+                detail=f"scheduled event Preempt {event.get('EventId', '?')} not before {event.get('NotBefore', '?')}",
+            )
     return None
 
 
@@ -188,7 +187,9 @@ class NoticeWatcher:
         while not self._stop.is_set():
             notice = self._poll_once()
             if notice is not None and not up:
-                log.warning("preemption notice from %s: %s; checkpointing at the next step", notice.cloud, notice.detail)
+                log.warning(
+                    "preemption notice from %s: %s; checkpointing at the next step", notice.cloud, notice.detail
+                )
                 with self._lock:
                     self._fresh = notice
             up = notice is not None
@@ -248,7 +249,10 @@ class SigtermLatch:
         self._timer.start()
 
     def _expire(self) -> None:
-        log.error("skygreen: no checkpoint committed within %.0f s of SIGTERM; exiting with the last committed one", self.deadline_s)
+        log.error(
+            "skygreen: no checkpoint committed within %.0f s of SIGTERM; exiting with the last committed one",
+            self.deadline_s,
+        )
         logging.shutdown()
         os._exit(self.exit_code)
 

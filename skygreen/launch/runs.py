@@ -25,14 +25,8 @@ from skygreen.errors import (
     StoreError,
 )
 from skygreen.files import write_atomic
-from skygreen.launcher import JobState, JobStatus, Launcher, cloud_launcher
-from skygreen.registry import (
-    Registry,
-    RunRecord,
-    data_dir,
-    default_local_bucket,
-    new_run_id,
-)
+from skygreen.launch.launcher import JobState, JobStatus, Launcher, cloud_launcher
+from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.spec import TaskSpec, load_spec
 
 LOCAL = "local"
@@ -46,7 +40,7 @@ class UpResult:
     yaml_path: Path
     run_id: str
     plan: Any | None
-    """A `skygreen.plan.Plan` for cloud runs; None for local ones."""
+    """A `skygreen.plan.rank.Plan` for cloud runs; None for local ones."""
     record: RunRecord | None
     """None for a dry run: nothing was launched or recorded."""
     smoke: Any | None = None
@@ -111,7 +105,7 @@ def up(
     bucket = _bucket(spec, local=local, environ=environ)
     plan = None if local else _plan(spec, catalog_dir)
     task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent)
-    from skygreen.render import to_yaml
+    from skygreen.launch.render import to_yaml
 
     yaml_text = to_yaml(task)
     if dryrun:
@@ -140,7 +134,7 @@ def up(
         secret_names=_secret_names(spec),
     )
     record = registry.save(record)
-    from skygreen.render import secret_values
+    from skygreen.launch.render import secret_values
 
     record = _launch(registry, record, launcher, task, secret_values(spec, environ))
     return UpResult(yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result)
@@ -162,7 +156,7 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
             "  fix: use s3://BUCKET/PREFIX or gs://BUCKET/PREFIX, or run here with --local"
         )
     if bucket.startswith("file://"):
-        return str(Path(bucket[len("file://"):]).expanduser())
+        return str(Path(bucket[len("file://") :]).expanduser())
     if "://" not in bucket:
         return str(Path(bucket).expanduser().resolve())
     return bucket
@@ -175,12 +169,12 @@ def _plan(spec: TaskSpec, catalog_dir: Path | None):
 
 
 def _render(spec: TaskSpec, plan: Any | None, *, run_id: str, bucket: str, task_dir: Path) -> dict[str, Any]:
-    from skygreen.render import render_task
+    from skygreen.launch.render import render_task
     from skygreen.settings import RuntimeSettings
 
     rate = None
     if plan is not None:  # the planner's assumption for the cloud it ranked first
-        from skygreen.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
+        from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
 
         cloud = plan.best.cloud
         rate = spec.green.preemption.rate_per_hour.get(cloud, DEFAULT_PREEMPTION_RATE_PER_HOUR.get(cloud))
@@ -191,16 +185,16 @@ def _render(spec: TaskSpec, plan: Any | None, *, run_id: str, bucket: str, task_
 def runtime_install():
     """How the VM installs skygreen: from this source checkout when skygreen runs from one
     (its folder is mounted to the VM), else the released package of the same version."""
-    from skygreen.render import RuntimeInstall
+    from skygreen.launch.render import RuntimeInstall
 
-    project = Path(__file__).resolve().parent.parent
+    project = Path(__file__).resolve().parents[2]
     if (project / "pyproject.toml").is_file() and (project / "skygreen" / "__init__.py").is_file():
         return RuntimeInstall(source_dir=str(project))
     return RuntimeInstall.default()
 
 
 def _smoke(task_path: Path):
-    from skygreen.runtime.smoke import run_smoke
+    from skygreen.launch.smoke import run_smoke
 
     return run_smoke(task_path)
 
@@ -208,7 +202,7 @@ def _smoke(task_path: Path):
 def preflight_bucket(bucket: str, run_id: str) -> None:
     """Write, read back and delete one small object under the run's prefix, so a missing
     bucket or a missing permission stops `up` before any VM starts."""
-    from skygreen.store import open_store
+    from skygreen.checkpoint.store import open_store
 
     url = f"{bucket.rstrip('/')}/{run_id}"
     key = f"preflight-{_random.token_hex(4)}"
@@ -227,7 +221,9 @@ def preflight_bucket(bucket: str, run_id: str) -> None:
         ) from e
 
 
-def _launch(registry: Registry, record: RunRecord, launcher: Launcher, task: Mapping[str, Any], secrets: Mapping[str, str]) -> RunRecord:
+def _launch(
+    registry: Registry, record: RunRecord, launcher: Launcher, task: Mapping[str, Any], secrets: Mapping[str, str]
+) -> RunRecord:
     try:
         job_id = launcher.launch(task, name=record.run_id, secrets=secrets)
     except SkygreenError:
@@ -295,7 +291,7 @@ def _job_status(record: RunRecord) -> tuple[JobStatus | None, str | None]:
 
 
 def _progress(url: str):
-    from skygreen.checkpoint import read_progress
+    from skygreen.checkpoint.manifest import read_progress
 
     try:
         return read_progress(url), None
@@ -352,7 +348,9 @@ def _where(job: JobStatus | None) -> str | None:
 # ---------------------------------------------------------------- resume, cancel, logs
 
 
-def resume(run_id: str, *, local: bool = False, registry: Registry | None = None, environ: Mapping[str, str] | None = None) -> RunRecord:
+def resume(
+    run_id: str, *, local: bool = False, registry: Registry | None = None, environ: Mapping[str, str] | None = None
+) -> RunRecord:
     """Relaunch a stopped run with the same run id: the runtime continues from the latest
     checkpoint in its bucket. `local` runs it on this machine whatever it ran on before."""
     environ = os.environ if environ is None else environ
@@ -360,9 +358,13 @@ def resume(run_id: str, *, local: bool = False, registry: Registry | None = None
     record = registry.load(run_id)
     current = run_status(record, registry=registry)
     if current.completed:
-        raise InputError(f"run {run_id} already completed at step {current.step}\n  fix: start a new run with `skygreen up`")
+        raise InputError(
+            f"run {run_id} already completed at step {current.step}\n  fix: start a new run with `skygreen up`"
+        )
     if current.state == JobState.SUCCEEDED.value:
-        raise InputError(f"run {run_id} finished (SUCCEEDED); there is nothing to resume\n  fix: start a new run with `skygreen up`")
+        raise InputError(
+            f"run {run_id} finished (SUCCEEDED); there is nothing to resume\n  fix: start a new run with `skygreen up`"
+        )
     stopped = current.state in JobState.__members__ and JobState(current.state).resumable
     if record.launches and not stopped:
         raise InputError(
@@ -392,7 +394,7 @@ def _read_task_yaml(record: RunRecord) -> dict[str, Any]:
 
 def _resume_secrets(record: RunRecord, environ: Mapping[str, str]) -> dict[str, str]:
     """Secret values for a relaunch: from the environment, else still from the task file."""
-    from skygreen.render import secret_values
+    from skygreen.launch.render import secret_values
 
     try:
         return secret_values(load_spec(record.task_path), environ)
@@ -411,7 +413,9 @@ def cancel(run_id: str, *, registry: Registry | None = None) -> RunStatus:
     return run_status(registry.load(run_id), registry=registry)
 
 
-def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None, registry: Registry | None = None) -> int | None:
+def logs(
+    run_id: str, *, follow: bool = False, out: TextIO | None = None, registry: Registry | None = None
+) -> int | None:
     registry = registry or Registry()
     record = registry.load(run_id)
     if record.job_id is None:
@@ -436,7 +440,7 @@ def launcher_for(record: RunRecord) -> Launcher:
 
 
 def _local_launcher(environ: Mapping[str, str]):
-    from skygreen.adapters.local_runner import LocalLauncher
+    from skygreen.launch.local_launcher import LocalLauncher
 
     return LocalLauncher(data_dir(environ) / "local-jobs")
 
@@ -459,7 +463,7 @@ def _plain(value: Any) -> Any:
 
 
 def _secret_names(spec: TaskSpec) -> tuple[str, ...]:
-    from skygreen.render import declared_secrets
+    from skygreen.launch.render import declared_secrets
 
     return declared_secrets(spec)
 

@@ -66,7 +66,9 @@ class RunModel:
     speed: Mapping[str, float] = field(default_factory=dict)
     """Relative speed per GPU (A100 = 1.0); missing GPUs use `skygreen.gpus`."""
     num_nodes: int = 1
-    preemption_rate_per_hour: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PREEMPTION_RATE_PER_HOUR))
+    preemption_rate_per_hour: Mapping[str, float] = field(
+        default_factory=lambda: dict(DEFAULT_PREEMPTION_RATE_PER_HOUR)
+    )
     restart_s: float = DEFAULT_RESTART_S
     checkpoint_cost_s: float = DEFAULT_CHECKPOINT_COST_S
     checkpoint_interval_s: float | None = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-TABLE = Path(__file__).resolve().parent / "data" / "carbon_intensity.csv"
+TABLE = Path(__file__).resolve().parents[1] / "data" / "carbon_intensity.csv"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -23,12 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skygreen.errors import SkygreenError
-from skygreen.settings import RuntimeSettings
+from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
 from skygreen.spec import TaskSpec, load_spec
 
-SMOKE_ENV = "SKYGREEN_SMOKE"
-SMOKE_LINE = "skygreen smoke: ok"
-SMOKE_FAILED = "skygreen smoke: failed at"
 DEFAULT_TIMEOUT_S = 600.0
 # What SkyPilot sets on a one-node, one-GPU cluster, so `torchrun --nproc-per-node
 # $SKYPILOT_NUM_GPUS_PER_NODE ...` run commands start one CPU process here.
@@ -81,7 +78,9 @@ def _workdir(spec: TaskSpec) -> Path:
     path = Path(str(raw)).expanduser()
     path = path if path.is_absolute() else base / path
     if not path.is_dir():
-        raise SmokeTestError(f"workdir: {path} is not a directory\n  fix: point workdir at the folder holding the training script")
+        raise SmokeTestError(
+            f"workdir: {path} is not a directory\n  fix: point workdir at the folder holding the training script"
+        )
     return path
 
 

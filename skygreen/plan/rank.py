@@ -14,17 +14,17 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 
-from skygreen import carbon
-from skygreen.catalog import CLOUDS, Catalog, Offer
-from skygreen.cost import (
+from skygreen.errors import NoOfferError, SpecError, did_you_mean
+from skygreen.gpus import GPUS
+from skygreen.plan import carbon
+from skygreen.plan.catalog import CLOUDS, Catalog, Offer
+from skygreen.plan.cost import (
     DEFAULT_CHECKPOINT_COST_S,
     DEFAULT_PREEMPTION_RATE_PER_HOUR,
     DEFAULT_RESTART_S,
     RunModel,
     estimate,
 )
-from skygreen.errors import NoOfferError, SpecError, did_you_mean
-from skygreen.gpus import GPUS
 from skygreen.spec import OBJECTIVES, GreenSpec, TaskSpec
 
 
@@ -195,7 +195,10 @@ def candidates_for(catalog: Catalog, constraints: Constraints, model: RunModel) 
             candidate = make_candidate(offer, spot, model)
             if candidate is None:
                 continue
-            if constraints.max_price_per_hour is not None and candidate.price_usd_per_hour > constraints.max_price_per_hour:
+            if (
+                constraints.max_price_per_hour is not None
+                and candidate.price_usd_per_hour > constraints.max_price_per_hour
+            ):
                 continue
             if constraints.budget_usd is not None and candidate.est_cost_usd > constraints.budget_usd:
                 continue
@@ -303,7 +306,9 @@ def check_regions(spec: TaskSpec, catalog: Catalog) -> None:
         if catalog.embedded:
             hint += " (the embedded price table lists only a few regions; `skygreen catalog update` fetches all)"
         shown = ", ".join(known[:40]) + (", ..." if len(known) > 40 else "")
-        raise SpecError(f"skygreen.regions[{i}]", f"unknown region {region!r}", allowed=shown, hint=hint, source=spec.source)
+        raise SpecError(
+            f"skygreen.regions[{i}]", f"unknown region {region!r}", allowed=shown, hint=hint, source=spec.source
+        )
 
 
 # ---------------------------------------------------------------- explanations
@@ -326,7 +331,12 @@ def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
     """Why the winner won: against the runner-up on another GPU or cloud, and against the
     offer with the lowest price per hour when that is a different one."""
     best = ranked[0]
-    noun = {"cost": "estimated run cost", "time": "estimated time", "energy": "estimated energy", "carbon": "estimated CO2e"}[objective]
+    noun = {
+        "cost": "estimated run cost",
+        "time": "estimated time",
+        "energy": "estimated energy",
+        "carbon": "estimated CO2e",
+    }[objective]
     lines = [f"{best.label} has the lowest {noun}: {_metric_text(best, objective)}."]
     rival = next((c for c in ranked[1:] if (c.cloud, c.accelerator) != (best.cloud, best.accelerator)), None)
     cheapest_hour = min(ranked, key=lambda c: (c.price_usd_per_hour * c.num_nodes, c.est_cost_usd))
@@ -339,8 +349,14 @@ def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
         b, r = objective_value(best, objective), objective_value(rival, objective)
         more = f" (+{(r / b - 1) * 100:.0f}%)" if b > 0 else ""
         lines.append(f"Next best on another GPU or cloud: {rival.label}, {_metric_text(rival, objective)}{more}.")
-    if best.spot and best.on_demand_price_usd_per_hour is not None and best.price_usd_per_hour >= best.on_demand_price_usd_per_hour:
-        lines.append("Its spot price is not below its on-demand price; `on_demand_fallback: true` lets on-demand compete.")
+    if (
+        best.spot
+        and best.on_demand_price_usd_per_hour is not None
+        and best.price_usd_per_hour >= best.on_demand_price_usd_per_hour
+    ):
+        lines.append(
+            "Its spot price is not below its on-demand price; `on_demand_fallback: true` lets on-demand compete."
+        )
     return tuple(lines)
 
 
@@ -355,8 +371,10 @@ def assumptions(model: RunModel, green: GreenSpec) -> tuple[str, ...]:
     return (
         f"work: {model.work_gpu_hours:g} GPU-hours on {model.work_on}; relative speeds from skygreen.gpus"
         + (" with the task's overrides" if model.speed else ""),
-        f"spot preemptions per node-hour: {rates}; restart {model.restart_s / 60:g} min; "
-        f"checkpoint {interval}, {model.checkpoint_cost_s:g} s blocking per save",
+        (
+            f"spot preemptions per node-hour: {rates}; restart {model.restart_s / 60:g} min; "
+            f"checkpoint {interval}, {model.checkpoint_cost_s:g} s blocking per save"
+        ),
         "energy: TDP x 0.8 x PUE; carbon: grid g CO2e/kWh per region (codecarbon data)",
     )
 
@@ -396,14 +414,18 @@ def no_offer_message(spec: TaskSpec, catalog: Catalog, constraints: Constraints,
             continue
         found = rank(candidates_for(catalog, relaxed, model), spec.green.objective)
         if found:
-            fixes.append(f"relax {path} ({_current(path, constraints)}): then the best offer is {found[0].label}, "
-                         f"{_money(found[0].price_usd_per_hour)}/h, est. {_money(found[0].est_cost_usd)} for the run")
+            fixes.append(
+                f"relax {path} ({_current(path, constraints)}): then the best offer is {found[0].label}, "
+                f"{_money(found[0].price_usd_per_hour)}/h, est. {_money(found[0].est_cost_usd)} for the run"
+            )
     if fixes:
         lines.append("  fix: " + fixes[0])
         lines.extend("   or: " + f for f in fixes[1:])
     else:
-        lines.append("  fix: no single constraint relaxed alone finds an offer; loosen several of the above"
-                     + (" or run `skygreen catalog update` (the embedded price table is small)" if catalog.embedded else ""))
+        lines.append(
+            "  fix: no single constraint relaxed alone finds an offer; loosen several of the above"
+            + (" or run `skygreen catalog update` (the embedded price table is small)" if catalog.embedded else "")
+        )
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""The checkpoint protocol's pure core: key layout, manifest, latest, retention, interval.
+"""The checkpoint protocol: key layout, manifest, reading the latest committed step, retention.
 
 Layout under a run's URL (`<bucket>/<run_id>/`):
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, BinaryIO
 
-from skygreen.errors import CheckpointError, InputError, StoreError, TransientStoreError
-from skygreen.store import KeyNotFoundError, Store, open_store
+from skygreen.checkpoint.store import KeyNotFoundError, Store, open_store
+from skygreen.errors import CheckpointError, StoreError, TransientStoreError
 
 log = logging.getLogger("skygreen.checkpoint")
 
@@ -183,7 +183,9 @@ class Manifest:
                 raise ValueError("not a JSON object")
             version = raw.get("format_version")
             if version != FORMAT_VERSION:
-                raise ValueError(f"format_version {version!r} is not {FORMAT_VERSION} (written by another skygreen version)")
+                raise ValueError(
+                    f"format_version {version!r} is not {FORMAT_VERSION} (written by another skygreen version)"
+                )
             blobs = raw["blobs"]
             if not isinstance(blobs, dict):
                 raise ValueError("blobs is not a mapping")
@@ -360,210 +362,3 @@ def apply_retention(store: Store, *, keep: int) -> list[int]:
     if doomed:
         log.info("retention: deleted checkpoint steps %s", ", ".join(map(str, doomed)))
     return doomed
-
-
-# ---------------------------------------------------------------------------------------
-# Interval
-
-
-DEFAULT_PREEMPTIONS_PER_HOUR = 0.1
-"""Assumed spot preemption rate when the run names none (mean 10 h between preemptions)."""
-
-
-def young_daly_interval_s(save_cost_s: float, mtbf_s: float) -> float:
-    """Young's optimum checkpoint interval, sqrt(2 x save cost x mean time between failures).
-
-    Checkpointing more often wastes save cost; less often loses more work per preemption.
-    """
-    if save_cost_s < 0 or mtbf_s <= 0:
-        raise ValueError(f"need save_cost_s >= 0 and mtbf_s > 0, got {save_cost_s}, {mtbf_s}")
-    return math.sqrt(2.0 * save_cost_s * mtbf_s)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class IntervalPolicy:
-    """When to checkpoint: every N steps, every T seconds, or auto (Young/Daly).
-
-    Auto needs a measured save cost; until the first save it uses `first_auto_s`. The auto
-    interval is never shorter than the last upload took, so saves do not queue up behind
-    each other, and is clamped to [min_interval_s, max_interval_s].
-    """
-
-    every_steps: int | None = None
-    every_s: float | None = None
-    preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
-    first_auto_s: float = 120.0
-    min_interval_s: float = 10.0
-    max_interval_s: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if self.every_steps is not None and self.every_s is not None:
-            raise ValueError("IntervalPolicy: set every_steps or every_s, not both")
-        if self.every_steps is not None and (not isinstance(self.every_steps, int) or self.every_steps < 1):
-            raise ValueError(f"IntervalPolicy.every_steps must be an integer >= 1, got {self.every_steps!r}")
-        if self.every_s is not None and not self.every_s > 0:
-            raise ValueError(f"IntervalPolicy.every_s must be > 0, got {self.every_s!r}")
-        if not self.preemptions_per_hour > 0:
-            raise ValueError(f"IntervalPolicy.preemptions_per_hour must be > 0, got {self.preemptions_per_hour!r}")
-        if not 0 < self.min_interval_s <= self.max_interval_s:
-            raise ValueError("IntervalPolicy: need 0 < min_interval_s <= max_interval_s")
-
-    @property
-    def mode(self) -> str:
-        if self.every_steps is not None:
-            return "steps"
-        return "seconds" if self.every_s is not None else "auto"
-
-    @property
-    def mtbf_s(self) -> float:
-        return 3600.0 / self.preemptions_per_hour
-
-    def auto_interval_s(self, save_cost_s: float | None, upload_s: float | None = None) -> float:
-        if save_cost_s is None:
-            return self.first_auto_s
-        interval_s = max(young_daly_interval_s(save_cost_s, self.mtbf_s), upload_s or 0.0)
-        return min(max(interval_s, self.min_interval_s), self.max_interval_s)
-
-
-class CheckpointSchedule:
-    """Decides, step by step, whether a checkpoint is due. Time is passed in (pure)."""
-
-    def __init__(self, policy: IntervalPolicy, *, start_step: int, start_s: float) -> None:
-        self.policy = policy
-        self.last_step = start_step
-        self.last_s = start_s
-        self.interval_s: float | None = policy.every_s if policy.mode == "seconds" else None
-        if policy.mode == "auto":
-            self.interval_s = policy.first_auto_s
-        log.info("checkpoint interval: %s", self.describe())
-
-    def due(self, step: int, now_s: float) -> bool:
-        if self.policy.mode == "steps":
-            return step - self.last_step >= self.policy.every_steps
-        return now_s - self.last_s >= self.interval_s
-
-    def saved(self, step: int, now_s: float, *, save_cost_s: float | None = None, upload_s: float | None = None) -> None:
-        """Record a save; in auto mode, re-derive the interval from the measured cost."""
-        self.last_step = step
-        self.last_s = now_s
-        if self.policy.mode == "auto" and save_cost_s is not None:
-            new_s = self.policy.auto_interval_s(save_cost_s, upload_s)
-            if self.interval_s is None or abs(new_s - self.interval_s) > 0.1 * self.interval_s:
-                self.interval_s = new_s
-                log.info("checkpoint interval: %s (save cost %.3f s)", self.describe(), save_cost_s)
-            else:
-                self.interval_s = new_s
-
-    def describe(self) -> str:
-        if self.policy.mode == "steps":
-            return f"every {self.policy.every_steps} steps"
-        if self.policy.mode == "seconds":
-            return f"every {self.interval_s:g} s"
-        return (
-            f"auto, every {self.interval_s:.0f} s (Young/Daly, "
-            f"{self.policy.preemptions_per_hour:g} preemptions/hour assumed)"
-        )
-
-
-# ---------------------------------------------------------------------------------------
-# Cold storage (`skygreen gc`)
-
-
-COLD_CLASSES = {"s3": ("GLACIER", "DEEP_ARCHIVE", "GLACIER_IR"), "gs": ("ARCHIVE", "COLDLINE", "NEARLINE")}
-DEFAULT_COLD_CLASS = {"s3": "GLACIER", "gs": "ARCHIVE"}
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|d|w)\s*$")
-_AGE_S = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-
-
-def parse_age_s(text: str) -> float:
-    """`90d`, `12h`, `2w` -> seconds; anything else is an `InputError` naming the flag."""
-    match = _AGE.match(str(text))
-    if not match:
-        raise InputError(f"--older-than: expected an age such as 90d, 12h or 2w, got {text!r}")
-    return float(match.group(1)) * _AGE_S[match.group(2)]
-
-
-def protected_steps(manifests: Sequence[Manifest], *, latest_step: int | None) -> set[int]:
-    """Steps gc never touches: the newest commit, the latest loadable one, the best, the pinned."""
-    keep = {m.step for m in manifests if m.pinned}
-    if manifests:
-        keep.add(max(m.step for m in manifests))
-    if latest_step is not None:
-        keep.add(latest_step)
-    best = best_step(manifests)
-    if best is not None:
-        keep.add(best)
-    return keep
-
-
-def stale_steps(manifests: Sequence[Manifest], *, latest_step: int | None, now_s: float, older_than_s: float) -> list[int]:
-    """Committed steps older than `older_than_s` that gc may move to cold storage."""
-    keep = protected_steps(manifests, latest_step=latest_step)
-    return sorted(m.step for m in manifests if m.step not in keep and now_s - m.created_at_s >= older_than_s)
-
-
-def find_runs(store: Store) -> list[str]:
-    """Run folders under a store: "" when the store is itself a run, else `<run_id>` names."""
-    runs = set()
-    for key in store.list(""):
-        head, _, rest = key.partition("/")
-        if head == CKPT_DIR:
-            runs.add("")
-        elif rest.startswith(CKPT_DIR + "/"):
-            runs.add(head)
-    return sorted(runs)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ColdMove:
-    """One object gc moves (or would move): `key` relative to the run's URL."""
-
-    run_url: str
-    step: int
-    key: str
-    age_days: float
-    storage_class: str
-    done: bool = False
-
-
-def plan_cold_moves(url: str, *, older_than_s: float, storage_class: str, now_s: float) -> list[ColdMove]:
-    """Blobs of stale checkpoints under `url` (a run or a bucket of runs) not yet cold.
-
-    Manifests and rank notes stay in the standard class, so status and listings keep working
-    and a reader meets a clear 'in cold storage' error instead of a missing checkpoint.
-    """
-    from skygreen.store import join_url, parse_url
-
-    cold_already = set(COLD_CLASSES.get(parse_url(url).scheme, ()))
-    root = open_store(url)
-    moves = []
-    for run in find_runs(root):
-        run_url = join_url(url, run) if run else url
-        store = open_store(run_url)
-        manifests = list(iter_manifests(store))
-        latest = latest_manifest(store)
-        by_step = {m.step: m for m in manifests}
-        for step in stale_steps(manifests, latest_step=latest.step if latest else None, now_s=now_s, older_than_s=older_than_s):
-            manifest = by_step[step]
-            for name in sorted(manifest.blobs):
-                key = blob_key(step, name)
-                if store.storage_class(key) in cold_already:
-                    continue  # already cold; moving between cold classes needs a restore first
-                age_days = (now_s - manifest.created_at_s) / 86400.0
-                moves.append(ColdMove(run_url=run_url, step=step, key=key, age_days=age_days, storage_class=storage_class))
-    return moves
-
-
-def apply_cold_moves(moves: Sequence[ColdMove]) -> list[ColdMove]:
-    """Move each planned object to its cold class; returns the moves marked done."""
-    done = []
-    stores: dict[str, Store] = {}
-    for move in moves:
-        store = stores.setdefault(move.run_url, open_store(move.run_url))
-        store.set_storage_class(move.key, move.storage_class)
-        done.append(ColdMove(**{**_fields(move), "done": True}))
-    return done
-
-
-def _fields(move: ColdMove) -> dict[str, Any]:
-    return {name: getattr(move, name) for name in ColdMove.__slots__}

@@ -15,6 +15,7 @@ The task's `setup` is not run here: the runtime is already installed on this mac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from skygreen.errors import InputError, LaunchError
-from skygreen.launcher import PREEMPTED_EXIT_CODE, JobState, JobStatus
+from skygreen.launch.launcher import PREEMPTED_EXIT_CODE, JobState, JobStatus
 
 CANCEL_GRACE_S = 60.0
 """How long `cancel` waits after SIGTERM for the final checkpoint before SIGKILL."""
@@ -53,7 +54,9 @@ class LocalLauncher:
             raise InputError("the task has no `run` command\n  fix: add e.g. `run: python train.py` to the task file")
         workdir = Path(str(task.get("workdir") or "."))
         if not workdir.is_dir():
-            raise InputError(f"workdir {workdir} is not a folder\n  fix: set `workdir:` in the task file to the folder with the training script")
+            raise InputError(
+                f"workdir {workdir} is not a folder\n  fix: set `workdir:` in the task file to the folder with the training script"
+            )
         job_id = self._new_job_id(name)
         folder = self.root / job_id
         folder.mkdir(parents=True)
@@ -71,11 +74,21 @@ class LocalLauncher:
                 close_fds=True,
             )
         except OSError as e:
-            raise LaunchError(f"cannot start the local run: {e}\n  fix: check that bash is installed and the workdir is readable") from e
+            raise LaunchError(
+                f"cannot start the local run: {e}\n  fix: check that bash is installed and the workdir is readable"
+            ) from e
         finally:
             log.close()
         self._children[job_id] = child
-        _write_json(folder / "job.json", {"pid": child.pid, "start_ticks": _start_ticks(child.pid), "started_at": time.time(), "workdir": str(workdir)})
+        _write_json(
+            folder / "job.json",
+            {
+                "pid": child.pid,
+                "start_ticks": _start_ticks(child.pid),
+                "started_at": time.time(),
+                "workdir": str(workdir),
+            },
+        )
         return job_id
 
     def status(self, job_id: str) -> JobStatus:
@@ -88,7 +101,10 @@ class LocalLauncher:
         if exit_code is None and self._alive(job_id, pid, info.get("start_ticks")):
             state, detail = (JobState.CANCELLING, "stopping") if cancelled else (JobState.RUNNING, f"pid {pid}")
         elif exit_code is None:
-            state, detail = (JobState.CANCELLED if cancelled else JobState.STOPPED), "the process ended without an exit code (killed)"
+            state, detail = (
+                (JobState.CANCELLED if cancelled else JobState.STOPPED),
+                "the process ended without an exit code (killed)",
+            )
             ended_at = _mtime(folder / "output.log")
         elif exit_code == 0:
             state, detail = JobState.SUCCEEDED, "exit code 0"
@@ -155,7 +171,9 @@ class LocalLauncher:
     def _folder(self, job_id: str) -> Path:
         folder = self.root / job_id
         if "/" in job_id or job_id in ("", ".", "..") or not (folder / "job.json").exists():
-            raise InputError(f"no local job {job_id!r} under {self.root}\n  fix: `skygreen status` lists the runs and their jobs")
+            raise InputError(
+                f"no local job {job_id!r} under {self.root}\n  fix: `skygreen status` lists the runs and their jobs"
+            )
         return folder
 
     def _exit_code(self, job_id: str) -> int | None:
@@ -224,10 +242,8 @@ def _process_alive(pid: int | None, start_ticks: int | None) -> bool:
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:

@@ -21,8 +21,7 @@ import botocore.config
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
-from skygreen.errors import StoreError, TransientStoreError
-from skygreen.store import (
+from skygreen.checkpoint.store import (
     DEFAULT_RETRY,
     ArchivedObjectError,
     KeyNotFoundError,
@@ -31,6 +30,7 @@ from skygreen.store import (
     call_with_retries,
     rewind,
 )
+from skygreen.errors import StoreError, TransientStoreError
 
 T = TypeVar("T")
 
@@ -49,15 +49,24 @@ _ERROR_TABLE: dict[str, tuple[str, str]] = {
     "404": ("missing", ""),
     "NotFound": ("missing", ""),
     "NoSuchBucket": ("no_bucket", "create it (`aws s3 mb s3://{bucket}`) or fix checkpoint.bucket in the task file"),
-    "AccessDenied": ("denied", "grant the instance role or credentials s3:ListBucket on the bucket and s3:GetObject, s3:PutObject, s3:DeleteObject on its objects"),
-    "403": ("denied", "grant the instance role or credentials s3:ListBucket on the bucket and s3:GetObject, s3:PutObject, s3:DeleteObject on its objects"),
+    "AccessDenied": (
+        "denied",
+        "grant the instance role or credentials s3:ListBucket on the bucket and s3:GetObject, s3:PutObject, s3:DeleteObject on its objects",
+    ),
+    "403": (
+        "denied",
+        "grant the instance role or credentials s3:ListBucket on the bucket and s3:GetObject, s3:PutObject, s3:DeleteObject on its objects",
+    ),
     "AllAccessDisabled": ("denied", "the bucket's owner has disabled all access to it; use another bucket"),
     "InvalidAccessKeyId": ("denied", "the AWS access key is not valid; check the credentials the job runs with"),
     "SignatureDoesNotMatch": ("denied", "the AWS secret key does not match the access key; check the credentials"),
     "ExpiredToken": ("denied", "the AWS session token expired; refresh the credentials"),
     "InvalidToken": ("denied", "the AWS session token is not valid; refresh the credentials"),
     "PermanentRedirect": ("denied", "the bucket is in another region; set AWS_DEFAULT_REGION to the bucket's region"),
-    "AuthorizationHeaderMalformed": ("denied", "the bucket is in another region; set AWS_DEFAULT_REGION to the bucket's region"),
+    "AuthorizationHeaderMalformed": (
+        "denied",
+        "the bucket is in another region; set AWS_DEFAULT_REGION to the bucket's region",
+    ),
     "InvalidObjectState": ("archived", "restore it from cold storage first (`aws s3api restore-object`)"),
     "InternalError": ("transient", ""),
     "ServiceUnavailable": ("transient", ""),
@@ -178,7 +187,9 @@ class S3Store:
         source = {"Bucket": self.bucket, "Key": name}
         self._run(
             f"move {key} to {storage_class} in",
-            lambda: self.client.copy(source, self.bucket, name, ExtraArgs={"StorageClass": storage_class}, Config=_TRANSFER),
+            lambda: self.client.copy(
+                source, self.bucket, name, ExtraArgs={"StorageClass": storage_class}, Config=_TRANSFER
+            ),
         )
 
 
@@ -245,4 +256,3 @@ def _from_code(bucket: str, what: str, code: str, message: str) -> StoreError:
     if code.isdigit() and int(code) >= 500:
         return TransientStoreError(f"{what}: HTTP {code}: {message}")
     return StoreError(f"{what}: bucket {bucket!r} refused: {code}: {message}")
-

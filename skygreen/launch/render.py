@@ -36,7 +36,7 @@ import yaml
 
 from skygreen import __version__
 from skygreen.errors import NoOfferError, SpecError
-from skygreen.launcher import PREEMPTED_EXIT_CODE
+from skygreen.launch.launcher import PREEMPTED_EXIT_CODE
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
 
@@ -119,7 +119,7 @@ def render_task(
 ) -> dict[str, Any]:
     """The final SkyPilot task for one run.
 
-    `plan` is a `skygreen.plan.Plan` (its `candidates`, best first); None renders the task for
+    `plan` is a `skygreen.plan.rank.Plan` (its `candidates`, best first); None renders the task for
     `--local`: no cloud resources, no setup (the runtime is already installed here), and the
     command without torchrun (one process on this machine).
     """
@@ -202,7 +202,12 @@ def _resources(spec: TaskSpec, plan: Any, user_resources: Any) -> dict[str, Any]
     green = spec.green
     strategy = green.recovery.strategy.upper()
     if strategy not in RECOVERY_STRATEGIES:  # the spec validates it; SkyPilot's client does not
-        raise SpecError("skygreen.recovery.strategy", "unknown recovery strategy", value=strategy, allowed=", ".join(RECOVERY_STRATEGIES))
+        raise SpecError(
+            "skygreen.recovery.strategy",
+            "unknown recovery strategy",
+            value=strategy,
+            allowed=", ".join(RECOVERY_STRATEGIES),
+        )
     base["use_spot"] = green.spot
     base["job_recovery"] = {
         "strategy": strategy,
@@ -231,7 +236,9 @@ def _ordered(plan: Any, limit: int) -> list[dict[str, Any]]:
         if len(entries) == limit:
             break
     if not entries:
-        raise NoOfferError("the plan has no offers to launch\n  fix: run `skygreen plan TASK` to see which constraint to relax")
+        raise NoOfferError(
+            "the plan has no offers to launch\n  fix: run `skygreen plan TASK` to see which constraint to relax"
+        )
     return entries
 
 
@@ -244,7 +251,12 @@ def _envs(spec: TaskSpec, settings: RuntimeSettings, user_envs: Any) -> dict[str
     for key, value in dict(user_envs or {}).items():
         key = str(key)
         if key in ours:
-            raise SpecError(f"envs.{key}", "is set by skygreen for every run", value=value, hint="remove it; set the matching field of the skygreen: section instead")
+            raise SpecError(
+                f"envs.{key}",
+                "is set by skygreen for every run",
+                value=value,
+                hint="remove it; set the matching field of the skygreen: section instead",
+            )
         if value is None:
             raise SpecError(f"envs.{key}", "has no value", hint=f'give it a value, or an empty string: {key}: ""')
         envs[key] = str(value)
@@ -260,7 +272,9 @@ def _secret_refs(raw: Any) -> dict[str, None] | list[str] | None:
         return {str(name): None for name in raw}
     if isinstance(raw, list):
         return [str(item) for item in raw]
-    raise SpecError("secrets", "expected a mapping of names to values, or a list of secrets:NAME", value=type(raw).__name__)
+    raise SpecError(
+        "secrets", "expected a mapping of names to values, or a list of secrets:NAME", value=type(raw).__name__
+    )
 
 
 def _workdir(raw: Any, task_dir: Path) -> Any:
@@ -286,13 +300,18 @@ def _setup(spec: TaskSpec, settings: RuntimeSettings, install: RuntimeInstall) -
     user_part = ""
     if user_setup:
         user_part = _template("user_setup.sh.tmpl").substitute(user_setup_quoted=shlex.quote(str(user_setup)))
-    return _template("setup.sh.tmpl").substitute(
-        version=__version__,
-        run_id=settings.run_id,
-        install_target=target,
-        runtime_requirements=requirements,
-        user_setup=user_part,
-    ).rstrip() + "\n"
+    return (
+        _template("setup.sh.tmpl")
+        .substitute(
+            version=__version__,
+            run_id=settings.run_id,
+            install_target=target,
+            runtime_requirements=requirements,
+            user_setup=user_part,
+        )
+        .rstrip()
+        + "\n"
+    )
 
 
 def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool) -> str:
@@ -323,7 +342,7 @@ def _torchrun(command: str, spec: TaskSpec) -> str:
         words = []
     if words and words[0] == "torchrun":
         return command
-    if len(words) < 2 or Path(words[0]).name not in _PYTHON and not Path(words[0]).name.startswith("python3."):
+    if len(words) < 2 or (Path(words[0]).name not in _PYTHON and not Path(words[0]).name.startswith("python3.")):
         where = "skygreen.gpu_count" if spec.green.gpu_count > 1 else "num_nodes"
         raise SpecError(
             "run",

@@ -1,4 +1,4 @@
-"""SkyPilot behind the `skygreen.launcher.Launcher` seam: managed spot jobs.
+"""SkyPilot behind the `skygreen.launch.launcher.Launcher` seam: managed spot jobs.
 
 The only module that imports `sky` to launch (lazily: `import sky` costs about 2.3 s). It
 takes an already-rendered task dict; it never renders. SkyPilot's errors become
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from skygreen.errors import LaunchError
-from skygreen.launcher import JobState, JobStatus
+from skygreen.launch.launcher import JobState, JobStatus
 
 _LOCAL_FIX = "or run on this machine with `skygreen up TASK --local`"
 
@@ -119,7 +119,9 @@ def launch_error(error: BaseException, action: str) -> LaunchError:
         if cls.__name__ in ERROR_TABLE:
             what, fix = ERROR_TABLE[cls.__name__]
             return LaunchError(f"{action} failed: {what}\n  detail: {_first_line(error)}\n  fix: {fix}")
-    return LaunchError(f"{action} failed: {type(error).__name__}: {_first_line(error)}\n  fix: run with SKYGREEN_DEBUG=1 for the full error; `sky check` tests the cloud setup")
+    return LaunchError(
+        f"{action} failed: {type(error).__name__}: {_first_line(error)}\n  fix: run with SKYGREEN_DEBUG=1 for the full error; `sky check` tests the cloud setup"
+    )
 
 
 def describe_failure(class_name: str, detail: str, action: str) -> LaunchError:
@@ -135,7 +137,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def _sky():
-    import sky  # noqa: PLC0415 - 2.3 s; only when a command needs SkyPilot
+    import sky
 
     return sky
 
@@ -165,13 +167,17 @@ class SkyPilotLauncher:
         except Exception as e:
             raise launch_error(e, "launching the managed job") from e
         if not job_ids:
-            raise LaunchError("launching the managed job failed: SkyPilot returned no job id\n  fix: check `sky jobs queue`")
+            raise LaunchError(
+                "launching the managed job failed: SkyPilot returned no job id\n  fix: check `sky jobs queue`"
+            )
         return str(job_ids[0])
 
     def status(self, job_id: str) -> JobStatus:
         sky = _sky()
         try:
-            request = sky.jobs.queue_v2(refresh=False, skip_finished=False, job_ids=[int(job_id)], fields=list(_STATUS_FIELDS))
+            request = sky.jobs.queue_v2(
+                refresh=False, skip_finished=False, job_ids=[int(job_id)], fields=list(_STATUS_FIELDS)
+            )
             records = sky.get(request)[0]
         except Exception as e:
             raise launch_error(e, f"reading managed job {job_id}") from e

@@ -12,6 +12,7 @@ so memory stays bounded by one chunk. The library's own retries are switched off
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
@@ -22,15 +23,8 @@ import requests.exceptions
 from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 
+from skygreen.checkpoint.store import DEFAULT_RETRY, KeyNotFoundError, RetryPolicy, StoreUrl, call_with_retries, rewind
 from skygreen.errors import StoreError, TransientStoreError
-from skygreen.store import (
-    DEFAULT_RETRY,
-    KeyNotFoundError,
-    RetryPolicy,
-    StoreUrl,
-    call_with_retries,
-    rewind,
-)
 
 T = TypeVar("T")
 
@@ -44,7 +38,10 @@ _DENIED_FIX = "grant the VM's service account roles/storage.objectAdmin on the b
 _STATUS_TABLE: dict[int, tuple[str, str]] = {
     401: ("denied", "the credentials were rejected; check Application Default Credentials on the VM"),
     403: ("denied", _DENIED_FIX),
-    404: ("missing", "create it (`gcloud storage buckets create gs://{bucket}`) or fix checkpoint.bucket in the task file"),
+    404: (
+        "missing",
+        "create it (`gcloud storage buckets create gs://{bucket}`) or fix checkpoint.bucket in the task file",
+    ),
     408: ("transient", ""),
     429: ("transient", ""),
     500: ("transient", ""),
@@ -81,7 +78,12 @@ class GcsStore:
         self.bucket = self.client.bucket(url.bucket)
 
     def _run(
-        self, what: str, operation: Callable[[], T], *, on_retry: Callable[[], None] | None = None, writing: bool = False
+        self,
+        what: str,
+        operation: Callable[[], T],
+        *,
+        on_retry: Callable[[], None] | None = None,
+        writing: bool = False,
     ) -> T:
         label = f"{what} {self.url}"
         return call_with_retries(
@@ -98,7 +100,9 @@ class GcsStore:
         blob = self._blob(key)
         if isinstance(data, (bytes, bytearray, memoryview)):
             payload = bytes(data)
-            self._run(f"put {key} to", lambda: blob.upload_from_string(payload, retry=None, timeout=_TIMEOUT_S), writing=True)
+            self._run(
+                f"put {key} to", lambda: blob.upload_from_string(payload, retry=None, timeout=_TIMEOUT_S), writing=True
+            )
             return
         size = _remaining_bytes(data)
         self._run(
@@ -138,10 +142,8 @@ class GcsStore:
 
     def delete(self, key: str) -> None:
         blob = self._blob(key)
-        try:
+        with contextlib.suppress(KeyNotFoundError):
             self._run(f"delete {key} from", lambda: blob.delete(retry=None, timeout=_TIMEOUT_S))
-        except KeyNotFoundError:
-            pass
 
     def _reloaded(self, key: str) -> storage.Blob:
         blob = self._blob(key)

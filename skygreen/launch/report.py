@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TextIO
 
-from skygreen.runs import RunStatus, UpResult
+from skygreen.launch.runs import RunStatus, UpResult
 
 
 def _money(usd: float | None, estimated: bool = False) -> str:
@@ -44,7 +44,7 @@ def print_status_table(rows: Sequence[RunStatus], out: TextIO) -> None:
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
-        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() + "\n")
+        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
     if any(r.completed for r in rows):
         out.write("* training completed (final checkpoint committed)\n")
 
@@ -58,12 +58,19 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
         ("state", r.state + (f" - {r.detail}" if r.detail else "")),
         ("job", f"{_dash(r.job_id)} (launches: {r.launches})"),
         ("step", _dash(r.step) + (" (completed)" if r.completed else "")),
-        ("checkpoint", f"{r.checkpoint_at} at {r.checkpoint_url}" if r.checkpoint_at else f"none yet at {r.checkpoint_url}"),
+        (
+            "checkpoint",
+            f"{r.checkpoint_at} at {r.checkpoint_url}" if r.checkpoint_at else f"none yet at {r.checkpoint_url}",
+        ),
         ("interval", f"every {r.checkpoint_interval_s:.0f} s" if r.checkpoint_interval_s is not None else "-"),
         ("model_sha256", _dash(r.model_sha256)),
         ("preemptions", _dash(r.preemptions)),
         ("recoveries", str(r.recoveries)),
-        ("spend so far", _money(r.spend_usd, r.spend_estimated) + (" (estimated from the plan's best offer)" if r.spend_estimated else "")),
+        (
+            "spend so far",
+            _money(r.spend_usd, r.spend_estimated)
+            + (" (estimated from the plan's best offer)" if r.spend_estimated else ""),
+        ),
         ("energy so far", _energy(r.energy_kwh)),
     ]
     if r.progress_error:

@@ -14,14 +14,9 @@ import shutil
 from pathlib import Path
 from typing import BinaryIO
 
+from skygreen.checkpoint.store import DEFAULT_RETRY, KeyNotFoundError, RetryPolicy, call_with_retries
 from skygreen.errors import StoreError, TransientStoreError
 from skygreen.files import COPY_CHUNK_BYTES, TEMP_PREFIX, write_atomic
-from skygreen.store import (
-    DEFAULT_RETRY,
-    KeyNotFoundError,
-    RetryPolicy,
-    call_with_retries,
-)
 
 # errno -> transient? Full disks and permissions do not heal by waiting; NFS hiccups can.
 _TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.EIO}
@@ -35,7 +30,9 @@ class LocalStore:
         self.url = str(self.root)
         self.retry = retry
         if self.root.exists() and not self.root.is_dir():
-            raise StoreError(f"{self.root}: checkpoint bucket path exists but is not a directory\n  fix: choose a directory path")
+            raise StoreError(
+                f"{self.root}: checkpoint bucket path exists but is not a directory\n  fix: choose a directory path"
+            )
 
     def _path(self, key: str) -> Path:
         parts = key.split("/")
@@ -123,7 +120,9 @@ def _mapped(root: Path, what: str, operation):
         ) from e
     except OSError as e:
         if e.errno == errno.ENOSPC:
-            raise StoreError(f"{what}: the disk holding {root} is full\n  fix: free space or choose another bucket path") from e
+            raise StoreError(
+                f"{what}: the disk holding {root} is full\n  fix: free space or choose another bucket path"
+            ) from e
         if e.errno in _TRANSIENT_ERRNOS:
             raise TransientStoreError(f"{what}: {e}") from e
         raise StoreError(f"{what}: {e}") from e

@@ -1,6 +1,6 @@
 """Replay a checkpointed run over a real spot trace, to check the cost model's spot overhead.
 
-The planner prices spot offers with an expected-value model (`skygreen.cost.estimate`): a
+The planner prices spot offers with an expected-value model (`skygreen.plan.cost.estimate`): a
 preemption rate per running hour, a restart time, and half a checkpoint interval of lost work
 per preemption. This module plays the same run against a recorded sequence of spot lifetimes
 instead, so the model's assumptions (the default rates above all) can be measured against
@@ -13,6 +13,7 @@ spot-traces convention). Only alive time is billed: while the trace shows 0 the 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,7 +51,7 @@ def alive_runs_s(ticks: Sequence[int], gap_s: float) -> list[float]:
 
 
 def trace_stats(ticks: Sequence[int], gap_s: float) -> TraceStats:
-    preemptions = sum(1 for before, after in zip(ticks, ticks[1:]) if before and not after)
+    preemptions = sum(1 for before, after in itertools.pairwise(ticks) if before and not after)
     return TraceStats(alive_hours=sum(1 for t in ticks if t) * gap_s / 3600.0, preemptions=preemptions)
 
 
@@ -71,7 +72,7 @@ def replay_run(
     """
     if work_s <= 0 or interval_s <= 0 or not lifetimes_s:
         raise ValueError("work_s and interval_s must be > 0 and the trace must have an alive run")
-    committed_s, billed_s, preemptions = 0.0, 0.0, 0
+    committed_s, billed_s = 0.0, 0.0
     for k in range(first, first + 100_000 * len(lifetimes_s)):
         lifetime_s = lifetimes_s[k % len(lifetimes_s)]
         used_s = min(restart_s, lifetime_s) if k > first else 0.0
@@ -83,11 +84,10 @@ def replay_run(
             used_s += chunk_s
             progress_s += chunk_s
             if progress_s >= work_s:
-                return ReplayResult(billed_s=billed_s + used_s, preemptions=preemptions)
+                return ReplayResult(billed_s=billed_s + used_s, preemptions=k - first)
             if used_s + save_s > lifetime_s:
                 break
             used_s += save_s
             committed_s = progress_s
         billed_s += lifetime_s
-        preemptions += 1
     raise ValueError("the run makes no progress on this trace (lifetimes shorter than a restart plus an interval)")

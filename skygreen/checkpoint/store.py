@@ -209,15 +209,15 @@ def open_store(url: str, *, retry: RetryPolicy | None = None) -> Store:
     parsed = parse_url(url)
     policy = retry or DEFAULT_RETRY
     if parsed.scheme == "file":
-        from skygreen.adapters.local import LocalStore
+        from skygreen.checkpoint.local_store import LocalStore
 
         return LocalStore(parsed.bucket, retry=policy)
     try:
         if parsed.scheme == "s3":
-            from skygreen.adapters.s3 import S3Store
+            from skygreen.checkpoint.s3_store import S3Store
 
             return S3Store(parsed, retry=policy)
-        from skygreen.adapters.gcs import GcsStore
+        from skygreen.checkpoint.gcs_store import GcsStore
 
         return GcsStore(parsed, retry=policy)
     except ModuleNotFoundError as e:

@@ -147,7 +147,9 @@ class Registry:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             known = ", ".join(r.run_id for r in self.list()[-5:]) or "none yet"
-            raise InputError(f"no run {run_id!r} on this machine\n  known runs: {known}\n  fix: `skygreen status` lists the runs") from None
+            raise InputError(
+                f"no run {run_id!r} on this machine\n  known runs: {known}\n  fix: `skygreen status` lists the runs"
+            ) from None
         except (OSError, ValueError) as e:
             raise SkygreenError(f"run record {path} is unreadable: {e}") from e
         return RunRecord.from_json(data)

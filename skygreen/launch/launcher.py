@@ -1,7 +1,7 @@
 """The one narrow seam between skygreen and whatever runs a rendered task.
 
-Two real launchers implement it: `skygreen.adapters.skypilot.SkyPilotLauncher` (managed spot
-jobs) and `skygreen.adapters.local_runner.LocalLauncher` (`--local`, this machine). Tests of
+Two real launchers implement it: `skygreen.launch.skypilot_launcher.SkyPilotLauncher` (managed spot
+jobs) and `skygreen.launch.local_launcher.LocalLauncher` (`--local`, this machine). Tests of
 the CLI flows use `skygreen.testing.FakeLauncher`, selected by the environment variable
 `SKYGREEN_LAUNCHER=module:factory` so no internals are patched.
 
@@ -128,7 +128,7 @@ def cloud_launcher() -> Launcher:
     target = os.environ.get(LAUNCHER_ENV)
     if target:
         return load_launcher(target)
-    from skygreen.adapters.skypilot import SkyPilotLauncher
+    from skygreen.launch.skypilot_launcher import SkyPilotLauncher
 
     return SkyPilotLauncher()
 
@@ -137,12 +137,18 @@ def load_launcher(target: str) -> Launcher:
     """Instantiate `module:factory` (e.g. `skygreen.testing:FakeLauncher`)."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise InputError(f"{LAUNCHER_ENV}={target!r} is not of the form module:factory\n  fix: e.g. {LAUNCHER_ENV}=skygreen.testing:FakeLauncher, or unset it")
+        raise InputError(
+            f"{LAUNCHER_ENV}={target!r} is not of the form module:factory\n  fix: e.g. {LAUNCHER_ENV}=skygreen.testing:FakeLauncher, or unset it"
+        )
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
-        raise InputError(f"{LAUNCHER_ENV}={target!r}: cannot load it ({e})\n  fix: name an importable module:factory, or unset it") from e
+        raise InputError(
+            f"{LAUNCHER_ENV}={target!r}: cannot load it ({e})\n  fix: name an importable module:factory, or unset it"
+        ) from e
     launcher = factory()
     if not isinstance(launcher, Launcher):
-        raise InputError(f"{LAUNCHER_ENV}={target!r} did not give a launcher (needs kind, launch, status, cancel, logs)")
+        raise InputError(
+            f"{LAUNCHER_ENV}={target!r} did not give a launcher (needs kind, launch, status, cancel, logs)"
+        )
     return launcher

@@ -39,7 +39,7 @@ from skygreen.gpus import GPUS
 CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
 SCHEMA_VERSION = "v8"
 ENV_CATALOG_DIR = "SKYGREEN_CATALOG_DIR"
-EMBEDDED_CATALOG = Path(__file__).resolve().parent / "data" / "default_catalog.csv"
+EMBEDDED_CATALOG = Path(__file__).resolve().parents[1] / "data" / "default_catalog.csv"
 
 # --- GCP host pairing, copied from skypilot 0.14.1 sky/catalog/gcp_catalog.py -------------
 # GPU -> count -> the only host machine types it can attach to.
@@ -66,9 +66,10 @@ GCP_N1_HOST_CPUS: dict[str, dict[int, int]] = {
 }
 GCP_N1_FAMILIES: tuple[str, ...] = ("n1-standard", "n1-highmem", "n1-highcpu")
 GCP_HOST_MEMORY_GB_PER_CPU = 4
-_GCP_HOST_PREFIXES: tuple[str, ...] = tuple(
-    {t.rsplit("-", 1)[0] + "-" for counts in GCP_ACC_HOST_TYPES.values() for ts in counts.values() for t in ts}
-) + GCP_N1_FAMILIES
+_GCP_HOST_PREFIXES: tuple[str, ...] = (
+    tuple({t.rsplit("-", 1)[0] + "-" for counts in GCP_ACC_HOST_TYPES.values() for ts in counts.values() for t in ts})
+    + GCP_N1_FAMILIES
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -177,8 +178,10 @@ def load_catalog(
     notices = ()
     if missing:
         notices = (
-            f"no catalog for {', '.join(missing)} in {directory}; ranking {', '.join(present)} only "
-            f"(`skygreen catalog update` downloads the rest).",
+            (
+                f"no catalog for {', '.join(missing)} in {directory}; ranking {', '.join(present)} only "
+                f"(`skygreen catalog update` downloads the rest)."
+            ),
         )
     return Catalog(offers=tuple(offers), source=str(directory), regions=regions, notices=notices)
 
@@ -201,7 +204,9 @@ def read_vms_csv(path: Path, cloud: str) -> tuple[list[Offer], tuple[str, ...]]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise CatalogError(f"cannot read catalog file {path}: {e}\n  fix: run `skygreen catalog update`, or delete the file and retry") from e
+        raise CatalogError(
+            f"cannot read catalog file {path}: {e}\n  fix: run `skygreen catalog update`, or delete the file and retry"
+        ) from e
     try:
         rows, regions = _gpu_rows(text, cloud)
         offers = _gcp_offers(rows) if cloud == "gcp" else _zoned_offers(rows, cloud)
@@ -337,7 +342,12 @@ def _zoned_offers(rows: list[_Row], cloud: str) -> list[Offer]:
 
 
 def _offer(
-    cloud: str, region: str, instance_type: str, acc: str, count: int, zone_prices: list[tuple[float | None, float | None, str | None]]
+    cloud: str,
+    region: str,
+    instance_type: str,
+    acc: str,
+    count: int,
+    zone_prices: list[tuple[float | None, float | None, str | None]],
 ) -> Offer:
     on_demand, od_zone = _cheapest((p, z) for p, _, z in zone_prices)
     spot, spot_zone = _cheapest((s, z) for _, s, z in zone_prices)
@@ -371,7 +381,10 @@ def _gcp_offers(rows: list[_Row]) -> list[Offer]:
         price = row.price + host.price  # both present: SkyPilot drops rows without either price
         spot = None if row.spot_price is None or host.spot_price is None else row.spot_price + host.spot_price
         groups.setdefault((host.instance_type, row.region, row.accelerator, count), []).append((price, spot, row.zone))
-    return [_offer("gcp", region, itype, acc, count, zone_prices) for (itype, region, acc, count), zone_prices in groups.items()]
+    return [
+        _offer("gcp", region, itype, acc, count, zone_prices)
+        for (itype, region, acc, count), zone_prices in groups.items()
+    ]
 
 
 def _gcp_host(acc: str, count: int, zone_hosts: list[_Row]) -> _Row | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from skygreen.plan import Candidate, Plan
+from skygreen.plan.rank import Candidate, Plan
 
 
 def _price(usd: float | None) -> str:

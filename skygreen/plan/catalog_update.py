@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from skygreen.catalog import CLOUDS, SCHEMA_VERSION, skypilot_catalog_dir
 from skygreen.errors import CatalogError
+from skygreen.plan.catalog import CLOUDS, SCHEMA_VERSION, skypilot_catalog_dir
 
 _FIX_OFFLINE = (
     "  fix: connect this machine to the internet and run `skygreen catalog update` again, or copy a "
@@ -61,14 +61,16 @@ def _update_one(cloud: str, sky_dir: Path) -> CloudUpdate:
     try:
         with sky_logging.silent():  # no spinner payloads on stdout; SkyPilot still logs errors
             frame = sky_catalog.read_catalog(filename, pull_frequency_hours=0)
-            frame._load_df()  # noqa: SLF001 - the only public trigger is any attribute access
+            frame._load_df()
     except requests.exceptions.RequestException as e:
         raise CatalogError(
             f"could not download SkyPilot's {cloud} price catalog ({type(e).__name__}): no catalog at {path}\n"
             + _FIX_OFFLINE
         ) from e
     except (OSError, ValueError) as e:
-        raise CatalogError(f"SkyPilot could not read its {cloud} catalog {path}: {e}\n  fix: delete {path} and run `skygreen catalog update`") from e
+        raise CatalogError(
+            f"SkyPilot could not read its {cloud} catalog {path}: {e}\n  fix: delete {path} and run `skygreen catalog update`"
+        ) from e
     if _mtime(md5_path) not in (None, md5_before):
         status = "downloaded"
     elif existed and not md5_path.exists():

@@ -1,0 +1,113 @@
+"""When to checkpoint: every N steps, every T seconds, or auto (Young/Daly), decided purely.
+
+Time is passed in, so the schedule is testable without clocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+log = logging.getLogger("skygreen.checkpoint")
+
+
+DEFAULT_PREEMPTIONS_PER_HOUR = 0.1
+"""Assumed spot preemption rate when the run names none (mean 10 h between preemptions)."""
+
+
+def young_daly_interval_s(save_cost_s: float, mtbf_s: float) -> float:
+    """Young's optimum checkpoint interval, sqrt(2 x save cost x mean time between failures).
+
+    Checkpointing more often wastes save cost; less often loses more work per preemption.
+    """
+    if save_cost_s < 0 or mtbf_s <= 0:
+        raise ValueError(f"need save_cost_s >= 0 and mtbf_s > 0, got {save_cost_s}, {mtbf_s}")
+    return math.sqrt(2.0 * save_cost_s * mtbf_s)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IntervalPolicy:
+    """When to checkpoint: every N steps, every T seconds, or auto (Young/Daly).
+
+    Auto needs a measured save cost; until the first save it uses `first_auto_s`. The auto
+    interval is never shorter than the last upload took, so saves do not queue up behind
+    each other, and is clamped to [min_interval_s, max_interval_s].
+    """
+
+    every_steps: int | None = None
+    every_s: float | None = None
+    preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
+    first_auto_s: float = 120.0
+    min_interval_s: float = 10.0
+    max_interval_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.every_steps is not None and self.every_s is not None:
+            raise ValueError("IntervalPolicy: set every_steps or every_s, not both")
+        if self.every_steps is not None and (not isinstance(self.every_steps, int) or self.every_steps < 1):
+            raise ValueError(f"IntervalPolicy.every_steps must be an integer >= 1, got {self.every_steps!r}")
+        if self.every_s is not None and not self.every_s > 0:
+            raise ValueError(f"IntervalPolicy.every_s must be > 0, got {self.every_s!r}")
+        if not self.preemptions_per_hour > 0:
+            raise ValueError(f"IntervalPolicy.preemptions_per_hour must be > 0, got {self.preemptions_per_hour!r}")
+        if not 0 < self.min_interval_s <= self.max_interval_s:
+            raise ValueError("IntervalPolicy: need 0 < min_interval_s <= max_interval_s")
+
+    @property
+    def mode(self) -> str:
+        if self.every_steps is not None:
+            return "steps"
+        return "seconds" if self.every_s is not None else "auto"
+
+    @property
+    def mtbf_s(self) -> float:
+        return 3600.0 / self.preemptions_per_hour
+
+    def auto_interval_s(self, save_cost_s: float | None, upload_s: float | None = None) -> float:
+        if save_cost_s is None:
+            return self.first_auto_s
+        interval_s = max(young_daly_interval_s(save_cost_s, self.mtbf_s), upload_s or 0.0)
+        return min(max(interval_s, self.min_interval_s), self.max_interval_s)
+
+
+class CheckpointSchedule:
+    """Decides, step by step, whether a checkpoint is due. Time is passed in (pure)."""
+
+    def __init__(self, policy: IntervalPolicy, *, start_step: int, start_s: float) -> None:
+        self.policy = policy
+        self.last_step = start_step
+        self.last_s = start_s
+        self.interval_s: float | None = policy.every_s if policy.mode == "seconds" else None
+        if policy.mode == "auto":
+            self.interval_s = policy.first_auto_s
+        log.info("checkpoint interval: %s", self.describe())
+
+    def due(self, step: int, now_s: float) -> bool:
+        if self.policy.mode == "steps":
+            return step - self.last_step >= self.policy.every_steps
+        return now_s - self.last_s >= self.interval_s
+
+    def saved(
+        self, step: int, now_s: float, *, save_cost_s: float | None = None, upload_s: float | None = None
+    ) -> None:
+        """Record a save; in auto mode, re-derive the interval from the measured cost."""
+        self.last_step = step
+        self.last_s = now_s
+        if self.policy.mode == "auto" and save_cost_s is not None:
+            new_s = self.policy.auto_interval_s(save_cost_s, upload_s)
+            if self.interval_s is None or abs(new_s - self.interval_s) > 0.1 * self.interval_s:
+                self.interval_s = new_s
+                log.info("checkpoint interval: %s (save cost %.3f s)", self.describe(), save_cost_s)
+            else:
+                self.interval_s = new_s
+
+    def describe(self) -> str:
+        if self.policy.mode == "steps":
+            return f"every {self.policy.every_steps} steps"
+        if self.policy.mode == "seconds":
+            return f"every {self.interval_s:g} s"
+        return (
+            f"auto, every {self.interval_s:.0f} s (Young/Daly, "
+            f"{self.policy.preemptions_per_hour:g} preemptions/hour assumed)"
+        )

@@ -1,0 +1,133 @@
+"""What this process runs on: its rank in the world, its device, its autocast, its log lines.
+
+Small functions the `Run` calls while it sets itself up; torch is imported here because the
+device and autocast are torch objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from skygreen.errors import RuntimeSetupError
+from skygreen.runtime.precision import DeviceFacts, PrecisionChoice, choose_precision, cpu_facts, cuda_facts
+from skygreen.runtime.smoke_mode import SMOKE_ACCUM_STEPS, SMOKE_MICRO_BATCH
+from skygreen.settings import DEFAULT_PRECISION_ENV, RuntimeSettings
+from skygreen.spec import PRECISIONS
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def show_runtime_logs(*, verbose: bool) -> None:
+    """Print skygreen's lines (resume point, checkpoint interval, commits) on stderr.
+
+    In a container the runtime narrates the run: where it resumed, how often it checkpoints
+    and why, what a preemption did. Only when the application has not configured logging
+    itself; other ranks than 0 print warnings only, so a DDP run does not say everything N times.
+    """
+    logger = logging.getLogger("skygreen")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("skygreen: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
+
+
+def world(environ: Mapping[str, str]) -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's variables."""
+    try:
+        return int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1)), int(environ.get("LOCAL_RANK", 0))
+    except ValueError as e:
+        raise RuntimeSetupError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers: {e}") from e
+
+
+def device_facts(device: torch.device) -> DeviceFacts:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return cuda_facts(torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index))
+    return cpu_facts()
+
+
+def autocast_factory(device_type: str, precision: PrecisionChoice):
+    if precision.precision == "fp32":
+        return contextlib.nullcontext
+    dtype = _AUTOCAST_DTYPES[precision.precision]
+    return lambda: torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def pick_device(device: str | torch.device | None, *, smoke: bool, local_rank: int) -> torch.device:
+    """CPU under the smoke test; else the code's device; else this rank's GPU; else CPU."""
+    if smoke:
+        return torch.device("cpu")
+    if device is not None:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def pick_precision(
+    settings: RuntimeSettings, facts: DeviceFacts, *, code_precision: str | None, environ: Mapping[str, str]
+) -> PrecisionChoice:
+    """The settings' precision, where the cluster's default stands in for `auto` unless the code chose."""
+    requested = settings.precision
+    cluster_default = environ.get(DEFAULT_PRECISION_ENV)
+    if code_precision is None and requested == "auto" and cluster_default:
+        requested = cluster_default.lower()  # the cluster's choice stands in for "auto"
+        if requested not in PRECISIONS:
+            raise RuntimeSetupError(
+                f"{DEFAULT_PRECISION_ENV}: unknown precision {cluster_default!r}\n  allowed: {', '.join(PRECISIONS)}"
+            )
+    return choose_precision(requested, facts)
+
+
+def batch_shape(
+    settings: RuntimeSettings, *, code_micro: int | str | None, world_size: int, smoke: bool
+) -> tuple[int, bool, int]:
+    """(effective batch, micro-batch is auto, micro-batch), checked to divide across ranks."""
+    effective = settings.effective_batch
+    if effective is None:
+        raise RuntimeSetupError(
+            "effective batch is not set\n"
+            "  fix: set skygreen.batch.effective in the task file, or pass effective_batch= to Run"
+        )
+    if smoke:
+        micro = SMOKE_MICRO_BATCH
+        return micro * SMOKE_ACCUM_STEPS * world_size, False, micro
+    if effective % world_size:
+        raise RuntimeSetupError(
+            f"effective batch {effective} does not divide across {world_size} ranks\n"
+            f"  fix: use a multiple of {world_size}"
+        )
+    per_rank = effective // world_size
+    auto = code_micro == "auto" or (code_micro is None and settings.micro_batch is None)
+    if auto:
+        return effective, True, per_rank
+    micro = settings.micro_batch
+    if per_rank % micro:
+        raise RuntimeSetupError(
+            f"micro-batch {micro} does not divide the per-rank batch {per_rank} "
+            f"(effective {effective} / {world_size} ranks)\n"
+            "  fix: choose a micro-batch that divides it, or micro: auto"
+        )
+    return effective, False, micro

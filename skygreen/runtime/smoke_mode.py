@@ -1,0 +1,75 @@
+"""Smoke mode inside the container (`SKYGREEN_SMOKE=1`): a tiny CPU run and a round trip.
+
+The laptop side (`skygreen.launch.smoke`) starts the user's script under this mode and reads
+the one line printed here: `SMOKE_LINE` on success, `SMOKE_FAILED <phase>: <error>` otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from skygreen.settings import SMOKE_FAILED
+
+if TYPE_CHECKING:
+    from skygreen.runtime.checkpointer import Checkpointer
+
+SMOKE_STEPS = 2
+SMOKE_MICRO_BATCH = 2
+SMOKE_ACCUM_STEPS = 2
+
+
+def host_copy(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, Mapping):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v) for v in obj)
+    return obj
+
+
+def tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors(v)
+
+
+def smoke_fail(phase: str, error: BaseException) -> None:
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    sys.stderr.write(f"{SMOKE_FAILED} {phase}: {type(error).__name__}: {message}\n")
+    sys.stderr.flush()
+    if os.environ.get("SKYGREEN_DEBUG") == "1":
+        raise error
+    raise SystemExit(1) from error
+
+
+def round_trip(save: Callable[[], Any], checkpointer: Checkpointer, step: int) -> int:
+    """Save, load back, and check every tensor came back equal; returns the tensor count.
+
+    A failure prints the smoke-failure line naming the phase (save or load) and exits.
+    """
+    phase = "save"
+    try:
+        saved = host_copy(save())
+        phase = "load"
+        loaded = checkpointer.load_latest()
+        if loaded is None or loaded.step != step:
+            raise RuntimeError("the checkpoint just saved was not found")
+        from skygreen.runtime.compare import first_difference
+
+        diff = first_difference(saved, loaded.state)
+        if diff:
+            raise RuntimeError(f"the loaded state differs from the saved one at {diff}")
+    except Exception as e:
+        smoke_fail(phase, e)
+    return sum(1 for _ in tensors(saved))
