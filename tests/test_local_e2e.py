@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"
 SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
@@ -74,36 +76,61 @@ def kill_training(env, run_id: str) -> None:
     wait_for(lambda: status(env, run_id)["state"] == "STOPPED", "the run to read as stopped")
 
 
-def test_kill_9_at_any_moment_then_resume_ends_with_the_uninterrupted_weights(env):
+def held(env, release_dir: Path, steps: str) -> dict:
+    """The environment with the runtime held at `steps` (a checkpoint first), released by files.
+
+    Holding makes the test deterministic on a loaded machine: the run cannot finish, or move
+    on, before the test has acted (`skygreen.runtime.hold`).
+    """
+    release_dir.mkdir(exist_ok=True)
+    return {**env, HOLD_ENV: steps, RELEASE_ENV: str(release_dir)}
+
+
+def wait_for_step(env, run_id: str, step: int) -> dict:
+    """The run's status once its latest checkpoint is at `step`; fails at once if it ended first."""
+
+    def at_step():
+        s = status(env, run_id)
+        assert s["state"] in ("RUNNING", "PENDING", "STARTING"), f"the run ended ({s['state']}) before step {step}"
+        return s if s["step"] == step else None
+
+    return wait_for(at_step, f"a checkpoint at step {step}")
+
+
+def test_kill_9_at_any_moment_then_resume_ends_with_the_uninterrupted_weights(env, tmp_path):
     reference = skygreen(env, "up", str(TINY), "--local", "--no-smoke")
     assert reference.returncode == 0, reference.stdout[-2000:] + reference.stderr[-2000:]
     (first,) = runs(env)
     assert first["state"] == "SUCCEEDED" and first["completed"] and first["model_sha256"]
 
     # Follow a new run in the foreground, then kill the following command itself.
-    foreground = subprocess.Popen([*SKYGREEN, "up", str(TINY), "--local", "--no-smoke"], env=env, cwd=REPO,
+    release = tmp_path / "release"
+    gated = held(env, release, "50,150,250")
+    foreground = subprocess.Popen([*SKYGREEN, "up", str(TINY), "--local", "--no-smoke"], env=gated, cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     run_id = wait_for(lambda: [r["run_id"] for r in runs(env) if r["run_id"] != first["run_id"]], "the second run")[0]
-    first_step = wait_for(lambda: status(env, run_id)["step"], "a first checkpoint")
+    wait_for_step(env, run_id, 50)
     foreground.kill()
     foreground.wait(timeout=30)
-    later = wait_for(
-        lambda: (s := status(env, run_id))["step"] and s["step"] > first_step and s,
-        "training to go on without the terminal",
-    )
+    (release / "50").touch()
+    later = wait_for_step(env, run_id, 150)  # training went on without the terminal
     assert later["state"] == "RUNNING"
 
     kill_training(env, run_id)
     stopped_at = status(env, run_id)["step"]
-    assert stopped_at is not None and not status(env, run_id)["completed"]
+    assert stopped_at == 150 and not status(env, run_id)["completed"]
 
-    # Resume detached and kill again at once, likely before the next checkpoint commits.
-    resumed = skygreen(env, "resume", run_id, "--detach")
+    # Resume detached and kill again after a moment, likely before the next checkpoint commits;
+    # the hold at step 250 keeps the run from finishing first.
+    resumed = skygreen(gated, "resume", run_id, "--detach")
     assert resumed.returncode == 0, resumed.stderr
     time.sleep(1.5)
+    assert status(env, run_id)["state"] == "RUNNING", "the resumed run ended before it could be killed"
     kill_training(env, run_id)
 
-    final = skygreen(env, "resume", run_id)
+    (release / "150").touch()
+    (release / "250").touch()
+    final = skygreen(gated, "resume", run_id)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-2000:]
     logged = [int(line.split()[1]) for line in final.stdout.splitlines() if line.startswith("step ")]
     assert logged and logged[0] > stopped_at  # continued from a checkpoint, not from step 0
@@ -114,12 +141,12 @@ def test_kill_9_at_any_moment_then_resume_ends_with_the_uninterrupted_weights(en
     assert done["model_sha256"] == first["model_sha256"]
 
 
-def test_cancel_stops_a_local_run_after_a_checkpoint_and_resume_continues(env):
-    started = skygreen(env, "up", str(TINY), "--local", "--no-smoke", "--detach")
+def test_cancel_stops_a_local_run_after_a_checkpoint_and_resume_continues(env, tmp_path):
+    started = skygreen(held(env, tmp_path / "release", "100"), "up", str(TINY), "--local", "--no-smoke", "--detach")
     assert started.returncode == 0, started.stderr
     (run,) = runs(env)
     run_id = run["run_id"]
-    wait_for(lambda: status(env, run_id)["step"], "a first checkpoint")
+    wait_for_step(env, run_id, 100)  # held there until the cancel's SIGTERM
     cancelled = skygreen(env, "cancel", run_id)
     assert cancelled.returncode == 0, cancelled.stderr
     after = status(env, run_id)

@@ -56,6 +56,7 @@ from skygreen.runtime.environment import (
     to_device,
     world,
 )
+from skygreen.runtime.hold import hold, hold_steps
 from skygreen.runtime.preemption import NoticeWatcher, SigtermLatch, landed_cloud
 from skygreen.runtime.ranks import all_reduce
 from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
@@ -147,6 +148,7 @@ class Run:
         self._watcher: NoticeWatcher | None = None
         self._energy = EnergyMeter.for_device(self.device)
         self._schedule: CheckpointSchedule | None = None
+        self._hold_at_steps = hold_steps(self._environ)
         if self.precision.warning and self.rank == 0:
             log.warning("%s", self.precision.warning)
         if self.device.type == "cuda" and self.settings.power_cap != "off" and self.rank == 0:
@@ -250,10 +252,13 @@ class Run:
                 "checkpoint committed at step %d after SIGTERM; exiting %d", self.step_index, PREEMPTED_EXIT_CODE
             )
             raise SystemExit(PREEMPTED_EXIT_CODE)
+        held = not stop and self.step_index in self._hold_at_steps
         if notice_up:
-            self._save(state="running", reason="preemption-notice")
-        elif not stop and self._schedule.due(self.step_index, time.monotonic()):
-            self._save(state="running")
+            self._save(state="running", reason="preemption-notice", wait=held)
+        elif held or (not stop and self._schedule.due(self.step_index, time.monotonic())):
+            self._save(state="running", wait=held)
+        if held:
+            hold(self.step_index, stopped=lambda: bool(self._sigterm and self._sigterm.fired), environ=self._environ)
 
     def agree_flags(self, *flags: bool) -> list[bool]:
         """Each flag raised on any rank is raised on all (an all-reduce with MAX)."""
