@@ -56,7 +56,7 @@ def bench_stall(model: torch.nn.Module, rounds: int, tmp: Path) -> tuple[float, 
 
 
 def bench_upload(kind: str, blob: Path, rounds: int) -> tuple[float, float]:
-    from skygreen.checkpoint.store import open_store
+    from skygreen.checkpoint.stores import open_store
 
     bucket = f"bench-{kind}-{os.getpid()}"
     if kind == "s3":

@@ -17,8 +17,9 @@ import json
 import statistics
 from pathlib import Path
 
+from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
 from skygreen.gpus import GPUS
-from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR, RunModel, estimate
+from skygreen.plan.cost import RunModel, estimate
 from skygreen.plan.replay import alive_runs_s, replay_run, trace_stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def main() -> None:
     print(
         f"{'rate/h':>6} {'work h':>6} {'interval min':>12} {'model h':>8} {'replay h':>9} {'model/replay':>12}  replay per zone"
     )
-    for rate in (DEFAULT_PREEMPTION_RATE_PER_HOUR["aws"], 0.25):
+    for rate in (PREEMPTION_RATE_PER_HOUR["aws"], 0.25):
         for work_h in WORK_HOURS:
             model = RunModel(
                 work_gpu_hours=work_h * GPUS["V100"].relative_speed, preemption_rate_per_hour={"aws": rate}

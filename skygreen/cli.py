@@ -78,9 +78,8 @@ def print_notice(line: str) -> None:
 def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
     """Rank spot GPU offers across AWS, GCP and Azure by estimated cost per run."""
     from skygreen import api
-    from skygreen.spec import load_spec
 
-    result = api.plan(load_spec(task), catalog_dir=catalog)
+    result = api.plan(task, catalog_dir=catalog)
     for line in result.notices:
         print_notice(line)
     if json_output:
@@ -96,18 +95,9 @@ def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
 @click.option("--cloud", "clouds", multiple=True, help="Only this cloud (repeatable): aws, gcp, azure.")
 def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
     """Download SkyPilot's current price catalog (through SkyPilot; needs the internet)."""
-    from skygreen.fields import read_choice
-    from skygreen.plan.catalog import CLOUDS, ENV_CATALOG_DIR
+    from skygreen import api
 
-    chosen = tuple(read_choice(c, "--cloud", CLOUDS) for c in clouds) if clouds else CLOUDS
-    target = (
-        catalog
-        if catalog is not None
-        else (Path(os.environ[ENV_CATALOG_DIR]) if os.environ.get(ENV_CATALOG_DIR) else None)
-    )
-    from skygreen.plan.catalog_update import update_catalog
-
-    for result in update_catalog(chosen, catalog_dir=target):
+    for result in api.update_catalog(clouds, catalog_dir=catalog):
         sys.stdout.write(f"{result.cloud}: {result.status} {result.path}\n")
 
 
@@ -236,30 +226,17 @@ def gc(target: str, older_than: str, storage_class: str | None, yes: bool) -> No
     from skygreen import api
 
     result = api.gc(target, older_than=older_than, storage_class=storage_class, act=yes)
-    if result.local:
-        sys.stdout.write(f"{result.url} is a local directory: cold storage classes do not apply; nothing to move\n")
-        return
-    if not result.moves:
-        sys.stdout.write(
-            f"nothing older than {older_than} to move under {result.url} (latest, best and pinned checkpoints are kept)\n"
-        )
-        return
-    verb = "moved" if yes else "would move"
-    for move in result.moves:
-        sys.stdout.write(
-            f"{verb} {move.run_url}/{move.key} (step {move.step}, {move.age_days:.0f} days old) to {move.storage_class}\n"
-        )
-    if not yes:
-        sys.stdout.write(f"dry run: {len(result.moves)} object(s); run again with --yes to move them\n")
+    for line in result.lines():
+        sys.stdout.write(line + "\n")
 
 
 @app.command()
 @task_argument
 def smoke(task: Path) -> None:
     """Run the task's training script for two steps on CPU, with a checkpoint round trip."""
-    from skygreen.launch.smoke import run_smoke
+    from skygreen import api
 
-    result = run_smoke(task)
+    result = api.smoke(task)
     sys.stdout.write(f"{result.line} ({result.duration_s:.1f} s)\n")
 
 

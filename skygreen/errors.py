@@ -107,6 +107,15 @@ class RuntimeSetupError(InputError):
     """The in-container runtime was configured wrongly (settings, environment)."""
 
 
+class NvmlError(SkygreenError):
+    """NVML refused or failed. `reason` comes from the NVML adapter's table: "permission",
+    "not supported", "gpu lost", "library missing" or "failed"."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """The closest choice to a misspelt word, or None when nothing is close.
 

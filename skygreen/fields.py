@@ -8,6 +8,7 @@ spec parser stays a flat list of `field = read_x(...)` lines.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -134,3 +135,32 @@ def read_list(value: Any, path: str, *, nonempty: bool = True) -> list[Any]:
     if nonempty and not value:
         raise SpecError(path, "must not be empty", value=value)
     return value
+
+
+DURATION_UNITS_S: Mapping[str, float] = {
+    "s": 1.0,
+    "sec": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+    "w": 7 * 86400.0,
+}
+"""The units every duration skygreen reads accepts: `every: 5m` in a task file, `--older-than 90d`."""
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(" + "|".join(DURATION_UNITS_S) + r")\s*$")
+
+
+def parse_duration_s(text: str) -> float | None:
+    """`90s`, `5m`, `12h`, `90d`, `2w` -> seconds; None when `text` is not a duration."""
+    match = _DURATION.match(str(text))
+    return float(match.group(1)) * DURATION_UNITS_S[match.group(2)] if match else None
+
+
+def read_duration_s(value: Any, path: str) -> float:
+    """A positive duration with a unit (s, m, h, d, w), in seconds."""
+    seconds = parse_duration_s(value) if isinstance(value, str) else None
+    if seconds is None:
+        raise SpecError(path, "expected a duration such as 90s, 5m, 12h, 90d or 2w", value=value)
+    if seconds <= 0:
+        raise SpecError(path, "the duration must be greater than 0", value=value)
+    return seconds

@@ -25,6 +25,11 @@ from skygreen.fields import read_choice, read_int, read_number
 from skygreen.spec import EARLY_STOP_MODES, HALF_PRECISIONS, PRECISIONS, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
+PREEMPTED_EXIT_CODE = 75
+"""The runtime's exit status after committing a checkpoint on SIGTERM (75 is EX_TEMPFAIL: try
+again later): the job was interrupted, not failed. Rendered into SkyPilot's
+`job_recovery.recover_on_exit_codes` so it recovers the job; a local run ending with it reads
+as stopped, for `skygreen resume`."""
 SMOKE_ENV = "SKYGREEN_SMOKE"
 """Set to 1 by the CPU smoke test (`skygreen.launch.smoke`): the runtime trains two tiny steps."""
 SMOKE_LINE = "skygreen smoke: ok"

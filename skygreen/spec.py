@@ -37,6 +37,7 @@ import yaml
 from skygreen.errors import InputError, SpecError, suggestion
 from skygreen.fields import (
     check_keys,
+    parse_duration_s,
     read_bool,
     read_choice,
     read_int,
@@ -98,7 +99,7 @@ class CheckpointSpec:
     """s3://, gs://, file:// or a local path; None means the local default bucket."""
     every_steps: int | None = None
     every_s: float | None = None
-    """With neither set, the interval is `auto` (Young/Daly from the measured save cost)."""
+    """With neither set, the interval is `auto` (Daly's optimum from the measured save cost)."""
     keep: int = 3
     half_precision: str | None = None
     """Store weights as fp16 or bf16 (smaller, not bit-exact); None stores them as trained."""
@@ -414,21 +415,16 @@ def _parse_batch(raw: Any, path: str) -> Batch:
     return Batch(effective=effective, micro=micro)
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)\s*$")
-_DURATION_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
-
-
 def _parse_every(raw: Any, path: str) -> tuple[int | None, float | None]:
     """`auto`, an integer number of steps, or a duration such as `90s`, `5m`, `1h`."""
     if raw == "auto":
         return None, None
     if isinstance(raw, str):
-        match = _DURATION.match(raw)
-        if not match:
+        seconds = parse_duration_s(raw)
+        if seconds is None:
             raise SpecError(
                 path, "expected auto, a number of steps, or a duration", value=raw, allowed="auto | 500 | 90s | 5m | 1h"
             )
-        seconds = float(match.group(1)) * _DURATION_S[match.group(2)]
         if seconds <= 0:
             raise SpecError(path, "the interval must be greater than 0", value=raw)
         return None, seconds

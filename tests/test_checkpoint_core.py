@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skygreen.checkpoint.gc import parse_age_s, stale_steps
-from skygreen.checkpoint.interval import CheckpointSchedule, IntervalPolicy, young_daly_interval_s
+from skygreen.checkpoint.gc import stale_steps
+from skygreen.checkpoint.interval import CheckpointSchedule, IntervalPolicy, optimal_interval_s
 from skygreen.checkpoint.manifest import (
     SHARED_BLOB,
     BlobInfo,
@@ -24,18 +24,18 @@ from skygreen.checkpoint.manifest import (
     latest_manifest,
     manifest_key,
     parse_step_key,
-    read_progress,
     retained_steps,
-    utc_now_iso,
 )
-from skygreen.checkpoint.store import open_store
+from skygreen.checkpoint.stores import open_store
 from skygreen.errors import CheckpointError, InputError
+from skygreen.fields import read_duration_s
+from skygreen.timestamps import utc_now_iso
 
 
 def manifest(step: int, *, metric=None, pinned=False, mode="min", created_at=None, blobs=None) -> Manifest:
     return Manifest(
         step=step,
-        created_at=created_at or utc_now_iso(),
+        created_at=created_at or utc_now_iso(microseconds=True),
         blobs=blobs or {SHARED_BLOB: blob_info(b"w%d" % step)},
         metric=metric,
         metric_mode=mode,
@@ -113,19 +113,20 @@ def test_a_folder_without_manifest_does_not_exist_and_latest_skips_missing_blobs
     assert "skipping checkpoint step 4" in caplog.text and "shared.pt is missing" in caplog.text
     store.put("ckpt/000000000002/shared.pt", b"w2 truncated")
     assert latest_manifest(store).step == 1
-    assert read_progress(str(tmp_path)).step == 1
+    assert latest_manifest(open_store(str(tmp_path))).step == 1
 
 
-def test_read_progress_of_an_empty_bucket_is_none(tmp_path):
-    assert read_progress(str(tmp_path / "nothing-yet")) is None
+def test_progress_of_an_empty_bucket_is_none(tmp_path):
+    assert latest_manifest(open_store(str(tmp_path / "nothing-yet"))) is None
 
 
-def test_read_progress_imports_no_torch_or_cloud_library(tmp_path):
+def test_reading_progress_imports_no_torch_or_cloud_library(tmp_path):
     store = open_store(str(tmp_path))
     commit(store, 3)
     code = (
-        "import sys\nfrom skygreen.checkpoint.manifest import read_progress\n"
-        f"print(read_progress({str(tmp_path)!r}).step)\n"
+        "import sys\nfrom skygreen.checkpoint.manifest import latest_manifest\n"
+        "from skygreen.checkpoint.stores import open_store\n"
+        f"print(latest_manifest(open_store({str(tmp_path)!r})).step)\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'boto3', 'google', 'sky'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
@@ -187,17 +188,26 @@ def test_apply_retention_deletes_old_commits_and_dead_leftovers_but_not_newer_pa
 # -- interval ----------------------------------------------------------------------------
 
 
-def test_young_daly():
-    assert young_daly_interval_s(2.0, 36000.0) == pytest.approx(math.sqrt(2 * 2 * 36000))
+def daly(save_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order formula, written out independently of the code under test."""
+    r = save_s / (2 * mtbf_s)
+    return math.sqrt(2 * save_s * mtbf_s) * (1 + math.sqrt(r) / 3 + r / 9) - save_s
+
+
+def test_optimal_interval_is_dalys():
+    assert optimal_interval_s(2.0, 36000.0) == pytest.approx(daly(2.0, 36000.0))
+    assert optimal_interval_s(2.0, 36000.0) == pytest.approx(math.sqrt(2 * 2 * 36000), rel=0.01), "near Young's"
+    assert optimal_interval_s(5000.0, 2000.0) == 2000.0, "a save longer than 2 MTBF: checkpoint once per MTBF"
+    assert optimal_interval_s(1.0, math.inf) == math.inf
     with pytest.raises(ValueError):
-        young_daly_interval_s(1.0, 0.0)
+        optimal_interval_s(1.0, 0.0)
 
 
 def test_auto_interval_from_measured_cost_and_rate():
     policy = IntervalPolicy(preemptions_per_hour=0.5)  # one preemption per 2 h
     assert policy.mode == "auto"
     assert policy.auto_interval_s(None) == policy.first_auto_s
-    assert policy.auto_interval_s(1.0) == pytest.approx(math.sqrt(2 * 1.0 * 7200))
+    assert policy.auto_interval_s(1.0) == pytest.approx(daly(1.0, 7200))
     assert policy.auto_interval_s(1.0, upload_s=500.0) == 500.0, "never shorter than an upload"
     assert policy.auto_interval_s(0.0001) == policy.min_interval_s
     assert policy.auto_interval_s(1e6) == policy.max_interval_s
@@ -214,8 +224,8 @@ def test_schedule_by_steps_seconds_and_auto(caplog):
     auto = CheckpointSchedule(IntervalPolicy(preemptions_per_hour=1.0), start_step=0, start_s=0.0)
     assert auto.due(5, 120.0)
     auto.saved(5, 120.0, save_cost_s=2.0)
-    assert auto.interval_s == pytest.approx(math.sqrt(2 * 2.0 * 3600))
-    assert "auto, every 120 s" in caplog.text and "auto, every 120 s" in auto.describe()
+    assert auto.interval_s == pytest.approx(daly(2.0, 3600))
+    assert "auto, every 120 s" in caplog.text and "auto, every 119 s" in auto.describe()
 
 
 def test_interval_policy_rejects_nonsense():
@@ -243,15 +253,17 @@ def test_stale_steps_never_include_latest_best_or_pinned():
 
 
 @pytest.mark.parametrize(
-    "text, seconds", [("90d", 90 * 86400), ("12h", 43200), ("2w", 14 * 86400), ("1.5d", 1.5 * 86400)]
+    "text, seconds",
+    [("90d", 90 * 86400), ("12h", 43200), ("2w", 14 * 86400), ("1.5d", 1.5 * 86400), ("90s", 90), ("5m", 300)],
 )
-def test_parse_age(text, seconds):
-    assert parse_age_s(text) == seconds
+def test_one_duration_reader_for_task_files_and_flags(text, seconds):
+    assert read_duration_s(text, "--older-than") == seconds
 
 
-def test_parse_age_rejects_bad_input_naming_the_flag():
+@pytest.mark.parametrize("text", ["90 days", "0d", "soon", 90])
+def test_a_bad_duration_names_the_field(text):
     with pytest.raises(InputError, match="--older-than"):
-        parse_age_s("90 days")
+        read_duration_s(text, "--older-than")
 
 
 def test_blob_info_validates():

@@ -11,7 +11,8 @@ import torch
 from faultproxy import FaultProxy
 from servers import gcs_process, make_gcs_bucket, make_s3_bucket, moto_process, point_gcs_at, point_s3_at, unique_bucket
 from skygreen.checkpoint.manifest import committed_steps
-from skygreen.checkpoint.store import RetryPolicy, open_store
+from skygreen.checkpoint.store import RetryPolicy
+from skygreen.checkpoint.stores import open_store
 from skygreen.errors import StoreError, TransientStoreError
 from skygreen.runtime.checkpointer import Checkpointer
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, committed_steps, manifest_key, utc_now_iso
-from skygreen.checkpoint.store import open_store
+from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, committed_steps, manifest_key
+from skygreen.checkpoint.stores import open_store
 from skygreen.errors import CheckpointError, InputError
 from skygreen.runtime.checkpointer import Checkpointer, RankTimeoutError, model_sha256
+from skygreen.timestamps import utc_now_iso
 
 
 def make_model(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -117,7 +118,7 @@ def test_manifest_without_blobs_and_partial_saves_are_never_loaded(tmp_path, cap
     with Checkpointer(str(tmp_path)) as ck:
         ck.save(1, train_state(model, opt, 1))
     store = open_store(str(tmp_path))
-    orphan = Manifest(step=5, created_at=utc_now_iso(), blobs={SHARED_BLOB: blob_info(b"gone")})
+    orphan = Manifest(step=5, created_at=utc_now_iso(microseconds=True), blobs={SHARED_BLOB: blob_info(b"gone")})
     store.put(manifest_key(5), orphan.dumps())
     store.put("ckpt/000000000007/shared.pt", b"half an upload")  # died before its manifest
     loaded = Checkpointer(str(tmp_path)).load_latest()
@@ -140,7 +141,10 @@ def test_a_bucket_cannot_run_code_even_with_a_valid_manifest(tmp_path, caplog):
     evil = pickle.dumps({"model": Exploit()})
     store = open_store(str(tmp_path))
     store.put("ckpt/000000000002/shared.pt", evil)
-    store.put(manifest_key(2), Manifest(step=2, created_at=utc_now_iso(), blobs={SHARED_BLOB: blob_info(evil)}).dumps())
+    store.put(
+        manifest_key(2),
+        Manifest(step=2, created_at=utc_now_iso(microseconds=True), blobs={SHARED_BLOB: blob_info(evil)}).dumps(),
+    )
     target = "/tmp/skygreen-pwned-by-checkpoint"
     if os.path.exists(target):
         os.remove(target)

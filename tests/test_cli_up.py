@@ -67,15 +67,20 @@ def up_json(capsys, *args: str) -> dict:
 
 def commit_checkpoint(url: str, step: int, *, meta: dict) -> str:
     """A checkpoint as the runtime commits it: blob first, then the manifest."""
-    from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, blob_key, manifest_key, utc_now_iso
-    from skygreen.checkpoint.store import open_store
+    from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, blob_key, manifest_key
+    from skygreen.checkpoint.stores import open_store
+    from skygreen.timestamps import utc_now_iso
 
     store = open_store(url)
     blob = f"weights at step {step}".encode()
     store.put(blob_key(step, SHARED_BLOB), blob)
     digest = hashlib.sha256(blob).hexdigest()
     manifest = Manifest(
-        step=step, created_at=utc_now_iso(), blobs={SHARED_BLOB: blob_info(blob)}, model_sha256=digest, meta=meta
+        step=step,
+        created_at=utc_now_iso(microseconds=True),
+        blobs={SHARED_BLOB: blob_info(blob)},
+        model_sha256=digest,
+        meta=meta,
     )
     store.put(manifest_key(step), manifest.dumps())
     return digest

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from skygreen.errors import LaunchError
-from skygreen.launch.launcher import PREEMPTED_EXIT_CODE, JobState, Launcher
+from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.render import render_task
 from skygreen.launch.skypilot_launcher import (
     ERROR_TABLE,
@@ -34,7 +34,7 @@ from skygreen.launch.skypilot_launcher import (
     status_from_record,
 )
 from skygreen.plan.rank import Candidate, Plan
-from skygreen.settings import RuntimeSettings
+from skygreen.settings import PREEMPTED_EXIT_CODE, RuntimeSettings
 from skygreen.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skygreen import api
+from skygreen.checkpoint.interval import optimal_interval_s
 from skygreen.errors import NoOfferError, SpecError
 from skygreen.gpus import GPUS
 from skygreen.plan import carbon
 from skygreen.plan.catalog import Catalog, Offer, load_catalog
-from skygreen.plan.cost import RunModel, compute_hours, daly_interval_s, estimate
+from skygreen.plan.cost import RunModel, compute_hours, estimate
 from skygreen.plan.rank import Candidate, Plan, make_plan, objective_value, run_model
 from skygreen.spec import OBJECTIVES, TaskSpec, parse_spec_text
 
@@ -81,7 +82,7 @@ def test_an_offer_preempted_faster_than_it_restarts_has_no_estimate():
 
 def test_daly_interval_is_near_the_optimum_of_the_wall_time_model():
     rate, save_s = 0.25, 10.0
-    tau = daly_interval_s(save_s, 3600 / rate)
+    tau = optimal_interval_s(save_s, 3600 / rate)
 
     def wall(interval_s: float) -> float:
         m = RunModel(

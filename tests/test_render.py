@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 from skygreen import __version__
 from skygreen.errors import SpecError
 from skygreen.gpus import GPU_NAMES
-from skygreen.launch.launcher import PREEMPTED_EXIT_CODE
 from skygreen.launch.render import (
     LAPTOP_ONLY,
     RuntimeInstall,
@@ -38,7 +37,7 @@ from skygreen.launch.render import (
     to_yaml,
 )
 from skygreen.plan.rank import Candidate, Plan
-from skygreen.settings import RuntimeSettings
+from skygreen.settings import PREEMPTED_EXIT_CODE, RuntimeSettings
 from skygreen.spec import PRECISIONS, RECOVERY_STRATEGIES, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,10 +99,11 @@ def test_every_shipped_task_renders_to_yaml_skypilot_accepts(path, sky, private_
     }
 
 
-def test_preempted_exit_code_matches_the_runtime():
+def test_preempted_exit_code_is_the_one_rendered_and_never_changes():
+    """Clusters already running rendered YAML recover on 75 (EX_TEMPFAIL): it is a contract."""
     import skygreen.runtime
 
-    assert PREEMPTED_EXIT_CODE == skygreen.runtime.PREEMPTED_EXIT_CODE
+    assert PREEMPTED_EXIT_CODE == skygreen.runtime.PREEMPTED_EXIT_CODE == 75
 
 
 # ---------------------------------------------------------------- property-based specs

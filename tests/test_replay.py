@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
 from skygreen.gpus import GPUS
-from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR, RunModel, estimate
+from skygreen.plan.cost import RunModel, estimate
 from skygreen.plan.replay import alive_runs_s, replay_run, trace_stats
 
 # -- the replay on hand-made traces ---------------------------------------------------------
@@ -57,7 +58,7 @@ def aws_v100_traces(traces_dir):
 def test_the_aws_rate_is_the_pooled_rate_of_the_real_v100_preemption_traces(shared_traces_dir):
     stats = [trace_stats(d["data"], d["metadata"]["gap_seconds"]) for d, _ in aws_v100_traces(shared_traces_dir)]
     pooled = sum(s.preemptions for s in stats) / sum(s.alive_hours for s in stats)
-    assert DEFAULT_PREEMPTION_RATE_PER_HOUR["aws"] == pytest.approx(pooled, abs=0.01)
+    assert PREEMPTION_RATE_PER_HOUR["aws"] == pytest.approx(pooled, abs=0.01)
 
 
 def test_the_gcp_rate_is_the_pooled_rate_of_the_real_h100_probes(shared_traces_dir):
@@ -66,7 +67,7 @@ def test_the_gcp_rate_is_the_pooled_rate_of_the_real_h100_probes(shared_traces_d
     events = sum(int(z["avail_to_unavail_events"]) for z in zones)
     alive_h = sum(float(z["span_hours"]) * float(z["frac_available"]) for z in zones)
     assert len(zones) == 13
-    assert DEFAULT_PREEMPTION_RATE_PER_HOUR["gcp"] == pytest.approx(events / alive_h, abs=0.01)
+    assert PREEMPTION_RATE_PER_HOUR["gcp"] == pytest.approx(events / alive_h, abs=0.01)
 
 
 @pytest.mark.parametrize("work_h", [4.0, 48.0])

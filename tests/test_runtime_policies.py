@@ -237,11 +237,42 @@ class FakeNvml:
             raise self.pynvml.NVMLError(self.pynvml.NVML_ERROR_NOT_SUPPORTED)
         return self.readings.pop(0)
 
+    def __getattr__(self, name):
+        return getattr(self.pynvml, name)  # the real library's error classes and codes
+
+
+@pytest.mark.parametrize(
+    "code, reason",
+    [
+        ("NVML_ERROR_NO_PERMISSION", "permission"),
+        ("NVML_ERROR_NOT_SUPPORTED", "not supported"),
+        ("NVML_ERROR_GPU_IS_LOST", "gpu lost"),
+        ("NVML_ERROR_LIBRARY_NOT_FOUND", "library missing"),
+        ("NVML_ERROR_UNKNOWN", "failed"),
+    ],
+)
+def test_nvml_errors_map_to_one_table_of_reasons(code, reason):
+    import pynvml
+
+    from skygreen.errors import NvmlError
+    from skygreen.runtime.nvml import NvmlGpu
+
+    class Failing(FakeNvml):
+        def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+            raise pynvml.NVMLError(getattr(pynvml, code))
+
+    with pytest.raises(NvmlError) as info:
+        NvmlGpu(object(), Failing([])).total_energy_mj()
+    assert info.value.reason == reason
+    assert "read the total energy counter" in str(info.value)
+    assert isinstance(info.value.__cause__, pynvml.NVMLError)
+
 
 def test_energy_meter_accumulates_counter_deltas_in_joules():
     from skygreen.runtime.energy import EnergyMeter
+    from skygreen.runtime.nvml import NvmlGpu
 
-    meter = EnergyMeter(handle=object(), nvml=FakeNvml([1_000_000, 1_250_500, 1_250_500, 2_000_000]))
+    meter = EnergyMeter(NvmlGpu(object(), FakeNvml([1_000_000, 1_250_500, 1_250_500, 2_000_000])))
     assert meter.take_j() == 250.5
     assert meter.take_j() == 0.0
     assert meter.take_j() == 749.5
@@ -251,8 +282,9 @@ def test_energy_meter_without_a_counter_reads_zero(caplog):
     import torch
 
     from skygreen.runtime.energy import EnergyMeter
+    from skygreen.runtime.nvml import NvmlGpu
 
-    meter = EnergyMeter(handle=object(), nvml=FakeNvml([], supported=False))
+    meter = EnergyMeter(NvmlGpu(object(), FakeNvml([], supported=False)))
     assert meter.take_j() == 0.0 and meter.take_j() == 0.0
-    assert "energy counter unavailable" in caplog.text
+    assert "energy counter unavailable" in caplog.text and "does not support it" in caplog.text
     assert EnergyMeter.for_device(torch.device("cpu")).take_j() == 0.0

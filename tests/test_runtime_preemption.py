@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
 from metadata_server import MetadataServer
 from skygreen.checkpoint.manifest import committed_steps, read_manifest
-from skygreen.checkpoint.store import open_store
+from skygreen.checkpoint.stores import open_store
 from skygreen.runtime import PREEMPTED_EXIT_CODE
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.compare import first_difference

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,107 @@ def test_planning_core_imports_no_outside_library():
         "import skygreen.plan.catalog, skygreen.plan.rank, skygreen.plan.cost, skygreen.plan.carbon, skygreen.api"
     )
     assert not loaded & {"sky", "torch", "boto3", "google", "pynvml", "pandas", "rich"}
+
+
+# -- the import graph: no circles, composition only at the edges -----------------------------
+
+PACKAGE = Path(__file__).resolve().parents[1] / "skygreen"
+
+ADAPTERS = {
+    # adapter: the skygreen modules it may import (the seam it implements, errors, small helpers)
+    "skygreen.checkpoint.s3_store": {"skygreen.checkpoint.store", "skygreen.errors"},
+    "skygreen.checkpoint.gcs_store": {"skygreen.checkpoint.store", "skygreen.errors"},
+    "skygreen.checkpoint.local_store": {"skygreen.checkpoint.store", "skygreen.errors", "skygreen.files"},
+    "skygreen.launch.skypilot_launcher": {"skygreen.launch.launcher", "skygreen.errors"},
+    "skygreen.launch.local_launcher": {"skygreen.launch.launcher", "skygreen.errors", "skygreen.settings"},
+    "skygreen.plan.catalog_update": {"skygreen.plan.catalog", "skygreen.errors"},
+    "skygreen.runtime.nvml": {"skygreen.errors"},
+}
+FACTORIES = {"skygreen.checkpoint.stores", "skygreen.launch.launchers"}
+"""Pick an adapter by URL scheme or setting; only composition roots use them."""
+ROOTS = ("skygreen.api", "skygreen.cli", "skygreen.testing", "skygreen.runtime")
+"""The laptop's composition root (`api`, with `cli` over it), the container's (`runtime`), and the fakes."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """skygreen modules `path` imports anywhere (function-local ones too), bar `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block)
+               for stmt in block.body for n in ast.walk(stmt)}  # fmt: skip
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:  # `from skygreen.plan import carbon` imports a module
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+    modules = set()
+    for name in found:
+        if not name.startswith("skygreen"):
+            continue
+        # importing a.b.c runs the packages a and a.b first
+        parts = name.split(".")
+        modules.update(".".join(parts[: i + 1]) for i in range(1, len(parts)) if ".".join(parts[: i + 1]) in known)
+    return modules - {module_name(path)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    known = {module_name(p) for p in paths}
+    return {module_name(p): imported_modules(p, known) for p in paths}
+
+
+def test_no_import_circle_counting_function_local_imports():
+    graph = import_graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = [*stack[stack.index(nxt) :], nxt]
+                raise AssertionError("import circle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+
+def test_the_core_imports_no_adapter_and_adapters_import_only_their_seam():
+    graph = import_graph()
+    assert set(ADAPTERS) | FACTORIES <= set(graph), "the lists above name modules that exist"
+    for module, imports in graph.items():
+        root = module.startswith(ROOTS) or module in FACTORIES
+        if module in ADAPTERS:
+            extra = imports - ADAPTERS[module] - {"skygreen"} - {p for p in imports if graph.get(p) == set()}
+            assert not extra, f"adapter {module} imports {sorted(extra)}: adapters import only their seam"
+        elif not root:
+            reached = imports & (set(ADAPTERS) | FACTORIES)
+            assert not reached, f"core module {module} imports {sorted(reached)}: pass a store or launcher in"
+
+
+def test_the_cli_only_parses_calls_the_api_and_prints():
+    allowed = {"skygreen", "skygreen.api", "skygreen.errors", "skygreen.plan", "skygreen.launch"}
+    allowed |= {"skygreen.plan.report", "skygreen.launch.report"}
+    assert import_graph()["skygreen.cli"] <= allowed

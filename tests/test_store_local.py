@@ -8,7 +8,8 @@ import os
 import pytest
 
 from skygreen.checkpoint.local_store import LocalStore
-from skygreen.checkpoint.store import KeyNotFoundError, Store, open_store
+from skygreen.checkpoint.store import KeyNotFoundError, Store
+from skygreen.checkpoint.stores import open_store
 from skygreen.errors import StoreError
 
 

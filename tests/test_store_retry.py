@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skygreen.checkpoint.store import RetryPolicy, backoff_delay_s, call_with_retries, open_store, parse_url
+from skygreen.checkpoint.store import RetryPolicy, backoff_delay_s, call_with_retries, parse_url
+from skygreen.checkpoint.stores import open_store
 from skygreen.errors import InputError, StoreError, TransientStoreError
 
 

@@ -6,27 +6,20 @@ and the pinned. Manifests and rank notes stay in the standard class.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from skygreen.checkpoint.manifest import CKPT_DIR, Manifest, best_step, blob_key, iter_manifests, latest_manifest
-from skygreen.checkpoint.store import Store, join_url, open_store, parse_url
+from skygreen.checkpoint.store import Store, join_url, parse_url
 from skygreen.errors import InputError
+from skygreen.fields import read_duration_s
+
+OpenStore = Callable[[str], Store]
+"""Opens the store of a URL; handed in by the composition root (`skygreen.api`)."""
 
 COLD_CLASSES = {"s3": ("GLACIER", "DEEP_ARCHIVE", "GLACIER_IR"), "gs": ("ARCHIVE", "COLDLINE", "NEARLINE")}
 DEFAULT_COLD_CLASS = {"s3": "GLACIER", "gs": "ARCHIVE"}
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|d|w)\s*$")
-_AGE_S = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-
-
-def parse_age_s(text: str) -> float:
-    """`90d`, `12h`, `2w` -> seconds; anything else is an `InputError` naming the flag."""
-    match = _AGE.match(str(text))
-    if not match:
-        raise InputError(f"--older-than: expected an age such as 90d, 12h or 2w, got {text!r}")
-    return float(match.group(1)) * _AGE_S[match.group(2)]
 
 
 def protected_steps(manifests: Sequence[Manifest], *, latest_step: int | None) -> set[int]:
@@ -74,7 +67,70 @@ class ColdMove:
     done: bool = False
 
 
-def plan_cold_moves(url: str, *, older_than_s: float, storage_class: str, now_s: float) -> list[ColdMove]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GcResult:
+    """What `skygreen gc` found under `url`, and whether it moved it (`act`)."""
+
+    url: str
+    local: bool
+    """A local directory: cold storage classes do not apply, nothing was looked at."""
+    act: bool = False
+    older_than: str = ""
+    moves: tuple[ColdMove, ...] = ()
+    """Done when `act` was true, else only planned."""
+
+    def lines(self) -> list[str]:
+        """The report, one line per object and a summary, as `skygreen gc` prints it."""
+        if self.local:
+            return [f"{self.url} is a local directory: cold storage classes do not apply; nothing to move"]
+        if not self.moves:
+            kept = "(latest, best and pinned checkpoints are kept)"
+            return [f"nothing older than {self.older_than} to move under {self.url} {kept}"]
+        verb = "moved" if self.act else "would move"
+        lines = [
+            f"{verb} {m.run_url}/{m.key} (step {m.step}, {m.age_days:.0f} days old) to {m.storage_class}"
+            for m in self.moves
+        ]
+        if not self.act:
+            lines.append(f"dry run: {len(self.moves)} object(s); run again with --yes to move them")
+        return lines
+
+
+def cold_storage_class(scheme: str, requested: str | None) -> str:
+    """The cold class to move to: the requested one (checked against the cloud), else the default."""
+    allowed = COLD_CLASSES[scheme]
+    cold = (requested or DEFAULT_COLD_CLASS[scheme]).upper()
+    if cold not in allowed:
+        raise InputError(
+            f"--storage-class: {requested!r} is not a cold class for {scheme}://\n  allowed: {', '.join(allowed)}"
+        )
+    return cold
+
+
+def gc(
+    url: str,
+    *,
+    open_store: OpenStore,
+    older_than: str,
+    storage_class: str | None,
+    act: bool,
+    now_s: float,
+) -> GcResult:
+    """Move checkpoints under `url` older than `older_than` to a cold class; `act=False` only plans."""
+    scheme = parse_url(url).scheme
+    if scheme == "file":
+        return GcResult(url=url, local=True, act=act, older_than=older_than)
+    cold = cold_storage_class(scheme, storage_class)
+    older_than_s = read_duration_s(older_than, "--older-than")
+    moves = plan_cold_moves(url, open_store=open_store, older_than_s=older_than_s, storage_class=cold, now_s=now_s)
+    if act and moves:
+        moves = apply_cold_moves(moves, open_store=open_store)
+    return GcResult(url=url, local=False, act=act, older_than=older_than, moves=tuple(moves))
+
+
+def plan_cold_moves(
+    url: str, *, open_store: OpenStore, older_than_s: float, storage_class: str, now_s: float
+) -> list[ColdMove]:
     """Blobs of stale checkpoints under `url` (a run or a bucket of runs) not yet cold.
 
     Manifests and rank notes stay in the standard class, so status and listings keep working
@@ -89,9 +145,8 @@ def plan_cold_moves(url: str, *, older_than_s: float, storage_class: str, now_s:
         manifests = list(iter_manifests(store))
         latest = latest_manifest(store)
         by_step = {m.step: m for m in manifests}
-        for step in stale_steps(
-            manifests, latest_step=latest.step if latest else None, now_s=now_s, older_than_s=older_than_s
-        ):
+        latest_step = latest.step if latest else None
+        for step in stale_steps(manifests, latest_step=latest_step, now_s=now_s, older_than_s=older_than_s):
             manifest = by_step[step]
             for name in sorted(manifest.blobs):
                 key = blob_key(step, name)
@@ -104,16 +159,13 @@ def plan_cold_moves(url: str, *, older_than_s: float, storage_class: str, now_s:
     return moves
 
 
-def apply_cold_moves(moves: Sequence[ColdMove]) -> list[ColdMove]:
+def apply_cold_moves(moves: Sequence[ColdMove], *, open_store: OpenStore) -> list[ColdMove]:
     """Move each planned object to its cold class; returns the moves marked done."""
     done = []
     stores: dict[str, Store] = {}
     for move in moves:
-        store = stores.setdefault(move.run_url, open_store(move.run_url))
-        store.set_storage_class(move.key, move.storage_class)
-        done.append(ColdMove(**{**_fields(move), "done": True}))
+        if move.run_url not in stores:
+            stores[move.run_url] = open_store(move.run_url)
+        stores[move.run_url].set_storage_class(move.key, move.storage_class)
+        done.append(dataclasses.replace(move, done=True))
     return done
-
-
-def _fields(move: ColdMove) -> dict[str, Any]:
-    return {name: getattr(move, name) for name in ColdMove.__slots__}

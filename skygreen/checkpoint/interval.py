@@ -1,4 +1,4 @@
-"""When to checkpoint: every N steps, every T seconds, or auto (Young/Daly), decided purely.
+"""When to checkpoint: every N steps, every T seconds, or auto (Daly's optimum), decided purely.
 
 Time is passed in, so the schedule is testable without clocks.
 """
@@ -7,28 +7,62 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 log = logging.getLogger("skygreen.checkpoint")
 
 
-DEFAULT_PREEMPTIONS_PER_HOUR = 0.1
-"""Assumed spot preemption rate when the run names none (mean 10 h between preemptions)."""
+PREEMPTION_RATE_PER_HOUR: Mapping[str, float] = {"aws": 0.47, "gcp": 0.24, "azure": 0.24}
+"""Assumed spot preemption rates, the one table the planner and the runtime both use.
+
+Per hour a spot node is alive (a task overrides them with `skygreen.preemption.rate_per_hour`);
+`tests/test_replay.py` derives them from the real traces
+in `../shared/spot-traces` and fails if they drift from what the traces say:
+- aws 0.47/h: AWS p3.2xlarge (V100) spot kept alive and relaunched for a week in four zones
+  (skypilot-org/spot-traces, 2023-04): 202 preemptions in 431 alive hours, pooled; 0.31-0.74
+  per zone (mean lifetimes 1.4-2.9 h).
+- gcp 0.24/h: GCP a3-highgpu-1g (H100) spot probes every 10 min in 13 zones for 14.6 days
+  (SkyNomad artifact, 2025-10): 834 available -> unavailable transitions in 3,497 available
+  hours, pooled; 0.003-1.8 per zone. Probes, not running instances: an upper estimate.
+- azure 0.24/h: no public trace; Azure publishes eviction-rate bands per size and region but
+  not a rate, so skygreen assumes GCP's.
+"""
+UNKNOWN_CLOUD_PREEMPTIONS_PER_HOUR = 0.1
+"""Assumed where the table has no answer (a local machine, a run that names no cloud): mean 10 h
+between preemptions, so `every: auto` still checkpoints every few minutes."""
 
 
-def young_daly_interval_s(save_cost_s: float, mtbf_s: float) -> float:
-    """Young's optimum checkpoint interval, sqrt(2 x save cost x mean time between failures).
+def preemption_rate_per_hour(cloud: str | None, overrides: Mapping[str, float] | None = None) -> float | None:
+    """The task's own rate for `cloud`, else the table's; None for a cloud the table does not know."""
+    if cloud is None:
+        return None
+    if overrides and cloud in overrides:
+        return overrides[cloud]
+    return PREEMPTION_RATE_PER_HOUR.get(cloud)
 
-    Checkpointing more often wastes save cost; less often loses more work per preemption.
+
+def optimal_interval_s(save_cost_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order optimum checkpoint interval (compute time between saves).
+
+    tau = sqrt(2 C M) x (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C   for C < 2M, else M
+    (Daly 2006, "A higher order estimate of the optimum checkpoint interval for restart
+    dumps"; its first term is Young's sqrt(2 C M)). Checkpointing more often wastes save cost;
+    less often loses more work per preemption. An infinite M (no preemptions) gives infinity.
     """
     if save_cost_s < 0 or mtbf_s <= 0:
         raise ValueError(f"need save_cost_s >= 0 and mtbf_s > 0, got {save_cost_s}, {mtbf_s}")
-    return math.sqrt(2.0 * save_cost_s * mtbf_s)
+    if math.isinf(mtbf_s):
+        return math.inf
+    if save_cost_s >= 2 * mtbf_s:
+        return mtbf_s
+    ratio = save_cost_s / (2 * mtbf_s)
+    return math.sqrt(2 * save_cost_s * mtbf_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - save_cost_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IntervalPolicy:
-    """When to checkpoint: every N steps, every T seconds, or auto (Young/Daly).
+    """When to checkpoint: every N steps, every T seconds, or auto (Daly's optimum).
 
     Auto needs a measured save cost; until the first save it uses `first_auto_s`. The auto
     interval is never shorter than the last upload took, so saves do not queue up behind
@@ -37,7 +71,7 @@ class IntervalPolicy:
 
     every_steps: int | None = None
     every_s: float | None = None
-    preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
+    preemptions_per_hour: float = UNKNOWN_CLOUD_PREEMPTIONS_PER_HOUR
     first_auto_s: float = 120.0
     min_interval_s: float = 10.0
     max_interval_s: float = 3600.0
@@ -67,7 +101,7 @@ class IntervalPolicy:
     def auto_interval_s(self, save_cost_s: float | None, upload_s: float | None = None) -> float:
         if save_cost_s is None:
             return self.first_auto_s
-        interval_s = max(young_daly_interval_s(save_cost_s, self.mtbf_s), upload_s or 0.0)
+        interval_s = max(optimal_interval_s(save_cost_s, self.mtbf_s), upload_s or 0.0)
         return min(max(interval_s, self.min_interval_s), self.max_interval_s)
 
 
@@ -108,6 +142,5 @@ class CheckpointSchedule:
         if self.policy.mode == "seconds":
             return f"every {self.interval_s:g} s"
         return (
-            f"auto, every {self.interval_s:.0f} s (Young/Daly, "
-            f"{self.policy.preemptions_per_hour:g} preemptions/hour assumed)"
+            f"auto, every {self.interval_s:.0f} s (Daly, {self.policy.preemptions_per_hour:g} preemptions/hour assumed)"
         )

@@ -17,7 +17,7 @@ bytes, each field followed by a NUL byte. Computing it needs tensors, so the hel
 `skygreen.runtime.checkpointer`; the definition is here, beside the manifest.
 
 This module imports no torch and no cloud library: `skygreen status` reads progress through
-`read_progress` on a laptop without either.
+`latest_manifest` on a laptop without either.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, BinaryIO
 
-from skygreen.checkpoint.store import KeyNotFoundError, Store, open_store
+from skygreen.checkpoint.store import KeyNotFoundError, Store
 from skygreen.errors import CheckpointError, StoreError, TransientStoreError
+from skygreen.timestamps import parse_iso_s
 
 log = logging.getLogger("skygreen.checkpoint")
 
@@ -104,15 +104,6 @@ class BlobInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {"size": self.size, "sha256": self.sha256}
-
-
-def utc_now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_iso_s(text: str) -> float:
-    """Seconds since the epoch of an ISO-8601 UTC time as written by `utc_now_iso`."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -293,11 +284,6 @@ def latest_manifest(store: Store) -> Manifest | None:
             return manifest
         log.warning("skipping %s: %s", manifest.label, "; ".join(problems))
     return None
-
-
-def read_progress(url: str) -> Manifest | None:
-    """The run's latest committed checkpoint, for `skygreen status`; no torch involved."""
-    return latest_manifest(open_store(url))
 
 
 # ---------------------------------------------------------------------------------------

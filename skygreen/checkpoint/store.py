@@ -4,8 +4,8 @@ A store is rooted at a URL (`s3://bucket/prefix`, `gs://bucket/prefix`, `file://
 plain path) and speaks in string keys relative to that root, so the checkpoint protocol in
 `skygreen.checkpoint` never sees which cloud it runs on.
 
-This module is core: it imports no outside library. `open_store` picks the adapter by URL
-scheme and imports it (and its cloud library) only then.
+This module is core: it imports no outside library and no adapter.
+`skygreen.checkpoint.stores.open_store` picks the adapter by URL scheme.
 
 Retries live here, once, as a pure policy (`RetryPolicy`, `backoff_delay_s`) and one loop
 (`call_with_retries`) that every adapter wraps around its network calls. Adapters turn their
@@ -195,36 +195,6 @@ def call_with_retries(
             sleep(delay_s)
             if on_retry is not None:
                 on_retry()
-
-
-# ---------------------------------------------------------------------------------------
-# Opening a store
-
-
-def open_store(url: str, *, retry: RetryPolicy | None = None) -> Store:
-    """The store for `url`, chosen by scheme; the adapter's library is imported only now.
-
-    A missing cloud library is a `StoreError` saying which extra to install.
-    """
-    parsed = parse_url(url)
-    policy = retry or DEFAULT_RETRY
-    if parsed.scheme == "file":
-        from skygreen.checkpoint.local_store import LocalStore
-
-        return LocalStore(parsed.bucket, retry=policy)
-    try:
-        if parsed.scheme == "s3":
-            from skygreen.checkpoint.s3_store import S3Store
-
-            return S3Store(parsed, retry=policy)
-        from skygreen.checkpoint.gcs_store import GcsStore
-
-        return GcsStore(parsed, retry=policy)
-    except ModuleNotFoundError as e:
-        raise StoreError(
-            f"{url}: the {parsed.scheme}:// store needs the package {e.name!r}, which is not installed\n"
-            "  fix: pip install 'skygreen[runtime]'"
-        ) from e
 
 
 def rewind(data: bytes | BinaryIO) -> Callable[[], None]:

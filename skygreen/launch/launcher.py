@@ -3,7 +3,8 @@
 Two real launchers implement it: `skygreen.launch.skypilot_launcher.SkyPilotLauncher` (managed spot
 jobs) and `skygreen.launch.local_launcher.LocalLauncher` (`--local`, this machine). Tests of
 the CLI flows use `skygreen.testing.FakeLauncher`, selected by the environment variable
-`SKYGREEN_LAUNCHER=module:factory` so no internals are patched.
+`SKYGREEN_LAUNCHER=module:factory` so no internals are patched (`skygreen.launch.launchers`
+builds them; the core only ever receives one).
 
 Job states are skygreen's own small enum, so the run registry and `skygreen status` never
 depend on SkyPilot's spelling (which grows between releases).
@@ -12,23 +13,9 @@ depend on SkyPilot's spelling (which grows between releases).
 from __future__ import annotations
 
 import enum
-import importlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO, runtime_checkable
-
-from skygreen.errors import InputError
-
-PREEMPTED_EXIT_CODE = 75
-"""The runtime's exit code after committing a checkpoint on SIGTERM (EX_TEMPFAIL): the job was
-interrupted, not failed. Rendered into `job_recovery.recover_on_exit_codes` so SkyPilot
-recovers it; a local run ending with it reads as stopped, for `skygreen resume`. Must equal
-`skygreen.runtime.PREEMPTED_EXIT_CODE` (a test checks it); kept here so that launching never
-imports the runtime, and with it torch."""
-
-LAUNCHER_ENV = "SKYGREEN_LAUNCHER"
-"""`module:factory` of the launcher for cloud runs; unset means SkyPilot."""
 
 
 class JobState(str, enum.Enum):
@@ -121,34 +108,3 @@ class Launcher(Protocol):
         """Write the job's output to `out`; with `follow`, until it ends (returns its exit
         code where known)."""
         ...
-
-
-def cloud_launcher() -> Launcher:
-    """The launcher for cloud runs: SkyPilot, unless `SKYGREEN_LAUNCHER` names another."""
-    target = os.environ.get(LAUNCHER_ENV)
-    if target:
-        return load_launcher(target)
-    from skygreen.launch.skypilot_launcher import SkyPilotLauncher
-
-    return SkyPilotLauncher()
-
-
-def load_launcher(target: str) -> Launcher:
-    """Instantiate `module:factory` (e.g. `skygreen.testing:FakeLauncher`)."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise InputError(
-            f"{LAUNCHER_ENV}={target!r} is not of the form module:factory\n  fix: e.g. {LAUNCHER_ENV}=skygreen.testing:FakeLauncher, or unset it"
-        )
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise InputError(
-            f"{LAUNCHER_ENV}={target!r}: cannot load it ({e})\n  fix: name an importable module:factory, or unset it"
-        ) from e
-    launcher = factory()
-    if not isinstance(launcher, Launcher):
-        raise InputError(
-            f"{LAUNCHER_ENV}={target!r} did not give a launcher (needs kind, launch, status, cancel, logs)"
-        )
-    return launcher

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from skygreen.errors import InputError, LaunchError
-from skygreen.launch.launcher import PREEMPTED_EXIT_CODE, JobState, JobStatus
+from skygreen.launch.launcher import JobState, JobStatus
+from skygreen.settings import PREEMPTED_EXIT_CODE
 
 CANCEL_GRACE_S = 60.0
 """How long `cancel` waits after SIGTERM for the final checkpoint before SIGKILL."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from skygreen.errors import InputError, SkygreenError
 from skygreen.files import write_atomic
+from skygreen.timestamps import utc_now_iso
 
 DATA_DIR_ENV = "SKYGREEN_DATA_DIR"
 RECORD_VERSION = 1
@@ -107,7 +108,7 @@ class RunRecord:
         return f"{self.bucket.rstrip('/')}/{self.run_id}"
 
     def with_launch(self, job_id: str, *, pid: int | None = None, state: str = "PENDING") -> RunRecord:
-        launch = Launch(at=_now_iso(), job_id=job_id, pid=pid)
+        launch = Launch(at=utc_now_iso(), job_id=job_id, pid=pid)
         return replace(self, launches=(*self.launches, launch), state=state, cancelled=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -135,7 +136,7 @@ class Registry:
         return self.root / check_run_id(run_id)
 
     def save(self, record: RunRecord) -> RunRecord:
-        record = replace(record, updated_at=_now_iso())
+        record = replace(record, updated_at=utc_now_iso())
         folder = self.run_dir(record.run_id)
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(folder / "run.json", json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
@@ -169,7 +170,3 @@ class Registry:
     def latest(self) -> RunRecord | None:
         records = self.list()
         return records[-1] if records else None
-
-
-def _now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

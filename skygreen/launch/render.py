@@ -36,8 +36,7 @@ import yaml
 
 from skygreen import __version__
 from skygreen.errors import NoOfferError, SpecError
-from skygreen.launch.launcher import PREEMPTED_EXIT_CODE
-from skygreen.settings import RuntimeSettings
+from skygreen.settings import PREEMPTED_EXIT_CODE, RuntimeSettings
 from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
 
 TORCHRUN_MASTER_PORT = 29500

@@ -1,22 +1,27 @@
 """A run's life on the user's machine: up, status, resume, cancel, logs.
 
-Composition only: the task spec, the planner, the CPU smoke test, the checkpoint store, the
-renderer, a launcher and the run registry, wired in the order that keeps every failure cheap:
-nothing is launched until the task validated, planned, passed its smoke test and its bucket
-took a test write. `skygreen.api` exposes these functions; the CLI prints what they return.
+The order that keeps every failure cheap: nothing is launched until the task validated,
+planned, passed its smoke test and its bucket took a test write. What touches the outside
+world (the planner over a catalog, the smoke test, stores, launchers, the registry) comes in
+through `Wiring`, built by the composition root `skygreen.api`; this module imports no
+adapter. The CLI prints what `skygreen.api` returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets as _random
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+import yaml
+
+from skygreen.checkpoint.interval import preemption_rate_per_hour
+from skygreen.checkpoint.manifest import Manifest, latest_manifest
+from skygreen.checkpoint.store import Store
 from skygreen.errors import (
     CheckpointError,
     InputError,
@@ -25,12 +30,34 @@ from skygreen.errors import (
     StoreError,
 )
 from skygreen.files import write_atomic
-from skygreen.launch.launcher import JobState, JobStatus, Launcher, cloud_launcher
+from skygreen.launch.launcher import JobState, JobStatus, Launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
+from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
+from skygreen.settings import RuntimeSettings
 from skygreen.spec import TaskSpec, load_spec
+from skygreen.timestamps import utc_now_iso
+
+if TYPE_CHECKING:
+    from skygreen.launch.smoke import SmokeResult
+    from skygreen.plan.rank import Plan
 
 LOCAL = "local"
 CLOUD = "cloud"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Wiring:
+    """The outside world a run's life touches, handed in by the composition root (`skygreen.api`)."""
+
+    registry: Registry
+    environ: Mapping[str, str]
+    plan: Callable[[TaskSpec], Plan]
+    """Ranks the offers for a task (the catalog is the caller's choice)."""
+    smoke: Callable[[Path], SmokeResult]
+    """Runs the task's CPU smoke test; raises `SmokeTestError` when it fails."""
+    open_store: Callable[[str], Store]
+    cloud_launcher: Callable[[], Launcher]
+    local_launcher: Callable[[], Launcher]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,11 +66,11 @@ class UpResult:
 
     yaml_path: Path
     run_id: str
-    plan: Any | None
-    """A `skygreen.plan.rank.Plan` for cloud runs; None for local ones."""
+    plan: Plan | None
+    """The ranked offers for cloud runs; None for local ones."""
     record: RunRecord | None
     """None for a dry run: nothing was launched or recorded."""
-    smoke: Any | None = None
+    smoke: SmokeResult | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,7 +100,7 @@ class RunStatus:
     energy_kwh: float | None
     wall_s: float | None
     checkpoint_interval_s: float | None
-    """The interval the runtime last chose (fixed, or `auto`'s Young/Daly optimum)."""
+    """The interval the runtime last chose (fixed, or `auto`'s Daly optimum)."""
     where: str | None
     checkpoint_url: str
     progress_error: str | None = None
@@ -92,29 +119,24 @@ def up(
     dryrun: bool = False,
     output: str | Path | None = None,
     smoke: bool = True,
-    catalog_dir: Path | None = None,
-    registry: Registry | None = None,
-    environ: Mapping[str, str] | None = None,
+    wiring: Wiring,
 ) -> UpResult:
     """Validate, plan, smoke-test, preflight the bucket, render and launch one run."""
-    environ = os.environ if environ is None else environ
-    registry = registry or Registry()
+    environ, registry = wiring.environ, wiring.registry
     task_path = Path(task_path)
     spec = load_spec(task_path)
     run_id = new_run_id(spec.name)
     bucket = _bucket(spec, local=local, environ=environ)
-    plan = None if local else _plan(spec, catalog_dir)
+    plan = None if local else wiring.plan(spec)
     task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent)
-    from skygreen.launch.render import to_yaml
-
     yaml_text = to_yaml(task)
     if dryrun:
         path = Path(output) if output else data_dir(environ) / "dryrun" / f"{run_id}.yaml"
         write_atomic(path, yaml_text)
         return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None)
-    smoke_result = _smoke(task_path) if smoke else None
-    preflight_bucket(bucket, run_id)
-    launcher = _local_launcher(environ) if local else cloud_launcher()
+    smoke_result = wiring.smoke(task_path) if smoke else None
+    preflight_bucket(wiring.open_store(f"{bucket.rstrip('/')}/{run_id}"), bucket)
+    launcher = wiring.local_launcher() if local else wiring.cloud_launcher()
     yaml_path = registry.run_dir(run_id) / "task.yaml"
     write_atomic(yaml_path, yaml_text)
     if output:
@@ -128,14 +150,12 @@ def up(
         bucket=bucket,
         task_yaml=str(yaml_path),
         spec_snapshot=_snapshot(spec),
-        created_at=_now(),
+        created_at=utc_now_iso(),
         state="CREATED",
         plan_summary=_plan_summary(spec, plan),
         secret_names=_secret_names(spec),
     )
     record = registry.save(record)
-    from skygreen.launch.render import secret_values
-
     record = _launch(registry, record, launcher, task, secret_values(spec, environ))
     return UpResult(yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result)
 
@@ -162,56 +182,32 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
     return bucket
 
 
-def _plan(spec: TaskSpec, catalog_dir: Path | None):
-    from skygreen.api import plan
-
-    return plan(spec, catalog_dir=catalog_dir)
-
-
-def _render(spec: TaskSpec, plan: Any | None, *, run_id: str, bucket: str, task_dir: Path) -> dict[str, Any]:
-    from skygreen.launch.render import render_task
-    from skygreen.settings import RuntimeSettings
-
+def _render(spec: TaskSpec, plan: Plan | None, *, run_id: str, bucket: str, task_dir: Path) -> dict[str, Any]:
     rate = None
     if plan is not None:  # the planner's assumption for the cloud it ranked first
-        from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
-
-        cloud = plan.best.cloud
-        rate = spec.green.preemption.rate_per_hour.get(cloud, DEFAULT_PREEMPTION_RATE_PER_HOUR.get(cloud))
+        rate = preemption_rate_per_hour(plan.best.cloud, spec.green.preemption.rate_per_hour)
     settings = RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate)
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
 
 
-def runtime_install():
+def runtime_install() -> RuntimeInstall:
     """How the VM installs skygreen: from this source checkout when skygreen runs from one
     (its folder is mounted to the VM), else the released package of the same version."""
-    from skygreen.launch.render import RuntimeInstall
-
     project = Path(__file__).resolve().parents[2]
     if (project / "pyproject.toml").is_file() and (project / "skygreen" / "__init__.py").is_file():
         return RuntimeInstall(source_dir=str(project))
     return RuntimeInstall.default()
 
 
-def _smoke(task_path: Path):
-    from skygreen.launch.smoke import run_smoke
-
-    return run_smoke(task_path)
-
-
-def preflight_bucket(bucket: str, run_id: str) -> None:
-    """Write, read back and delete one small object under the run's prefix, so a missing
-    bucket or a missing permission stops `up` before any VM starts."""
-    from skygreen.checkpoint.store import open_store
-
-    url = f"{bucket.rstrip('/')}/{run_id}"
+def preflight_bucket(store: Store, bucket: str) -> None:
+    """Write, read back and delete one small object in the run's store (under its prefix in
+    `bucket`), so a missing bucket or a missing permission stops `up` before any VM starts."""
     key = f"preflight-{_random.token_hex(4)}"
     probe = b"skygreen preflight\n"
     try:
-        store = open_store(url)
         store.put(key, probe)
         if store.get(key) != probe:
-            raise StoreError(f"{url}: a test object read back different bytes")
+            raise StoreError(f"{store.url}: a test object read back different bytes")
         store.delete(key)
     except StoreError as e:
         raise StoreError(
@@ -236,17 +232,17 @@ def _launch(
 # ---------------------------------------------------------------- status
 
 
-def status(run_id: str | None = None, *, registry: Registry | None = None) -> list[RunStatus]:
+def status(run_id: str | None = None, *, wiring: Wiring) -> list[RunStatus]:
     """The named run, or every run on this machine (newest last)."""
-    registry = registry or Registry()
-    records = [registry.load(run_id)] if run_id else registry.list()
-    return [run_status(record, registry=registry) for record in records]
+    records = [wiring.registry.load(run_id)] if run_id else wiring.registry.list()
+    return [run_status(record, wiring=wiring) for record in records]
 
 
-def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunStatus:
-    registry = registry or Registry()
-    job, job_error = _job_status(record)
-    manifest, progress_error = _progress(record.checkpoint_url)
+def run_status(record: RunRecord, *, wiring: Wiring) -> RunStatus:
+    """One run's state: its launcher's view joined with the progress in its bucket."""
+    registry = wiring.registry
+    job, job_error = _job_status(record, wiring)
+    manifest, progress_error = _progress(record.checkpoint_url, wiring)
     meta = dict(manifest.meta) if manifest else {}
     state = job.state.value if job else record.state
     detail = job_error or (job.detail if job else None)
@@ -254,7 +250,7 @@ def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunSta
         detail = f"{detail}: {job.failure_reason}" if detail else job.failure_reason
     if job and job.state.value != record.state:
         registry.save(dataclasses.replace(record, state=job.state.value))
-    spend, estimated = _spend(record, job)
+    spend, estimated = _spend(record, job, wiring)
     energy_j = meta.get("energy_j")
     return RunStatus(
         run_id=record.run_id,
@@ -281,25 +277,24 @@ def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunSta
     )
 
 
-def _job_status(record: RunRecord) -> tuple[JobStatus | None, str | None]:
+def _job_status(record: RunRecord, wiring: Wiring) -> tuple[JobStatus | None, str | None]:
     if record.job_id is None:
         return None, None
     try:
-        return launcher_for(record).status(record.job_id), None
+        return launcher_for(record, wiring).status(record.job_id), None
     except LaunchError as e:
         return None, str(e).splitlines()[0]
 
 
-def _progress(url: str):
-    from skygreen.checkpoint.manifest import read_progress
-
+def _progress(url: str, wiring: Wiring) -> tuple[Manifest | None, str | None]:
+    """The run's latest committed checkpoint (no torch involved), or why it cannot be read."""
     try:
-        return read_progress(url), None
+        return latest_manifest(wiring.open_store(url)), None
     except (StoreError, CheckpointError) as e:
         return None, str(e).splitlines()[0]
 
 
-def _spend(record: RunRecord, job: JobStatus | None) -> tuple[float | None, bool]:
+def _spend(record: RunRecord, job: JobStatus | None, wiring: Wiring) -> tuple[float | None, bool]:
     """Spend of every launch of the run so far, and whether any part of it is a guess.
 
     SkyPilot reports no cost per managed job, so each launch costs its job's run time times
@@ -312,16 +307,16 @@ def _spend(record: RunRecord, job: JobStatus | None) -> tuple[float | None, bool
     offers = list((record.plan_summary or {}).get("offers", ()))
     if not offers:
         return None, False
-    jobs = [_job_status_of(record, launch.job_id) for launch in record.launches[:-1]] + [job]
+    jobs = [_job_status_of(record, launch.job_id, wiring) for launch in record.launches[:-1]] + [job]
     priced = [_launch_spend(offers, j) for j in jobs if j is not None and j.duration_s is not None]
     if not priced:
         return None, False
     return sum(usd for usd, _ in priced), any(guessed for _, guessed in priced)
 
 
-def _job_status_of(record: RunRecord, job_id: str) -> JobStatus | None:
+def _job_status_of(record: RunRecord, job_id: str, wiring: Wiring) -> JobStatus | None:
     try:
-        return launcher_for(record).status(job_id)
+        return launcher_for(record, wiring).status(job_id)
     except LaunchError:
         return None
 
@@ -348,15 +343,12 @@ def _where(job: JobStatus | None) -> str | None:
 # ---------------------------------------------------------------- resume, cancel, logs
 
 
-def resume(
-    run_id: str, *, local: bool = False, registry: Registry | None = None, environ: Mapping[str, str] | None = None
-) -> RunRecord:
+def resume(run_id: str, *, local: bool = False, wiring: Wiring) -> RunRecord:
     """Relaunch a stopped run with the same run id: the runtime continues from the latest
     checkpoint in its bucket. `local` runs it on this machine whatever it ran on before."""
-    environ = os.environ if environ is None else environ
-    registry = registry or Registry()
+    environ, registry = wiring.environ, wiring.registry
     record = registry.load(run_id)
-    current = run_status(record, registry=registry)
+    current = run_status(record, wiring=wiring)
     if current.completed:
         raise InputError(
             f"run {run_id} already completed at step {current.step}\n  fix: start a new run with `skygreen up`"
@@ -377,14 +369,12 @@ def resume(
     else:  # a cloud run continued here: the same run id and bucket, rendered for this machine
         spec = load_spec(record.task_path)
         task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
-    launcher = _local_launcher(environ) if to_local else launcher_for(record)
+    launcher = wiring.local_launcher() if to_local else launcher_for(record, wiring)
     record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
     return _launch(registry, record, launcher, task, _resume_secrets(record, environ))
 
 
 def _read_task_yaml(record: RunRecord) -> dict[str, Any]:
-    import yaml
-
     path = Path(record.task_yaml)
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -394,55 +384,45 @@ def _read_task_yaml(record: RunRecord) -> dict[str, Any]:
 
 def _resume_secrets(record: RunRecord, environ: Mapping[str, str]) -> dict[str, str]:
     """Secret values for a relaunch: from the environment, else still from the task file."""
-    from skygreen.launch.render import secret_values
-
     try:
         return secret_values(load_spec(record.task_path), environ)
     except InputError:
         return {name: environ[name] for name in record.secret_names if environ.get(name)}
 
 
-def cancel(run_id: str, *, registry: Registry | None = None) -> RunStatus:
+def cancel(run_id: str, *, wiring: Wiring) -> RunStatus:
     """Stop a run: SIGTERM (the runtime commits a checkpoint), then its launcher's cancel."""
-    registry = registry or Registry()
+    registry = wiring.registry
     record = registry.load(run_id)
     if record.job_id is None:
         raise InputError(f"run {run_id} was never launched; nothing to cancel")
-    launcher_for(record).cancel(record.job_id)
+    launcher_for(record, wiring).cancel(record.job_id)
     registry.save(dataclasses.replace(record, cancelled=True))
-    return run_status(registry.load(run_id), registry=registry)
+    return run_status(registry.load(run_id), wiring=wiring)
 
 
-def logs(
-    run_id: str, *, follow: bool = False, out: TextIO | None = None, registry: Registry | None = None
-) -> int | None:
-    registry = registry or Registry()
-    record = registry.load(run_id)
+def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None, wiring: Wiring) -> int | None:
+    """Write a run's output to `out` (stdout); with `follow`, until it ends."""
+    record = wiring.registry.load(run_id)
     if record.job_id is None:
         raise InputError(f"run {run_id} was never launched; it has no logs")
-    return launcher_for(record).logs(record.job_id, follow=follow, out=out or sys.stdout)
+    return launcher_for(record, wiring).logs(record.job_id, follow=follow, out=out or sys.stdout)
 
 
 # ---------------------------------------------------------------- helpers
 
 
-def launcher_for(record: RunRecord) -> Launcher:
+def launcher_for(record: RunRecord, wiring: Wiring) -> Launcher:
     """The launcher a run was launched with."""
     if record.launcher == "local":
-        return _local_launcher(os.environ)
-    launcher = cloud_launcher()
+        return wiring.local_launcher()
+    launcher = wiring.cloud_launcher()
     if launcher.kind != record.launcher:
         raise InputError(
             f"run {record.run_id} was launched with the {record.launcher!r} launcher, but this shell selects {launcher.kind!r}\n"
             "  fix: set or unset SKYGREEN_LAUNCHER as it was when the run started"
         )
     return launcher
-
-
-def _local_launcher(environ: Mapping[str, str]):
-    from skygreen.launch.local_launcher import LocalLauncher
-
-    return LocalLauncher(data_dir(environ) / "local-jobs")
 
 
 def _snapshot(spec: TaskSpec) -> dict[str, Any]:
@@ -463,22 +443,14 @@ def _plain(value: Any) -> Any:
 
 
 def _secret_names(spec: TaskSpec) -> tuple[str, ...]:
-    from skygreen.launch.render import declared_secrets
-
     return declared_secrets(spec)
 
 
-def _plan_summary(spec: TaskSpec, plan: Any | None) -> dict[str, Any] | None:
+def _plan_summary(spec: TaskSpec, plan: Plan | None) -> dict[str, Any] | None:
     if plan is None:
         return None
     offers = [c.to_json() for c in plan.candidates[: spec.green.max_candidates]]
     return {"objective": plan.objective, "offers": offers, "reason": list(getattr(plan, "reason", ()))}
-
-
-def _now() -> str:
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -16,17 +16,10 @@ order estimate of the optimum checkpoint interval for restart dumps"), so on-dem
 (lambda = 0) pay no checkpoint overhead. When lambda x (R + tau/2) reaches 0.9 the run would
 spend its time restarting: the offer is not viable and gets no estimate.
 
-Assumed preemption rates, per hour a spot node is alive (override with
-`skygreen.preemption.rate_per_hour`); `tests/test_replay.py` derives them from the real traces
-in `../shared/spot-traces` and fails if they drift from what the traces say:
-- aws 0.47/h: AWS p3.2xlarge (V100) spot kept alive and relaunched for a week in four zones
-  (skypilot-org/spot-traces, 2023-04): 202 preemptions in 431 alive hours, pooled; 0.31-0.74
-  per zone (mean lifetimes 1.4-2.9 h).
-- gcp 0.24/h: GCP a3-highgpu-1g (H100) spot probes every 10 min in 13 zones for 14.6 days
-  (SkyNomad artifact, 2025-10): 834 available -> unavailable transitions in 3,497 available
-  hours, pooled; 0.003-1.8 per zone. Probes, not running instances: an upper estimate.
-- azure 0.24/h: no public trace; Azure publishes eviction-rate bands per size and region but
-  not a rate, so skygreen assumes GCP's.
+Assumed preemption rates, per hour a spot node is alive, come from the one table in
+`skygreen.checkpoint.interval.PREEMPTION_RATE_PER_HOUR` (override with
+`skygreen.preemption.rate_per_hour`); the checkpoint interval is that module's
+`optimal_interval_s`, the same one the runtime uses.
 Restart 6 min and a 10 s blocking save (an async save blocks only for the copy to host
 memory: PyTorch DCP async_save measured 6.3 s for a 7B model) are the other defaults.
 
@@ -40,9 +33,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR, optimal_interval_s
 from skygreen.gpus import GPUS
 
-DEFAULT_PREEMPTION_RATE_PER_HOUR: Mapping[str, float] = {"aws": 0.47, "gcp": 0.24, "azure": 0.24}
 DEFAULT_RESTART_S = 360.0
 DEFAULT_CHECKPOINT_COST_S = 10.0
 SCALING_EFFICIENCY_PER_DOUBLING = 0.95
@@ -66,9 +59,7 @@ class RunModel:
     speed: Mapping[str, float] = field(default_factory=dict)
     """Relative speed per GPU (A100 = 1.0); missing GPUs use `skygreen.gpus`."""
     num_nodes: int = 1
-    preemption_rate_per_hour: Mapping[str, float] = field(
-        default_factory=lambda: dict(DEFAULT_PREEMPTION_RATE_PER_HOUR)
-    )
+    preemption_rate_per_hour: Mapping[str, float] = field(default_factory=lambda: dict(PREEMPTION_RATE_PER_HOUR))
     restart_s: float = DEFAULT_RESTART_S
     checkpoint_cost_s: float = DEFAULT_CHECKPOINT_COST_S
     checkpoint_interval_s: float | None = None
@@ -118,31 +109,19 @@ def compute_hours(model: RunModel, gpu: str, gpus_per_node: int) -> float:
     return reference_hours / (model.relative_speed(gpu) * total * scaling_efficiency(total))
 
 
-def daly_interval_s(save_cost_s: float, mtbf_s: float) -> float:
-    """Daly's higher-order optimum checkpoint interval (compute time between saves).
-
-    tau = sqrt(2 C M) x (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C   for C < 2M, else M.
-    A zero save cost makes any interval free; one second stands in for it.
-    """
-    if mtbf_s <= 0 or math.isinf(mtbf_s):
-        return math.inf
-    cost = max(save_cost_s, 1.0)
-    if cost >= 2 * mtbf_s:
-        return mtbf_s
-    ratio = cost / (2 * mtbf_s)
-    return math.sqrt(2 * cost * mtbf_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost
-
-
 def estimate(model: RunModel, *, cloud: str, gpu: str, gpus_per_node: int, spot: bool) -> Estimate | None:
     """The run's expected wall hours and energy on an offer, or None when preemptions would
     stop it from making progress."""
     compute_h = compute_hours(model, gpu, gpus_per_node)
-    rate = model.preemption_rate_per_hour.get(cloud, DEFAULT_PREEMPTION_RATE_PER_HOUR.get(cloud, 0.0))
+    rate = model.preemption_rate_per_hour.get(cloud, PREEMPTION_RATE_PER_HOUR.get(cloud, 0.0))
     rate_per_hour = rate * model.num_nodes if spot else 0.0
     interval_s = model.checkpoint_interval_s
     save_cost_s = model.checkpoint_cost_s
     if interval_s is None:
-        interval_s = daly_interval_s(save_cost_s, 3600.0 / rate_per_hour) if rate_per_hour > 0 else math.inf
+        # A zero save cost would make any interval free; one second stands in for it.
+        interval_s = (
+            optimal_interval_s(max(save_cost_s, 1.0), 3600.0 / rate_per_hour) if rate_per_hour > 0 else math.inf
+        )
     else:
         # Whoever saves every few seconds has small saves: at most a tenth of the interval.
         save_cost_s = min(save_cost_s, interval_s * MAX_SAVE_FRACTION)

@@ -14,13 +14,13 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 
+from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
 from skygreen.errors import NoOfferError, SpecError, did_you_mean
 from skygreen.gpus import GPUS
 from skygreen.plan import carbon
 from skygreen.plan.catalog import CLOUDS, Catalog, Offer
 from skygreen.plan.cost import (
     DEFAULT_CHECKPOINT_COST_S,
-    DEFAULT_PREEMPTION_RATE_PER_HOUR,
     DEFAULT_RESTART_S,
     RunModel,
     estimate,
@@ -170,7 +170,7 @@ def run_model(spec: TaskSpec, *, measured_speed: Mapping[str, float] | None = No
     throughput measured in earlier runs of the task (`measured_speed`) where known.
     """
     green = spec.green
-    rates = dict(DEFAULT_PREEMPTION_RATE_PER_HOUR)
+    rates = dict(PREEMPTION_RATE_PER_HOUR)
     rates.update(green.preemption.rate_per_hour)
     restart_min = green.preemption.restart_minutes
     return RunModel(

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-PREEMPTED_EXIT_CODE = 75
-"""Exit status after committing a checkpoint on SIGTERM; SkyPilot's job recovery restarts on it
-(`job_recovery.recover_on_exit_codes`). 75 is EX_TEMPFAIL: try again later."""
+from skygreen.settings import PREEMPTED_EXIT_CODE
 
 _LAZY = {"Run": "skygreen.runtime.run", "Step": "skygreen.runtime.step"}
 

@@ -58,12 +58,13 @@ from skygreen.checkpoint.manifest import (
     rank_note_name,
     step_folders,
     step_prefix,
-    utc_now_iso,
 )
-from skygreen.checkpoint.store import KeyNotFoundError, RetryPolicy, Store, open_store
+from skygreen.checkpoint.store import KeyNotFoundError, RetryPolicy, Store
+from skygreen.checkpoint.stores import open_store
 from skygreen.errors import CheckpointError, InputError, StoreError, TransientStoreError
 from skygreen.runtime.ranks import all_reduce
 from skygreen.spec import HALF_PRECISIONS
+from skygreen.timestamps import utc_now_iso
 
 log = logging.getLogger("skygreen.checkpoint")
 
@@ -300,7 +301,7 @@ class Checkpointer:
         blobs.update(self._collect_rank_notes(step))
         manifest = Manifest(
             step=step,
-            created_at=utc_now_iso(),
+            created_at=utc_now_iso(microseconds=True),
             blobs=blobs,
             model_sha256=model_hash,
             metric=None if metric is None else float(metric),

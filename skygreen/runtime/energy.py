@@ -9,6 +9,10 @@ says so once: the counter slot stays in the checkpoint for when it can be filled
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+from skygreen.errors import NvmlError
+from skygreen.runtime.nvml import NvmlGpu
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -16,40 +20,36 @@ log = logging.getLogger("skygreen.runtime")
 class EnergyMeter:
     """Joules used by one GPU since the last `take_j`."""
 
-    def __init__(self, handle=None, nvml=None) -> None:
-        self._handle = handle
-        self._nvml = nvml
+    def __init__(self, gpu: NvmlGpu | None = None) -> None:
+        self._gpu = gpu
         self._last_mj = self._read_mj()
 
     @classmethod
-    def for_device(cls, device) -> EnergyMeter:
+    def for_device(cls, device: Any) -> EnergyMeter:
+        """A meter for a torch device: NVML's counter on a GPU, a meter reading 0 J elsewhere."""
         if device.type != "cuda":
             return cls()
+        import torch
+
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            import torch
-
-            uuid = torch.cuda.get_device_properties(device).uuid
-            handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-            meter = cls(handle, pynvml)
-        except Exception as e:  # no NVML library, no permission, no counter
+            gpu = NvmlGpu.by_uuid(str(torch.cuda.get_device_properties(device).uuid))
+        except NvmlError as e:  # no NVML library, no permission, GPU lost
             log.warning("GPU energy metering unavailable (%s); energy_j stays 0", e)
             return cls()
-        return meter
+        return cls(gpu)
 
     def _read_mj(self) -> int | None:
-        if self._handle is None:
+        if self._gpu is None:
             return None
         try:
-            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
-        except Exception as e:  # NVMLError_NotSupported on pre-Volta GPUs
+            return self._gpu.total_energy_mj()
+        except NvmlError as e:  # "not supported" on pre-Volta GPUs
             log.warning("NVML total energy counter unavailable (%s); energy_j stays 0", e)
-            self._handle = None
+            self._gpu = None
             return None
 
     def take_j(self) -> float:
+        """Joules since the last call (0 where there is no counter)."""
         now = self._read_mj()
         if now is None or self._last_mj is None:
             return 0.0

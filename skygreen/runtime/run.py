@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from skygreen.checkpoint.interval import CheckpointSchedule, IntervalPolicy
 from skygreen.errors import RuntimeSetupError
-from skygreen.runtime import PREEMPTED_EXIT_CODE, rng
+from skygreen.runtime import rng
 from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, smaller_micro_batch
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream
@@ -62,7 +62,7 @@ from skygreen.runtime.ranks import all_reduce
 from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
 from skygreen.runtime.state import load_training_state, training_state
 from skygreen.runtime.step import Step
-from skygreen.settings import SMOKE_ENV, SMOKE_LINE, RuntimeSettings
+from skygreen.settings import PREEMPTED_EXIT_CODE, SMOKE_ENV, SMOKE_LINE, RuntimeSettings
 
 log = logging.getLogger("skygreen.runtime")
 

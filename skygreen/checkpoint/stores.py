@@ -1,0 +1,39 @@
+"""The store for a checkpoint URL: picks the adapter by scheme (s3://, gs://, a local path).
+
+A composition helper, not core: only the composition roots (`skygreen.api` on the laptop,
+`skygreen.runtime` in the container) and tests import it; the core takes a `Store` (or a
+function that opens one) as an argument. A new cloud store is one module beside the others
+(`<scheme>_store.py`, implementing `skygreen.checkpoint.store.Store` with an error table) plus
+one branch here.
+"""
+
+from __future__ import annotations
+
+from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, Store, parse_url
+from skygreen.errors import StoreError
+
+
+def open_store(url: str, *, retry: RetryPolicy | None = None) -> Store:
+    """The store for `url`, chosen by scheme; the adapter's library is imported only now.
+
+    A missing cloud library is a `StoreError` saying which extra to install.
+    """
+    parsed = parse_url(url)
+    policy = retry or DEFAULT_RETRY
+    if parsed.scheme == "file":
+        from skygreen.checkpoint.local_store import LocalStore
+
+        return LocalStore(parsed.bucket, retry=policy)
+    try:
+        if parsed.scheme == "s3":
+            from skygreen.checkpoint.s3_store import S3Store
+
+            return S3Store(parsed, retry=policy)
+        from skygreen.checkpoint.gcs_store import GcsStore
+
+        return GcsStore(parsed, retry=policy)
+    except ModuleNotFoundError as e:
+        raise StoreError(
+            f"{url}: the {parsed.scheme}:// store needs the package {e.name!r}, which is not installed\n"
+            "  fix: pip install 'skygreen[runtime]'"
+        ) from e
