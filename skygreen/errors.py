@@ -95,8 +95,24 @@ class TransientStoreError(StoreError):
     """A store failure worth retrying: 5xx, throttling, connection reset, timeout."""
 
 
+class KeyNotFoundError(StoreError):
+    """The key does not exist in the store (a normal answer, never retried)."""
+
+
+class ArchivedObjectError(StoreError):
+    """The object sits in a cold storage class and must be restored before it can be read."""
+
+
 class CheckpointError(SkygreenError):
     """No usable checkpoint, or one that fails verification."""
+
+
+class RankTimeoutError(CheckpointError):
+    """Some ranks did not deliver their part of a checkpoint in time (not committed)."""
+
+
+class SmokeTestError(SkygreenError):
+    """The training script failed its CPU smoke test; the message names the step and the error."""
 
 
 class LaunchError(SkygreenError):

@@ -22,7 +22,7 @@ from typing import Any
 
 from skygreen.errors import RuntimeSetupError, SpecError
 from skygreen.fields import read_choice, read_int, read_number
-from skygreen.spec import EARLY_STOP_MODES, HALF_PRECISIONS, PRECISIONS, GreenSpec
+from skygreen.spec import EARLY_STOP_MODES, HALF_PRECISIONS, PRECISIONS, EarlyStopConfig, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
 PREEMPTED_EXIT_CODE = 75
@@ -55,11 +55,8 @@ class RuntimeSettings:
     checkpoint_half_precision: str | None = None
     power_cap: str = "auto"
     """auto | off | <watts> | <fraction of the default limit>, as written in the task file."""
-    early_stop_metric: str | None = None
-    early_stop_mode: str = "min"
-    early_stop_patience: int = 3
-    early_stop_min_delta: float = 0.0
-    early_stop_grace: int = 0
+    early_stop: EarlyStopConfig | None = None
+    """Travels as `SKYGREEN_EARLY_STOP_METRIC`, `_MODE`, `_PATIENCE`, `_MIN_DELTA`, `_GRACE`."""
     preemptions_per_hour: float | None = None
     """Assumed spot preemption rate where the run lands, for the `auto` checkpoint interval."""
     cloud: str | None = None
@@ -75,7 +72,6 @@ class RuntimeSettings:
         preemptions_per_hour: float | None = None,
     ) -> RuntimeSettings:
         """Settings for a run of a task; `bucket` is the resolved base URL."""
-        stop = spec.early_stopping
         power = spec.power
         cap = {"watts": power.cap_w, "fraction": power.cap_fraction}.get(power.mode)
         cap = power.mode if cap is None else f"{cap:g}"
@@ -90,23 +86,22 @@ class RuntimeSettings:
             checkpoint_keep=spec.checkpoint.keep,
             checkpoint_half_precision=spec.checkpoint.half_precision,
             power_cap=cap,
-            early_stop_metric=stop.metric if stop else None,
-            early_stop_mode=stop.mode if stop else "min",
-            early_stop_patience=stop.patience if stop else 3,
-            early_stop_min_delta=stop.min_delta if stop else 0.0,
-            early_stop_grace=stop.grace if stop else 0,
+            early_stop=spec.early_stopping,
             preemptions_per_hour=preemptions_per_hour,
             cloud=cloud,
         )
 
     def to_env(self) -> dict[str, str]:
         """The `SKYGREEN_*` variables for SkyPilot `envs`; unset fields are left out."""
-        env = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                env[_env_name(f.name)] = f"{value:g}" if isinstance(value, float) else str(value)
-        return env
+        flat: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        stop = flat.pop("early_stop")
+        if stop is not None:
+            flat.update({f"early_stop_{f.name}": getattr(stop, f.name) for f in dataclasses.fields(stop)})
+        return {
+            _env_name(name): f"{value:g}" if isinstance(value, float) else str(value)
+            for name, value in flat.items()
+            if value is not None
+        }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RuntimeSettings:
@@ -116,10 +111,15 @@ class RuntimeSettings:
         """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            name = _env_name(f.name)
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "early_stop"]
+        names += [f"early_stop_{f.name}" for f in dataclasses.fields(EarlyStopConfig)]
+        for field_name in names:
+            name = _env_name(field_name)
             if name in environ and environ[name] != "":
-                values[f.name] = _parse_env(f.name, environ[name], name)
+                values[field_name] = _parse_env(field_name, environ[name], name)
+        stop = {k.removeprefix("early_stop_"): values.pop(k) for k in list(values) if k.startswith("early_stop_")}
+        if stop.get("metric"):
+            values["early_stop"] = EarlyStopConfig(**stop)
         values.update({k: v for k, v in overrides.items() if v is not None})
         for required in ("run_id", "bucket"):
             if required not in values:

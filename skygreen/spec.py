@@ -26,14 +26,13 @@ Example:
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from skygreen.checkpoint.manifest import check_keep
 from skygreen.errors import InputError, SpecError, suggestion
 from skygreen.fields import (
     check_keys,
@@ -48,6 +47,7 @@ from skygreen.fields import (
     type_name,
 )
 from skygreen.gpus import GPU_NAMES, canonical_gpu_name
+from skygreen.task_yaml import read_yaml
 
 CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
 OBJECTIVES: tuple[str, ...] = ("cost", "time", "energy", "carbon")
@@ -118,13 +118,27 @@ class PowerSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class EarlyStoppingSpec:
+class EarlyStopConfig:
+    """`early_stopping:` of the task file, carried to the runtime's `EarlyStopper` as is."""
+
     metric: str
     mode: str = "min"
     patience: int = 3
     min_delta: float = 0.0
     grace: int = 0
     """Evaluations at the start that never count against patience (curricula, warm-up)."""
+
+    def __post_init__(self) -> None:
+        problems = {
+            "metric must name the reported metric, e.g. 'val_loss'": not self.metric,
+            f"mode must be one of {EARLY_STOP_MODES}": self.mode not in EARLY_STOP_MODES,
+            "patience must be at least 1": self.patience < 1,
+            "min_delta must be a finite number >= 0": not (self.min_delta >= 0 and math.isfinite(self.min_delta)),
+            "grace must be at least 0": self.grace < 0,
+        }
+        for problem, failed in problems.items():
+            if failed:
+                raise ValueError(f"EarlyStopConfig.{problem}, got {self}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,7 +177,7 @@ class GreenSpec:
     batch: Batch = Batch()
     checkpoint: CheckpointSpec = CheckpointSpec()
     power: PowerSpec = PowerSpec()
-    early_stopping: EarlyStoppingSpec | None = None
+    early_stopping: EarlyStopConfig | None = None
     recovery: RecoverySpec = RecoverySpec()
 
 
@@ -178,39 +192,6 @@ class TaskSpec:
 
 
 # ---------------------------------------------------------------- loading
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (as SkyPilot's `Task.from_yaml_str` does) and reads
-    booleans the YAML 1.2 way: only true/false. Under YAML 1.1 `on`, `off`, `yes` and `no` are
-    booleans, which would turn `work: {on: A100}` into a key `True` and `cap: off` into False.
-    """
-
-
-_UniqueKeyLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-        except TypeError:  # an unhashable key; construct_mapping reports it
-            break
-        if duplicate:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
 def load_spec(path: str | Path) -> TaskSpec:
@@ -234,17 +215,7 @@ def load_spec(path: str | Path) -> TaskSpec:
 
 def parse_spec_text(text: str, *, source: str | None = None) -> TaskSpec:
     """Parse YAML text into a `TaskSpec`."""
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        problem = getattr(e, "problem", None) or str(e)
-        raise SpecError(where, f"invalid YAML: {problem}", hint="fix the YAML syntax at that place") from None
-    except (ValueError, TypeError, OverflowError, RecursionError) as e:
-        # SafeLoader can still fail on odd scalars (timestamps out of range, deep nesting).
-        raise SpecError("(file)", f"invalid YAML: {e}", hint="fix the YAML syntax") from None
-    return parse_spec(data, source=source)
+    return parse_spec(read_yaml(text), source=source)
 
 
 def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
@@ -440,7 +411,7 @@ def _parse_checkpoint(raw: Any, path: str) -> CheckpointSpec:
     if raw.get("every") is not None:
         values["every_steps"], values["every_s"] = _parse_every(raw["every"], f"{path}.every")
     if raw.get("keep") is not None:
-        values["keep"] = read_int(raw["keep"], f"{path}.keep", minimum=2, maximum=1000)
+        values["keep"] = check_keep(read_int(raw["keep"], f"{path}.keep", maximum=1000), f"{path}.keep")
     if raw.get("half_precision") not in (None, False):
         values["half_precision"] = read_choice(raw["half_precision"], f"{path}.half_precision", HALF_PRECISIONS)
     return CheckpointSpec(**values)
@@ -492,11 +463,11 @@ def _parse_power(raw: Any, path: str) -> PowerSpec:
     return PowerSpec(mode="watts", cap_w=value)
 
 
-def _parse_early_stopping(raw: Any, path: str) -> EarlyStoppingSpec | None:
+def _parse_early_stopping(raw: Any, path: str) -> EarlyStopConfig | None:
     if raw is False:
         return None
     raw = read_mapping(raw, path)
-    check_keys(raw, EarlyStoppingSpec.__dataclass_fields__, path)
+    check_keys(raw, EarlyStopConfig.__dataclass_fields__, path)
     if raw.get("metric") is None:
         raise SpecError(
             f"{path}.metric", "is required", hint="name the metric your script reports, e.g. metric: val_loss"
@@ -507,7 +478,7 @@ def _parse_early_stopping(raw: Any, path: str) -> EarlyStoppingSpec | None:
     get(values, "patience", lambda v, p: read_int(v, p, minimum=1))
     get(values, "min_delta", lambda v, p: read_number(v, p, minimum=0.0))
     get(values, "grace", lambda v, p: read_int(v, p, minimum=0))
-    return EarlyStoppingSpec(**values)
+    return EarlyStopConfig(**values)
 
 
 def _parse_recovery(raw: Any, path: str) -> RecoverySpec:

@@ -146,7 +146,7 @@ def test_retention_keeps_last_k_best_and_pinned():
 
 
 def test_retention_refuses_keep_below_two():
-    with pytest.raises(ValueError, match="at least 2"):
+    with pytest.raises(InputError, match="at least 2"):
         retained_steps([manifest(1)], keep=1)
 
 

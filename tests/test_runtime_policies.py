@@ -172,7 +172,9 @@ def test_early_stop_in_a_run_writes_a_completed_checkpoint_and_survives_resume(t
     from skygreen.runtime.checkpointer import Checkpointer
 
     metrics = {1: 1.0, 2: 0.5, 3: 0.6, 4: 0.7, 5: 0.4}  # patience 2: stops after step index 4
-    settings = job.settings(tmp_path, early_stop_metric="val_loss", early_stop_patience=2, checkpoint_every_steps=1)
+    settings = job.settings(
+        tmp_path, early_stop=EarlyStopConfig(metric="val_loss", patience=2), checkpoint_every_steps=1
+    )
     with pytest.raises(job.Crash):  # dies after the first bad evaluation; the state must come back
         job.train(settings, 20, metrics=metrics, crash_at=(4, 0))
     run = job.train(settings, 20, metrics=metrics)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from skygreen.launch.smoke import SmokeTestError, run_smoke
+from skygreen.errors import SmokeTestError
+from skygreen.launch.smoke import run_smoke
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"

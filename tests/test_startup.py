@@ -168,3 +168,20 @@ def test_the_cli_only_parses_calls_the_api_and_prints():
     allowed = {"skygreen", "skygreen.api", "skygreen.errors", "skygreen.plan", "skygreen.launch"}
     allowed |= {"skygreen.plan.report", "skygreen.launch.report"}
     assert import_graph()["skygreen.cli"] <= allowed
+
+
+def test_log_lines_carry_one_prefix():
+    """The runtime's log formatter adds `skygreen: `; a message that starts with it prints it twice."""
+    doubled = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"debug", "info", "warning", "error", "exception"}
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).startswith("skygreen:")
+            ):
+                doubled.append(f"{path.name}:{node.lineno}")
+    assert not doubled, doubled

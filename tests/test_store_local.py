@@ -8,9 +8,9 @@ import os
 import pytest
 
 from skygreen.checkpoint.local_store import LocalStore
-from skygreen.checkpoint.store import KeyNotFoundError, Store
+from skygreen.checkpoint.store import Store
 from skygreen.checkpoint.stores import open_store
-from skygreen.errors import StoreError
+from skygreen.errors import KeyNotFoundError, StoreError
 
 
 def test_plain_paths_and_file_urls_open_the_same_directory(tmp_path):

@@ -23,8 +23,8 @@ import requests.exceptions
 from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 
-from skygreen.checkpoint.store import DEFAULT_RETRY, KeyNotFoundError, RetryPolicy, StoreUrl, call_with_retries, rewind
-from skygreen.errors import StoreError, TransientStoreError
+from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, StoreUrl, call_with_retries, rewind
+from skygreen.errors import KeyNotFoundError, StoreError, TransientStoreError
 
 T = TypeVar("T")
 

@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 from typing import BinaryIO
 
-from skygreen.checkpoint.store import DEFAULT_RETRY, KeyNotFoundError, RetryPolicy, call_with_retries
-from skygreen.errors import StoreError, TransientStoreError
+from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, call_with_retries
+from skygreen.errors import KeyNotFoundError, StoreError, TransientStoreError
 from skygreen.files import COPY_CHUNK_BYTES, TEMP_PREFIX, write_atomic
 
 # errno -> transient? Full disks and permissions do not heal by waiting; NFS hiccups can.

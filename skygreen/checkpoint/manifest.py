@@ -31,8 +31,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from skygreen.checkpoint.store import KeyNotFoundError, Store
-from skygreen.errors import CheckpointError, StoreError, TransientStoreError
+from skygreen.checkpoint.store import Store
+from skygreen.errors import CheckpointError, KeyNotFoundError, SpecError, StoreError, TransientStoreError
 from skygreen.timestamps import parse_iso_s
 
 log = logging.getLogger("skygreen.checkpoint")
@@ -290,6 +290,19 @@ def latest_manifest(store: Store) -> Manifest | None:
 # Retention
 
 
+MIN_KEEP = 2
+"""Retention keeps at least two checkpoints: the newest may be the broken one."""
+
+
+def check_keep(keep: object, field: str = "keep") -> int:
+    """The one check of a retention count, wherever it comes from (task file, code, settings)."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < MIN_KEEP:
+        raise SpecError(
+            field, f"must be an integer at least {MIN_KEEP} (the newest checkpoint may be the broken one)", value=keep
+        )
+    return keep
+
+
 def best_step(manifests: Sequence[Manifest]) -> int | None:
     """The step with the best metric (by the newest manifest's mode); ties go to the newest."""
     scored = [m for m in manifests if m.metric is not None]
@@ -302,8 +315,7 @@ def best_step(manifests: Sequence[Manifest]) -> int | None:
 
 def retained_steps(manifests: Sequence[Manifest], *, keep: int) -> set[int]:
     """The steps retention keeps: the last `keep`, the best by metric, and every pinned one."""
-    if keep < 2:
-        raise ValueError(f"keep must be at least 2, got {keep}")
+    check_keep(keep)
     steps = sorted(m.step for m in manifests)
     kept = set(steps[-keep:])
     best = best_step(manifests)

@@ -21,16 +21,8 @@ import botocore.config
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
-from skygreen.checkpoint.store import (
-    DEFAULT_RETRY,
-    ArchivedObjectError,
-    KeyNotFoundError,
-    RetryPolicy,
-    StoreUrl,
-    call_with_retries,
-    rewind,
-)
-from skygreen.errors import StoreError, TransientStoreError
+from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, StoreUrl, call_with_retries, rewind
+from skygreen.errors import ArchivedObjectError, KeyNotFoundError, StoreError, TransientStoreError
 
 T = TypeVar("T")
 

@@ -34,14 +34,6 @@ SUPPORTED_SCHEMES: tuple[str, ...] = ("s3://", "gs://", "file://")
 T = TypeVar("T")
 
 
-class KeyNotFoundError(StoreError):
-    """The key does not exist in the store (a normal answer, never retried)."""
-
-
-class ArchivedObjectError(StoreError):
-    """The object sits in a cold storage class and must be restored before it can be read."""
-
-
 @runtime_checkable
 class Store(Protocol):
     """String keys relative to the store's root URL; values are bytes.

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from skygreen import __version__
-from skygreen.errors import NoOfferError, SpecError
+from skygreen.errors import NoOfferError, SkygreenError, SpecError
 from skygreen.settings import PREEMPTED_EXIT_CODE, RuntimeSettings
 from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
 
@@ -101,7 +101,10 @@ def container_requirements() -> tuple[str, ...]:
         if (not marker and name not in LAPTOP_ONLY) or marker.replace(" ", "").replace("'", '"') == 'extra=="runtime"':
             wanted.append(spec)
     if not any(re.match(r"torch\b", w) for w in wanted):
-        raise ValueError("skygreen's package metadata lists no runtime requirements; reinstall skygreen")
+        raise SkygreenError(
+            "skygreen's installed package metadata lists no runtime requirements, so the VM would get no torch\n"
+            "  fix: reinstall skygreen (pip install -e . in a checkout, or pip install skygreen)"
+        )
     return tuple(wanted)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from skygreen.errors import SkygreenError
+from skygreen.errors import SmokeTestError
 from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
 from skygreen.spec import TaskSpec, load_spec
 
@@ -35,10 +35,6 @@ _SKYPILOT_SINGLE_NODE = {
     "SKYPILOT_NODE_IPS": "127.0.0.1",
     "SKYPILOT_NUM_GPUS_PER_NODE": "1",
 }
-
-
-class SmokeTestError(SkygreenError):
-    """The training script failed its CPU smoke test; the message names the step and the error."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -51,6 +51,7 @@ from skygreen.checkpoint.manifest import (
     Manifest,
     apply_retention,
     blob_key,
+    check_keep,
     delete_step,
     iter_manifests,
     manifest_key,
@@ -59,9 +60,16 @@ from skygreen.checkpoint.manifest import (
     step_folders,
     step_prefix,
 )
-from skygreen.checkpoint.store import KeyNotFoundError, RetryPolicy, Store
+from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.checkpoint.stores import open_store
-from skygreen.errors import CheckpointError, InputError, StoreError, TransientStoreError
+from skygreen.errors import (
+    CheckpointError,
+    InputError,
+    KeyNotFoundError,
+    RankTimeoutError,
+    StoreError,
+    TransientStoreError,
+)
 from skygreen.runtime.ranks import all_reduce
 from skygreen.spec import HALF_PRECISIONS
 from skygreen.timestamps import utc_now_iso
@@ -73,10 +81,6 @@ _HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _ATOMS = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 _NOTE_POLL_S = 0.2
 _HASH_CHUNK_BYTES = 8 * 1024 * 1024
-
-
-class RankTimeoutError(CheckpointError):
-    """Some ranks did not deliver their part of a checkpoint in time (not committed)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,10 +163,7 @@ class Checkpointer:
         retry: RetryPolicy | None = None,
         tmp_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
-            raise InputError(
-                f"checkpoint keep: must be an integer >= 2 (the newest may be the broken one), got {keep!r}"
-            )
+        check_keep(keep, "checkpoint keep")
         if half_precision is not None and half_precision not in HALF_PRECISIONS:
             raise InputError(
                 f"checkpoint half_precision: {half_precision!r} is not one of {', '.join(HALF_PRECISIONS)} or None"

@@ -11,31 +11,11 @@ Pure: no torch import.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
-from skygreen.spec import EARLY_STOP_MODES
+from skygreen.spec import EarlyStopConfig
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EarlyStopConfig:
-    metric: str
-    mode: str = "min"
-    patience: int = 3
-    min_delta: float = 0.0
-    grace: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.metric:
-            raise ValueError("EarlyStopConfig.metric must name the reported metric, e.g. 'val_loss'")
-        if self.mode not in EARLY_STOP_MODES:
-            raise ValueError(f"EarlyStopConfig.mode must be one of {EARLY_STOP_MODES}, got {self.mode!r}")
-        if self.patience < 1:
-            raise ValueError(f"EarlyStopConfig.patience must be at least 1, got {self.patience}")
-        if not (self.min_delta >= 0 and math.isfinite(self.min_delta)):
-            raise ValueError(f"EarlyStopConfig.min_delta must be a finite number >= 0, got {self.min_delta}")
-        if self.grace < 0:
-            raise ValueError(f"EarlyStopConfig.grace must be at least 0, got {self.grace}")
+__all__ = ["EarlyStopConfig", "EarlyStopper"]
 
 
 class EarlyStopper:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from skygreen.errors import RuntimeSetupError
+
 HOLD_ENV = "SKYGREEN_TEST_HOLD_AT_STEPS"
 RELEASE_ENV = "SKYGREEN_TEST_HOLD_RELEASE"
 POLL_S = 0.05
@@ -30,7 +32,7 @@ def hold_steps(environ: Mapping[str, str]) -> frozenset[int]:
     try:
         return frozenset(int(part) for part in raw.split(",") if part.strip())
     except ValueError as e:
-        raise ValueError(f"{HOLD_ENV}={raw!r}: expected step numbers separated by commas") from e
+        raise RuntimeSetupError(f"{HOLD_ENV}={raw!r}: expected step numbers separated by commas") from e
 
 
 def hold(step: int, *, stopped: Callable[[], bool], environ: Mapping[str, str]) -> None:

@@ -157,7 +157,9 @@ class NoticeWatcher:
 
     def __init__(self, cloud: str, *, base_url: str, poll_s: float) -> None:
         if cloud not in CHECKS:
-            raise ValueError(f"no preemption notice check for cloud {cloud!r}")
+            raise RuntimeSetupError(
+                f"no preemption notice check for cloud {cloud!r}\n  allowed: {', '.join(sorted(CHECKS))}"
+            )
         self.cloud = cloud
         self.base_url = base_url.rstrip("/")
         self.poll_s = poll_s
@@ -250,7 +252,7 @@ class SigtermLatch:
 
     def _expire(self) -> None:
         log.error(
-            "skygreen: no checkpoint committed within %.0f s of SIGTERM; exiting with the last committed one",
+            "no checkpoint committed within %.0f s of SIGTERM; exiting with the last committed one",
             self.deadline_s,
         )
         logging.shutdown()

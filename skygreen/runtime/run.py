@@ -44,7 +44,7 @@ from skygreen.runtime import rng
 from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, smaller_micro_batch
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream
-from skygreen.runtime.early_stop import EarlyStopConfig, EarlyStopper
+from skygreen.runtime.early_stop import EarlyStopper
 from skygreen.runtime.energy import EnergyMeter
 from skygreen.runtime.environment import (
     autocast_factory,
@@ -131,7 +131,7 @@ class Run:
             half_precision=self.settings.checkpoint_half_precision,
             rank=self.rank,
             world_size=self.world_size,
-            metric_mode=self.settings.early_stop_mode,
+            metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
         )
         self.stopper = self._make_stopper()
         self.step_index = 0
@@ -171,18 +171,7 @@ class Run:
         return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
 
     def _make_stopper(self) -> EarlyStopper | None:
-        s = self.settings
-        if not s.early_stop_metric:
-            return None
-        return EarlyStopper(
-            EarlyStopConfig(
-                metric=s.early_stop_metric,
-                mode=s.early_stop_mode,
-                patience=s.early_stop_patience,
-                min_delta=s.early_stop_min_delta,
-                grace=s.early_stop_grace,
-            )
-        )
+        return EarlyStopper(self.settings.early_stop) if self.settings.early_stop else None
 
     @property
     def accum_steps(self) -> int:
@@ -324,7 +313,7 @@ class Run:
                 "  fix: a GPU with more memory, a smaller model, or activation checkpointing"
             ) from error
         log.warning(
-            "skygreen: out of memory with micro-batch %d on %s; retrying step %d with %d (accumulation %d -> %d)",
+            "out of memory with micro-batch %d on %s; retrying step %d with %d (accumulation %d -> %d)",
             self.micro_batch,
             self.facts.name,
             step.index,
@@ -437,9 +426,7 @@ class Run:
             self.micro_batch = int(batch["micro"])
             return
         if self.rank == 0:
-            log.warning(
-                "skygreen: resumed on %s (was %s); probing the micro-batch again", self.facts.name, batch["device_name"]
-            )
+            log.warning("resumed on %s (was %s); probing the micro-batch again", self.facts.name, batch["device_name"])
         self._probe_steps_left = OOM_PROBE_STEPS
 
     def _smoke_round_trip(self) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from skygreen.errors import CheckpointError
 from skygreen.settings import SMOKE_FAILED
 
 if TYPE_CHECKING:
@@ -64,12 +65,12 @@ def round_trip(save: Callable[[], Any], checkpointer: Checkpointer, step: int) -
         phase = "load"
         loaded = checkpointer.load_latest()
         if loaded is None or loaded.step != step:
-            raise RuntimeError("the checkpoint just saved was not found")
+            raise CheckpointError("the checkpoint just saved was not found")
         from skygreen.runtime.compare import first_difference
 
         diff = first_difference(saved, loaded.state)
         if diff:
-            raise RuntimeError(f"the loaded state differs from the saved one at {diff}")
+            raise CheckpointError(f"the loaded state differs from the saved one at {diff}")
     except Exception as e:
         smoke_fail(phase, e)
     return sum(1 for _ in tensors(saved))
