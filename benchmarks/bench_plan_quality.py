@@ -118,10 +118,12 @@ def main() -> None:
                 cells.append(f"{'-':>6}")
                 continue
             offer = by_key[(pick[0], pick[1], pick[2])]
+            assert offer.spot_price_usd_per_hour is not None and winner is not None
             assert offer.spot_price_usd_per_hour == pick[3] or math.isclose(
                 offer.spot_price_usd_per_hour, pick[3], rel_tol=1e-12
             )
             sky_candidate = make_candidate(offer, True, model)
+            assert sky_candidate is not None
             ratio = sky_candidate.est_cost_usd / winner.est_cost_usd
             ratios_sky.append(ratio)
             cells.append(f"{ratio:6.2f}")

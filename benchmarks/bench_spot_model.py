@@ -69,6 +69,7 @@ def main() -> None:
                 work_gpu_hours=work_h * GPUS["V100"].relative_speed, preemption_rate_per_hour={"aws": rate}
             )
             est = estimate(model, cloud="aws", gpu="V100", gpus_per_node=1, spot=True)
+            assert est is not None and est.checkpoint_interval_s is not None
             per_zone = replayed_hours(traces, model, est)
             mean_h = statistics.fmean(per_zone.values())
             zones = " ".join(f"{h:.2f}" for h in per_zone.values())

@@ -108,14 +108,14 @@ def measure(
     data = Tokens(effective * (warmup + steps + 1), **shape)
     run = Run(model=model, optimizer=optimizer, dataset=data, settings=settings, device=device, environ={})
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    started = energy_start = None
+    started, energy_start = 0.0, 0
     losses = []
     with run:
         for step in run.steps(warmup + steps):
             if step.index == warmup:
                 sync()
                 started = time.perf_counter()
-                energy_start = nvml.energy_mj() if nvml else None
+                energy_start = nvml.energy_mj() if nvml else 0
             with step:
                 for x, y in step.micro_batches():
                     with step.autocast():

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Installs, then runs the whole test suite. Extra arguments go to pytest.
+# Installs, runs the gates (lint, format, types), then the whole test suite. Extra arguments go
+# to pytest. Any finding of ruff or mypy fails the run before a test starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+SOURCES=(skygreen tasks benchmarks tests scripts)
+.venv/bin/ruff check "${SOURCES[@]}"
+.venv/bin/ruff format --check "${SOURCES[@]}"
+.venv/bin/mypy
 exec .venv/bin/python -m pytest -q "$@"

@@ -73,8 +73,8 @@ class RuntimeSettings:
     ) -> RuntimeSettings:
         """Settings for a run of a task; `bucket` is the resolved base URL."""
         power = spec.power
-        cap = {"watts": power.cap_w, "fraction": power.cap_fraction}.get(power.mode)
-        cap = power.mode if cap is None else f"{cap:g}"
+        cap_value = {"watts": power.cap_w, "fraction": power.cap_fraction}.get(power.mode)
+        cap = power.mode if cap_value is None else f"{cap_value:g}"
         return cls(
             run_id=run_id,
             bucket=bucket,
@@ -160,10 +160,10 @@ def _parse_env(field_name: str, raw: str, env_name: str) -> Any:
             return read_int(number, env_name, minimum=0 if field_name == "early_stop_grace" else 1)
         if field_name in _FLOATS:
             try:
-                number = float(raw)
+                real = float(raw)
             except ValueError:
                 raise SpecError(env_name, "expected a number", value=raw) from None
-            return read_number(number, env_name, minimum=0.0)
+            return read_number(real, env_name, minimum=0.0)
         if field_name in _CHOICES:
             return read_choice(raw, env_name, _CHOICES[field_name])
     except SpecError as e:

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,7 +195,7 @@ class TaskSpec:
 # ---------------------------------------------------------------- loading
 
 
-def load_spec(path: str | Path) -> TaskSpec:
+def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
     """Read and validate a task file; every problem is an `InputError` (exit code 2)."""
     path = Path(path)
     try:

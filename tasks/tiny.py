@@ -65,6 +65,7 @@ class TinyGPT(torch.nn.Module):
         )
         self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = torch.nn.Linear(d_model, VOCAB)
+        self.mask: torch.Tensor
         self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(SEQ_LEN), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import os
 import random
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ def model() -> torch.nn.Module:
 
 
 def settings(bucket, run_id: str = "run", **overrides) -> RuntimeSettings:
-    values = dict(
+    values: dict[str, Any] = dict(
         run_id=run_id, bucket=str(bucket), precision="fp32", effective_batch=12, micro_batch=3, checkpoint_every_steps=2
     )
     values.update(overrides)

@@ -159,7 +159,7 @@ class FaultProxy:
 
             def _read_body(self) -> bytes:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
+                    chunks: list[bytes] = []
                     while True:
                         size = int(self.rfile.readline().split(b";")[0].strip(), 16)
                         if size == 0:
@@ -171,7 +171,7 @@ class FaultProxy:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
             def _forward(self, body: bytes):
-                conn = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=120)
+                conn = http.client.HTTPConnection(proxy.upstream_host or "127.0.0.1", proxy.upstream_port, timeout=120)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                     headers["Content-Length"] = str(len(body))

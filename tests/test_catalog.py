@@ -256,12 +256,12 @@ def check_against_skypilot(catalog_dir: Path, tmp_path: Path) -> int:
         for r in result["listed"]
         if r["accelerator"] in GPUS and float(r["accelerator_count"]).is_integer()
     }
-    ours = {(o.cloud, o.region, o.instance_type, o.accelerator, o.accelerator_count): o for o in catalog.offers}
-    assert set(ours) == set(listed)
-    for key, o in ours.items():
+    by_key = {(o.cloud, o.region, o.instance_type, o.accelerator, o.accelerator_count): o for o in catalog.offers}
+    assert set(by_key) == set(listed)
+    for key, o in by_key.items():
         assert same(o.on_demand_price_usd_per_hour, listed[key]["price"]), key
         assert same(o.spot_price_usd_per_hour, listed[key]["spot_price"]), key
-    return len(ours)
+    return len(by_key)
 
 
 def test_every_price_equals_skypilots_on_the_fixture_catalog(tmp_path):

@@ -171,7 +171,7 @@ def test_retention_never_deletes_what_it_must_keep(entries, leftovers, keep):
     assert all(s < newest for s in doomed), "nothing at or after the newest commit goes"
     scored = [m for m in ms if m.metric is not None]
     if scored:
-        best = min(m.metric for m in scored)
+        best = min(m.metric for m in scored if m.metric is not None)
         assert any(m.metric == best and m.step not in doomed for m in scored), "a best stays"
 
 

@@ -38,7 +38,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
         main(list(args))
         code = 0
     except SystemExit as e:
-        code = e.code or 0
+        code = int(e.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -172,7 +172,8 @@ def test_job_records_become_skygreen_statuses(sky):
     from sky.jobs.state import ManagedJobStatus
     from sky.schemas.api.responses import ManagedJobRecord
 
-    record = ManagedJobRecord(job_id=7, task_id=0, status=ManagedJobStatus.RECOVERING, recovery_count=2, job_duration=3600.0,
+    record = ManagedJobRecord(  # type: ignore[call-arg]  # pydantic fills _job_id from job_id
+        job_id=7, task_id=0, status=ManagedJobStatus.RECOVERING, recovery_count=2, job_duration=3600.0,
                               cloud="AWS", region="us-east-1", accelerators={"A100": 1})  # fmt: skip
     status = status_from_record("7", [record])
     assert (status.state, status.recovery_count, status.duration_s, status.cloud, status.region) == (
@@ -184,7 +185,12 @@ def test_job_records_become_skygreen_statuses(sky):
     )
     assert status.detail == "RECOVERING"
     failed = status_from_record(
-        "8", [ManagedJobRecord(job_id=8, status=ManagedJobStatus.FAILED_NO_RESOURCE, failure_reason="no capacity")]
+        "8",
+        [
+            ManagedJobRecord(  # type: ignore[call-arg]  # pydantic fills _job_id from job_id
+                job_id=8, status=ManagedJobStatus.FAILED_NO_RESOURCE, failure_reason="no capacity"
+            )
+        ],
     )
     assert (
         failed.state is JobState.FAILED

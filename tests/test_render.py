@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,7 +39,7 @@ from skygreen.launch.render import (
 )
 from skygreen.plan.rank import Candidate, Plan
 from skygreen.settings import PREEMPTED_EXIT_CODE, RuntimeSettings
-from skygreen.spec import PRECISIONS, RECOVERY_STRATEGIES, parse_spec
+from skygreen.spec import PRECISIONS, RECOVERY_STRATEGIES, TaskSpec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = sorted((REPO / "tasks").glob("*.yaml"))
@@ -46,7 +47,7 @@ WORKDIR = Path(tempfile.mkdtemp(prefix="skygreen-render-"))
 REGIONS = {"aws": ["us-east-1", "eu-west-1"], "gcp": ["us-central1", "europe-west4"], "azure": ["eastus", "westeurope"]}
 
 
-def sky_accepts(sky, task: dict) -> object:
+def sky_accepts(sky, task: dict) -> Any:
     """Parse the YAML text skygreen writes, exactly as SkyPilot's client would."""
     config = yaml.safe_load(to_yaml(task))
     return sky.Task.from_yaml_config(copy.deepcopy(config))
@@ -64,7 +65,7 @@ def settings_for(spec, run_id: str = "demo-20260101-000000-abcd") -> RuntimeSett
     return RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket="s3://bucket/runs")
 
 
-def spec_of(**task) -> object:
+def spec_of(**task) -> TaskSpec:
     task.setdefault("run", "python train.py")
     return parse_spec(task)
 

@@ -76,6 +76,7 @@ def test_the_models_spot_hours_match_a_replay_over_the_real_aws_traces(shared_tr
     the four real AWS V100 traces, with the model's own interval, save cost and restart time."""
     model = RunModel(work_gpu_hours=work_h * GPUS["V100"].relative_speed, work_on="A100")
     est = estimate(model, cloud="aws", gpu="V100", gpus_per_node=1, spot=True)
+    assert est is not None and est.checkpoint_interval_s is not None
     replayed = []
     for data, _ in aws_v100_traces(shared_traces_dir):
         lifetimes = alive_runs_s(data["data"], data["metadata"]["gap_seconds"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -162,7 +163,8 @@ def test_state_survives_a_resume_anywhere(values, cut):
 
 
 def test_bad_config_is_refused():
-    for bad in (dict(mode="median"), dict(patience=0), dict(min_delta=-1.0), dict(grace=-1), dict(metric="")):
+    bads: list[dict[str, Any]] = [dict(mode="median"), dict(patience=0), dict(min_delta=-1.0), dict(grace=-1)]
+    for bad in [*bads, dict(metric="")]:
         with pytest.raises(ValueError):
             EarlyStopConfig(**{"metric": "m", **bad})
 

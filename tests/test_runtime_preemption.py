@@ -93,7 +93,7 @@ def test_a_notice_commits_a_checkpoint_at_the_next_boundary_and_training_goes_on
             environ["SKYPILOT_CLUSTER_INFO"] = (
                 '{"cluster_name": "c", "cloud": "AWS", "region": "us-east-1", "zone": null}'
             )
-        seen = {}
+        seen: dict = {}
 
         def raise_notice_during_step_5(net):
             def hook(module, inputs):

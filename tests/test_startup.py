@@ -113,7 +113,7 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
             for alias in node.names:  # `from skygreen.plan import carbon` imports a module
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if sub in known else node.module)
-    modules = set()
+    modules: set[str] = set()
     for name in found:
         if not name.startswith("skygreen"):
             continue

@@ -118,9 +118,9 @@ class CheckpointSchedule:
         log.info("checkpoint interval: %s", self.describe())
 
     def due(self, step: int, now_s: float) -> bool:
-        if self.policy.mode == "steps":
+        if self.policy.every_steps is not None:
             return step - self.last_step >= self.policy.every_steps
-        return now_s - self.last_s >= self.interval_s
+        return self.interval_s is not None and now_s - self.last_s >= self.interval_s
 
     def saved(
         self, step: int, now_s: float, *, save_cost_s: float | None = None, upload_s: float | None = None

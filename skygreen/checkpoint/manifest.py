@@ -305,12 +305,12 @@ def check_keep(keep: object, field: str = "keep") -> int:
 
 def best_step(manifests: Sequence[Manifest]) -> int | None:
     """The step with the best metric (by the newest manifest's mode); ties go to the newest."""
-    scored = [m for m in manifests if m.metric is not None]
+    scored = [(m, m.metric) for m in manifests if m.metric is not None]
     if not scored:
         return None
-    mode = max(scored, key=lambda m: m.step).metric_mode
+    mode = max(scored, key=lambda pair: pair[0].step)[0].metric_mode
     sign = 1.0 if mode == "min" else -1.0
-    return min(scored, key=lambda m: (sign * m.metric, -m.step)).step
+    return min(scored, key=lambda pair: (sign * pair[1], -pair[0].step))[0].step
 
 
 def retained_steps(manifests: Sequence[Manifest], *, keep: int) -> set[int]:

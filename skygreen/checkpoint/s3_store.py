@@ -145,7 +145,7 @@ class S3Store:
         strip = len(self.root.prefix) + 1 if self.root.prefix else 0
 
         def listing() -> list[str]:
-            keys = []
+            keys: list[str] = []
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
                 keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
             return sorted(keys)

@@ -132,7 +132,7 @@ class LocalLauncher:
         info = _read_json(folder / "job.json")
         (folder / "cancelled").write_text("cancelled\n", encoding="utf-8")
         pid, ticks = info.get("pid"), info.get("start_ticks")
-        if not self._alive(job_id, pid, ticks):
+        if pid is None or not self._alive(job_id, pid, ticks):
             return
         _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.cancel_grace_s
@@ -199,7 +199,7 @@ class LocalLauncher:
 
 
 def _wrapper_script() -> str:
-    return resources.files("skygreen").joinpath("templates", "local_job.sh").read_text(encoding="utf-8")
+    return resources.files("skygreen").joinpath("templates").joinpath("local_job.sh").read_text(encoding="utf-8")
 
 
 def _job_env(envs: Mapping[str, Any], secrets: Mapping[str, str]) -> dict[str, str]:

@@ -364,7 +364,7 @@ def _template(name: str) -> string.Template:
 def template_path(name: str) -> Any:
     """A shipped template: `skygreen/templates` (a link to the repository's `templates/`
     in a checkout, real files in an installed wheel)."""
-    return resources.files("skygreen").joinpath("templates", name)
+    return resources.files("skygreen").joinpath("templates").joinpath(name)
 
 
 class _Dumper(yaml.SafeDumper):

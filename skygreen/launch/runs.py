@@ -331,7 +331,7 @@ def _launch_spend(offers: list[Mapping[str, Any]], job: JobStatus) -> tuple[floa
     ]
     offer = landed[0] if landed else offers[0]
     price = float(offer["price_usd_per_hour"]) * int(offer.get("num_nodes") or 1)
-    return job.duration_s / 3600.0 * price, not landed
+    return (job.duration_s or 0.0) / 3600.0 * price, not landed
 
 
 def _where(job: JobStatus | None) -> str | None:

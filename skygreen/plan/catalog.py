@@ -175,7 +175,7 @@ def load_catalog(
         offers.extend(cloud_offers)
         regions[cloud] = cloud_regions
     missing = [c for c in clouds if c not in present]
-    notices = ()
+    notices: tuple[str, ...] = ()
     if missing:
         notices = (
             (
@@ -376,7 +376,7 @@ def _gcp_offers(rows: list[_Row]) -> list[Offer]:
         if row.instance_type or not row.accelerator or count is None or not row.has_gpu_info or row.price is None:
             continue
         host = _gcp_host(row.accelerator, count, hosts.get((row.region.lower(), (row.zone or "").lower()), []))
-        if host is None:
+        if host is None or host.price is None:
             continue
         price = row.price + host.price  # both present: SkyPilot drops rows without either price
         spot = None if row.spot_price is None or host.spot_price is None else row.spot_price + host.spot_price
@@ -410,7 +410,7 @@ def _gcp_host(acc: str, count: int, zone_hosts: list[_Row]) -> _Row | None:
         ]
     best: _Row | None = None
     for host in candidates:
-        if host.price is not None and (best is None or host.price < best.price):
+        if host.price is not None and (best is None or best.price is None or host.price < best.price):
             best = host
     return best
 

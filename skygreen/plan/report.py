@@ -23,7 +23,7 @@ def _table(title: str, rows: list[tuple[str, Candidate]]) -> Table:
         ("spot", "left"), ("spot\n$/h", "right"), ("on-demand\n$/h", "right"), ("est.\nhours", "right"),
         ("est.\ncost $", "right"), ("energy\nkWh", "right"), ("CO2e\nkg", "right"),
     ):  # fmt: skip
-        table.add_column(name, justify=justify)
+        table.add_column(name, justify="right" if justify == "right" else "left")
     for rank, c in rows:
         nodes = f" x{c.num_nodes}n" if c.num_nodes > 1 else ""
         table.add_row(

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import torch
 
@@ -298,7 +298,11 @@ class Checkpointer:
                 self._failed_in_row = 0
                 return
             blobs[SHARED_BLOB] = self._upload_blob(step, SHARED_BLOB, shared, Path(tmp))
-            model_hash = model_sha256(shared["model"]) if isinstance(shared.get("model"), Mapping) else None
+            model_hash = (
+                model_sha256(shared["model"])
+                if shared is not None and isinstance(shared.get("model"), Mapping)
+                else None
+            )
         blobs.update(self._collect_rank_notes(step))
         manifest = Manifest(
             step=step,
@@ -323,7 +327,7 @@ class Checkpointer:
         path = tmp / name
         with open(path, "wb") as raw:
             writer = HashingWriter(raw)
-            torch.save(obj, writer)
+            torch.save(obj, cast(BinaryIO, writer))  # a file-like that hashes what passes through
             writer.flush()
         with open(path, "rb") as src:
             self.store.put(blob_key(step, name), src)

@@ -123,11 +123,12 @@ def batch_shape(
     auto = code_micro == "auto" or (code_micro is None and settings.micro_batch is None)
     if auto:
         return effective, True, per_rank
-    micro = settings.micro_batch
-    if per_rank % micro:
+    chosen = settings.micro_batch
+    assert chosen is not None  # not auto
+    if per_rank % chosen:
         raise RuntimeSetupError(
-            f"micro-batch {micro} does not divide the per-rank batch {per_rank} "
+            f"micro-batch {chosen} does not divide the per-rank batch {per_rank} "
             f"(effective {effective} / {world_size} ranks)\n"
             "  fix: choose a micro-batch that divides it, or micro: auto"
         )
-    return effective, False, micro
+    return effective, False, chosen

@@ -51,12 +51,13 @@ class NvmlGpu:
         """The GPU with this UUID (as torch reports it, without the `GPU-` prefix)."""
         if lib is None:
             try:
-                import pynvml as lib
+                import pynvml
             except ImportError as e:
                 raise NvmlError(
                     "NVML: the pynvml module is not installed\n  fix: pip install nvidia-ml-py",
                     reason="library missing",
                 ) from e
+            lib = pynvml
         gpu = cls(None, lib)
         gpu._call("initialise", lib.nvmlInit)
         gpu.handle = gpu._call(f"find GPU-{uuid}", lib.nvmlDeviceGetHandleByUUID, f"GPU-{uuid}")

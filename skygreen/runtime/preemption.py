@@ -30,6 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from skygreen.errors import RuntimeSetupError
 
@@ -224,7 +225,7 @@ class SigtermLatch:
         self.deadline_s = deadline_s
         self.exit_code = exit_code
         self.received_at: float | None = None
-        self._previous = None
+        self._previous: Any = None
         self._timer: threading.Timer | None = None
         self.installed = False
 

@@ -96,7 +96,7 @@ class Run:
     ) -> None:
         self._environ = os.environ if environ is None else environ
         self.smoke = self._environ.get(SMOKE_ENV) == "1"
-        overrides = {"precision": precision, "effective_batch": effective_batch}
+        overrides: dict[str, Any] = {"precision": precision, "effective_batch": effective_batch}
         if isinstance(micro_batch, int):
             overrides["micro_batch"] = micro_batch
         if settings is None:
@@ -244,7 +244,9 @@ class Run:
         held = not stop and self.step_index in self._hold_at_steps
         if notice_up:
             self._save(state="running", reason="preemption-notice", wait=held)
-        elif held or (not stop and self._schedule.due(self.step_index, time.monotonic())):
+        elif held or (
+            not stop and self._schedule is not None and self._schedule.due(self.step_index, time.monotonic())
+        ):
             self._save(state="running", wait=held)
         if held:
             hold(self.step_index, stopped=lambda: bool(self._sigterm and self._sigterm.fired), environ=self._environ)
@@ -324,7 +326,8 @@ class Run:
         self.micro_batch = smaller
         self.optimizer.zero_grad(set_to_none=True)
         reset_scaler_stage(self.scaler)
-        rng.restore(step.rng_at_start)
+        if step.rng_at_start is not None:
+            rng.restore(step.rng_at_start)
         self._reset_loader()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

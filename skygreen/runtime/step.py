@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import rng
@@ -58,7 +59,7 @@ class Step:
         """This rank's micro-batches of the step; DDP syncs gradients only on the last one."""
         run = self.run
         accum = run.accum_steps
-        ddp = run.model if run.world_size > 1 else None
+        ddp = cast(DistributedDataParallel, run.model) if run.world_size > 1 else None
         for k in range(accum):
             self.phase = "forward"
             batch = run.next_micro_batch()
