@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skygreen.checkpoint.manifest import check_keep
+from skygreen.checkpoint.keep import check_keep
 from skygreen.errors import InputError, SpecError, suggestion
 from skygreen.fields import (
     check_keys,

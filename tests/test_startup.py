@@ -29,7 +29,7 @@ CORE = (
     "errors", "files", "settings", "api",
     "fields", "spec", "gpus", "plan.catalog", "plan.cost", "plan.carbon", "plan.rank",
     "launch.render", "launch.registry", "launch.launcher", "launch.runs",
-    "checkpoint.manifest", "checkpoint.interval", "checkpoint.gc", "checkpoint.store",
+    "checkpoint.keep", "checkpoint.manifest", "checkpoint.interval", "checkpoint.gc", "checkpoint.store",
     "runtime.precision", "runtime.early_stop",
 )  # fmt: skip
 

@@ -66,7 +66,7 @@ class GcsStore:
     def __init__(self, url: StoreUrl, *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self.bucket_name = url.bucket
         self.root = url
-        self.url = f"gs://{url.bucket}/{url.prefix}".rstrip("/")
+        self.url = url.text
         self.retry = retry
         try:
             self.client = storage.Client()

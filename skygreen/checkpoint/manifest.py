@@ -31,8 +31,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from skygreen.checkpoint.keep import check_keep
 from skygreen.checkpoint.store import Store
-from skygreen.errors import CheckpointError, KeyNotFoundError, SpecError, StoreError, TransientStoreError
+from skygreen.errors import CheckpointError, KeyNotFoundError, StoreError, TransientStoreError
 from skygreen.timestamps import parse_iso_s
 
 log = logging.getLogger("skygreen.checkpoint")
@@ -288,19 +289,6 @@ def latest_manifest(store: Store) -> Manifest | None:
 
 # ---------------------------------------------------------------------------------------
 # Retention
-
-
-MIN_KEEP = 2
-"""Retention keeps at least two checkpoints: the newest may be the broken one."""
-
-
-def check_keep(keep: object, field: str = "keep") -> int:
-    """The one check of a retention count, wherever it comes from (task file, code, settings)."""
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < MIN_KEEP:
-        raise SpecError(
-            field, f"must be an integer at least {MIN_KEEP} (the newest checkpoint may be the broken one)", value=keep
-        )
-    return keep
 
 
 def best_step(manifests: Sequence[Manifest]) -> int | None:

@@ -94,7 +94,7 @@ class S3Store:
     def __init__(self, url: StoreUrl, *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self.bucket = url.bucket
         self.root = url
-        self.url = f"s3://{url.bucket}/{url.prefix}".rstrip("/")
+        self.url = url.text
         self.retry = retry
         config = botocore.config.Config(
             retries={"mode": "standard", "total_max_attempts": 3},

@@ -77,6 +77,11 @@ class StoreUrl:
         """The full object name of a store-relative key."""
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    @property
+    def text(self) -> str:
+        """The URL written out again, without a trailing slash: `s3://bucket/prefix`."""
+        return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
+
 
 def parse_url(url: str) -> StoreUrl:
     """Split a store URL; an unknown scheme or a missing bucket is an `InputError`."""

@@ -30,13 +30,17 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from skygreen import __version__
 from skygreen.errors import NoOfferError, SkygreenError, SpecError
 from skygreen.settings import PREEMPTED_EXIT_CODE, RuntimeSettings
+
+if TYPE_CHECKING:
+    from skygreen.plan.rank import Plan
+
 from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
 
 TORCHRUN_MASTER_PORT = 29500
@@ -113,7 +117,7 @@ def container_requirements() -> tuple[str, ...]:
 
 def render_task(
     spec: TaskSpec,
-    plan: Any | None,
+    plan: Plan | None,
     *,
     settings: RuntimeSettings,
     task_dir: Path,
@@ -191,7 +195,7 @@ def to_yaml(task: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------- resources
 
 
-def _resources(spec: TaskSpec, plan: Any, user_resources: Any) -> dict[str, Any]:
+def _resources(spec: TaskSpec, plan: Plan, user_resources: Any) -> dict[str, Any]:
     base = dict(user_resources or {})
     for key, owner in _OWNED_RESOURCE_KEYS.items():
         if key in base:
@@ -220,7 +224,7 @@ def _resources(spec: TaskSpec, plan: Any, user_resources: Any) -> dict[str, Any]
     return base
 
 
-def _ordered(plan: Any, limit: int) -> list[dict[str, Any]]:
+def _ordered(plan: Plan, limit: int) -> list[dict[str, Any]]:
     """The plan's offers as SkyPilot candidates, best first, one per cloud/region/GPU/spot.
 
     Offers differing only by instance type or zone collapse into one entry: SkyPilot picks the

@@ -41,6 +41,7 @@ from typing import Any, BinaryIO, cast
 
 import torch
 
+from skygreen.checkpoint.keep import check_keep
 from skygreen.checkpoint.manifest import (
     CKPT_DIR,
     MANIFEST_NAME,
@@ -51,7 +52,6 @@ from skygreen.checkpoint.manifest import (
     Manifest,
     apply_retention,
     blob_key,
-    check_keep,
     delete_step,
     iter_manifests,
     manifest_key,
