@@ -33,6 +33,8 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from skygreen.errors import NvmlError  # noqa: E402
+from skygreen.runtime.nvml import NvmlGpu  # noqa: E402
 from skygreen.runtime.precision import choose_precision, cpu_facts, cuda_facts  # noqa: E402
 from skygreen.runtime.run import Run  # noqa: E402
 from skygreen.settings import RuntimeSettings  # noqa: E402
@@ -70,29 +72,8 @@ class Tokens(torch.utils.data.Dataset):
         return self.data[i, :-1], self.data[i, 1:]
 
 
-class Nvml:
-    """Read-only NVML: name, power limit, total energy counter. Never sets anything."""
-
-    def __init__(self, device_index: int) -> None:
-        import pynvml
-
-        self.nvml = pynvml
-        pynvml.nvmlInit()
-        uuid = torch.cuda.get_device_properties(device_index).uuid
-        self.handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-
-    def energy_mj(self) -> int:
-        return int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
-
-    def power_limit_w(self) -> float:
-        return self.nvml.nvmlDeviceGetPowerManagementLimit(self.handle) / 1000.0
-
-    def power_w(self) -> float:
-        return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
-
-
 def measure(
-    precision: str, shape: dict, device: torch.device, steps: int, warmup: int, nvml: Nvml | None, bucket: str
+    precision: str, shape: dict, device: torch.device, steps: int, warmup: int, nvml: NvmlGpu | None, bucket: str
 ) -> dict:
     """Train `warmup + steps` optimizer steps in `precision`; time and meter the last `steps`."""
     torch.manual_seed(0)
@@ -115,7 +96,7 @@ def measure(
             if step.index == warmup:
                 sync()
                 started = time.perf_counter()
-                energy_start = nvml.energy_mj() if nvml else 0
+                energy_start = nvml.total_energy_mj() if nvml else 0
             with step:
                 for x, y in step.micro_batches():
                     with step.autocast():
@@ -127,7 +108,7 @@ def measure(
             if step.index == warmup + steps - 1:
                 sync()
                 elapsed_s = time.perf_counter() - started
-                energy_j = (nvml.energy_mj() - energy_start) / 1000.0 if nvml else None
+                energy_j = (nvml.total_energy_mj() - energy_start) / 1000.0 if nvml else None
         scale = run.scaler.get_scale() if run.precision.grad_scaler else None
     final_loss = float(losses[-1])
     return {
@@ -161,11 +142,12 @@ def main() -> None:
         if not facts.bf16:
             skipped.append(f"bf16: {facts.name} has no bf16 tensor cores")
         try:
-            nvml = Nvml(0)
-            report["power_limit_w_before"] = nvml.power_limit_w()
-        except Exception as e:  # no NVML library, no counter on this GPU
+            gpu = NvmlGpu.by_uuid(str(torch.cuda.get_device_properties(0).uuid))
+            report["power_limit_w_before"] = gpu.power_limit_w()
+            nvml: NvmlGpu | None = gpu
+        except NvmlError as e:  # no NVML library, no counter on this GPU (the reason says which)
             nvml = None
-            skipped.append(f"energy: NVML unavailable ({type(e).__name__}: {e})")
+            skipped.append(f"energy: NVML unavailable ({e.reason}: {e})")
     else:
         device, facts, shape, nvml = torch.device("cpu"), cpu_facts(), CPU_SHAPE, None
         report.update(device="cpu")

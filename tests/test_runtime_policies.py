@@ -245,6 +245,20 @@ class FakeNvml:
         return getattr(self.pynvml, name)  # the real library's error classes and codes
 
 
+def test_nvml_reads_power_in_watts_from_milliwatts():
+    from skygreen.runtime.nvml import NvmlGpu
+
+    class Board(FakeNvml):
+        def nvmlDeviceGetPowerManagementLimit(self, handle):
+            return 300_000
+
+        def nvmlDeviceGetPowerUsage(self, handle):
+            return 212_500
+
+    gpu = NvmlGpu(object(), Board([]))
+    assert gpu.power_limit_w() == 300.0 and gpu.power_w() == 212.5
+
+
 @pytest.mark.parametrize(
     "code, reason",
     [

@@ -69,6 +69,14 @@ class NvmlGpu:
             self._call("read the total energy counter", self.lib.nvmlDeviceGetTotalEnergyConsumption, self.handle)
         )
 
+    def power_limit_w(self) -> float:
+        """The power limit in force, in watts (read only)."""
+        return self._call("read the power limit", self.lib.nvmlDeviceGetPowerManagementLimit, self.handle) / 1000.0
+
+    def power_w(self) -> float:
+        """The board's power draw now, in watts."""
+        return self._call("read the power draw", self.lib.nvmlDeviceGetPowerUsage, self.handle) / 1000.0
+
     def _call(self, doing: str, fn: Callable[..., T], *args: Any) -> T:
         try:
             return fn(*args)
