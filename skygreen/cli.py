@@ -253,6 +253,79 @@ def gc(target: str, older_than: str, storage_class: str | None, yes: bool) -> No
         sys.stdout.write(f"dry run: {len(result.moves)} object(s); run again with --yes to move them\n")
 
 
+def plot_option(f):
+    return click.option(
+        "--plot", "plot", type=click.Path(path_type=Path), default=None,
+        help="Also draw the figures to FILE (.png, or .html for one page); needs skygreen[report].",
+    )(f)  # fmt: skip
+
+
+@app.command()
+@click.argument("target", metavar="RUN|TASK")
+@catalog_option
+@json_option
+@plot_option
+def cost(target: str, catalog: Path | None, json_output: bool, plot: Path | None) -> None:
+    """What a run cost (from its ledger), or what a task would cost on each cloud.
+
+    RUN: a run id: actual cost per segment, controller and storage, energy, CO2e, per step and
+    per epoch, preemptions (a --local run also gets the clouds' estimate). TASK: a task file:
+    estimated cost per run on each cloud's best offer, spot and on-demand, the plan's pick first.
+    """
+    from skygreen import api
+
+    if target.endswith((".yaml", ".yml")) or Path(target).is_file():
+        estimate = api.estimate(target, catalog_dir=catalog)
+        for line in estimate.notices:
+            print_notice(line)
+        if plot is not None:
+            raise click.UsageError("--plot draws a run's cost; for a task file, run it first (or use --json)")
+        if json_output:
+            print_json(estimate.to_json())
+            return
+        from skygreen.cost_report import print_task_estimate
+
+        print_task_estimate(estimate, sys.stdout)
+        return
+    report = api.run_cost(target, catalog_dir=catalog)
+    if plot is not None:
+        from skygreen.report import write_plot
+
+        write_plot(plot, [report])
+    if json_output:
+        print_json(report.to_json())
+        return
+    from skygreen.cost_report import print_run_cost
+
+    print_run_cost(report, sys.stdout)
+    if plot is not None:
+        sys.stdout.write(f"wrote {plot}\n")
+
+
+@app.command()
+@click.argument("runs", nargs=-1, required=True, metavar="RUN RUN...")
+@catalog_option
+@json_option
+@plot_option
+def compare(runs: tuple[str, ...], catalog: Path | None, json_output: bool, plot: Path | None) -> None:
+    """Runs side by side: cloud mix, hours, cost, energy, CO2e, final metric, cost per unit of improvement."""
+    from skygreen import api
+
+    rows = api.compare(list(runs), catalog_dir=catalog)
+    if plot is not None:
+        from skygreen.report import write_plot
+
+        write_plot(plot, [api.run_cost(r.record.run_id, catalog_dir=catalog) for r in rows])
+    if json_output:
+        print_json([r.to_json() for r in rows])
+        return
+    from skygreen.cost_report import print_compare
+
+    print_compare(rows, sys.stdout)
+    if plot is not None:
+        sys.stdout.write(f"wrote {plot}\n")
+
+
 @app.command()
 @task_argument
 def smoke(task: Path) -> None:

@@ -58,6 +58,15 @@ class RuntimeSettings:
     preemptions_per_hour: float | None = None
     """Assumed spot preemption rate where the run lands, for the `auto` checkpoint interval."""
     cloud: str | None = None
+    budget_usd: float | None = None
+    """Stop cleanly (checkpoint, state `budget`) when the run's spend reaches it."""
+    budget_alerts: str | None = None
+    """Comma-separated fractions of the budget that raise an alert (default 0.5,0.8,1)."""
+    budget_webhook_env: str | None = None
+    """Name of the environment variable holding the alert webhook URL (the URL is a secret)."""
+    burn_alert_usd_per_hour: float | None = None
+    offers: str | None = None
+    """The plan's offers with prices (`skygreen.ledger.place.offers_env`), for the ledger."""
 
     @classmethod
     def from_spec(
@@ -68,6 +77,7 @@ class RuntimeSettings:
         bucket: str,
         cloud: str | None = None,
         preemptions_per_hour: float | None = None,
+        offers: str | None = None,
     ) -> RuntimeSettings:
         """Settings for a run of a task; `bucket` is the resolved base URL."""
         stop = spec.early_stopping
@@ -92,6 +102,11 @@ class RuntimeSettings:
             early_stop_grace=stop.grace if stop else 0,
             preemptions_per_hour=preemptions_per_hour,
             cloud=cloud,
+            budget_usd=spec.budget_usd,
+            budget_alerts=",".join(f"{f:g}" for f in spec.budget_alerts.at) if spec.budget_alerts.at else None,
+            budget_webhook_env=spec.budget_alerts.webhook_env,
+            burn_alert_usd_per_hour=spec.budget_alerts.burn_usd_per_hour,
+            offers=offers,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -141,7 +156,7 @@ _INTS = {
     "early_stop_patience",
     "early_stop_grace",
 }
-_FLOATS = {"checkpoint_every_s", "early_stop_min_delta", "preemptions_per_hour"}
+_FLOATS = {"checkpoint_every_s", "early_stop_min_delta", "preemptions_per_hour", "budget_usd", "burn_alert_usd_per_hour"}
 _CHOICES = {"precision": PRECISIONS, "checkpoint_half_precision": HALF_PRECISIONS, "early_stop_mode": EARLY_STOP_MODES}
 
 

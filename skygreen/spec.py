@@ -141,6 +141,17 @@ class PreemptionSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class BudgetAlertSpec:
+    """When the runtime warns about spend (`budget_usd` itself stops the run at 100%)."""
+
+    at: tuple[float, ...] = ()
+    """Fractions of budget_usd; empty means the default 0.5, 0.8, 1.0."""
+    webhook_env: str | None = None
+    """An environment variable (declare it in `secrets:`) holding the webhook URL to POST alerts to."""
+    burn_usd_per_hour: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GreenSpec:
     """The `skygreen:` section, validated, with defaults filled in."""
 
@@ -154,6 +165,7 @@ class GreenSpec:
     work: Work = Work()
     max_price_per_hour: float | None = None
     budget_usd: float | None = None
+    budget_alerts: BudgetAlertSpec = BudgetAlertSpec()
     speed: Mapping[str, float] = field(default_factory=dict)
     """Relative training speed overrides, GPU name -> speed relative to one A100."""
     preemption: PreemptionSpec = PreemptionSpec()
@@ -283,6 +295,7 @@ def _parse_green(raw: Any, path: str) -> GreenSpec:
     get(values, "work", _parse_work)
     get(values, "max_price_per_hour", lambda v, p: read_number(v, p, positive=True))
     get(values, "budget_usd", lambda v, p: read_number(v, p, positive=True))
+    get(values, "budget_alerts", _parse_budget_alerts)
     get(values, "speed", _parse_speed)
     get(values, "preemption", _parse_preemption)
     get(values, "max_candidates", lambda v, p: read_int(v, p, minimum=1, maximum=64))
@@ -370,6 +383,30 @@ def _parse_work(raw: Any, path: str) -> Work:
     get(values, "gpu_hours", lambda v, p: read_number(v, p, positive=True, maximum=1e7))
     get(values, "on", _gpu_name)
     return Work(**values)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _parse_budget_alerts(raw: Any, path: str) -> BudgetAlertSpec:
+    raw = read_mapping(raw, path)
+    check_keys(raw, BudgetAlertSpec.__dataclass_fields__, path)
+    values: dict[str, Any] = {}
+    if raw.get("at") is not None:
+        fractions = [read_number(v, f"{path}.at[{i}]", positive=True) for i, v in enumerate(read_list(raw["at"], f"{path}.at"))]
+        for i, f in enumerate(fractions):
+            if f > 1:
+                raise SpecError(f"{path}.at[{i}]", "is a fraction of budget_usd and must be at most 1", value=f, hint=f"write {f / 100:g} for {f:g}%" if f <= 100 else "use a number in (0, 1]")
+        values["at"] = tuple(sorted(set(fractions)))
+    if raw.get("webhook_env") is not None:
+        name = read_str(raw["webhook_env"], f"{path}.webhook_env")
+        if not _ENV_NAME.match(name):
+            hint = "name the environment variable that holds the URL (e.g. BUDGET_WEBHOOK, declared in secrets:), not the URL itself"
+            raise SpecError(f"{path}.webhook_env", "is not an environment variable name", value=name if "://" not in name else "<a URL>", hint=hint)
+        values["webhook_env"] = name
+    if raw.get("burn_usd_per_hour") is not None:
+        values["burn_usd_per_hour"] = read_number(raw["burn_usd_per_hour"], f"{path}.burn_usd_per_hour", positive=True)
+    return BudgetAlertSpec(**values)
 
 
 def _parse_speed(raw: Any, path: str) -> dict[str, float]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from skygreen.adapters.local import LocalStore
+from skygreen.checkpoint.local_store import LocalStore
 from skygreen.ledger import Place, Segment, read_ledger, write_segment
 from skygreen.ledger.budget import Alert, BudgetPolicy, BudgetTracker
 from skygreen.ledger.place import current_place, gpu_catalog_name, offers_env, parse_offers

@@ -172,13 +172,15 @@ def _render(spec: TaskSpec, plan: Any | None, *, run_id: str, bucket: str, task_
     from skygreen.launch.render import render_task
     from skygreen.settings import RuntimeSettings
 
-    rate = None
+    rate = offers = None
     if plan is not None:  # the planner's assumption for the cloud it ranked first
         from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
+        from skygreen.ledger.place import offers_env
 
         cloud = plan.best.cloud
         rate = spec.green.preemption.rate_per_hour.get(cloud, DEFAULT_PREEMPTION_RATE_PER_HOUR.get(cloud))
-    settings = RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate)
+        offers = offers_env(plan.candidates[: spec.green.max_candidates])  # prices for the VM's ledger
+    settings = RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate, offers=offers)
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
 
 
@@ -302,11 +304,21 @@ def _progress(url: str):
 def _spend(record: RunRecord, job: JobStatus | None) -> tuple[float | None, bool]:
     """Spend of every launch of the run so far, and whether any part of it is a guess.
 
+    From the run's ledger when it has one (`skygreen.costing.load_run_cost`). Otherwise (a run
+    from a runtime without a ledger):
     SkyPilot reports no cost per managed job, so each launch costs its job's run time times
     the catalog price of the offer it landed on; a job that does not say where it runs is
     priced at the plan's best offer (a guess). `job` is the current launch's status, already
     fetched; earlier launches (before a `resume`) are asked for theirs. A launch whose status
     is gone from SkyPilot's queue is left out."""
+    from skygreen.costing import load_run_cost
+
+    try:  # the run ledger, priced by the same function as `skygreen cost` and `compare`
+        cost = load_run_cost(record)
+    except (StoreError, CheckpointError, InputError):
+        cost = None
+    if cost is not None:
+        return cost.total_usd, cost.unpriced_segments > 0
     if record.mode == LOCAL:
         return 0.0, False
     offers = list((record.plan_summary or {}).get("offers", ()))

@@ -14,7 +14,7 @@ import logging
 
 from skygreen.errors import StoreError
 from skygreen.ledger.records import LEDGER_DIR, Segment, is_segment_key, settle
-from skygreen.store import Store
+from skygreen.checkpoint.store import Store
 
 log = logging.getLogger("skygreen.ledger")
 
@@ -47,6 +47,6 @@ def read_ledger(store: Store, run_id: str | None = None) -> list[Segment]:
 
 def read_run_ledger(url: str) -> list[Segment]:
     """`read_ledger` for a run's checkpoint URL (`<bucket>/<run_id>`)."""
-    from skygreen.store import open_store
+    from skygreen.checkpoint.store import open_store
 
     return read_ledger(open_store(url))

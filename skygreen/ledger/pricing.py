@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from skygreen import carbon
-from skygreen.cost import PUE
+from skygreen.plan import carbon
+from skygreen.plan.cost import PUE
 from skygreen.ledger.records import BUDGET, CANCELLED, KILLED, PREEMPTED, Place, Segment
 
 CONTROLLER_USD_PER_HOUR: Mapping[str, float] = {"aws": 0.192, "gcp": 0.194, "azure": 0.192}
@@ -290,3 +290,26 @@ def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tu
     )
     lines.append("energy: GPU boards as metered by the runtime (CPU-only runs meter nothing) x the cloud's PUE; CO2e at the region's grid intensity")
     return tuple(lines)
+
+
+def catalog_lookup(catalog) -> PriceLookup:
+    """Prices from a `skygreen.catalog.Catalog` for segments the ledger holds no price for:
+    the offer in the segment's cloud and region with its instance type (or GPU and count);
+    spot unless the segment says on-demand. The region's cheapest zone stands for its zone."""
+
+    def lookup(place: Place) -> float | None:
+        for offer in catalog.offers:
+            if offer.cloud != place.cloud or (place.region and offer.region != place.region):
+                continue
+            if place.instance_type and offer.instance_type != place.instance_type:
+                continue
+            if place.gpu and offer.accelerator != place.gpu:
+                continue
+            if place.gpu_count and offer.accelerator_count != place.gpu_count:
+                continue
+            price = offer.price_usd_per_hour(place.spot is not False)
+            if price is not None:
+                return price
+        return None
+
+    return lookup

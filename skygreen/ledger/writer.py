@@ -16,7 +16,7 @@ from dataclasses import replace
 from skygreen.errors import StoreError
 from skygreen.ledger.io import read_ledger, write_segment
 from skygreen.ledger.records import KILLED, RUNNING, Place, Segment, add_point, new_segment_key
-from skygreen.store import Store
+from skygreen.checkpoint.store import Store
 
 log = logging.getLogger("skygreen.runtime")
 

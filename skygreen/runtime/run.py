@@ -57,6 +57,7 @@ from skygreen.runtime.environment import (
     world,
 )
 from skygreen.runtime.hold import hold, hold_steps
+from skygreen.runtime.ledger import RunBook
 from skygreen.runtime.preemption import NoticeWatcher, SigtermLatch, landed_cloud
 from skygreen.runtime.ranks import all_reduce
 from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
@@ -134,6 +135,16 @@ class Run:
             metric_mode=self.settings.early_stop_mode,
         )
         self.stopper = self._make_stopper()
+        self._book = RunBook.for_rank(  # the run ledger and budget, rank 0 only
+            rank=self.rank,
+            smoke=self.smoke,
+            store=self.checkpointer.store,
+            settings=self.settings,
+            device_name=self.facts.name if self.device.type == "cuda" else None,
+            gpu_count=torch.cuda.device_count() if self.device.type == "cuda" else 0,
+            environ=self._environ,
+            started_at=time.time(),
+        )
         self.step_index = 0
         self.samples_seen = 0
         self.counters: dict[str, float] = {"energy_j": 0.0, "wall_s": 0.0, "preemptions": 0, "restarts": 0}
@@ -203,6 +214,8 @@ class Run:
             log.warning("run %s already completed at step %d; nothing to do", self.settings.run_id, self.step_index)
             return
         self._install_preemption()
+        if self._book:
+            self._book.step_started()
         try:
             while self.step_index < total_steps and not self._should_stop():
                 step = Step(self, self.step_index)
@@ -222,6 +235,8 @@ class Run:
     def report(self, **metrics: float) -> None:
         """Record evaluation metrics; the early-stopping metric drives stopping."""
         self.last_metrics.update({k: float(v) for k, v in metrics.items()})
+        if self._book:
+            self._book.reported(metrics, self.step_index)
         if (
             self.stopper is not None
             and self.stopper.config.metric in metrics
@@ -239,11 +254,18 @@ class Run:
         notice = self._watcher.pending() if self._watcher else None
         sigterm = bool(self._sigterm and self._sigterm.fired)
         stop = self.rank == 0 and self.stopper is not None and self.stopper.stopped
+        budget = bool(self._book and self._book.over_budget())
         if self.world_size > 1:
-            sigterm, notice_up, stop = self.agree_flags(sigterm, notice is not None, stop)
+            sigterm, notice_up, stop, budget = self.agree_flags(sigterm, notice is not None, stop, budget)
         else:
             notice_up = notice is not None
         self._stopping = stop
+        if budget and not sigterm:
+            self._save(state="budget", wait=True)
+            message = self._book.stop_message() if self._book else "budget reached"
+            self.close()
+            log.warning("%s", message)
+            raise SystemExit(0)
         if sigterm:
             self.counters["preemptions"] += 1
             self._save(state="preempted", wait=True)
@@ -375,6 +397,9 @@ class Run:
             meta=meta,
             pin=pin,
         )
+        if self._book and state != "smoke":
+            end = "early-stopped" if state == "completed" and self._stopping else state
+            self._book.progress(step=self.step_index, samples=self.samples_seen, energy_j=self.counters["energy_j"], end=end)
         if wait:
             self.checkpointer.wait()
         if self._schedule is not None:
@@ -410,6 +435,9 @@ class Run:
             ),
         )
         self._started_s = time.monotonic()
+        if self._book and not self.completed:
+            self._book.started(step=self.step_index, samples=self.samples_seen,
+                               samples_per_epoch=self.stream.dataset_len, energy_j=self.counters["energy_j"])  # fmt: skip
         self._schedule = CheckpointSchedule(policy, start_step=self.step_index, start_s=self._started_s)
 
     def _restore(self, loaded: Any) -> None:
@@ -477,5 +505,8 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._book and exc_type is not None and not issubclass(exc_type, SystemExit) and not self.completed:
+            end = "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+            self._book.progress(step=self.step_index, samples=self.samples_seen, energy_j=self.counters["energy_j"], end=end)
         self.close()
