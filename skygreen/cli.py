@@ -80,7 +80,11 @@ def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
     from skygreen import api
     from skygreen.spec import load_spec
 
-    result = api.plan(load_spec(task), catalog_dir=catalog)
+    spec = load_spec(task)
+    from skygreen.costing import measured_speeds
+
+    measured = {gpu: speed for gpu, (speed, _) in measured_speeds(spec, task).items()}
+    result = api.plan(spec, catalog_dir=catalog, measured_speed=measured)
     for line in result.notices:
         print_notice(line)
     if json_output:

@@ -23,7 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from metadata_server import MetadataServer  # noqa: E402
 
-from skygreen.catalog import load_catalog  # noqa: E402
+from skygreen.plan.catalog import load_catalog  # noqa: E402
 from skygreen.ledger.pricing import CONTROLLER_AUTOSTOP_S, CONTROLLER_USD_PER_HOUR, STORAGE_USD_PER_GB_MONTH, catalog_lookup  # noqa: E402
 from skygreen.ledger.records import Place  # noqa: E402
 

@@ -164,8 +164,10 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
 
 def _plan(spec: TaskSpec, catalog_dir: Path | None):
     from skygreen.api import plan
+    from skygreen.costing import measured_speeds
 
-    return plan(spec, catalog_dir=catalog_dir)
+    measured = {gpu: speed for gpu, (speed, _) in measured_speeds(spec, spec.source or "").items()} if spec.source else {}
+    return plan(spec, catalog_dir=catalog_dir, measured_speed=measured)
 
 
 def _render(spec: TaskSpec, plan: Any | None, *, run_id: str, bucket: str, task_dir: Path) -> dict[str, Any]:

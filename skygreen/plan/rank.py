@@ -285,7 +285,7 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
         objective=green.objective,
         best_per_cloud=best_per_cloud(ranked),
         reason=explain(ranked, green.objective),
-        assumptions=assumptions(model, green),
+        assumptions=assumptions(model, green, measured_speed=measured_speed),
         notices=catalog.notices,
         catalog_source=catalog.source,
         offers_considered=len(catalog.offers),
@@ -360,7 +360,7 @@ def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def assumptions(model: RunModel, green: GreenSpec) -> tuple[str, ...]:
+def assumptions(model: RunModel, green: GreenSpec, *, measured_speed: Mapping[str, float] | None = None) -> tuple[str, ...]:
     rates = ", ".join(f"{c} {r:g}/h" for c, r in sorted(model.preemption_rate_per_hour.items()))
     if model.checkpoint_interval_s is not None:
         interval = f"every {model.checkpoint_interval_s:g} s"
@@ -368,9 +368,13 @@ def assumptions(model: RunModel, green: GreenSpec) -> tuple[str, ...]:
         interval = f"every {green.checkpoint.every_steps} steps (estimated as Daly's optimum: step time unknown)"
     else:
         interval = "auto (Daly's optimum)"
+    measured = ", ".join(f"{gpu} {v:.3g}" for gpu, v in sorted((measured_speed or {}).items()))
     return (
-        f"work: {model.work_gpu_hours:g} GPU-hours on {model.work_on}; relative speeds from skygreen.gpus"
-        + (" with the task's overrides" if model.speed else ""),
+        (
+            f"work: {model.work_gpu_hours:g} GPU-hours on {model.work_on}; relative speeds from skygreen.gpus (the shipped prior)"
+            + (" with the task's overrides" if green.speed else "")
+            + (f"; measured by earlier runs of this task: {measured}" if measured else "; none measured yet")
+        ),
         (
             f"spot preemptions per node-hour: {rates}; restart {model.restart_s / 60:g} min; "
             f"checkpoint {interval}, {model.checkpoint_cost_s:g} s blocking per save"
