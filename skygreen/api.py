@@ -61,11 +61,12 @@ def status(run_id: str | None = None):
     return runs.status(run_id)
 
 
-def resume(run_id: str, *, local: bool = False):
-    """Relaunch a stopped run with the same run id; it continues from its last checkpoint."""
+def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None):
+    """Relaunch a stopped run with the same run id; it continues from its last checkpoint.
+    `budget_usd`: a new budget (needed, and higher, for a run stopped at its budget)."""
     from skygreen.launch import runs
 
-    return runs.resume(run_id, local=local)
+    return runs.resume(run_id, local=local, budget_usd=budget_usd)
 
 
 def cancel(run_id: str):

@@ -192,11 +192,12 @@ def status(run: str | None, json_output: bool) -> None:
 @run_argument
 @click.option("--local", is_flag=True, help="Continue the run on this machine.")
 @click.option("--detach", "-d", is_flag=True, help="For local runs: return at once instead of following.")
-def resume(run: str, local: bool, detach: bool) -> None:
+@click.option("--budget-usd", type=click.FloatRange(min=0, min_open=True), default=None, help="A new budget (a run stopped at its budget needs a higher one).")
+def resume(run: str, local: bool, detach: bool, budget_usd: float | None) -> None:
     """Relaunch a stopped run with the same id; it continues from its latest checkpoint."""
     from skygreen import api
 
-    record = api.resume(run, local=local)
+    record = api.resume(run, local=local, budget_usd=budget_usd)
     sys.stdout.write(f"resumed run {record.run_id} (job {record.job_id}, launch {len(record.launches)})\n")
     if record.mode == "local" and not detach:
         _follow_local(record.run_id)

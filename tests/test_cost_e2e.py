@@ -108,7 +108,8 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
             # gate: a checkpoint at step 10 (every: 10) and the ledger updated with it
-            wait_for(lambda: (s := raw_segments(s3_bucket, run_id)) and s[-1]["step"] >= 10, "the ledger at a checkpoint", process=first)
+            wait_for(lambda: checkpoint_bytes(s3_bucket, run_id) and (s := raw_segments(s3_bucket, run_id)) and s[-1]["step"] >= 10,
+                     "a committed checkpoint and the ledger updated with it", process=first)  # fmt: skip
         finally:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
@@ -143,3 +144,56 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     assert cost["clouds_node_hours"].keys() == {"gcp", "aws"}
     text = skygreen(env, "cost", run_id, "--catalog", str(shared_catalog_dir)).stdout
     assert f"total ${cost['total_usd']:,.2f}" in text and "controller" in text and "killed" in text
+
+
+def test_a_run_stops_at_its_budget_and_resumes_with_a_higher_one(s3_bucket, catalog_dir, private_home, tmp_path):
+    """A budget of $0.0005 (the L4 offer plus the controller burn about $0.47/h: a few seconds).
+    The real runtime stops with a checkpoint; status says BUDGET; resume without a higher
+    budget is refused (exit 2); with one, the relaunched job gets it and finishes."""
+    work = tmp_path / "task"
+    work.mkdir()
+    shutil.copy(REPO / "tasks" / "tiny.py", work / "tiny.py")
+    (work / "task.yaml").write_text(
+        "name: tiny\nskygreen:\n  gpus: [L4]\n  clouds: [gcp]\n  work: {gpu_hours: 0.0001, on: L4}\n  budget_usd: 0.0005\n"
+        "  batch: {effective: 32, micro: 16}\n  precision: fp32\n"
+        f"  checkpoint: {{bucket: 's3://{s3_bucket}/runs', every: 20, keep: 3}}\nrun: python tiny.py\n"
+    )
+    env = dict(os.environ, SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher", SKYGREEN_FAKE_LAUNCHER_DIR=str(tmp_path / "fake"))
+    up = skygreen(env, "up", str(work / "task.yaml"), "--no-smoke", "--catalog", str(catalog_dir))
+    assert up.returncode == 0, up.stderr
+    run_id = up.stdout.split("launched run ")[1].split()[0]
+    from skygreen.testing import FakeLauncher
+
+    fake = FakeLauncher(tmp_path / "fake")
+
+    def train(job_id: str, metadata) -> subprocess.CompletedProcess:
+        envs = json.loads((tmp_path / "fake" / "jobs.json").read_text())[job_id]["task"]["envs"]
+        offer = json.loads(envs["SKYGREEN_OFFERS"])[0]
+        info = {"cluster_name": "sky-1", "cloud": "GCP", "region": offer[1], "zone": None}
+        vm = {**env, **envs, "SKYPILOT_CLUSTER_INFO": json.dumps(info), "SKYGREEN_GCP_METADATA_URL": metadata.url,
+              "TINY_STEPS": "300", "TINY_EVAL_EVERY": "100", "OMP_NUM_THREADS": "1"}  # fmt: skip
+        return subprocess.run([sys.executable, "tiny.py"], cwd=work, env=vm, capture_output=True, text=True, timeout=300)
+
+    with MetadataServer("gcp") as metadata:
+        stopped = train("1", metadata)
+        assert stopped.returncode == 0, stopped.stderr[-2000:]
+        assert "reached its budget" in stopped.stderr and f"skygreen resume {run_id} --budget-usd" in stopped.stderr
+        assert "budget alert" in stopped.stderr
+        fake.set_state("1", "SUCCEEDED", duration_s=5.0, cloud="gcp")
+        status = json.loads(skygreen(env, "status", run_id, "--json").stdout)
+        assert status["state"] == "BUDGET" and not status["completed"] and status["step"] < 300
+        assert status["spend_usd"] >= 0.0005
+        refused = skygreen(env, "resume", run_id)
+        assert refused.returncode == 2 and "--budget-usd" in refused.stderr
+        resumed = skygreen(env, "resume", run_id, "--budget-usd", "5")
+        assert resumed.returncode == 0, resumed.stderr
+        envs2 = json.loads((tmp_path / "fake" / "jobs.json").read_text())["2"]["task"]["envs"]
+        assert envs2["SKYGREEN_BUDGET_USD"] == "5"
+        finished = train("2", metadata)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    fake.set_state("2", "SUCCEEDED", duration_s=30.0, cloud="gcp")
+    done = json.loads(skygreen(env, "status", run_id, "--json").stdout)
+    assert done["completed"] and done["step"] == 300
+    cost = json.loads(skygreen(env, "cost", run_id, "--json", "--catalog", str(catalog_dir)).stdout)
+    assert [s["end"] for s in cost["segments"]] == ["budget", "completed"]
+    assert cost["segments"][1]["start_step"] == status["step"]  # continued from the budget checkpoint

@@ -31,6 +31,9 @@ from skygreen.spec import TaskSpec, load_spec
 
 LOCAL = "local"
 CLOUD = "cloud"
+BUDGET_STATE = "budget"
+"""The runtime's checkpoint state when it stopped at `budget_usd` (shown as BUDGET)."""
+BUDGET_ENV = "SKYGREEN_BUDGET_USD"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -260,6 +263,8 @@ def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunSta
         registry.save(dataclasses.replace(record, state=job.state.value))
     spend, estimated = _spend(record, job)
     energy_j = meta.get("energy_j")
+    if meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
+        state, detail = BUDGET_STATE.upper(), f"stopped at its budget; raise it with `skygreen resume {record.run_id} --budget-usd N`"
     return RunStatus(
         run_id=record.run_id,
         task=record.task_path,
@@ -363,10 +368,16 @@ def _where(job: JobStatus | None) -> str | None:
 
 
 def resume(
-    run_id: str, *, local: bool = False, registry: Registry | None = None, environ: Mapping[str, str] | None = None
+    run_id: str,
+    *,
+    local: bool = False,
+    budget_usd: float | None = None,
+    registry: Registry | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> RunRecord:
     """Relaunch a stopped run with the same run id: the runtime continues from the latest
-    checkpoint in its bucket. `local` runs it on this machine whatever it ran on before."""
+    checkpoint in its bucket. `local` runs it on this machine whatever it ran on before.
+    `budget_usd` sets a new budget (a run stopped at its budget needs a higher one)."""
     environ = os.environ if environ is None else environ
     registry = registry or Registry()
     record = registry.load(run_id)
@@ -379,7 +390,10 @@ def resume(
         raise InputError(
             f"run {run_id} finished (SUCCEEDED); there is nothing to resume\n  fix: start a new run with `skygreen up`"
         )
-    stopped = current.state in JobState.__members__ and JobState(current.state).resumable
+    at_budget = current.state == BUDGET_STATE.upper()
+    if at_budget:
+        _check_new_budget(record, budget_usd)
+    stopped = at_budget or (current.state in JobState.__members__ and JobState(current.state).resumable)
     if record.launches and not stopped:
         raise InputError(
             f"run {run_id} is {current.state}; only a stopped run can be resumed\n"
@@ -391,9 +405,28 @@ def resume(
     else:  # a cloud run continued here: the same run id and bucket, rendered for this machine
         spec = load_spec(record.task_path)
         task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
+    if budget_usd is not None:
+        task.setdefault("envs", {})[BUDGET_ENV] = f"{budget_usd:g}"
+        write_atomic(Path(record.task_yaml), _task_yaml_text(task))
     launcher = _local_launcher(environ) if to_local else launcher_for(record)
     record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
     return _launch(registry, record, launcher, task, _resume_secrets(record, environ))
+
+
+def _check_new_budget(record: RunRecord, budget_usd: float | None) -> None:
+    old = (_read_task_yaml(record).get("envs") or {}).get(BUDGET_ENV)
+    if budget_usd is None or (old is not None and budget_usd <= float(old)):
+        given = "" if budget_usd is None else f" ({budget_usd:g} is not more than {old})"
+        raise InputError(
+            f"run {record.run_id} stopped at its budget of ${old}{given}\n"
+            f"  fix: `skygreen resume {record.run_id} --budget-usd N` with N above {old}"
+        )
+
+
+def _task_yaml_text(task: Mapping[str, Any]) -> str:
+    from skygreen.launch.render import to_yaml
+
+    return to_yaml(dict(task))
 
 
 def _read_task_yaml(record: RunRecord) -> dict[str, Any]:
