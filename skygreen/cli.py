@@ -332,6 +332,19 @@ def compare(runs: tuple[str, ...], catalog: Path | None, json_output: bool, plot
 
 
 @app.command()
+@run_argument
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=None, help="Where to write the page (default: RUN-report.html here).")
+@catalog_option
+def report(run: str, output: Path | None, catalog: Path | None) -> None:
+    """Write one self-contained HTML page about a run: figures, segments, energy, task and plan."""
+    from skygreen import api
+    from skygreen.report import write_report
+
+    path = write_report(api.run_cost(run, catalog_dir=catalog), output or Path(f"{run}-report.html"))
+    sys.stdout.write(f"wrote {path}\n")
+
+
+@app.command()
 @task_argument
 def smoke(task: Path) -> None:
     """Run the task's training script for two steps on CPU, with a checkpoint round trip."""
