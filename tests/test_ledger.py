@@ -179,3 +179,17 @@ def test_budget_fractions_passed_by_earlier_vms_are_not_sent_again():
     assert tracker.check(current, T0 + 7000) == ([], False)  # 85% already: 50% and 80% were sent before
     alerts, stop = tracker.check(current, T0 + 7000 + 0.3 * 3600)
     assert [a.fraction for a in alerts] == [1.0] and stop
+
+
+def test_ledger_and_cost_modules_import_no_outside_library():
+    import subprocess
+    import sys
+
+    probe = (
+        "import skygreen.ledger, skygreen.ledger.pricing, skygreen.ledger.budget, skygreen.ledger.writer, "
+        "skygreen.costing, skygreen.cost_report, skygreen.report, skygreen.runtime.ledger\n"
+        "import sys\nprint(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    loaded = set(out.stdout.split())
+    assert not loaded & {"sky", "torch", "boto3", "botocore", "google", "pynvml", "numpy", "matplotlib", "click", "rich"}

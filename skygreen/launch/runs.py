@@ -322,7 +322,7 @@ def _spend(record: RunRecord, job: JobStatus | None) -> tuple[float | None, bool
 
     try:  # the run ledger, priced by the same function as `skygreen cost` and `compare`
         cost = load_run_cost(record)
-    except (StoreError, CheckpointError, InputError):
+    except SkygreenError:  # an unreadable ledger or catalog: fall back to the launcher's view
         cost = None
     if cost is not None:
         return cost.total_usd, cost.unpriced_segments > 0
