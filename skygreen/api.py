@@ -89,21 +89,21 @@ def logs(run_id: str, *, follow: bool = False, out=None) -> int | None:
 def run_cost(run_id: str, *, catalog_dir: Path | None = None):
     """What a run cost, from its ledger (`costing.RunCostReport`); a local run also gets the
     same task estimated on each cloud."""
-    from skygreen import costing
+    from skygreen.costs import costing
 
     return costing.cost_of_run(run_id, catalog_dir=catalog_dir)
 
 
 def estimate(task_path: str | Path, *, catalog_dir: Path | None = None):
     """A task's estimated cost per run on each cloud (`costing.TaskEstimate`), the plan's pick first."""
-    from skygreen import costing
+    from skygreen.costs import costing
 
     return costing.estimate_task(task_path, catalog_dir=catalog_dir)
 
 
 def compare(run_ids: list[str], *, catalog_dir: Path | None = None):
     """Runs side by side (`costing.CompareRow`s)."""
-    from skygreen import costing
+    from skygreen.costs import costing
 
     return costing.compare_runs(run_ids, catalog_dir=catalog_dir)
 

@@ -81,7 +81,7 @@ def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
     from skygreen.spec import load_spec
 
     spec = load_spec(task)
-    from skygreen.costing import measured_speeds
+    from skygreen.costs.costing import measured_speeds
 
     measured = {gpu: speed for gpu, (speed, _) in measured_speeds(spec, task).items()}
     result = api.plan(spec, catalog_dir=catalog, measured_speed=measured)
@@ -192,7 +192,12 @@ def status(run: str | None, json_output: bool) -> None:
 @run_argument
 @click.option("--local", is_flag=True, help="Continue the run on this machine.")
 @click.option("--detach", "-d", is_flag=True, help="For local runs: return at once instead of following.")
-@click.option("--budget-usd", type=click.FloatRange(min=0, min_open=True), default=None, help="A new budget (a run stopped at its budget needs a higher one).")
+@click.option(
+    "--budget-usd",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="A new budget (a run stopped at its budget needs a higher one).",
+)
 def resume(run: str, local: bool, detach: bool, budget_usd: float | None) -> None:
     """Relaunch a stopped run with the same id; it continues from its latest checkpoint."""
     from skygreen import api
@@ -288,19 +293,19 @@ def cost(target: str, catalog: Path | None, json_output: bool, plot: Path | None
         if json_output:
             print_json(estimate.to_json())
             return
-        from skygreen.cost_report import print_task_estimate
+        from skygreen.costs.report import print_task_estimate
 
         print_task_estimate(estimate, sys.stdout)
         return
     report = api.run_cost(target, catalog_dir=catalog)
     if plot is not None:
-        from skygreen.report import write_plot
+        from skygreen.costs.page import write_plot
 
         write_plot(plot, [report])
     if json_output:
         print_json(report.to_json())
         return
-    from skygreen.cost_report import print_run_cost
+    from skygreen.costs.report import print_run_cost
 
     print_run_cost(report, sys.stdout)
     if plot is not None:
@@ -318,13 +323,13 @@ def compare(runs: tuple[str, ...], catalog: Path | None, json_output: bool, plot
 
     rows = api.compare(list(runs), catalog_dir=catalog)
     if plot is not None:
-        from skygreen.report import write_plot
+        from skygreen.costs.page import write_plot
 
         write_plot(plot, [api.run_cost(r.record.run_id, catalog_dir=catalog) for r in rows])
     if json_output:
         print_json([r.to_json() for r in rows])
         return
-    from skygreen.cost_report import print_compare
+    from skygreen.costs.report import print_compare
 
     print_compare(rows, sys.stdout)
     if plot is not None:
@@ -333,12 +338,18 @@ def compare(runs: tuple[str, ...], catalog: Path | None, json_output: bool, plot
 
 @app.command()
 @run_argument
-@click.option("--output", "-o", type=click.Path(path_type=Path), default=None, help="Where to write the page (default: RUN-report.html here).")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where to write the page (default: RUN-report.html here).",
+)
 @catalog_option
 def report(run: str, output: Path | None, catalog: Path | None) -> None:
     """Write one self-contained HTML page about a run: figures, segments, energy, task and plan."""
     from skygreen import api
-    from skygreen.report import write_report
+    from skygreen.costs.page import write_report
 
     path = write_report(api.run_cost(run, catalog_dir=catalog), output or Path(f"{run}-report.html"))
     sys.stdout.write(f"wrote {path}\n")

@@ -156,7 +156,13 @@ _INTS = {
     "early_stop_patience",
     "early_stop_grace",
 }
-_FLOATS = {"checkpoint_every_s", "early_stop_min_delta", "preemptions_per_hour", "budget_usd", "burn_alert_usd_per_hour"}
+_FLOATS = {
+    "checkpoint_every_s",
+    "early_stop_min_delta",
+    "preemptions_per_hour",
+    "budget_usd",
+    "burn_alert_usd_per_hour",
+}
 _CHOICES = {"precision": PRECISIONS, "checkpoint_half_precision": HALF_PRECISIONS, "early_stop_mode": EARLY_STOP_MODES}
 
 

@@ -393,16 +393,28 @@ def _parse_budget_alerts(raw: Any, path: str) -> BudgetAlertSpec:
     check_keys(raw, BudgetAlertSpec.__dataclass_fields__, path)
     values: dict[str, Any] = {}
     if raw.get("at") is not None:
-        fractions = [read_number(v, f"{path}.at[{i}]", positive=True) for i, v in enumerate(read_list(raw["at"], f"{path}.at"))]
+        fractions = [
+            read_number(v, f"{path}.at[{i}]", positive=True) for i, v in enumerate(read_list(raw["at"], f"{path}.at"))
+        ]
         for i, f in enumerate(fractions):
             if f > 1:
-                raise SpecError(f"{path}.at[{i}]", "is a fraction of budget_usd and must be at most 1", value=f, hint=f"write {f / 100:g} for {f:g}%" if f <= 100 else "use a number in (0, 1]")
+                raise SpecError(
+                    f"{path}.at[{i}]",
+                    "is a fraction of budget_usd and must be at most 1",
+                    value=f,
+                    hint=f"write {f / 100:g} for {f:g}%" if f <= 100 else "use a number in (0, 1]",
+                )
         values["at"] = tuple(sorted(set(fractions)))
     if raw.get("webhook_env") is not None:
         name = read_str(raw["webhook_env"], f"{path}.webhook_env")
         if not _ENV_NAME.match(name):
             hint = "name the environment variable that holds the URL (e.g. BUDGET_WEBHOOK, declared in secrets:), not the URL itself"
-            raise SpecError(f"{path}.webhook_env", "is not an environment variable name", value=name if "://" not in name else "<a URL>", hint=hint)
+            raise SpecError(
+                f"{path}.webhook_env",
+                "is not an environment variable name",
+                value=name if "://" not in name else "<a URL>",
+                hint=hint,
+            )
         values["webhook_env"] = name
     if raw.get("burn_usd_per_hour") is not None:
         values["burn_usd_per_hour"] = read_number(raw["burn_usd_per_hour"], f"{path}.burn_usd_per_hour", positive=True)

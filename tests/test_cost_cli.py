@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from skygreen.checkpoint.local_store import LocalStore
+from skygreen.launch.registry import Registry, RunRecord
 from skygreen.ledger import Place, Segment, write_segment
 from skygreen.ledger.pricing import CONTROLLER_AUTOSTOP_S, CONTROLLER_USD_PER_HOUR
 from skygreen.ledger.records import new_segment_key
-from skygreen.launch.registry import Registry, RunRecord
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = REPO / "tests" / "data" / "catalog" / "v8"
@@ -31,7 +31,9 @@ run: python train.py
 
 
 def skygreen(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "skygreen.cli", *args], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", *args], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
 
 
 @pytest.fixture
@@ -58,8 +60,26 @@ def add_run(task: Path, run_id: str, segments: list[dict], *, mode: str = "cloud
         ))  # fmt: skip
 
 
-GCP_L4 = Place(cloud="gcp", region="us-central1", instance_type="g2-standard-4", spot=True, gpu="L4", gpu_count=1, price_usd_per_hour=0.25, price_source="plan")
-AWS_T4 = Place(cloud="aws", region="us-east-1", instance_type="g4dn.xlarge", spot=True, gpu="T4", gpu_count=1, price_usd_per_hour=0.5, price_source="plan")
+GCP_L4 = Place(
+    cloud="gcp",
+    region="us-central1",
+    instance_type="g2-standard-4",
+    spot=True,
+    gpu="L4",
+    gpu_count=1,
+    price_usd_per_hour=0.25,
+    price_source="plan",
+)
+AWS_T4 = Place(
+    cloud="aws",
+    region="us-east-1",
+    instance_type="g4dn.xlarge",
+    spot=True,
+    gpu="T4",
+    gpu_count=1,
+    price_usd_per_hour=0.5,
+    price_source="plan",
+)
 
 
 def test_cost_task_lists_each_cloud_spot_and_on_demand_the_pick_first(task):
@@ -85,9 +105,25 @@ def test_cost_and_compare_of_two_runs_by_hand(task, tmp_path):
         {"place": AWS_T4, "at_h": 1.5, "hours": 2, "steps": (100, 300), "samples": (3200, 9600), "losses": [(300, 1.0)]},
     ], bucket=bucket)  # fmt: skip
     # run b: 1 h on gcp L4, 300 steps, loss 2.0 -> 1.5
-    add_run(task, "demo-b", [{"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 300), "samples": (0, 9600), "losses": [(10, 2.0), (300, 1.5)]}], bucket=bucket)
+    add_run(
+        task,
+        "demo-b",
+        [
+            {
+                "place": GCP_L4,
+                "at_h": 0,
+                "hours": 1,
+                "steps": (0, 300),
+                "samples": (0, 9600),
+                "losses": [(10, 2.0), (300, 1.5)],
+            }
+        ],
+        bucket=bucket,
+    )
     ctrl = CONTROLLER_USD_PER_HOUR["gcp"]
-    total_a = 0.25 * 1 + 0.5 * 2 + ctrl * (3.5 + CONTROLLER_AUTOSTOP_S / 3600)  # no checkpoints in these buckets: storage 0
+    total_a = (
+        0.25 * 1 + 0.5 * 2 + ctrl * (3.5 + CONTROLLER_AUTOSTOP_S / 3600)
+    )  # no checkpoints in these buckets: storage 0
     total_b = 0.25 + ctrl * (1 + CONTROLLER_AUTOSTOP_S / 3600)
     out = skygreen("cost", "demo-a", "--json")
     assert out.returncode == 0, out.stderr
@@ -98,8 +134,12 @@ def test_cost_and_compare_of_two_runs_by_hand(task, tmp_path):
     assert a["preemptions"] == 1 and a["lost_s"] == 0.0  # resumed at the step it stopped, first step at once
     compare = json.loads(skygreen("compare", "demo-a", "demo-b", "--json").stdout)
     assert [r["total_usd"] for r in compare] == [pytest.approx(total_a, abs=1e-6), pytest.approx(total_b, abs=1e-6)]
-    assert compare[0]["improvement"] == pytest.approx(1.0) and compare[0]["usd_per_improvement"] == pytest.approx(total_a)
-    assert compare[1]["improvement"] == pytest.approx(0.5) and compare[1]["usd_per_improvement"] == pytest.approx(total_b / 0.5)
+    assert compare[0]["improvement"] == pytest.approx(1.0) and compare[0]["usd_per_improvement"] == pytest.approx(
+        total_a
+    )
+    assert compare[1]["improvement"] == pytest.approx(0.5) and compare[1]["usd_per_improvement"] == pytest.approx(
+        total_b / 0.5
+    )
     assert compare[0]["clouds_node_hours"] == {"gcp": 1.0, "aws": 2.0}
     status = json.loads(skygreen("status", "demo-a", "--json").stdout)
     assert round(status["spend_usd"], 2) == round(a["total_usd"], 2)
@@ -110,7 +150,12 @@ def test_cost_and_compare_of_two_runs_by_hand(task, tmp_path):
 def test_measured_throughput_feeds_the_plan(task, tmp_path):
     """A completed run: 9600 samples on one L4 at 9600 samples per 2 h = 1.3333 samples/s.
     The task says 2 GPU-hours on an A100 (speed 1.0): speed(L4) = 2 x 1.0 x 3600 x (9600/7200) / 9600 = 1.0."""
-    add_run(task, "demo-m", [{"place": GCP_L4, "at_h": 0, "hours": 2, "steps": (0, 300), "samples": (0, 9600)}], bucket=tmp_path / "b")
+    add_run(
+        task,
+        "demo-m",
+        [{"place": GCP_L4, "at_h": 0, "hours": 2, "steps": (0, 300), "samples": (0, 9600)}],
+        bucket=tmp_path / "b",
+    )
     before = json.loads(skygreen("plan", str(task), "--catalog", str(CATALOG), "--json").stdout)
     assert "none measured yet" in before["assumptions"][0]
     assert skygreen("cost", "demo-m").returncode == 0  # reading the ledger records what it measured
@@ -126,7 +171,11 @@ def test_measured_throughput_feeds_the_plan(task, tmp_path):
     ("section", "field", "words"),
     [
         ("budget_alerts: {at: [0.5, 80]}", "skygreen.budget_alerts.at[1]", "write 0.8 for 80%"),
-        ("budget_alerts: {webhook_env: 'https://hooks.example/T0/XYZZY'}", "skygreen.budget_alerts.webhook_env", "not the URL itself"),
+        (
+            "budget_alerts: {webhook_env: 'https://hooks.example/T0/XYZZY'}",
+            "skygreen.budget_alerts.webhook_env",
+            "not the URL itself",
+        ),
         ("budget_alerts: {burn_usd_per_hour: -1}", "skygreen.budget_alerts.burn_usd_per_hour", ""),
         ("budget_alerts: {at_fractions: [0.5]}", "skygreen.budget_alerts.at_fractions", "unknown key"),
     ],
@@ -143,7 +192,9 @@ def test_budget_settings_reach_the_runtime_environment(tmp_path):
     from skygreen.settings import RuntimeSettings
     from skygreen.spec import parse_spec_text
 
-    spec = parse_spec_text("skygreen:\n  budget_usd: 25\n  budget_alerts: {at: [0.9, 0.5], webhook_env: HOOK, burn_usd_per_hour: 3}\nrun: x\n")
+    spec = parse_spec_text(
+        "skygreen:\n  budget_usd: 25\n  budget_alerts: {at: [0.9, 0.5], webhook_env: HOOK, burn_usd_per_hour: 3}\nrun: x\n"
+    )
     env = RuntimeSettings.from_spec(spec.green, run_id="r-1", bucket="/tmp/b").to_env()
     assert env["SKYGREEN_BUDGET_USD"] == "25" and env["SKYGREEN_BUDGET_ALERTS"] == "0.5,0.9"
     assert env["SKYGREEN_BUDGET_WEBHOOK_ENV"] == "HOOK" and env["SKYGREEN_BURN_ALERT_USD_PER_HOUR"] == "3"

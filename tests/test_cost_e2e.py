@@ -21,11 +21,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from metadata_server import MetadataServer  # noqa: E402
-
-from skygreen.plan.catalog import load_catalog  # noqa: E402
-from skygreen.ledger.pricing import CONTROLLER_AUTOSTOP_S, CONTROLLER_USD_PER_HOUR, STORAGE_USD_PER_GB_MONTH, catalog_lookup  # noqa: E402
-from skygreen.ledger.records import Place  # noqa: E402
+from metadata_server import MetadataServer
+from skygreen.ledger.pricing import (
+    CONTROLLER_AUTOSTOP_S,
+    CONTROLLER_USD_PER_HOUR,
+    STORAGE_USD_PER_GB_MONTH,
+    catalog_lookup,
+)
+from skygreen.ledger.records import Place
+from skygreen.plan.catalog import load_catalog
 
 REPO = Path(__file__).resolve().parents[1]
 SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
@@ -53,7 +57,9 @@ def raw_segments(bucket: str, run_id: str) -> list[dict]:
     import boto3
 
     s3 = boto3.client("s3")
-    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{run_id}/ledger/").get("Contents", []))
+    keys = sorted(
+        o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{run_id}/ledger/").get("Contents", [])
+    )
     return [json.loads(s3.get_object(Bucket=bucket, Key=k)["Body"].read()) for k in keys]
 
 
@@ -61,8 +67,16 @@ def checkpoint_bytes(bucket: str, run_id: str) -> int:
     import boto3
 
     s3 = boto3.client("s3")
-    manifests = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{run_id}/ckpt/").get("Contents", []) if o["Key"].endswith("manifest.json")]
-    return sum(b["size"] for k in manifests for b in json.loads(s3.get_object(Bucket=bucket, Key=k)["Body"].read())["blobs"].values())
+    manifests = [
+        o["Key"]
+        for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{run_id}/ckpt/").get("Contents", [])
+        if o["Key"].endswith("manifest.json")
+    ]
+    return sum(
+        b["size"]
+        for k in manifests
+        for b in json.loads(s3.get_object(Bucket=bucket, Key=k)["Body"].read())["blobs"].values()
+    )
 
 
 @pytest.fixture
@@ -74,7 +88,9 @@ def catalog_dir(request) -> Path:
     return REPO / "tests" / "data" / "catalog" / "v8"
 
 
-def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare(s3_bucket, catalog_dir, private_home, tmp_path):
+def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare(
+    s3_bucket, catalog_dir, private_home, tmp_path
+):
     shared_catalog_dir = catalog_dir
     work = tmp_path / "task"
     work.mkdir()
@@ -85,7 +101,9 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
         f"  checkpoint: {{bucket: 's3://{s3_bucket}/runs', every: 10, keep: 3}}\n"
         "  early_stopping: {metric: val_loss, mode: min, patience: 3, min_delta: 0.001, grace: 2}\nrun: python tiny.py\n"
     )
-    env = dict(os.environ, SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher", SKYGREEN_FAKE_LAUNCHER_DIR=str(tmp_path / "fake"))
+    env = dict(
+        os.environ, SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher", SKYGREEN_FAKE_LAUNCHER_DIR=str(tmp_path / "fake")
+    )
     up = skygreen(env, "up", str(work / "task.yaml"), "--no-smoke", "--catalog", str(shared_catalog_dir))
     assert up.returncode == 0, up.stderr
     run_id = up.stdout.split("launched run ")[1].split()[0]
@@ -95,11 +113,18 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     # The rendered prices are the real catalog's, offer for offer.
     lookup = catalog_lookup(load_catalog(shared_catalog_dir))
     for cloud, region, itype, gpu, count, spot, price in (gcp, aws):
-        assert price == pytest.approx(lookup(Place(cloud=cloud, region=region, instance_type=itype, gpu=gpu, gpu_count=count, spot=spot)))
+        assert price == pytest.approx(
+            lookup(Place(cloud=cloud, region=region, instance_type=itype, gpu=gpu, gpu_count=count, spot=spot))
+        )
 
     def vm(offer, metadata) -> dict:
         cloud, region = offer[0], offer[1]
-        info = {"cluster_name": f"sky-{cloud}", "cloud": {"gcp": "GCP", "aws": "AWS"}[cloud], "region": region, "zone": None}
+        info = {
+            "cluster_name": f"sky-{cloud}",
+            "cloud": {"gcp": "GCP", "aws": "AWS"}[cloud],
+            "region": region,
+            "zone": None,
+        }
         return {**env, **envs, "SKYPILOT_CLUSTER_INFO": json.dumps(info), "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NUM_GPUS_PER_NODE": "1",
                 f"SKYGREEN_{cloud.upper()}_METADATA_URL": metadata.url, "TINY_STEPS": "60", "OMP_NUM_THREADS": "1"}  # fmt: skip
 
@@ -113,7 +138,9 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
         finally:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
-        second = subprocess.run([sys.executable, "tiny.py"], cwd=work, env=vm(aws, aws_md), capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            [sys.executable, "tiny.py"], cwd=work, env=vm(aws, aws_md), capture_output=True, text=True, timeout=300
+        )
     assert second.returncode == 0, second.stderr[-2000:]
     from skygreen.testing import FakeLauncher
 
@@ -124,8 +151,14 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     assert s1["end"] == "running" and s1["ended_at"] is None  # killed: never wrote its end
     assert s2["end"] == "completed" and s2["step"] == 60 and s2["start_step"] >= 10
     assert (s1["place"]["cloud"], s1["place"]["price_usd_per_hour"]) == ("gcp", gcp[6])
-    assert (s2["place"]["cloud"], s2["place"]["instance_type"], s2["place"]["price_usd_per_hour"]) == ("aws", aws[2], aws[6])
-    compute = gcp[6] * (s1["updated_at"] - s1["started_at"]) / 3600 + aws[6] * (s2["ended_at"] - s2["started_at"]) / 3600
+    assert (s2["place"]["cloud"], s2["place"]["instance_type"], s2["place"]["price_usd_per_hour"]) == (
+        "aws",
+        aws[2],
+        aws[6],
+    )
+    compute = (
+        gcp[6] * (s1["updated_at"] - s1["started_at"]) / 3600 + aws[6] * (s2["ended_at"] - s2["started_at"]) / 3600
+    )
     span_s = s2["ended_at"] - s1["started_at"]
     controller = CONTROLLER_USD_PER_HOUR["gcp"] * (span_s + CONTROLLER_AUTOSTOP_S) / 3600
     storage = checkpoint_bytes(s3_bucket, run_id) / 1e9 * STORAGE_USD_PER_GB_MONTH["s3"] * span_s / 3600 / 730
@@ -137,8 +170,16 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     cost = json.loads(cost_out.stdout)
     compare = json.loads(skygreen(env, "compare", run_id, "--json", "--catalog", str(shared_catalog_dir)).stdout)
     assert cost["total_usd"] == pytest.approx(by_hand, abs=1e-6)
-    assert round(status["spend_usd"], 2) == round(cost["total_usd"], 2) == round(compare[0]["total_usd"], 2) == round(by_hand, 2)
-    assert status["spend_usd"] == pytest.approx(cost["total_usd"], abs=1e-6) and compare[0]["total_usd"] == cost["total_usd"]
+    assert (
+        round(status["spend_usd"], 2)
+        == round(cost["total_usd"], 2)
+        == round(compare[0]["total_usd"], 2)
+        == round(by_hand, 2)
+    )
+    assert (
+        status["spend_usd"] == pytest.approx(cost["total_usd"], abs=1e-6)
+        and compare[0]["total_usd"] == cost["total_usd"]
+    )
     assert [s["end"] for s in cost["segments"]] == ["killed", "completed"]
     assert cost["preemptions"] == 1 and cost["steps"] == 60 and cost["lost_s"] > 0
     assert cost["clouds_node_hours"].keys() == {"gcp", "aws"}
@@ -158,7 +199,9 @@ def test_a_run_stops_at_its_budget_and_resumes_with_a_higher_one(s3_bucket, cata
         "  batch: {effective: 32, micro: 16}\n  precision: fp32\n"
         f"  checkpoint: {{bucket: 's3://{s3_bucket}/runs', every: 20, keep: 3}}\nrun: python tiny.py\n"
     )
-    env = dict(os.environ, SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher", SKYGREEN_FAKE_LAUNCHER_DIR=str(tmp_path / "fake"))
+    env = dict(
+        os.environ, SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher", SKYGREEN_FAKE_LAUNCHER_DIR=str(tmp_path / "fake")
+    )
     up = skygreen(env, "up", str(work / "task.yaml"), "--no-smoke", "--catalog", str(catalog_dir))
     assert up.returncode == 0, up.stderr
     run_id = up.stdout.split("launched run ")[1].split()[0]
@@ -172,7 +215,9 @@ def test_a_run_stops_at_its_budget_and_resumes_with_a_higher_one(s3_bucket, cata
         info = {"cluster_name": "sky-1", "cloud": "GCP", "region": offer[1], "zone": None}
         vm = {**env, **envs, "SKYPILOT_CLUSTER_INFO": json.dumps(info), "SKYGREEN_GCP_METADATA_URL": metadata.url,
               "TINY_STEPS": "300", "TINY_EVAL_EVERY": "100", "OMP_NUM_THREADS": "1"}  # fmt: skip
-        return subprocess.run([sys.executable, "tiny.py"], cwd=work, env=vm, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "tiny.py"], cwd=work, env=vm, capture_output=True, text=True, timeout=300
+        )
 
     with MetadataServer("gcp") as metadata:
         stopped = train("1", metadata)

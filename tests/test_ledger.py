@@ -11,13 +11,32 @@ from skygreen.ledger import Place, Segment, read_ledger, write_segment
 from skygreen.ledger.budget import Alert, BudgetPolicy, BudgetTracker
 from skygreen.ledger.place import current_place, gpu_catalog_name, offers_env, parse_offers
 from skygreen.ledger.pricing import CONTROLLER_AUTOSTOP_S, CONTROLLER_USD_PER_HOUR, run_cost
-from skygreen.ledger.records import KILLED, MAX_SERIES_POINTS, PREEMPTED, add_point, is_segment_key, new_segment_key, settle
+from skygreen.ledger.records import (
+    KILLED,
+    MAX_SERIES_POINTS,
+    PREEMPTED,
+    add_point,
+    is_segment_key,
+    new_segment_key,
+    settle,
+)
 from skygreen.ledger.writer import LedgerWriter
 
 T0 = 1_780_000_000.0
 
 
-def seg(key_s: float, *, place: Place, dur_s: float, end: str = "completed", start_step=0, step=100, first_s=0.0, ended=True, **kw) -> Segment:
+def seg(
+    key_s: float,
+    *,
+    place: Place,
+    dur_s: float,
+    end: str = "completed",
+    start_step=0,
+    step=100,
+    first_s=0.0,
+    ended=True,
+    **kw,
+) -> Segment:
     return Segment(
         run_id="r-1", key=new_segment_key(key_s, token="0000abcd"), place=place, started_at=key_s, updated_at=key_s + dur_s,
         ended_at=key_s + dur_s if ended else None, end=end, start_step=start_step, step=step,
@@ -25,8 +44,27 @@ def seg(key_s: float, *, place: Place, dur_s: float, end: str = "completed", sta
     )  # fmt: skip
 
 
-L4 = Place(cloud="gcp", region="us-central1", instance_type="g2-standard-4", spot=True, gpu="L4", gpu_count=1, price_usd_per_hour=0.28, price_source="plan")
-T4 = Place(cloud="aws", region="us-east-1", instance_type="g4dn.xlarge", spot=True, gpu="T4", gpu_count=1, nodes=2, price_usd_per_hour=0.21, price_source="plan")
+L4 = Place(
+    cloud="gcp",
+    region="us-central1",
+    instance_type="g2-standard-4",
+    spot=True,
+    gpu="L4",
+    gpu_count=1,
+    price_usd_per_hour=0.28,
+    price_source="plan",
+)
+T4 = Place(
+    cloud="aws",
+    region="us-east-1",
+    instance_type="g4dn.xlarge",
+    spot=True,
+    gpu="T4",
+    gpu_count=1,
+    nodes=2,
+    price_usd_per_hour=0.21,
+    price_source="plan",
+)
 
 
 def test_keys_sort_by_start_and_are_recognised():
@@ -59,7 +97,12 @@ def test_place_from_skypilot_cluster_info_and_rendered_offers():
             self.cloud, self.region, self.instance_type, self.accelerator = cloud, region, itype, acc
             self.accelerator_count, self.spot, self.price_usd_per_hour = 1, spot, price
 
-    offers = offers_env([C("gcp", "us-central1", "g2-standard-4", "L4", True, 0.28), C("aws", "us-east-1", "g6.xlarge", "L4", True, 0.29)])
+    offers = offers_env(
+        [
+            C("gcp", "us-central1", "g2-standard-4", "L4", True, 0.28),
+            C("aws", "us-east-1", "g6.xlarge", "L4", True, 0.29),
+        ]
+    )
     env = {
         "SKYPILOT_CLUSTER_INFO": json.dumps({"cluster_name": "c", "cloud": "AWS", "region": "us-east-1", "zone": "us-east-1a"}),
         "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "1", "SKYGREEN_OFFERS": offers,
@@ -89,7 +132,9 @@ def test_run_cost_by_hand():
     update). Segment 2: gcp L4 spot at $0.28 for 1800 s, resumed from step 80 (20 steps redone),
     first step 60 s after start, completed at step 300."""
     s1 = seg(T0, place=T4, dur_s=3600, end=PREEMPTED, step=100, first_s=0.0)
-    s2 = seg(T0 + 3700, place=L4, dur_s=1800, start_step=80, step=300, first_s=60.0, samples=9600, samples_per_epoch=3200)
+    s2 = seg(
+        T0 + 3700, place=L4, dur_s=1800, start_step=80, step=300, first_s=60.0, samples=9600, samples_per_epoch=3200
+    )
     cost = run_cost("r-1", settle([s1, s2]), storage_bytes=2_000_000_000, storage_scheme="s3")
     compute = 0.21 * 1.0 * 2 + 0.28 * 0.5
     span_s = 3700 + 1800
@@ -156,7 +201,9 @@ def test_writer_overwrites_only_its_own_segment(tmp_path):
 
 
 def test_budget_alerts_fire_once_each_and_stop_at_100_percent():
-    place = Place(cloud="aws", region="us-east-1", spot=True, gpu="L4", gpu_count=1, price_usd_per_hour=1.0, price_source="plan")
+    place = Place(
+        cloud="aws", region="us-east-1", spot=True, gpu="L4", gpu_count=1, price_usd_per_hour=1.0, price_source="plan"
+    )
     current = Segment(run_id="r", key=new_segment_key(T0), place=place, started_at=T0, updated_at=T0)
     tracker = BudgetTracker(BudgetPolicy(budget_usd=2.0, burn_usd_per_hour=1.1), earlier=[], managed=False)
     alerts, stop = tracker.check(current, T0)
@@ -168,13 +215,21 @@ def test_budget_alerts_fire_once_each_and_stop_at_100_percent():
     assert [a.fraction for a in alerts] == [0.8, 1.0] and stop
     managed = BudgetTracker(BudgetPolicy(burn_usd_per_hour=1.1), earlier=[], managed=True)
     (burn,), _ = managed.check(current, T0)
-    assert isinstance(burn, Alert) and burn.kind == "burn" and burn.burn_usd_per_hour == pytest.approx(1.0 + CONTROLLER_USD_PER_HOUR["aws"])
+    assert (
+        isinstance(burn, Alert)
+        and burn.kind == "burn"
+        and burn.burn_usd_per_hour == pytest.approx(1.0 + CONTROLLER_USD_PER_HOUR["aws"])
+    )
 
 
 def test_budget_fractions_passed_by_earlier_vms_are_not_sent_again():
-    place = Place(cloud="aws", region="us-east-1", spot=True, gpu="L4", gpu_count=1, price_usd_per_hour=1.0, price_source="plan")
+    place = Place(
+        cloud="aws", region="us-east-1", spot=True, gpu="L4", gpu_count=1, price_usd_per_hour=1.0, price_source="plan"
+    )
     earlier = settle([seg(T0, place=place, dur_s=3600 * 1.7, end=PREEMPTED)])
-    current = Segment(run_id="r-1", key=new_segment_key(T0 + 7000), place=place, started_at=T0 + 7000, updated_at=T0 + 7000)
+    current = Segment(
+        run_id="r-1", key=new_segment_key(T0 + 7000), place=place, started_at=T0 + 7000, updated_at=T0 + 7000
+    )
     tracker = BudgetTracker(BudgetPolicy(budget_usd=2.0), earlier=earlier, managed=False)
     assert tracker.check(current, T0 + 7000) == ([], False)  # 85% already: 50% and 80% were sent before
     alerts, stop = tracker.check(current, T0 + 7000 + 0.3 * 3600)
@@ -187,9 +242,20 @@ def test_ledger_and_cost_modules_import_no_outside_library():
 
     probe = (
         "import skygreen.ledger, skygreen.ledger.pricing, skygreen.ledger.budget, skygreen.ledger.writer, "
-        "skygreen.costing, skygreen.cost_report, skygreen.report, skygreen.runtime.ledger\n"
+        "skygreen.costs.costing, skygreen.costs.report, skygreen.costs.page, skygreen.runtime.ledger\n"
         "import sys\nprint(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     loaded = set(out.stdout.split())
-    assert not loaded & {"sky", "torch", "boto3", "botocore", "google", "pynvml", "numpy", "matplotlib", "click", "rich"}
+    assert not loaded & {
+        "sky",
+        "torch",
+        "boto3",
+        "botocore",
+        "google",
+        "pynvml",
+        "numpy",
+        "matplotlib",
+        "click",
+        "rich",
+    }

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_cost_cli import AWS_T4, GCP_L4, TASK, add_run  # noqa: E402
+from test_cost_cli import AWS_T4, GCP_L4, TASK, add_run
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -24,7 +24,13 @@ LOSSES_A = [(50, 2.0), (100, 1.6)], [(150, 1.3), (300, 1.0)]
 
 
 def skygreen(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "skygreen.cli", *args], capture_output=True, text=True, timeout=180, env=env or dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env or dict(os.environ),
+    )
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -41,13 +47,27 @@ def runs(private_home, tmp_path) -> list[str]:
         {"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 100), "samples": (0, 3200), "end": "preempted", "losses": LOSSES_A[0]},
         {"place": AWS_T4, "at_h": 1.5, "hours": 2, "steps": (100, 300), "samples": (3200, 9600), "losses": LOSSES_A[1]},
     ], bucket=bucket)  # fmt: skip
-    add_run(task, "demo-b", [{"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 300), "samples": (0, 9600), "losses": [(10, 2.0), (300, 1.5)]}], bucket=bucket)
+    add_run(
+        task,
+        "demo-b",
+        [
+            {
+                "place": GCP_L4,
+                "at_h": 0,
+                "hours": 1,
+                "steps": (0, 300),
+                "samples": (0, 9600),
+                "losses": [(10, 2.0), (300, 1.5)],
+            }
+        ],
+        bucket=bucket,
+    )
     return ["demo-a", "demo-b"]
 
 
 def test_the_figure_holds_the_expected_series(runs):
-    from skygreen import costing
-    from skygreen.report import build_figure
+    from skygreen.costs import costing
+    from skygreen.costs.page import build_figure
 
     report = costing.cost_of_run("demo-a")
     fig = build_figure([report])
@@ -55,7 +75,9 @@ def test_the_figure_holds_the_expected_series(runs):
     assert sorted(round(b.get_height(), 6) for b in ax_cloud.patches) == [0.25, 1.0]  # gcp 1 h x $0.25, aws 2 h x $0.50
     assert [round(b.get_height(), 6) for b in ax_seg.patches] == [0.25, 1.0]
     (spend,) = ax_spend.get_lines()
-    assert list(spend.get_xdata()) == pytest.approx([0, 0, 1, 1.5, 3.5]) and list(spend.get_ydata()) == pytest.approx([0, 0, 0.25, 0.25, 1.25])
+    assert list(spend.get_xdata()) == pytest.approx([0, 0, 1, 1.5, 3.5]) and list(spend.get_ydata()) == pytest.approx(
+        [0, 0, 0.25, 0.25, 1.25]
+    )
     loss = next(line for line in ax_loss.get_lines() if "val_loss" in str(line.get_label()))
     assert list(loss.get_xdata()) == [50, 100, 150, 300] and list(loss.get_ydata()) == [2.0, 1.6, 1.3, 1.0]
     marks = [line for line in ax_loss.get_lines() if line.get_linestyle() == "--"]
@@ -75,7 +97,9 @@ def test_cost_plot_png_and_compare_plot_html(runs, tmp_path):
     out = skygreen("compare", *runs, "--plot", str(page))
     assert out.returncode == 0, out.stderr
     text = page.read_text()
-    series = json.loads(re.search(r"<script type='application/json' id='series'>(.*?)</script>", text, re.S).group(1))
+    found = re.search(r"<script type='application/json' id='series'>(.*?)</script>", text, re.DOTALL)
+    assert found is not None
+    series = json.loads(found.group(1))
     assert [r["run_id"] for r in series["runs"]] == runs
     assert series["runs"][0]["metrics"]["val_loss"]["value"] == [2.0, 1.6, 1.3, 1.0]
     assert series["runs"][1]["cost_by_cloud_usd"] == {"gcp": pytest.approx(0.25)}
@@ -89,7 +113,9 @@ def test_cost_plot_png_and_compare_plot_html(runs, tmp_path):
 def test_without_matplotlib_a_one_line_hint(runs, tmp_path):
     blocker = tmp_path / "block" / "matplotlib"
     blocker.mkdir(parents=True)
-    (blocker / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n")
+    (blocker / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "block"))
     out = skygreen("cost", "demo-a", "--plot", str(tmp_path / "x.png"), env=env)
     assert out.returncode == 2 and "pip install 'skygreen[report]'" in out.stderr and "Traceback" not in out.stderr
@@ -102,10 +128,13 @@ def test_the_cli_starts_without_matplotlib():
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM: str = shutil.which("chromium") or shutil.which("chromium-browser") or ""
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/install.sh installs it with apt-get where it runs as root)")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (scripts/install.sh installs it with apt-get where it runs as root)",
+)
 def test_report_page_in_headless_chromium(runs, tmp_path):
     page = tmp_path / "report.html"
     out = skygreen("report", "demo-a", "-o", str(page))
@@ -118,7 +147,7 @@ def test_report_page_in_headless_chromium(runs, tmp_path):
               "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
     dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert "id=\"figure\"" in dom.stdout and "Run demo-a" in dom.stdout
+    assert 'id="figure"' in dom.stdout and "Run demo-a" in dom.stdout
     console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert not console, console
     grab = subprocess.run([*common, "--hide-scrollbars", "--window-size=1400,1800", f"--screenshot={shot}", page.as_uri()],

@@ -12,22 +12,30 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_train as job  # noqa: E402
-from metadata_server import MetadataServer  # noqa: E402
-
-from skygreen.ledger import read_run_ledger  # noqa: E402
-from skygreen.ledger.pricing import run_cost  # noqa: E402
-from skygreen.runtime.checkpointer import Checkpointer  # noqa: E402
+import ddp_train as job
+from metadata_server import MetadataServer
+from skygreen.ledger import read_run_ledger
+from skygreen.ledger.pricing import run_cost
+from skygreen.runtime.checkpointer import Checkpointer
 
 TOTAL_STEPS = 10
-OFFERS = json.dumps([["gcp", "us-central1", "g2-standard-4", "L4", 1, True, 0.28], ["aws", "us-east-1", "g6.xlarge", "L4", 1, True, 0.29]])
+OFFERS = json.dumps(
+    [
+        ["gcp", "us-central1", "g2-standard-4", "L4", 1, True, 0.28],
+        ["aws", "us-east-1", "g6.xlarge", "L4", 1, True, 0.29],
+    ]
+)
 
 
-def cloud_env(metadata: MetadataServer, cloud: str = "GCP", region: str = "us-central1", **extra: str) -> dict[str, str]:
+def cloud_env(
+    metadata: MetadataServer, cloud: str = "GCP", region: str = "us-central1", **extra: str
+) -> dict[str, str]:
     """What SkyPilot and `skygreen up` give a managed-job VM, on a machine without a GPU: the
     GPU is then taken from the rendered offer of the cloud and region."""
     return {
-        "SKYPILOT_CLUSTER_INFO": json.dumps({"cluster_name": "sky-1", "cloud": cloud, "region": region, "zone": f"{region}-a"}),
+        "SKYPILOT_CLUSTER_INFO": json.dumps(
+            {"cluster_name": "sky-1", "cloud": cloud, "region": region, "zone": f"{region}-a"}
+        ),
         "SKYPILOT_NUM_NODES": "1",
         "SKYPILOT_NUM_GPUS_PER_NODE": "1",
         "SKYGREEN_OFFERS": OFFERS,
@@ -47,7 +55,9 @@ def check_two_segments(segments, price: float):
     first, second = segments
     assert (first.segment, second.segment) == (1, 2)
     assert first.end == "failed" and first.start_step == 0 and first.step == 5
-    assert second.end == "completed" and second.start_step == 4 and second.step == TOTAL_STEPS  # resumed from the step-4 checkpoint
+    assert (
+        second.end == "completed" and second.start_step == 4 and second.step == TOTAL_STEPS
+    )  # resumed from the step-4 checkpoint
     for s in segments:
         assert s.place.cloud == "gcp" and s.place.region == "us-central1" and s.place.zone == "us-central1-a"
         assert s.place.instance_type == "g2-standard-4" and s.place.spot is True and s.place.price_usd_per_hour == price
@@ -129,7 +139,9 @@ def test_budget_alerts_then_a_clean_stop_with_a_checkpoint(tmp_path, monkeypatch
     try:
         with MetadataServer("aws") as metadata:
             environ = cloud_env(metadata, cloud="AWS", region="us-east-1", SKYGREEN_OFFERS=offers, ALERT_HOOK=hook.url)
-            settings = job.settings(tmp_path, budget_usd=2.0, budget_webhook_env="ALERT_HOOK", burn_alert_usd_per_hour=100.0)
+            settings = job.settings(
+                tmp_path, budget_usd=2.0, budget_webhook_env="ALERT_HOOK", burn_alert_usd_per_hour=100.0
+            )
             with pytest.raises(SystemExit) as stopped:
                 job.train(settings, 1000, environ=environ)
     finally:

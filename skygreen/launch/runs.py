@@ -167,9 +167,11 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
 
 def _plan(spec: TaskSpec, catalog_dir: Path | None):
     from skygreen.api import plan
-    from skygreen.costing import measured_speeds
+    from skygreen.costs.costing import measured_speeds
 
-    measured = {gpu: speed for gpu, (speed, _) in measured_speeds(spec, spec.source or "").items()} if spec.source else {}
+    measured = (
+        {gpu: speed for gpu, (speed, _) in measured_speeds(spec, spec.source or "").items()} if spec.source else {}
+    )
     return plan(spec, catalog_dir=catalog_dir, measured_speed=measured)
 
 
@@ -179,13 +181,15 @@ def _render(spec: TaskSpec, plan: Any | None, *, run_id: str, bucket: str, task_
 
     rate = offers = None
     if plan is not None:  # the planner's assumption for the cloud it ranked first
-        from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
         from skygreen.ledger.place import offers_env
+        from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
 
         cloud = plan.best.cloud
         rate = spec.green.preemption.rate_per_hour.get(cloud, DEFAULT_PREEMPTION_RATE_PER_HOUR.get(cloud))
         offers = offers_env(plan.candidates[: spec.green.max_candidates])  # prices for the VM's ledger
-    settings = RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate, offers=offers)
+    settings = RuntimeSettings.from_spec(
+        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate, offers=offers
+    )
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
 
 
@@ -264,7 +268,10 @@ def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunSta
     spend, estimated = _spend(record, job)
     energy_j = meta.get("energy_j")
     if meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
-        state, detail = BUDGET_STATE.upper(), f"stopped at its budget; raise it with `skygreen resume {record.run_id} --budget-usd N`"
+        state, detail = (
+            BUDGET_STATE.upper(),
+            f"stopped at its budget; raise it with `skygreen resume {record.run_id} --budget-usd N`",
+        )
     return RunStatus(
         run_id=record.run_id,
         task=record.task_path,
@@ -311,14 +318,14 @@ def _progress(url: str):
 def _spend(record: RunRecord, job: JobStatus | None) -> tuple[float | None, bool]:
     """Spend of every launch of the run so far, and whether any part of it is a guess.
 
-    From the run's ledger when it has one (`skygreen.costing.load_run_cost`). Otherwise (a run
+    From the run's ledger when it has one (`skygreen.costs.costing.load_run_cost`). Otherwise (a run
     from a runtime without a ledger):
     SkyPilot reports no cost per managed job, so each launch costs its job's run time times
     the catalog price of the offer it landed on; a job that does not say where it runs is
     priced at the plan's best offer (a guess). `job` is the current launch's status, already
     fetched; earlier launches (before a `resume`) are asked for theirs. A launch whose status
     is gone from SkyPilot's queue is left out."""
-    from skygreen.costing import load_run_cost
+    from skygreen.costs.costing import load_run_cost
 
     try:  # the run ledger, priced by the same function as `skygreen cost` and `compare`
         cost = load_run_cost(record)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import logging
 
+from skygreen.checkpoint.store import Store
 from skygreen.errors import StoreError
 from skygreen.ledger.records import LEDGER_DIR, Segment, is_segment_key, settle
-from skygreen.checkpoint.store import Store
 
 log = logging.getLogger("skygreen.ledger")
 

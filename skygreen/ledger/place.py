@@ -30,7 +30,15 @@ LOCAL = "local"
 def offers_env(candidates: Sequence[Any]) -> str:
     """The compact offers list for `SKYGREEN_OFFERS`, from plan candidates (best first)."""
     rows = [
-        [c.cloud, c.region, c.instance_type, c.accelerator, c.accelerator_count, bool(c.spot), round(c.price_usd_per_hour, 6)]
+        [
+            c.cloud,
+            c.region,
+            c.instance_type,
+            c.accelerator,
+            c.accelerator_count,
+            bool(c.spot),
+            round(c.price_usd_per_hour, 6),
+        ]
         for c in candidates
     ]
     return json.dumps(rows, separators=(",", ":"))
@@ -43,7 +51,7 @@ def parse_offers(raw: str | None) -> list[dict[str, Any]]:
     except ValueError:
         return []
     names = ("cloud", "region", "instance_type", "gpu", "gpu_count", "spot", "price_usd_per_hour")
-    return [dict(zip(names, row)) for row in rows if isinstance(row, list) and len(row) == len(names)]
+    return [dict(zip(names, row, strict=True)) for row in rows if isinstance(row, list) and len(row) == len(names)]
 
 
 def gpu_catalog_name(device_name: str | None, memory_gb: float | None = None) -> str | None:
@@ -74,7 +82,14 @@ def current_place(environ: Mapping[str, str], *, gpu: str | None, gpu_count: int
     except ValueError:
         info = {}
     if not isinstance(info, dict) or not info.get("cloud"):
-        return Place(cloud=LOCAL, gpu=gpu, gpu_count=gpu_count or (1 if gpu else 0), nodes=1, price_usd_per_hour=0.0, price_source="local")
+        return Place(
+            cloud=LOCAL,
+            gpu=gpu,
+            gpu_count=gpu_count or (1 if gpu else 0),
+            nodes=1,
+            price_usd_per_hour=0.0,
+            price_source="local",
+        )
     cloud = str(info["cloud"]).lower()
     region = info.get("region") or None
     zone = info.get("zone") or None

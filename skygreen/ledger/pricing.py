@@ -25,12 +25,13 @@ Pure: segments, prices and sizes are passed in.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from skygreen.ledger.records import BUDGET, CANCELLED, KILLED, PREEMPTED, Place, Segment
 from skygreen.plan import carbon
 from skygreen.plan.cost import PUE
-from skygreen.ledger.records import BUDGET, CANCELLED, KILLED, PREEMPTED, Place, Segment
 
 CONTROLLER_USD_PER_HOUR: Mapping[str, float] = {"aws": 0.192, "gcp": 0.194, "azure": 0.192}
 """On-demand list prices (us-east-1 m6i.xlarge, us-central1 n2-standard-4, eastus
@@ -173,7 +174,14 @@ def price_segment(segment: Segment, lookup: PriceLookup | None = None) -> Segmen
         pue = LOCAL_PUE if place.cloud == "local" else PUE.get(place.cloud, 1.2)
         co2e = carbon.co2e_kg(energy_kwh * pue, place.cloud, place.region or "")
         energy_kwh *= pue
-    return SegmentCost(segment=segment, price_usd_per_hour=price, price_source=source, cost_usd=cost, energy_kwh=energy_kwh, co2e_kg=co2e)
+    return SegmentCost(
+        segment=segment,
+        price_usd_per_hour=price,
+        price_source=source,
+        cost_usd=cost,
+        energy_kwh=energy_kwh,
+        co2e_kg=co2e,
+    )
 
 
 def run_cost(
@@ -200,8 +208,14 @@ def run_cost(
     controller = 0.0
     if segments and managed and not local:
         running = segments[-1].ended_at is None
-        controller = CONTROLLER_USD_PER_HOUR.get(segments[0].place.cloud, 0.0) * (span_s + (0.0 if running else CONTROLLER_AUTOSTOP_S)) / 3600.0
-    storage = storage_bytes / 1e9 * STORAGE_USD_PER_GB_MONTH.get(storage_scheme, 0.0) * span_s / 3600.0 / HOURS_PER_MONTH
+        controller = (
+            CONTROLLER_USD_PER_HOUR.get(segments[0].place.cloud, 0.0)
+            * (span_s + (0.0 if running else CONTROLLER_AUTOSTOP_S))
+            / 3600.0
+        )
+    storage = (
+        storage_bytes / 1e9 * STORAGE_USD_PER_GB_MONTH.get(storage_scheme, 0.0) * span_s / 3600.0 / HOURS_PER_MONTH
+    )
     lost_s, lost_usd, preemptions = _preemption_loss(priced)
     energies = [sc.energy_kwh for sc in priced if sc.energy_kwh is not None]
     co2 = [sc.co2e_kg for sc in priced if sc.co2e_kg is not None]
@@ -227,7 +241,9 @@ def run_cost(
         lost_s=lost_s,
         lost_usd=lost_usd,
         unpriced_segments=sum(1 for sc in priced if sc.price_usd_per_hour is None),
-        assumptions=assumptions(managed=managed and not local, storage_scheme=storage_scheme, storage_bytes=storage_bytes),
+        assumptions=assumptions(
+            managed=managed and not local, storage_scheme=storage_scheme, storage_bytes=storage_bytes
+        ),
         final_metrics=final_metrics(segments),
     )
 
@@ -237,7 +253,7 @@ def _preemption_loss(priced: Sequence[SegmentCost]) -> tuple[float, float, int]:
     next one's restart (process start to its first step) plus the steps it had to redo."""
     lost_s = lost_usd = 0.0
     count = 0
-    for prev, nxt in zip(priced, priced[1:]):
+    for prev, nxt in itertools.pairwise(priced):
         if prev.segment.end not in (PREEMPTED, KILLED, BUDGET):
             continue
         count += prev.segment.end != BUDGET
@@ -256,7 +272,7 @@ def final_metrics(segments: Sequence[Segment]) -> dict[str, float]:
     out: dict[str, tuple[float, float]] = {}
     for s in segments:
         for name, points in s.metrics.items():
-            for step, at, value in points:
+            for _step, at, value in points:
                 if name not in out or at >= out[name][0]:
                     out[name] = (at, value)
     return {name: value for name, (_, value) in out.items()}
@@ -266,7 +282,7 @@ def first_metrics(segments: Sequence[Segment]) -> dict[str, float]:
     out: dict[str, tuple[float, float]] = {}
     for s in segments:
         for name, points in s.metrics.items():
-            for step, at, value in points:
+            for _step, at, value in points:
                 if name not in out or at < out[name][0]:
                     out[name] = (at, value)
     return {name: value for name, (_, value) in out.items()}
@@ -274,9 +290,11 @@ def first_metrics(segments: Sequence[Segment]) -> dict[str, float]:
 
 def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tuple[str, ...]:
     lines = [
-        "compute: catalog price of each segment's offer x the runtime's lifetime on that VM x nodes "
-        "(provisioning and setup before training starts are not seen; a VM killed without warning "
-        "counts until its last ledger update)",
+        (
+            "compute: catalog price of each segment's offer x the runtime's lifetime on that VM x nodes "
+            "(provisioning and setup before training starts are not seen; a VM killed without warning "
+            "counts until its last ledger update)"
+        ),
     ]
     if managed:
         lines.append(
@@ -288,7 +306,9 @@ def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tu
         f"storage: {storage_bytes / 1e9:.3f} GB of checkpoints in the bucket now, at ${price:g}/GB-month "
         "(standard class) for the run's span; requests and egress not counted"
     )
-    lines.append("energy: GPU boards as metered by the runtime (CPU-only runs meter nothing) x the cloud's PUE; CO2e at the region's grid intensity")
+    lines.append(
+        "energy: GPU boards as metered by the runtime (CPU-only runs meter nothing) x the cloud's PUE; CO2e at the region's grid intensity"
+    )
     return tuple(lines)
 
 

@@ -64,7 +64,9 @@ class Place:
             raise ValueError("Place.cloud must be a cloud name or 'local'")
         if self.nodes < 1 or self.gpu_count < 0:
             raise ValueError(f"Place needs nodes >= 1 and gpu_count >= 0, got {self.nodes}, {self.gpu_count}")
-        if self.price_usd_per_hour is not None and not (math.isfinite(self.price_usd_per_hour) and self.price_usd_per_hour >= 0):
+        if self.price_usd_per_hour is not None and not (
+            math.isfinite(self.price_usd_per_hour) and self.price_usd_per_hour >= 0
+        ):
             raise ValueError(f"price_usd_per_hour must be a finite number >= 0, got {self.price_usd_per_hour}")
 
     @property
@@ -211,7 +213,9 @@ def settle(segments: Sequence[Segment]) -> list[Segment]:
     return out
 
 
-def add_point(series: Mapping[str, Sequence[tuple[int, float, float]]], name: str, point: tuple[int, float, float]) -> dict[str, tuple]:
+def add_point(
+    series: Mapping[str, Sequence[tuple[int, float, float]]], name: str, point: tuple[int, float, float]
+) -> dict[str, tuple]:
     """`series` with one more point for `name`, thinned to MAX_SERIES_POINTS."""
     out = {k: tuple(v) for k, v in series.items()}
     points = (*out.get(name, ()), point)

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from skygreen.checkpoint.store import Store
 from skygreen.errors import StoreError
 from skygreen.ledger.io import read_ledger, write_segment
 from skygreen.ledger.records import KILLED, RUNNING, Place, Segment, add_point, new_segment_key
-from skygreen.checkpoint.store import Store
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -24,11 +24,15 @@ log = logging.getLogger("skygreen.runtime")
 class LedgerWriter:
     """Owns one segment object; the only writer of it."""
 
-    def __init__(self, store: Store, *, run_id: str, place: Place, started_at: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, store: Store, *, run_id: str, place: Place, started_at: float, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store = store
         self.clock = clock
         self.earlier: list[Segment] = []
-        self.segment = Segment(run_id=run_id, key=new_segment_key(started_at), place=place, started_at=started_at, updated_at=started_at)
+        self.segment = Segment(
+            run_id=run_id, key=new_segment_key(started_at), place=place, started_at=started_at, updated_at=started_at
+        )
         self._energy_base_j: float | None = None
         self._warned = False
 
@@ -36,12 +40,21 @@ class LedgerWriter:
         """Read the earlier segments (for budgets) and write this one at its resume point."""
         try:
             # This VM replaces any segment still marked running: its VM is gone.
-            self.earlier = [replace(s, end=KILLED) if s.end == RUNNING else s for s in read_ledger(self.store) if s.key != self.segment.key]
+            self.earlier = [
+                replace(s, end=KILLED) if s.end == RUNNING else s
+                for s in read_ledger(self.store)
+                if s.key != self.segment.key
+            ]
         except StoreError as e:
             self._warn(e)
         self._energy_base_j = energy_j_total
         self.segment = replace(
-            self.segment, start_step=step, step=step, start_samples=samples, samples=samples, samples_per_epoch=samples_per_epoch
+            self.segment,
+            start_step=step,
+            step=step,
+            start_samples=samples,
+            samples=samples,
+            samples_per_epoch=samples_per_epoch,
         )
         self._write()
 
@@ -51,9 +64,13 @@ class LedgerWriter:
 
     def report(self, name: str, step: int, value: float) -> None:
         """Remember one reported metric value; written with the next update."""
-        self.segment = replace(self.segment, metrics=add_point(self.segment.metrics, name, (step, self.clock(), float(value))))
+        self.segment = replace(
+            self.segment, metrics=add_point(self.segment.metrics, name, (step, self.clock(), float(value)))
+        )
 
-    def update(self, *, step: int, samples: int, train_s: float, energy_j_total: float | None, end: str = RUNNING) -> None:
+    def update(
+        self, *, step: int, samples: int, train_s: float, energy_j_total: float | None, end: str = RUNNING
+    ) -> None:
         """Progress so far; `end` other than running closes the segment."""
         now = self.clock()
         energy = None
@@ -79,5 +96,8 @@ class LedgerWriter:
 
     def _warn(self, error: Exception) -> None:
         if not self._warned:
-            log.warning("run ledger not written (%s); training goes on, cost figures will miss this VM", str(error).splitlines()[0])
+            log.warning(
+                "run ledger not written (%s); training goes on, cost figures will miss this VM",
+                str(error).splitlines()[0],
+            )
             self._warned = True

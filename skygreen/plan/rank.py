@@ -360,7 +360,9 @@ def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def assumptions(model: RunModel, green: GreenSpec, *, measured_speed: Mapping[str, float] | None = None) -> tuple[str, ...]:
+def assumptions(
+    model: RunModel, green: GreenSpec, *, measured_speed: Mapping[str, float] | None = None
+) -> tuple[str, ...]:
     rates = ", ".join(f"{c} {r:g}/h" for c, r in sorted(model.preemption_rate_per_hour.items()))
     if model.checkpoint_interval_s is not None:
         interval = f"every {model.checkpoint_interval_s:g} s"

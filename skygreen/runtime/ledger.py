@@ -40,7 +40,16 @@ def parse_fractions(raw: str | None, name: str = "SKYGREEN_BUDGET_ALERTS") -> tu
 class RunBook:
     """Rank 0's ledger writer and budget tracker for one process."""
 
-    def __init__(self, *, store: Any, settings: Any, device_name: str | None, gpu_count: int, environ: Mapping[str, str], started_at: float) -> None:
+    def __init__(
+        self,
+        *,
+        store: Any,
+        settings: Any,
+        device_name: str | None,
+        gpu_count: int,
+        environ: Mapping[str, str],
+        started_at: float,
+    ) -> None:
         gpu = gpu_catalog_name(device_name) if device_name and device_name != "cpu" else None
         self.place = current_place(environ, gpu=gpu, gpu_count=gpu_count if gpu else 0)
         self.writer = LedgerWriter(store, run_id=settings.run_id, place=self.place, started_at=started_at)
@@ -62,11 +71,16 @@ class RunBook:
         return cls(**kwargs) if rank == 0 and not smoke else None
 
     def started(self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j: float) -> None:
-        self.writer.begin(step=step, samples=samples, samples_per_epoch=samples_per_epoch, energy_j_total=self._energy(energy_j))
+        self.writer.begin(
+            step=step, samples=samples, samples_per_epoch=samples_per_epoch, energy_j_total=self._energy(energy_j)
+        )
         if self.policy.active:
             self.tracker = BudgetTracker(self.policy, earlier=self.writer.earlier, managed=self.place.cloud != "local")
             if self.place.price_usd_per_hour is None and self.place.cloud != "local":
-                log.warning("budget: no price known for %s (not among the plan's offers); this VM's time is not counted", self.place.label)
+                log.warning(
+                    "budget: no price known for %s (not among the plan's offers); this VM's time is not counted",
+                    self.place.label,
+                )
         log.info("ledger: segment %s on %s", self.writer.segment.key, self.place.label)
 
     def step_started(self) -> None:
@@ -101,4 +115,3 @@ class RunBook:
 
     def _energy(self, energy_j: float) -> float | None:
         return energy_j if self.metering else None
-

@@ -399,7 +399,9 @@ class Run:
         )
         if self._book and state != "smoke":
             end = "early-stopped" if state == "completed" and self._stopping else state
-            self._book.progress(step=self.step_index, samples=self.samples_seen, energy_j=self.counters["energy_j"], end=end)
+            self._book.progress(
+                step=self.step_index, samples=self.samples_seen, energy_j=self.counters["energy_j"], end=end
+            )
         if wait:
             self.checkpointer.wait()
         if self._schedule is not None:
@@ -508,5 +510,7 @@ class Run:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._book and exc_type is not None and not issubclass(exc_type, SystemExit) and not self.completed:
             end = "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed"
-            self._book.progress(step=self.step_index, samples=self.samples_seen, energy_j=self.counters["energy_j"], end=end)
+            self._book.progress(
+                step=self.step_index, samples=self.samples_seen, energy_j=self.counters["energy_j"], end=end
+            )
         self.close()

@@ -11,17 +11,23 @@ from __future__ import annotations
 import base64
 import html
 import io
+import itertools
 import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from skygreen.costing import RunCostReport
+from skygreen.costs.costing import RunCostReport
 from skygreen.errors import InputError
 from skygreen.files import write_atomic
 from skygreen.ledger.records import KILLED, PREEMPTED
 
+_STYLE = (
+    "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}"
+    "pre{background:#f6f6f6;padding:1em;overflow:auto}img{max-width:100%}</style></head><body>"
+)
 CLOUD_COLORS = {"aws": "#ff9900", "gcp": "#4285f4", "azure": "#008ad7", "local": "#7f7f7f"}
 
 
@@ -48,7 +54,9 @@ def series(reports: Sequence[RunCostReport]) -> dict[str, Any]:
         for name in sorted({m for s in r.segments for m in s.metrics}):
             points = sorted((p for s in r.segments for p in s.metrics.get(name, ())), key=lambda p: (p[1], p[0]))
             metrics[name] = {"step": [p[0] for p in points], "value": [p[2] for p in points]}
-        preempted_at = [nxt.start_step for prev, nxt in zip(r.segments, r.segments[1:]) if prev.end in (PREEMPTED, KILLED)]
+        preempted_at = [
+            nxt.start_step for prev, nxt in itertools.pairwise(r.segments) if prev.end in (PREEMPTED, KILLED)
+        ]
         out["runs"].append({
             "run_id": c.run_id,
             "cost_by_cloud_usd": by_cloud,
@@ -71,7 +79,9 @@ def _matplotlib():
     try:
         import matplotlib
     except ModuleNotFoundError:
-        raise InputError("plots need matplotlib, which is not installed\n  fix: pip install 'skygreen[report]'") from None
+        raise InputError(
+            "plots need matplotlib, which is not installed\n  fix: pip install 'skygreen[report]'"
+        ) from None
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
@@ -142,7 +152,9 @@ def _loss(ax, data) -> None:
             ax.plot(points["step"], points["value"], marker=".", label=f"{r['run_id']} {name}")
             drawn = True
         for i, step in enumerate(r["preempted_at_step"]):
-            ax.axvline(step, color="red", linestyle="--", linewidth=1, label="preempted (resumed here)" if i == 0 else None)
+            ax.axvline(
+                step, color="red", linestyle="--", linewidth=1, label="preempted (resumed here)" if i == 0 else None
+            )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("reported metric")
     ax.set_title("Loss / metric with preemptions")
@@ -180,9 +192,7 @@ def html_page(reports: Sequence[RunCostReport], *, task_text: str | None = None,
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title>",
-        "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}"
-        "pre{background:#f6f6f6;padding:1em;overflow:auto}img{max-width:100%}</style></head><body>",
+        _STYLE,
         f"<h1>{html.escape(title)}</h1>",
         f"<p>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.</p>",
         f"<img id='figure' alt='cost by cloud, cost by segment, spend over time, loss with preemptions' src='data:image/png;base64,{png}'>",
@@ -193,7 +203,9 @@ def html_page(reports: Sequence[RunCostReport], *, task_text: str | None = None,
         parts += ["<h2>Task</h2>", f"<pre id='task'>{html.escape(task_text)}</pre>"]
     if plan:
         parts += _plan_section(plan)
-    parts.append(f"<script type='application/json' id='series'>{html.escape(json.dumps(series(reports)), quote=False)}</script>")
+    parts.append(
+        f"<script type='application/json' id='series'>{html.escape(json.dumps(series(reports)), quote=False)}</script>"
+    )
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -218,8 +230,10 @@ def _run_section(r: RunCostReport) -> list[str]:
         f"storage ${c.storage_usd:,.4f}. {c.steps} steps"
         + (f", {c.epochs:.2f} epochs" if c.epochs else "")
         + f"; {c.preemptions} preemption(s) cost {c.lost_s:.0f} s (${c.lost_usd:,.4f}).</p>",
-        "<table class='segments'><tr><th>#</th><th class='l'>where</th><th>hours</th><th class='l'>end</th><th>steps</th>"
-        f"<th>$/node-h</th><th>cost</th><th>kWh</th><th>kg CO2e</th></tr>{rows}</table>",
+        (
+            "<table class='segments'><tr><th>#</th><th class='l'>where</th><th>hours</th><th class='l'>end</th>"
+            f"<th>steps</th><th>$/node-h</th><th>cost</th><th>kWh</th><th>kg CO2e</th></tr>{rows}</table>"
+        ),
         f"<h3>Energy</h3><p class='energy'>{html.escape(energy)}</p>",
         "<h3>Assumptions</h3><ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in c.assumptions) + "</ul>",
     ]
@@ -238,8 +252,10 @@ def _plan_section(plan: Any) -> list[str]:
     return [
         "<h2>The plan it ran on</h2>",
         reason,
-        "<table class='plan'><tr><th class='l'>cloud</th><th class='l'>region</th><th class='l'>instance</th><th class='l'>GPUs</th>"
-        f"<th class='l'>kind</th><th>$/h</th><th>est. h</th><th>est. cost</th></tr>{rows}</table>",
+        (
+            "<table class='plan'><tr><th class='l'>cloud</th><th class='l'>region</th><th class='l'>instance</th>"
+            f"<th class='l'>GPUs</th><th class='l'>kind</th><th>$/h</th><th>est. h</th><th>est. cost</th></tr>{rows}</table>"
+        ),
     ]
 
 

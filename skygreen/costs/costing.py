@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.errors import CheckpointError, InputError, StoreError
+from skygreen.launch.registry import Registry, RunRecord
 from skygreen.ledger.pricing import RunCost, catalog_lookup, first_metrics, run_cost
 from skygreen.ledger.records import Segment
-from skygreen.launch.registry import Registry, RunRecord
 
 MEASURED_FILE = "measured.json"
 """Per run, beside run.json: throughput per GPU type the ledger measured (for `plan`)."""
@@ -46,7 +46,9 @@ class RunCostReport:
         return data
 
 
-def load_run_cost(record: RunRecord, *, catalog_dir: Path | None = None, registry: Registry | None = None) -> RunCost | None:
+def load_run_cost(
+    record: RunRecord, *, catalog_dir: Path | None = None, registry: Registry | None = None
+) -> RunCost | None:
     """The run's cost from its ledger, or None when it has no ledger (yet). The same figure for
     `status`, `cost` and `compare`; also refreshes the run's measured throughput for `plan`."""
     segments = read_segments(record)
@@ -72,7 +74,9 @@ def read_segments(record: RunRecord) -> list[Segment]:
     try:
         return read_run_ledger(record.checkpoint_url)
     except StoreError as e:
-        raise StoreError(f"run {record.run_id}: cannot read its ledger at {record.checkpoint_url}: {str(e).splitlines()[0]}") from e
+        raise StoreError(
+            f"run {record.run_id}: cannot read its ledger at {record.checkpoint_url}: {str(e).splitlines()[0]}"
+        ) from e
 
 
 def storage_bytes(url: str) -> int:
@@ -119,7 +123,9 @@ def cost_of_run(run_id: str, *, catalog_dir: Path | None = None, registry: Regis
     estimate = None
     if cost.local:
         estimate = estimate_task(record.task_path, catalog_dir=catalog_dir, registry=registry)
-    return RunCostReport(record=record, cost=cost, segments=tuple(sc.segment for sc in cost.segments), cloud_estimate=estimate)
+    return RunCostReport(
+        record=record, cost=cost, segments=tuple(sc.segment for sc in cost.segments), cloud_estimate=estimate
+    )
 
 
 # ---------------------------------------------------------------- a task, per cloud
@@ -158,11 +164,13 @@ class TaskEstimate:
         }
 
 
-def estimate_task(task_path: str | Path, *, catalog_dir: Path | None = None, registry: Registry | None = None) -> TaskEstimate:
+def estimate_task(
+    task_path: str | Path, *, catalog_dir: Path | None = None, registry: Registry | None = None
+) -> TaskEstimate:
     """Cost per run on each cloud's best region and instance, spot and on-demand, the plan's
     pick first; speeds measured by earlier runs of the task replace the shipped prior."""
-    from skygreen.plan.catalog import load_catalog
     from skygreen.errors import NoOfferError
+    from skygreen.plan.catalog import load_catalog
     from skygreen.plan.rank import make_plan
     from skygreen.spec import load_spec
 
@@ -174,16 +182,30 @@ def estimate_task(task_path: str | Path, *, catalog_dir: Path | None = None, reg
         pick = make_plan(spec, catalog, measured_speed=speeds).best
     except NoOfferError:
         pick = None
-    wide_green = dataclasses.replace(spec.green, spot=True, on_demand_fallback=True, budget_usd=None, max_price_per_hour=None)
+    wide_green = dataclasses.replace(
+        spec.green, spot=True, on_demand_fallback=True, budget_usd=None, max_price_per_hour=None
+    )
     wide = make_plan(dataclasses.replace(spec, green=wide_green), catalog, measured_speed=speeds)
     per_cloud: dict[str, dict[bool, Any]] = {}
     for c in wide.candidates:  # ranked: the first per (cloud, spot) is the best
         per_cloud.setdefault(c.cloud, {}).setdefault(c.spot, c)
-    order = sorted(per_cloud, key=lambda cl: (pick is None or cl != pick.cloud, min(x.est_cost_usd for x in per_cloud[cl].values())))
-    clouds = tuple(CloudEstimate(cloud=cl, spot=per_cloud[cl].get(True), on_demand=per_cloud[cl].get(False)) for cl in order)
+    order = sorted(
+        per_cloud,
+        key=lambda cl: (pick is None or cl != pick.cloud, min(x.est_cost_usd for x in per_cloud[cl].values())),
+    )
+    clouds = tuple(
+        CloudEstimate(cloud=cl, spot=per_cloud[cl].get(True), on_demand=per_cloud[cl].get(False)) for cl in order
+    )
     shown = {c.accelerator for ce in clouds for c in (ce.spot, ce.on_demand) if c is not None}
     labels = {gpu: (f"measured ({measured[gpu][1]} runs)" if gpu in measured else "prior") for gpu in sorted(shown)}
-    return TaskEstimate(task=str(task_path), pick=pick, clouds=clouds, speeds=labels, catalog_source=catalog.source, notices=catalog.notices)
+    return TaskEstimate(
+        task=str(task_path),
+        pick=pick,
+        clouds=clouds,
+        speeds=labels,
+        catalog_source=catalog.source,
+        notices=catalog.notices,
+    )
 
 
 # ---------------------------------------------------------------- measured throughput -> plan
@@ -210,7 +232,9 @@ def _save_measured(registry: Registry, record: RunRecord, segments: Sequence[Seg
         pass
 
 
-def measured_speeds(spec: Any, task_path: str | Path, *, registry: Registry | None = None) -> dict[str, tuple[float, int]]:
+def measured_speeds(
+    spec: Any, task_path: str | Path, *, registry: Registry | None = None
+) -> dict[str, tuple[float, int]]:
     """Relative speeds (A100 = 1.0, as `skygreen.gpus`) measured by earlier runs of this task,
     with how many runs measured each: GPU -> (speed, runs).
 
@@ -278,7 +302,9 @@ class CompareRow:
         }
 
 
-def compare_runs(run_ids: Sequence[str], *, catalog_dir: Path | None = None, registry: Registry | None = None) -> list[CompareRow]:
+def compare_runs(
+    run_ids: Sequence[str], *, catalog_dir: Path | None = None, registry: Registry | None = None
+) -> list[CompareRow]:
     registry = registry or Registry()
     rows = []
     for run_id in run_ids:
