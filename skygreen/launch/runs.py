@@ -27,6 +27,7 @@ from skygreen.errors import (
 from skygreen.files import write_atomic
 from skygreen.launch.launcher import JobState, JobStatus, Launcher, cloud_launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
+from skygreen.launch.spend import run_spend
 from skygreen.spec import TaskSpec, load_spec
 
 LOCAL = "local"
@@ -265,7 +266,7 @@ def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunSta
         detail = f"{detail}: {job.failure_reason}" if detail else job.failure_reason
     if job and job.state.value != record.state:
         registry.save(dataclasses.replace(record, state=job.state.value))
-    spend, estimated = _spend(record, job)
+    spend, estimated = run_spend(record, job, job_status_of=lambda job_id: _job_status_of(record, job_id))
     energy_j = meta.get("energy_j")
     if meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
         state, detail = (
@@ -315,54 +316,11 @@ def _progress(url: str):
         return None, str(e).splitlines()[0]
 
 
-def _spend(record: RunRecord, job: JobStatus | None) -> tuple[float | None, bool]:
-    """Spend of every launch of the run so far, and whether any part of it is a guess.
-
-    From the run's ledger when it has one (`skygreen.costs.costing.load_run_cost`). Otherwise (a run
-    from a runtime without a ledger):
-    SkyPilot reports no cost per managed job, so each launch costs its job's run time times
-    the catalog price of the offer it landed on; a job that does not say where it runs is
-    priced at the plan's best offer (a guess). `job` is the current launch's status, already
-    fetched; earlier launches (before a `resume`) are asked for theirs. A launch whose status
-    is gone from SkyPilot's queue is left out."""
-    from skygreen.costs.costing import load_run_cost
-
-    try:  # the run ledger, priced by the same function as `skygreen cost` and `compare`
-        cost = load_run_cost(record)
-    except SkygreenError:  # an unreadable ledger or catalog: fall back to the launcher's view
-        cost = None
-    if cost is not None:
-        return cost.total_usd, cost.unpriced_segments > 0
-    if record.mode == LOCAL:
-        return 0.0, False
-    offers = list((record.plan_summary or {}).get("offers", ()))
-    if not offers:
-        return None, False
-    jobs = [_job_status_of(record, launch.job_id) for launch in record.launches[:-1]] + [job]
-    priced = [_launch_spend(offers, j) for j in jobs if j is not None and j.duration_s is not None]
-    if not priced:
-        return None, False
-    return sum(usd for usd, _ in priced), any(guessed for _, guessed in priced)
-
-
 def _job_status_of(record: RunRecord, job_id: str) -> JobStatus | None:
     try:
         return launcher_for(record).status(job_id)
     except LaunchError:
         return None
-
-
-def _launch_spend(offers: list[Mapping[str, Any]], job: JobStatus) -> tuple[float, bool]:
-    landed = [
-        o
-        for o in offers
-        if o["cloud"] == job.cloud
-        and (job.region is None or o["region"] == job.region)
-        and (not job.accelerators or o["accelerator"] in job.accelerators)
-    ]
-    offer = landed[0] if landed else offers[0]
-    price = float(offer["price_usd_per_hour"]) * int(offer.get("num_nodes") or 1)
-    return job.duration_s / 3600.0 * price, not landed
 
 
 def _where(job: JobStatus | None) -> str | None:
@@ -414,7 +372,9 @@ def resume(
         task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
     if budget_usd is not None:
         task.setdefault("envs", {})[BUDGET_ENV] = f"{budget_usd:g}"
-        write_atomic(Path(record.task_yaml), _task_yaml_text(task))
+        from skygreen.launch.render import to_yaml
+
+        write_atomic(Path(record.task_yaml), to_yaml(task))
     launcher = _local_launcher(environ) if to_local else launcher_for(record)
     record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
     return _launch(registry, record, launcher, task, _resume_secrets(record, environ))
@@ -428,12 +388,6 @@ def _check_new_budget(record: RunRecord, budget_usd: float | None) -> None:
             f"run {record.run_id} stopped at its budget of ${old}{given}\n"
             f"  fix: `skygreen resume {record.run_id} --budget-usd N` with N above {old}"
         )
-
-
-def _task_yaml_text(task: Mapping[str, Any]) -> str:
-    from skygreen.launch.render import to_yaml
-
-    return to_yaml(dict(task))
 
 
 def _read_task_yaml(record: RunRecord) -> dict[str, Any]:

@@ -25,6 +25,13 @@ BUDGET_CHECK_EVERY_S = 1.0
 """Spend grows with time, not steps: checking once a second is plenty and costs nothing."""
 
 
+def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        return int(environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
 def parse_fractions(raw: str | None, name: str = "SKYGREEN_BUDGET_ALERTS") -> tuple[float, ...]:
     if not raw:
         return DEFAULT_ALERT_FRACTIONS
@@ -69,6 +76,40 @@ class RunBook:
     @classmethod
     def for_rank(cls, *, rank: int, smoke: bool, **kwargs: Any) -> RunBook | None:
         return cls(**kwargs) if rank == 0 and not smoke else None
+
+    @classmethod
+    def for_run(cls, run: Any, environ: Mapping[str, str]) -> RunBook | None:
+        """The book of a `skygreen.runtime.Run` (None on ranks other than 0 and in the smoke
+        test). GPUs per node: torchrun's LOCAL_WORLD_SIZE (SkyPilot's count wins in the place)."""
+        cuda = run.device.type == "cuda"
+        return cls.for_rank(
+            rank=run.rank,
+            smoke=run.smoke,
+            store=run.checkpointer.store,
+            settings=run.settings,
+            device_name=run.facts.name if cuda else None,
+            gpu_count=_int_env(environ, "LOCAL_WORLD_SIZE", 1) if cuda else 0,
+            environ=environ,
+            started_at=time.time(),
+        )
+
+    def started_from(self, run: Any) -> None:
+        """After the resume: the step, samples and energy the run continues from."""
+        self.started(
+            step=run.step_index,
+            samples=run.samples_seen,
+            samples_per_epoch=run.stream.dataset_len,
+            energy_j=run.counters["energy_j"],
+        )
+
+    def progress_of(self, run: Any, end: str = "running") -> None:
+        self.progress(step=run.step_index, samples=run.samples_seen, energy_j=run.counters["energy_j"], end=end)
+
+    def exited(self, run: Any, exc_type: type[BaseException]) -> None:
+        """The training loop left with an exception: cancelled (Ctrl-C) or failed. SystemExit
+        is the runtime's own exit (preempted, budget), already written."""
+        if not issubclass(exc_type, SystemExit):
+            self.progress_of(run, "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed")
 
     def started(self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j: float) -> None:
         self.writer.begin(

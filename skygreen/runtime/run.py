@@ -135,16 +135,7 @@ class Run:
             metric_mode=self.settings.early_stop_mode,
         )
         self.stopper = self._make_stopper()
-        self._book = RunBook.for_rank(  # the run ledger and budget, rank 0 only
-            rank=self.rank,
-            smoke=self.smoke,
-            store=self.checkpointer.store,
-            settings=self.settings,
-            device_name=self.facts.name if self.device.type == "cuda" else None,
-            gpu_count=torch.cuda.device_count() if self.device.type == "cuda" else 0,
-            environ=self._environ,
-            started_at=time.time(),
-        )
+        self._book = RunBook.for_run(self, self._environ)  # the run ledger and budget: rank 0's only
         self.step_index = 0
         self.samples_seen = 0
         self.counters: dict[str, float] = {"energy_j": 0.0, "wall_s": 0.0, "preemptions": 0, "restarts": 0}
@@ -262,9 +253,8 @@ class Run:
         self._stopping = stop
         if budget and not sigterm:
             self._save(state="budget", wait=True)
-            message = self._book.stop_message() if self._book else "budget reached"
             self.close()
-            log.warning("%s", message)
+            log.warning("%s", self._book.stop_message() if self._book else "budget reached")
             raise SystemExit(0)
         if sigterm:
             self.counters["preemptions"] += 1
@@ -398,10 +388,7 @@ class Run:
             pin=pin,
         )
         if self._book and state != "smoke":
-            end = "early-stopped" if state == "completed" and self._stopping else state
-            self._book.progress(
-                step=self.step_index, samples=self.samples_seen, energy_j=self.counters["energy_j"], end=end
-            )
+            self._book.progress_of(self, "early-stopped" if state == "completed" and self._stopping else state)
         if wait:
             self.checkpointer.wait()
         if self._schedule is not None:
@@ -438,8 +425,7 @@ class Run:
         )
         self._started_s = time.monotonic()
         if self._book and not self.completed:
-            self._book.started(step=self.step_index, samples=self.samples_seen,
-                               samples_per_epoch=self.stream.dataset_len, energy_j=self.counters["energy_j"])  # fmt: skip
+            self._book.started_from(self)
         self._schedule = CheckpointSchedule(policy, start_step=self.step_index, start_s=self._started_s)
 
     def _restore(self, loaded: Any) -> None:
@@ -508,9 +494,6 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self._book and exc_type is not None and not issubclass(exc_type, SystemExit) and not self.completed:
-            end = "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed"
-            self._book.progress(
-                step=self.step_index, samples=self.samples_seen, energy_j=self.counters["energy_j"], end=end
-            )
+        if self._book and exc_type is not None and not self.completed:
+            self._book.exited(self, exc_type)
         self.close()
