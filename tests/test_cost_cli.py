@@ -205,3 +205,18 @@ def test_budget_settings_reach_the_runtime_environment(tmp_path):
 def test_cost_of_an_unknown_run_exits_2(private_home):
     out = skygreen("cost", "no-such-run")
     assert out.returncode == 2 and "no run 'no-such-run'" in out.stderr
+
+
+def test_a_local_run_whose_task_file_is_gone_still_gets_its_cost(task, tmp_path):
+    local = Place(cloud="local", price_usd_per_hour=0.0, price_source="local")
+    add_run(
+        task,
+        "demo-l",
+        [{"place": local, "at_h": 0, "hours": 0.5, "steps": (0, 50), "samples": (0, 1600)}],
+        mode="local",
+        bucket=tmp_path / "b",
+    )
+    task.unlink()
+    out = skygreen("cost", "demo-l")
+    assert out.returncode == 0, out.stderr
+    assert "total $0.00" in out.stdout and "no estimate on the clouds: task file not found" in out.stdout

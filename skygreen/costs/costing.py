@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skygreen.errors import CheckpointError, InputError, StoreError
+from skygreen.errors import CheckpointError, InputError, SkygreenError, StoreError
 from skygreen.launch.registry import Registry, RunRecord
 from skygreen.ledger.pricing import RunCost, catalog_lookup, first_metrics, run_cost
 from skygreen.ledger.records import Segment
@@ -36,6 +36,8 @@ class RunCostReport:
     segments: tuple[Segment, ...]
     cloud_estimate: TaskEstimate | None = None
     """For a `--local` run: the same task priced on each cloud's best offer (an estimate)."""
+    estimate_error: str | None = None
+    """Why a local run got no estimate (its task file moved, no offer fits)."""
 
     def to_json(self) -> dict[str, Any]:
         data = self.cost.to_json()
@@ -43,6 +45,8 @@ class RunCostReport:
         data["mode"] = self.record.mode
         if self.cloud_estimate is not None:
             data["cloud_estimate"] = self.cloud_estimate.to_json()
+        if self.estimate_error:
+            data["cloud_estimate_error"] = self.estimate_error
         return data
 
 
@@ -120,12 +124,14 @@ def cost_of_run(run_id: str, *, catalog_dir: Path | None = None, registry: Regis
             "  fix: wait for its first step (the runtime writes the ledger when training starts), "
             "or check that the run uses this version of the skygreen runtime"
         )
-    estimate = None
+    estimate, why = None, None
     if cost.local:
-        estimate = estimate_task(record.task_path, catalog_dir=catalog_dir, registry=registry)
-    return RunCostReport(
-        record=record, cost=cost, segments=tuple(sc.segment for sc in cost.segments), cloud_estimate=estimate
-    )
+        try:
+            estimate = estimate_task(record.task_path, catalog_dir=catalog_dir, registry=registry)
+        except SkygreenError as e:  # the run's own cost stands without it
+            why = str(e).splitlines()[0]
+    segments = tuple(sc.segment for sc in cost.segments)
+    return RunCostReport(record=record, cost=cost, segments=segments, cloud_estimate=estimate, estimate_error=why)
 
 
 # ---------------------------------------------------------------- a task, per cloud

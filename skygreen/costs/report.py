@@ -64,6 +64,8 @@ def print_run_cost(report: RunCostReport, out: TextIO) -> None:
     out.write("assumptions:\n")
     for line in c.assumptions:
         out.write(f"  - {line}\n")
+    if report.estimate_error:
+        out.write(f"\nno estimate on the clouds: {report.estimate_error}\n")
     if report.cloud_estimate is not None:
         out.write("\nESTIMATE, not a bill: the same task on each cloud's best offer\n")
         print_task_estimate(report.cloud_estimate, out, header=False)
