@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from skygreen import exit_codes
 from skygreen.errors import SkygreenError
 
 # click, not Typer: Typer builds its parameters through pydantic (about 0.3 s of imports),
@@ -146,22 +147,37 @@ def up(
 
 
 def _follow_local(run_id: str) -> None:
-    """Stream a local run's output until it ends; Ctrl-C stops following, not the run."""
+    """Stream a local run's output until it ends, then exit with its outcome
+    (`skygreen.exit_codes`); Ctrl-C stops following, not the run."""
     from skygreen import api
     from skygreen.launch.report import print_status_detail
 
     try:
         api.logs(run_id, follow=True)
     except KeyboardInterrupt:
-        sys.stderr.write(
-            f"\nstopped following; run {run_id} continues in the background "
-            f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n"
-        )
-        raise click.exceptions.Exit(130) from None
+        _stopped_following(run_id)
     (final,) = api.status(run_id)
     print_status_detail(final, sys.stdout)
-    if final.state != "SUCCEEDED":
-        raise click.exceptions.Exit(1)
+    _exit_with_outcome(final)
+
+
+def _stopped_following(run_id: str) -> None:
+    sys.stderr.write(f"\nstopped following; run {run_id} continues in the background "
+                     f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n")
+    raise click.exceptions.Exit(exit_codes.INTERRUPTED)
+
+
+def _exit_with_outcome(final) -> None:
+    """Exit as `skygreen.exit_codes` says for a run that ended as `final` (a RunStatus)."""
+    code = exit_codes.for_outcome(final.state, has_checkpoint=final.step is not None)
+    if code == exit_codes.STOPPED_WITH_CHECKPOINT:
+        sys.stderr.write(f"run {final.run_id} {final.state.lower()} with a checkpoint at step {final.step}; "
+                         f"`skygreen resume {final.run_id}` continues it\n")
+    elif code != exit_codes.SUCCEEDED:
+        sys.stderr.write(f"run {final.run_id} ended {final.state}" + (f" - {final.detail.splitlines()[0]}" if final.detail else "")
+                         + (" with no checkpoint to resume from" if final.state in ("STOPPED", "CANCELLED") else "") + "\n")
+    if code != exit_codes.SUCCEEDED:
+        raise click.exceptions.Exit(code)
 
 
 @app.command()
@@ -213,10 +229,22 @@ def cancel(run: str) -> None:
 @run_argument
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the run ends.")
 def logs(run: str, follow: bool) -> None:
-    """Print a run's output (the training script's stdout and stderr)."""
+    """Print a run's output (the training script's stdout and stderr).
+
+    With --follow, exits with the run's outcome once it ends (0 succeeded, 1 failed, 75
+    stopped with a checkpoint; see the README's exit codes).
+    """
     from skygreen import api
 
-    api.logs(run, follow=follow)
+    try:
+        api.logs(run, follow=follow)
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+        _stopped_following(run)
+    if follow:
+        (final,) = api.status(run)
+        _exit_with_outcome(final)
 
 
 @app.command()
@@ -264,25 +292,37 @@ def smoke(task: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point."""
+    """Console entry point: exits with a code from `skygreen.exit_codes`."""
+    sys.exit(run_command(argv))
+
+
+def run_command(argv: list[str] | None = None) -> int:
+    """Run one `skygreen` command; return its exit code. Errors print one message, no
+    traceback (unless SKYGREEN_DEBUG=1)."""
+    debug = os.environ.get("SKYGREEN_DEBUG") == "1"
     try:
-        app.main(args=argv, prog_name="skygreen", standalone_mode=False)
+        code = app.main(args=argv, prog_name="skygreen", standalone_mode=False)
     except SkygreenError as e:
-        if os.environ.get("SKYGREEN_DEBUG") == "1":
+        if debug:
             raise
         sys.stderr.write(f"error: {e}\n")
-        sys.exit(e.exit_code)
+        return e.exit_code
     except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+        return e.exit_code
+    except click.exceptions.Abort as e:
+        if isinstance(e.__context__, KeyboardInterrupt):
+            sys.stderr.write("interrupted\n")
+            return exit_codes.INTERRUPTED
         sys.stderr.write("aborted\n")
-        sys.exit(1)
+        return exit_codes.FAILED
     except click.ClickException as e:
         e.show()
-        sys.exit(e.exit_code)
+        return e.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        sys.exit(130)
+        return exit_codes.INTERRUPTED
+    # click returns the code of an `Exit` raised inside a command when not standalone.
+    return code if isinstance(code, int) else exit_codes.SUCCEEDED
 
 
 if __name__ == "__main__":
