@@ -10,6 +10,7 @@ input and 1 for failures; `SKYGREEN_DEBUG=1` shows the traceback instead.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -198,6 +199,11 @@ def status(run: str | None, json_output: bool) -> None:
         print_status_table(rows, sys.stdout)
     else:
         print_status_detail(rows[0], sys.stdout)
+    unreachable = {r.progress_error for r in rows if r.unreachable_bucket and r.progress_error}
+    for line in sorted(unreachable):  # progress unknown is a failure, not a state
+        sys.stderr.write(f"error: {line}\n")
+    if unreachable:
+        raise click.exceptions.Exit(exit_codes.FAILED)
 
 
 @app.command()
@@ -300,6 +306,8 @@ def run_command(argv: list[str] | None = None) -> int:
     """Run one `skygreen` command; return its exit code. Errors print one message, no
     traceback (unless SKYGREEN_DEBUG=1)."""
     debug = os.environ.get("SKYGREEN_DEBUG") == "1"
+    if not debug:  # each retry of a bucket call would print a line; the final error says it all
+        logging.getLogger("skygreen.store").addHandler(logging.NullHandler())
     try:
         code = app.main(args=argv, prog_name="skygreen", standalone_mode=False)
     except SkygreenError as e:

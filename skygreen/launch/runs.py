@@ -77,6 +77,8 @@ class RunStatus:
     where: str | None
     checkpoint_url: str
     progress_error: str | None = None
+    unreachable_bucket: str | None = None
+    """The checkpoint URL, when its bucket did not answer (`progress_error` says how)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -201,20 +203,16 @@ def _smoke(task_path: Path):
 
 def preflight_bucket(bucket: str, run_id: str) -> None:
     """Write, read back and delete one small object under the run's prefix, so a missing
-    bucket or a missing permission stops `up` before any VM starts."""
-    from skygreen.checkpoint.store import open_store
+    bucket, a missing permission or a bucket that does not answer stops `up` before any VM
+    starts (within `skygreen.launch.bucket.DEADLINE_S`)."""
+    from skygreen.launch.bucket import BucketUnreachableError, check_writable
 
-    url = f"{bucket.rstrip('/')}/{run_id}"
-    key = f"preflight-{_random.token_hex(4)}"
-    probe = b"skygreen preflight\n"
     try:
-        store = open_store(url)
-        store.put(key, probe)
-        if store.get(key) != probe:
-            raise StoreError(f"{url}: a test object read back different bytes")
-        store.delete(key)
+        check_writable(bucket, run_id)
+    except BucketUnreachableError:
+        raise
     except StoreError as e:
-        raise StoreError(
+        raise type(e)(
             f"checkpoint bucket {bucket} is not usable: {e}\n"
             "  fix: create the bucket (or folder) and grant this machine and the VMs write access, "
             "or set another skygreen.checkpoint.bucket"
@@ -240,13 +238,14 @@ def status(run_id: str | None = None, *, registry: Registry | None = None) -> li
     """The named run, or every run on this machine (newest last)."""
     registry = registry or Registry()
     records = [registry.load(run_id)] if run_id else registry.list()
-    return [run_status(record, registry=registry) for record in records]
+    unreachable: dict[str, str] = {}  # one wait per bucket that does not answer, not one per run
+    return [run_status(record, registry=registry, unreachable=unreachable) for record in records]
 
 
-def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunStatus:
+def run_status(record: RunRecord, *, registry: Registry | None = None, unreachable: dict[str, str] | None = None) -> RunStatus:
     registry = registry or Registry()
     job, job_error = _job_status(record)
-    manifest, progress_error = _progress(record.checkpoint_url)
+    manifest, progress_error = _progress(record, {} if unreachable is None else unreachable)
     meta = dict(manifest.meta) if manifest else {}
     state = job.state.value if job else record.state
     detail = job_error or (job.detail if job else None)
@@ -278,6 +277,7 @@ def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunSta
         where=_where(job),
         checkpoint_url=record.checkpoint_url,
         progress_error=progress_error,
+        unreachable_bucket=record.checkpoint_url if record.bucket in (unreachable or {}) else None,
     )
 
 
@@ -290,11 +290,19 @@ def _job_status(record: RunRecord) -> tuple[JobStatus | None, str | None]:
         return None, str(e).splitlines()[0]
 
 
-def _progress(url: str):
+def _progress(record: RunRecord, unreachable: dict[str, str]):
+    """The latest manifest and None, or None and a one-line error. `unreachable` maps the
+    buckets that did not answer to their error, filled in here and skipped after."""
+    from skygreen.launch.bucket import BucketUnreachableError, within_deadline
     from skygreen.checkpoint.manifest import read_progress
 
+    if record.bucket in unreachable:
+        return None, unreachable[record.bucket]
     try:
-        return read_progress(url), None
+        return within_deadline(record.bucket, lambda: read_progress(record.checkpoint_url)), None
+    except BucketUnreachableError as e:
+        unreachable[record.bucket] = str(e)
+        return None, str(e)
     except (StoreError, CheckpointError) as e:
         return None, str(e).splitlines()[0]
 
@@ -356,6 +364,9 @@ def resume(
     environ = os.environ if environ is None else environ
     registry = registry or Registry()
     record = registry.load(run_id)
+    from skygreen.launch.bucket import check_writable
+
+    check_writable(record.bucket, record.run_id)  # before any process starts: a dead bucket fails here, in one line
     current = run_status(record, registry=registry)
     if current.completed:
         raise InputError(
