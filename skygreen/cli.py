@@ -116,10 +116,8 @@ def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
 @app.command()
 @task_argument
 @click.option("--local", is_flag=True, help="Run on this machine (CPU, or a local GPU) instead of the cloud.")
-@click.option("--dryrun", is_flag=True, help="Print the plan and write the SkyPilot YAML; launch nothing.")
-@click.option(
-    "--output", "-o", type=click.Path(path_type=Path), default=None, help="Also write the rendered SkyPilot YAML here."
-)
+@click.option("--dryrun", is_flag=True, help="Every check up makes (smoke test, bucket), the plan and the SkyPilot YAML; launch nothing.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=None, help="Also write the rendered SkyPilot YAML here.")
 @click.option("--no-smoke", is_flag=True, help="Skip the CPU smoke test of the training script.")
 @click.option("--detach", "-d", is_flag=True, help="With --local: return at once instead of following the run.")
 @catalog_option
@@ -138,6 +136,7 @@ def up(
 
             print_plan(result.plan, top=10)
     if dryrun:
+        _print_dryrun_checks(result, smoke=not no_smoke)
         sys.stdout.write(f"wrote {result.yaml_path} (dry run: nothing launched)\n")
         return
     from skygreen.launch.report import print_launched
@@ -145,6 +144,18 @@ def up(
     print_launched(result, sys.stdout)
     if local and not detach:
         _follow_local(result.run_id)
+
+
+def _print_dryrun_checks(result, *, smoke: bool) -> None:
+    """What the dry run checked, and in one line each what it did not."""
+    if result.smoke is not None:
+        sys.stdout.write(f"{result.smoke.line} ({result.smoke.duration_s:.1f} s)\n")
+    if result.bucket_unchecked:
+        print_notice(f"dry run did not check the checkpoint bucket {result.bucket}: {result.bucket_unchecked} (the VMs use their own)")
+    else:
+        sys.stdout.write(f"checkpoint bucket {result.bucket}: writable\n")
+    if not smoke:
+        print_notice("dry run did not run the smoke test (--no-smoke)")
 
 
 def _follow_local(run_id: str) -> None:

@@ -44,6 +44,10 @@ class UpResult:
     record: RunRecord | None
     """None for a dry run: nothing was launched or recorded."""
     smoke: Any | None = None
+    """The smoke test's `SmokeResult`; None with `--no-smoke`."""
+    bucket: str | None = None
+    bucket_unchecked: str | None = None
+    """A dry run that could not check the bucket from this machine says why (no credentials)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,11 +114,13 @@ def up(
     from skygreen.launch.render import to_yaml
 
     yaml_text = to_yaml(task)
-    if dryrun:
+    smoke_result = _smoke(task_path) if smoke else None
+    if dryrun:  # every check `up` makes, then the YAML; only the launch is left out
+        unchecked = _preflight_unless_no_credentials(bucket, run_id)
         path = Path(output) if output else data_dir(environ) / "dryrun" / f"{run_id}.yaml"
         write_atomic(path, yaml_text)
-        return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None)
-    smoke_result = _smoke(task_path) if smoke else None
+        return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None, smoke=smoke_result,
+                        bucket=bucket, bucket_unchecked=unchecked)  # fmt: skip
     preflight_bucket(bucket, run_id)
     launcher = _local_launcher(environ) if local else cloud_launcher()
     yaml_path = registry.run_dir(run_id) / "task.yaml"
@@ -219,9 +225,19 @@ def preflight_bucket(bucket: str, run_id: str) -> None:
         ) from e
 
 
-def _launch(
-    registry: Registry, record: RunRecord, launcher: Launcher, task: Mapping[str, Any], secrets: Mapping[str, str]
-) -> RunRecord:
+def _preflight_unless_no_credentials(bucket: str, run_id: str) -> str | None:
+    """The bucket preflight of a dry run. A laptop without the cloud's credentials cannot
+    check a bucket only the VMs can write: that is not a failure, and the reason is returned."""
+    from skygreen.checkpoint.store import NoCredentialsError
+
+    try:
+        preflight_bucket(bucket, run_id)
+    except NoCredentialsError as e:
+        return str(e.__cause__ or e).splitlines()[0].partition(": ")[2] or "no credentials on this machine"
+    return None
+
+
+def _launch(registry: Registry, record: RunRecord, launcher: Launcher, task: Mapping[str, Any], secrets: Mapping[str, str]) -> RunRecord:
     try:
         job_id = launcher.launch(task, name=record.run_id, secrets=secrets)
     except SkygreenError:
