@@ -315,7 +315,18 @@ def main(argv: list[str] | None = None) -> None:
 
 def run_command(argv: list[str] | None = None) -> int:
     """Run one `skygreen` command; return its exit code. Errors print one message, no
-    traceback (unless SKYGREEN_DEBUG=1)."""
+    traceback (unless SKYGREEN_DEBUG=1); output that is not a terminal gets no ANSI codes."""
+    from skygreen.terminal import plain_unless_terminal
+
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = plain_unless_terminal(sys.stdout), plain_unless_terminal(sys.stderr)
+    try:
+        return _run_command(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _run_command(argv: list[str] | None) -> int:
     debug = os.environ.get("SKYGREEN_DEBUG") == "1"
     if not debug:  # each retry of a bucket call would print a line; the final error says it all
         logging.getLogger("skygreen.store").addHandler(logging.NullHandler())
