@@ -226,7 +226,11 @@ def load_spec(path: str | Path) -> TaskSpec:
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read task file {path}: {e}") from e
     try:
-        return parse_spec_text(text, source=str(path))
+        spec = parse_spec_text(text, source=str(path))
+        from skygreen.task_checks import check_task  # noqa: PLC0415 - it imports render, which imports spec
+
+        check_task(spec)  # rules across fields, so plan, up, --dryrun and smoke stop on them alike
+        return spec
     except SpecError as e:
         raise e.with_source(str(path)) from None
 

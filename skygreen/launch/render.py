@@ -39,26 +39,12 @@ from skygreen.errors import NoOfferError, SpecError
 from skygreen.launch.launcher import PREEMPTED_EXIT_CODE
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
+from skygreen.task_checks import OWNED_RESOURCE_KEYS
 
 TORCHRUN_MASTER_PORT = 29500
 SOURCE_MOUNT = "~/.skygreen/src"
 """Where a source checkout of skygreen is mounted on the VM when it is installed from one."""
 
-# Resource keys skygreen decides from the `skygreen:` section; the task must not set them itself.
-_OWNED_RESOURCE_KEYS: dict[str, str] = {
-    "accelerators": "skygreen.gpus and skygreen.gpu_count",
-    "gpus": "skygreen.gpus and skygreen.gpu_count",
-    "instance_type": "skygreen.gpus",
-    "infra": "skygreen.clouds and skygreen.regions",
-    "cloud": "skygreen.clouds",
-    "region": "skygreen.regions",
-    "zone": "skygreen.regions",
-    "any_of": "skygreen.gpus, skygreen.clouds and skygreen.regions",
-    "ordered": "skygreen.gpus, skygreen.clouds and skygreen.regions",
-    "use_spot": "skygreen.spot",
-    "job_recovery": "skygreen.recovery",
-    "spot_recovery": "skygreen.recovery",
-}
 _PYTHON = ("python", "python3")
 
 
@@ -191,7 +177,7 @@ def to_yaml(task: Mapping[str, Any]) -> str:
 
 def _resources(spec: TaskSpec, plan: Any, user_resources: Any) -> dict[str, Any]:
     base = dict(user_resources or {})
-    for key, owner in _OWNED_RESOURCE_KEYS.items():
+    for key, owner in OWNED_RESOURCE_KEYS.items():
         if key in base:
             raise SpecError(
                 f"resources.{key}",
@@ -320,7 +306,7 @@ def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool) -> str
         raise SpecError("run", "is required: the command that trains", hint="add e.g. `run: python train.py`")
     command = str(command).strip()
     if distributed and (spec.green.gpu_count > 1 or spec.num_nodes > 1):
-        command = _torchrun(command, spec)
+        command = torchrun_command(command, spec)
     return _template("run.sh.tmpl").substitute(
         version=__version__,
         run_id=settings.run_id,
@@ -329,7 +315,7 @@ def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool) -> str
     )
 
 
-def _torchrun(command: str, spec: TaskSpec) -> str:
+def torchrun_command(command: str, spec: TaskSpec) -> str:
     """`python train.py ARGS` -> `torchrun <SkyPilot's node layout> train.py ARGS`.
 
     Only a one-line `python SCRIPT|-m MODULE ...` command can be rewritten safely; a command
