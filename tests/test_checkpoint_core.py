@@ -17,7 +17,6 @@ from skygreen.checkpoint.manifest import (
     SHARED_BLOB,
     BlobInfo,
     Manifest,
-    apply_retention,
     blob_info,
     committed_steps,
     deletable_steps,
@@ -30,6 +29,7 @@ from skygreen.checkpoint.manifest import (
 )
 from skygreen.checkpoint.store import open_store
 from skygreen.errors import CheckpointError, InputError
+from skygreen.checkpoint.retention import apply_retention
 
 
 def manifest(step: int, *, metric=None, pinned=False, mode="min", created_at=None, blobs=None) -> Manifest:
