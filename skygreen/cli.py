@@ -309,8 +309,10 @@ def smoke(task: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: exits with a code from `skygreen.exit_codes`."""
-    sys.exit(run_command(argv))
+    """Console entry point: exits with a code from `skygreen.exit_codes` (returns on 0)."""
+    code = run_command(argv)
+    if code != exit_codes.SUCCEEDED:
+        sys.exit(code)
 
 
 def run_command(argv: list[str] | None = None) -> int:
