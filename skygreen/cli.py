@@ -116,8 +116,14 @@ def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
 @app.command()
 @task_argument
 @click.option("--local", is_flag=True, help="Run on this machine (CPU, or a local GPU) instead of the cloud.")
-@click.option("--dryrun", is_flag=True, help="Every check up makes (smoke test, bucket), the plan and the SkyPilot YAML; launch nothing.")
-@click.option("--output", "-o", type=click.Path(path_type=Path), default=None, help="Also write the rendered SkyPilot YAML here.")
+@click.option(
+    "--dryrun",
+    is_flag=True,
+    help="Every check up makes (smoke test, bucket), the plan and the SkyPilot YAML; launch nothing.",
+)
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path), default=None, help="Also write the rendered SkyPilot YAML here."
+)
 @click.option("--no-smoke", is_flag=True, help="Skip the CPU smoke test of the training script.")
 @click.option("--detach", "-d", is_flag=True, help="With --local: return at once instead of following the run.")
 @catalog_option
@@ -151,7 +157,9 @@ def _print_dryrun_checks(result, *, smoke: bool) -> None:
     if result.smoke is not None:
         sys.stdout.write(f"{result.smoke.line} ({result.smoke.duration_s:.1f} s)\n")
     if result.bucket_unchecked:
-        print_notice(f"dry run did not check the checkpoint bucket {result.bucket}: {result.bucket_unchecked} (the VMs use their own)")
+        print_notice(
+            f"dry run did not check the checkpoint bucket {result.bucket}: {result.bucket_unchecked} (the VMs use their own)"
+        )
     else:
         sys.stdout.write(f"checkpoint bucket {result.bucket}: writable\n")
     if not smoke:
@@ -174,8 +182,10 @@ def _follow_local(run_id: str) -> None:
 
 
 def _stopped_following(run_id: str) -> None:
-    sys.stderr.write(f"\nstopped following; run {run_id} continues in the background "
-                     f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n")
+    sys.stderr.write(
+        f"\nstopped following; run {run_id} continues in the background "
+        f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n"
+    )
     raise click.exceptions.Exit(exit_codes.INTERRUPTED)
 
 
@@ -183,11 +193,17 @@ def _exit_with_outcome(final) -> None:
     """Exit as `skygreen.exit_codes` says for a run that ended as `final` (a RunStatus)."""
     code = exit_codes.for_outcome(final.state, has_checkpoint=final.step is not None)
     if code == exit_codes.STOPPED_WITH_CHECKPOINT:
-        sys.stderr.write(f"run {final.run_id} {final.state.lower()} with a checkpoint at step {final.step}; "
-                         f"`skygreen resume {final.run_id}` continues it\n")
+        sys.stderr.write(
+            f"run {final.run_id} {final.state.lower()} with a checkpoint at step {final.step}; "
+            f"`skygreen resume {final.run_id}` continues it\n"
+        )
     elif code != exit_codes.SUCCEEDED:
-        sys.stderr.write(f"run {final.run_id} ended {final.state}" + (f" - {final.detail.splitlines()[0]}" if final.detail else "")
-                         + (" with no checkpoint to resume from" if final.state in ("STOPPED", "CANCELLED") else "") + "\n")
+        sys.stderr.write(
+            f"run {final.run_id} ended {final.state}"
+            + (f" - {final.detail.splitlines()[0]}" if final.detail else "")
+            + (" with no checkpoint to resume from" if final.state in ("STOPPED", "CANCELLED") else "")
+            + "\n"
+        )
     if code != exit_codes.SUCCEEDED:
         raise click.exceptions.Exit(code)
 

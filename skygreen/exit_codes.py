@@ -33,7 +33,7 @@ _STOPPED_STATES = frozenset({"STOPPED", "CANCELLED"})
 
 def for_outcome(state: str, *, has_checkpoint: bool) -> int:
     """The exit code of a command that followed a run which ended in `state` (a
-    `skygreen.launcher.JobState` value). A stopped or cancelled run with a committed
+    `skygreen.launch.launcher.JobState` value). A stopped or cancelled run with a committed
     checkpoint is resumable (75); without one nothing was kept, which is a failure (1)."""
     if state == "SUCCEEDED":
         return SUCCEEDED

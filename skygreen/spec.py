@@ -227,7 +227,7 @@ def load_spec(path: str | Path) -> TaskSpec:
         raise InputError(f"cannot read task file {path}: {e}") from e
     try:
         spec = parse_spec_text(text, source=str(path))
-        from skygreen.task_checks import check_task  # noqa: PLC0415 - it imports render, which imports spec
+        from skygreen.task_checks import check_task
 
         check_task(spec)  # rules across fields, so plan, up, --dryrun and smoke stop on them alike
         return spec

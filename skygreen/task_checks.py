@@ -10,8 +10,8 @@ errors, each prefixed with the task file's name, before anything starts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from skygreen.errors import SpecError
@@ -48,9 +48,11 @@ def check_task(spec: TaskSpec) -> None:
 def check_run(spec: TaskSpec) -> None:
     command = spec.sky.get("run")
     if command is None or not isinstance(command, str) or not command.strip():
-        raise SpecError("run", "is required: the command that trains", value=command, hint="add e.g. `run: python train.py`")
+        raise SpecError(
+            "run", "is required: the command that trains", value=command, hint="add e.g. `run: python train.py`"
+        )
     if spec.green.gpu_count > 1 or spec.num_nodes > 1:
-        from skygreen.render import torchrun_command  # noqa: PLC0415 - render imports spec
+        from skygreen.launch.render import torchrun_command
 
         torchrun_command(command.strip(), spec)  # raises when the command cannot be started with torchrun
 
@@ -63,7 +65,12 @@ def check_resources(spec: TaskSpec) -> None:
         raise SpecError("resources", "expected a mapping (SkyPilot's resources section)", value=resources)
     for key, owner in OWNED_RESOURCE_KEYS.items():
         if key in resources:
-            raise SpecError(f"resources.{key}", "is chosen by skygreen from the plan", value=resources[key], hint=f"remove resources.{key}; set {owner} instead")
+            raise SpecError(
+                f"resources.{key}",
+                "is chosen by skygreen from the plan",
+                value=resources[key],
+                hint=f"remove resources.{key}; set {owner} instead",
+            )
 
 
 def check_envs(spec: TaskSpec) -> None:
@@ -72,12 +79,17 @@ def check_envs(spec: TaskSpec) -> None:
         return
     if not isinstance(envs, Mapping):
         raise SpecError("envs", "expected a mapping of names to values", value=envs)
-    from skygreen.settings import RuntimeSettings  # noqa: PLC0415 - settings imports spec
+    from skygreen.settings import RuntimeSettings
 
     ours = {"SKYGREEN_" + f.name.upper() for f in dataclasses.fields(RuntimeSettings)}  # the runtime's contract
     for key, value in envs.items():
         if str(key) in ours:
-            raise SpecError(f"envs.{key}", "is set by skygreen for every run", value=value, hint="remove it; set the matching field of the skygreen: section instead")
+            raise SpecError(
+                f"envs.{key}",
+                "is set by skygreen for every run",
+                value=value,
+                hint="remove it; set the matching field of the skygreen: section instead",
+            )
         if value is None:
             raise SpecError(f"envs.{key}", "has no value", hint=f'give it a value, or an empty string: {key}: ""')
 
@@ -113,7 +125,7 @@ def check_precision(spec: TaskSpec) -> None:
     at start-up on the VM. (Without a list, the planner only ranks GPUs that have them.)"""
     if spec.green.precision != "bf16" or spec.green.gpus.names is None:
         return
-    from skygreen.gpus import GPUS  # noqa: PLC0415
+    from skygreen.gpus import GPUS
 
     lacking = [name for name in spec.green.gpus.names if not GPUS[name].bf16]
     if lacking:

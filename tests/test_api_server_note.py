@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from servers import FAKE_AWS_ENV, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +30,9 @@ def listening(port: int) -> bool:
 
 
 def sky_env(home: Path, port: int, s3_endpoint: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_", "SKYGREEN_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_", "SKYGREEN_"))
+    }
     env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), SKYPILOT_API_SERVER_LOCAL_PORT=str(port),
                SKYPILOT_DISABLE_USAGE_COLLECTION="1", XDG_DATA_HOME=str(home / ".local" / "share"))  # fmt: skip
     # The checkpoint bucket lives on moto; SkyPilot itself finds no AWS credentials file.
@@ -37,7 +40,9 @@ def sky_env(home: Path, port: int, s3_endpoint: str) -> dict[str, str]:
     catalogs = home / ".sky" / "catalogs" / "v8"  # seeded without checksums: never downloaded
     shutil.copytree(SMALL_CATALOG, catalogs)
     (catalogs / "common").mkdir()
-    (catalogs / "common" / "accelerators.csv").write_text('AcceleratorName,Clouds\nA100,"AWS, GCP, Azure"\nL4,"AWS, GCP"\nT4,"AWS, GCP, Azure"\n')
+    (catalogs / "common" / "accelerators.csv").write_text(
+        'AcceleratorName,Clouds\nA100,"AWS, GCP, Azure"\nL4,"AWS, GCP"\nT4,"AWS, GCP, Azure"\n'
+    )
     return env
 
 
@@ -70,7 +75,9 @@ def test_a_local_runs_colours_are_dropped_when_piped(private_home, tmp_path):
     env.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"))
     task = tmp_path / "colour.yaml"
     task.write_text("name: colour\nrun: printf '\\033[1;31mred\\033[0m and plain\\n'\n")
-    out = subprocess.run([*SKYGREEN, "up", str(task), "--local", "--no-smoke"], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [*SKYGREEN, "up", str(task), "--local", "--no-smoke"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "red and plain" in out.stdout
     assert "\x1b" not in out.stdout + out.stderr

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from servers import FAKE_AWS_ENV, free_port, moto_process
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,9 +65,13 @@ def stopped_moto(tmp_path):
 
 def test_a_stopped_server_fails_resume_status_and_gc_in_one_line(private_home, tmp_path, stopped_moto):
     env = s3_env(private_home, stopped_moto.url)
-    subprocess.run([sys.executable, "-c", "import boto3; boto3.client('s3').create_bucket(Bucket='held')"], env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-c", "import boto3; boto3.client('s3').create_bucket(Bucket='held')"], env=env, check=True
+    )
     bucket = "s3://held/runs"
-    failed = skygreen(env, "up", str(task(tmp_path, bucket, 'python -c "import sys; sys.exit(3)"')), "--local", "--no-smoke")
+    failed = skygreen(
+        env, "up", str(task(tmp_path, bucket, 'python -c "import sys; sys.exit(3)"')), "--local", "--no-smoke"
+    )
     assert failed.returncode == 1 and "FAILED" in failed.stdout, failed.stdout + failed.stderr
     (row,) = json.loads(skygreen(env, "status", "--json").stdout)
     run_id = row["run_id"]

@@ -27,9 +27,9 @@ from skygreen.checkpoint.manifest import (
     retained_steps,
     utc_now_iso,
 )
+from skygreen.checkpoint.retention import apply_retention
 from skygreen.checkpoint.store import open_store
 from skygreen.errors import CheckpointError, InputError
-from skygreen.checkpoint.retention import apply_retention
 
 
 def manifest(step: int, *, metric=None, pinned=False, mode="min", created_at=None, blobs=None) -> Manifest:

@@ -197,7 +197,9 @@ def test_logs_prints_the_jobs_output(env, tmp_path, capsys, s3_bucket):
 def test_dryrun_prints_the_plan_and_writes_the_yaml_only(env, tmp_path, capsys, s3_bucket):
     task = write_task(tmp_path, bucket=f"s3://{s3_bucket}/runs")
     output = tmp_path / "out" / "sky.yaml"
-    code, out, err = cli(capsys, "up", str(task), "--dryrun", "--no-smoke", "--output", str(output), "--catalog", str(CATALOG))
+    code, out, err = cli(
+        capsys, "up", str(task), "--dryrun", "--no-smoke", "--output", str(output), "--catalog", str(CATALOG)
+    )
     assert code == 0, err
     assert f"wrote {output}" in out and "dry run" in out
     rendered = yaml.safe_load(output.read_text())

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from skygreen import exit_codes
-from skygreen.launcher import PREEMPTED_EXIT_CODE
+from skygreen.launch.launcher import PREEMPTED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"
@@ -59,7 +59,8 @@ def wait_for(predicate, what: str, timeout_s: float = 240, proc: subprocess.Pope
         if value:
             return value
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the command ended (exit {proc.returncode}) before {what}: {proc.stdout.read()[-2000:]}")
+            output = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the command ended (exit {proc.returncode}) before {what}: {output[-2000:]}")
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -111,20 +112,29 @@ def test_bad_input_exits_2_and_launches_nothing(env, tmp_path):
 def test_ctrl_c_while_following_exits_130_and_the_run_goes_on(env, tmp_path):
     release = tmp_path / "release"
     script = tmp_path / "hold.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, time
         print("ready", flush=True)
         while not os.path.exists({str(release)!r}):
             time.sleep(0.1)
         print("released", flush=True)
-    """))
+    """)
+    )
     held = task(tmp_path, f"python {script}")
     foreground = subprocess.Popen([*SKYGREEN, "up", str(held), "--local", "--no-smoke"], env=env, cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         # Gate on progress: the command has printed the run's own output, so it is following it.
-        lines = []
-        wait_for(lambda: lines.append(foreground.stdout.readline()) or "ready\n" in lines, "the run's first line", proc=foreground)
+        assert foreground.stdout is not None
+        stdout = foreground.stdout
+        lines: list[str] = []
+
+        def ready() -> bool:
+            lines.append(stdout.readline())
+            return "ready\n" in lines
+
+        wait_for(ready, "the run's first line", proc=foreground)
         foreground.send_signal(signal.SIGINT)
         rest = foreground.communicate(timeout=60)[0]
     finally:
@@ -147,8 +157,14 @@ def test_a_run_cancelled_after_a_checkpoint_exits_75_from_up_and_logs_follow(env
     foreground = subprocess.Popen([*SKYGREEN, "up", str(TINY), "--local", "--no-smoke"], env=env, cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
-        run_id = wait_for(lambda: json.loads(skygreen(env, "status", "--json").stdout), "the run", proc=foreground)[0]["run_id"]
-        wait_for(lambda: json.loads(skygreen(env, "status", run_id, "--json").stdout)["step"], "a first checkpoint", proc=foreground)
+        run_id = wait_for(lambda: json.loads(skygreen(env, "status", "--json").stdout), "the run", proc=foreground)[0][
+            "run_id"
+        ]
+        wait_for(
+            lambda: json.loads(skygreen(env, "status", run_id, "--json").stdout)["step"],
+            "a first checkpoint",
+            proc=foreground,
+        )
         cancelled = skygreen(env, "cancel", run_id)
         assert cancelled.returncode == 0, cancelled.stderr
         rest = foreground.communicate(timeout=120)[0]

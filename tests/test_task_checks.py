@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from skygreen.adapters.local_runner import failure_line
 from skygreen.api import plan
 from skygreen.gpus import GPUS
+from skygreen.launch.local_launcher import failure_line
 from skygreen.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +40,12 @@ def skygreen(env, *args: str) -> subprocess.CompletedProcess:
 
 
 def write(tmp_path: Path, green: dict, **top) -> Path:
-    task = {"name": "checks", "skygreen": {"checkpoint": {"bucket": str(tmp_path / "bucket")}, **green}, "run": "python train.py", **top}
+    task = {
+        "name": "checks",
+        "skygreen": {"checkpoint": {"bucket": str(tmp_path / "bucket")}, **green},
+        "run": "python train.py",
+        **top,
+    }
     task = {k: v for k, v in task.items() if v is not None}
     path = tmp_path / "task.yaml"
     path.write_text(yaml.safe_dump(task, sort_keys=False))
@@ -55,13 +60,33 @@ COMMANDS = [
     ("up", "--local"),
     ("smoke",),
 ]
-BAD_TASKS = {
-    "micro does not divide the per-rank batch": ({"batch": {"effective": 64, "micro": 7}}, {}, "skygreen.batch.micro: does not divide the per-rank batch 64"),
-    "effective does not split over the ranks": ({"gpu_count": 4, "batch": {"effective": 30}}, {}, "skygreen.batch.effective: does not divide evenly across 4 ranks"),
-    "micro against gpu_count x num_nodes": ({"gpu_count": 2, "batch": {"effective": 64, "micro": 32}}, {"num_nodes": 2}, "per-rank batch 16 (effective 64 / 4 ranks"),
-    "bf16 on a GPU without it": ({"gpus": ["A100", "T4"], "precision": "bf16"}, {}, "skygreen.precision: bf16 needs bf16 tensor cores"),
+BAD_TASKS: dict[str, tuple[dict, dict, str]] = {
+    "micro does not divide the per-rank batch": (
+        {"batch": {"effective": 64, "micro": 7}},
+        {},
+        "skygreen.batch.micro: does not divide the per-rank batch 64",
+    ),
+    "effective does not split over the ranks": (
+        {"gpu_count": 4, "batch": {"effective": 30}},
+        {},
+        "skygreen.batch.effective: does not divide evenly across 4 ranks",
+    ),
+    "micro against gpu_count x num_nodes": (
+        {"gpu_count": 2, "batch": {"effective": 64, "micro": 32}},
+        {"num_nodes": 2},
+        "per-rank batch 16 (effective 64 / 4 ranks",
+    ),
+    "bf16 on a GPU without it": (
+        {"gpus": ["A100", "T4"], "precision": "bf16"},
+        {},
+        "skygreen.precision: bf16 needs bf16 tensor cores",
+    ),
     "no run command": ({}, {"run": None}, "run: is required"),
-    "accelerators beside skygreen.gpus": ({"gpus": ["L4"]}, {"resources": {"accelerators": "A100:1"}}, "resources.accelerators: is chosen by skygreen"),
+    "accelerators beside skygreen.gpus": (
+        {"gpus": ["L4"]},
+        {"resources": {"accelerators": "A100:1"}},
+        "resources.accelerators: is chosen by skygreen",
+    ),
     "skygreen's own env var": ({}, {"envs": {"SKYGREEN_RUN_ID": "mine"}}, "envs.SKYGREEN_RUN_ID: is set by skygreen"),
 }
 
@@ -112,7 +137,7 @@ def test_the_failure_line_is_the_exception_of_the_last_traceback():
     chained = (
         "step 10\nTraceback (most recent call last):\n  File \"a.py\", line 1, in <module>\n    x()\nKeyError: 'a'\n\n"
         "During handling of the above exception, another exception occurred:\n\n"
-        "Traceback (most recent call last):\n  File \"a.py\", line 3, in <module>\n"
+        'Traceback (most recent call last):\n  File "a.py", line 3, in <module>\n'
         "skygreen.errors.RuntimeSetupError: micro-batch 7 does not divide the per-rank batch 64\n  fix: choose a divisor\n"
     )
     assert failure_line(chained) == "RuntimeSetupError: micro-batch 7 does not divide the per-rank batch 64"

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from servers import FAKE_AWS_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +31,17 @@ def s3_env(private_home: Path, endpoint: str) -> dict[str, str]:
 
 
 def dryrun(env, task: Path, *flags: str) -> subprocess.CompletedProcess:
-    args = [*SKYGREEN, "up", str(task), "--dryrun", "-o", str(task.parent / "sky.yaml"), "--catalog", str(CATALOG), *flags]
+    args = [
+        *SKYGREEN,
+        "up",
+        str(task),
+        "--dryrun",
+        "-o",
+        str(task.parent / "sky.yaml"),
+        "--catalog",
+        str(CATALOG),
+        *flags,
+    ]
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
@@ -58,9 +69,13 @@ def test_dryrun_runs_the_smoke_test_and_the_bucket_preflight(private_home, tmp_p
 
 
 def test_dryrun_fails_on_a_missing_bucket_and_writes_nothing(private_home, tmp_path, moto_server, s3_bucket):
-    out = dryrun(s3_env(private_home, moto_server.url), write_task(tmp_path, "s3://no-such-bucket-here/runs"), "--no-smoke")
+    out = dryrun(
+        s3_env(private_home, moto_server.url), write_task(tmp_path, "s3://no-such-bucket-here/runs"), "--no-smoke"
+    )
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "checkpoint bucket s3://no-such-bucket-here/runs is not usable" in out.stderr and "Traceback" not in out.stderr
+    assert (
+        "checkpoint bucket s3://no-such-bucket-here/runs is not usable" in out.stderr and "Traceback" not in out.stderr
+    )
     assert not (tmp_path / "sky.yaml").exists()
 
 

@@ -34,8 +34,8 @@ from skygreen.checkpoint.manifest import (
     step_folders,
     step_prefix,
 )
-from skygreen.errors import CheckpointError, StoreError, TransientStoreError
 from skygreen.checkpoint.store import Store
+from skygreen.errors import CheckpointError, StoreError, TransientStoreError
 
 log = logging.getLogger("skygreen.retention")
 

@@ -157,7 +157,9 @@ class RetryPolicy:
 
 DEFAULT_RETRY = RetryPolicy()
 
-_retry_for_this_context: contextvars.ContextVar[RetryPolicy] = contextvars.ContextVar("skygreen_store_retry", default=DEFAULT_RETRY)
+_retry_for_this_context: contextvars.ContextVar[RetryPolicy] = contextvars.ContextVar(
+    "skygreen_store_retry", default=DEFAULT_RETRY
+)
 
 
 @contextlib.contextmanager

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from skygreen.errors import StoreError, TransientStoreError
 from skygreen.checkpoint.store import RetryPolicy, open_store, parse_url, retry_policy
+from skygreen.errors import StoreError, TransientStoreError
 
 T = TypeVar("T")
 

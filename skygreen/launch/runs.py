@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import secrets as _random
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -237,7 +236,9 @@ def _preflight_unless_no_credentials(bucket: str, run_id: str) -> str | None:
     return None
 
 
-def _launch(registry: Registry, record: RunRecord, launcher: Launcher, task: Mapping[str, Any], secrets: Mapping[str, str]) -> RunRecord:
+def _launch(
+    registry: Registry, record: RunRecord, launcher: Launcher, task: Mapping[str, Any], secrets: Mapping[str, str]
+) -> RunRecord:
     try:
         job_id = launcher.launch(task, name=record.run_id, secrets=secrets)
     except SkygreenError:
@@ -258,7 +259,9 @@ def status(run_id: str | None = None, *, registry: Registry | None = None) -> li
     return [run_status(record, registry=registry, unreachable=unreachable) for record in records]
 
 
-def run_status(record: RunRecord, *, registry: Registry | None = None, unreachable: dict[str, str] | None = None) -> RunStatus:
+def run_status(
+    record: RunRecord, *, registry: Registry | None = None, unreachable: dict[str, str] | None = None
+) -> RunStatus:
     registry = registry or Registry()
     job, job_error = _job_status(record)
     manifest, progress_error = _progress(record, {} if unreachable is None else unreachable)
@@ -309,8 +312,8 @@ def _job_status(record: RunRecord) -> tuple[JobStatus | None, str | None]:
 def _progress(record: RunRecord, unreachable: dict[str, str]):
     """The latest manifest and None, or None and a one-line error. `unreachable` maps the
     buckets that did not answer to their error, filled in here and skipped after."""
-    from skygreen.launch.bucket import BucketUnreachableError, within_deadline
     from skygreen.checkpoint.manifest import read_progress
+    from skygreen.launch.bucket import BucketUnreachableError, within_deadline
 
     if record.bucket in unreachable:
         return None, unreachable[record.bucket]

@@ -151,7 +151,7 @@ class LocalServerWatch:
     one, is not skygreen's business."""
 
     def __init__(self) -> None:
-        from sky.server import common  # noqa: PLC0415 - imported with sky
+        from sky.server import common
 
         self.url = common.get_server_url()
         self.local = bool(common.is_api_server_local(self.url))

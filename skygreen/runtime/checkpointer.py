@@ -60,9 +60,9 @@ from skygreen.checkpoint.manifest import (
     step_prefix,
     utc_now_iso,
 )
+from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.checkpoint.store import KeyNotFoundError, RetryPolicy, Store, open_store
 from skygreen.errors import CheckpointError, InputError, StoreError, TransientStoreError
-from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.runtime.ranks import all_reduce
 from skygreen.spec import HALF_PRECISIONS
 
@@ -384,7 +384,7 @@ class Checkpointer:
 
     def _remember_unloadable(self, loaded_step: int) -> None:
         """Every commit newer than the step the ranks agreed on failed to load somewhere;
-        rank 0's retention moves them aside after its first new commit (`skygreen.retention`)."""
+        rank 0's retention moves them aside after its first new commit (`skygreen.checkpoint.retention`)."""
         if self.rank != 0:
             return
         newer = [s for s in committed_steps(self.store) if s > loaded_step]
