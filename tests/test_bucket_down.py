@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,21 @@ def test_up_against_a_closed_port_fails_in_one_line_and_launches_nothing(private
     assert_one_line_failure(out, "s3://nowhere/runs")
     assert "Could not connect" in out.stderr
     assert json.loads(skygreen(env, "status", "--json").stdout) == []
+
+
+def test_a_server_that_never_answers_is_given_up_at_the_deadline(private_home, tmp_path):
+    """Connections are accepted (by the kernel's backlog) and never answered: the client
+    library alone would wait minutes; skygreen gives up at SKYGREEN_BUCKET_DEADLINE_S."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        env = s3_env(private_home, f"http://127.0.0.1:{silent.getsockname()[1]}")
+        env["SKYGREEN_BUCKET_DEADLINE_S"] = "3"
+        out = skygreen(
+            env, "up", str(task(tmp_path, "s3://silent/runs", "python -c 'print(1)'")), "--local", "--no-smoke"
+        )
+    assert_one_line_failure(out, "s3://silent/runs")
+    assert "no answer within 3 s" in out.stderr
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ A training run may wait minutes for a bucket that hiccups (`store.DEFAULT_RETRY`
 300 s), since giving up there loses work. A command on the laptop must not: `up`, `resume`,
 `status` and `gc` reach the bucket through `within_deadline`, which retries by
 `LAPTOP_RETRY` (bounded by time, not only by count) and gives up for good after
-`DEADLINE_S` whatever the client library is doing (a server that accepts a connection and
+`DEADLINE_S` (45 s) whatever the client library is doing (a server that accepts a connection and
 never answers would otherwise hold a request for the library's own timeouts, minutes).
 A bucket that does not answer becomes one `BucketUnreachableError` line naming the bucket,
 the error and the fix; `resume` checks the bucket this way before it starts any process.
@@ -12,18 +12,22 @@ the error and the fix; `resume` checks the bucket this way before it starts any 
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 from skygreen.checkpoint.store import RetryPolicy, open_store, parse_url, retry_policy
-from skygreen.errors import StoreError, TransientStoreError
+from skygreen.errors import InputError, StoreError, TransientStoreError
 
 T = TypeVar("T")
 
-DEADLINE_S = 60.0
-"""The most any laptop command waits for a bucket before it says it is unreachable."""
+DEADLINE_S = 45.0
+"""The most any laptop command waits for a bucket before it says it is unreachable, so that
+the whole command, start-up included, ends within a minute. `SKYGREEN_BUCKET_DEADLINE_S`
+overrides it (a slow link to a far region may want more)."""
+DEADLINE_ENV = "SKYGREEN_BUCKET_DEADLINE_S"
 
 LAPTOP_RETRY = RetryPolicy(max_attempts=4, base_delay_s=0.5, max_delay_s=4.0, deadline_s=15.0)
 """Transient errors (refused connections, 5xx) on the laptop: a few retries within 15 s."""
@@ -33,7 +37,23 @@ class BucketUnreachableError(StoreError):
     """The bucket did not answer (network down, wrong endpoint, server stopped); one line."""
 
 
-def within_deadline(bucket: str, operation: Callable[[], T], *, deadline_s: float = DEADLINE_S) -> T:
+def deadline() -> float:
+    """`DEADLINE_S`, or the positive number of seconds in `SKYGREEN_BUCKET_DEADLINE_S`."""
+    raw = os.environ.get(DEADLINE_ENV, "").strip()
+    if not raw:
+        return DEADLINE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < 86400):
+        raise InputError(
+            f"{DEADLINE_ENV}={raw!r}: expected a number of seconds > 0\n  fix: e.g. {DEADLINE_ENV}=120, or unset it"
+        )
+    return value
+
+
+def within_deadline(bucket: str, operation: Callable[[], T], *, deadline_s: float | None = None) -> T:
     """Run `operation` (which opens stores and talks to `bucket`) with the laptop's retry
     policy, and give up after `deadline_s`. Transient failures that outlast the retries, and
     no answer in time, raise `BucketUnreachableError`; permanent ones (no such bucket, access
@@ -50,9 +70,10 @@ def within_deadline(bucket: str, operation: Callable[[], T], *, deadline_s: floa
     # A daemon thread: if the client library hangs past the deadline, the command still ends.
     worker = threading.Thread(target=work, name="skygreen-bucket", daemon=True)
     worker.start()
-    worker.join(deadline_s)
+    limit_s = deadline() if deadline_s is None else deadline_s
+    worker.join(limit_s)
     if worker.is_alive():
-        raise BucketUnreachableError(unreachable_line(bucket, f"no answer within {deadline_s:.0f} s"))
+        raise BucketUnreachableError(unreachable_line(bucket, f"no answer within {limit_s:g} s"))
     error = outcome.get("error")
     if isinstance(error, TransientStoreError):
         raise BucketUnreachableError(unreachable_line(bucket, root_cause(error))) from error
