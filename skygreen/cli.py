@@ -369,6 +369,14 @@ def _run_command(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return exit_codes.INTERRUPTED
+    except Exception as e:  # a bug, or a library error no adapter maps yet: one line, not a traceback
+        if debug:
+            raise
+        sys.stderr.write(
+            f"error: unexpected {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}\n"
+            "  fix: run again with SKYGREEN_DEBUG=1 to see the traceback, and report it\n"
+        )
+        return exit_codes.FAILED
     # click returns the code of an `Exit` raised inside a command when not standalone.
     return code if isinstance(code, int) else exit_codes.SUCCEEDED
 

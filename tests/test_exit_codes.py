@@ -175,3 +175,21 @@ def test_a_run_cancelled_after_a_checkpoint_exits_75_from_up_and_logs_follow(env
     assert f"skygreen resume {run_id}" in rest
     follow = skygreen(env, "logs", run_id, "--follow")
     assert follow.returncode == exit_codes.STOPPED_WITH_CHECKPOINT, follow.stderr
+
+
+def test_an_unexpected_error_is_one_line_and_exit_1(env, tmp_path, moto_server, s3_bucket):
+    """A launcher that raises something no adapter maps (here a plugin's RuntimeError)."""
+    (tmp_path / "broken_launcher.py").write_text("def factory():\n    raise RuntimeError('plugin crashed')\n")
+    path = tmp_path / "cloud.yaml"
+    path.write_text(
+        f"name: cloud\nskygreen: {{gpus: [L4], checkpoint: {{bucket: s3://{s3_bucket}/runs}}}}\nrun: python train.py\n"
+    )
+    cloud_env = {**env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
+    cloud_env.update(PYTHONPATH=str(tmp_path), SKYGREEN_LAUNCHER="broken_launcher:factory")
+    catalog = str(REPO / "tests" / "data" / "catalog" / "v8")
+    out = skygreen(cloud_env, "up", str(path), "--no-smoke", "--catalog", catalog)
+    assert out.returncode == exit_codes.FAILED, out.stdout + out.stderr
+    assert "error: unexpected RuntimeError: plugin crashed" in out.stderr and "SKYGREEN_DEBUG=1" in out.stderr
+    assert "Traceback" not in out.stderr
+    debug = skygreen({**cloud_env, "SKYGREEN_DEBUG": "1"}, "up", str(path), "--no-smoke", "--catalog", catalog)
+    assert "Traceback" in debug.stderr and "plugin crashed" in debug.stderr

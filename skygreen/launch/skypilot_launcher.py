@@ -231,17 +231,19 @@ class SkyPilotLauncher:
 
     def cancel(self, job_id: str) -> None:
         sky = _sky()
+        watch = LocalServerWatch()
         try:
             sky.get(sky.jobs.cancel(job_ids=[int(job_id)]))
         except Exception as e:
-            raise launch_error(e, f"cancelling managed job {job_id}") from e
+            raise watch.annotate(launch_error(e, f"cancelling managed job {job_id}")) from e
 
     def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
         sky = _sky()
+        watch = LocalServerWatch()
         try:
             return sky.jobs.tail_logs(job_id=int(job_id), follow=follow, output_stream=out)
         except Exception as e:
-            raise launch_error(e, f"reading the logs of managed job {job_id}") from e
+            raise watch.annotate(launch_error(e, f"reading the logs of managed job {job_id}")) from e
 
 
 def status_from_record(job_id: str, records: list[Any]) -> JobStatus:
