@@ -80,9 +80,9 @@ def print_notice(line: str) -> None:
 def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
     """Rank spot GPU offers across AWS, GCP and Azure by estimated cost per run."""
     from skygreen import api
-    from skygreen.spec import load_spec
+    from skygreen.task_checks import load_task
 
-    result = api.plan(load_spec(task), catalog_dir=catalog)
+    result = api.plan(load_task(task), catalog_dir=catalog)
     for line in result.notices:
         print_notice(line)
     if json_output:

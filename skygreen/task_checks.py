@@ -4,20 +4,24 @@
 micro-batch against the batch and the number of ranks, the precision against the GPUs, the
 run command against the node layout) and at the SkyPilot keys skygreen owns. They used to
 fire in the renderer or, worse, inside the training process after the VM was paid for.
-`spec.load_spec` runs them, so `plan`, `up`, `up --dryrun` and `smoke` all stop on the same
-errors, each prefixed with the task file's name, before anything starts.
+`load_task` (`spec.load_spec`, then these) is how every command reads a task file, so `plan`,
+`up`, `up --dryrun`, `smoke` and `resume` stop on the same errors, each prefixed with the task
+file's name, before anything starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from skygreen.errors import SpecError
+from skygreen.gpus import GPUS
+from skygreen.settings import RuntimeSettings
+from skygreen.spec import TaskSpec, load_spec
 
-if TYPE_CHECKING:
-    from skygreen.spec import TaskSpec
+_PYTHON = ("python", "python3")
 
 OWNED_RESOURCE_KEYS: dict[str, str] = {
     "accelerators": "skygreen.gpus and skygreen.gpu_count",
@@ -36,6 +40,17 @@ OWNED_RESOURCE_KEYS: dict[str, str] = {
 """`resources:` keys skygreen sets from the plan, and the `skygreen:` field to use instead."""
 
 
+def load_task(path: str | Path) -> TaskSpec:
+    """Read a task file and check it whole: every command that takes a task file reads it
+    here, so they all refuse the same tasks, each error prefixed with the file's name."""
+    spec = load_spec(path)
+    try:
+        check_task(spec)
+    except SpecError as e:
+        raise e.with_source(str(path)) from None
+    return spec
+
+
 def check_task(spec: TaskSpec) -> None:
     """Raise the first `SpecError` the task would meet later, in rendering or at run time."""
     check_run(spec)
@@ -52,9 +67,29 @@ def check_run(spec: TaskSpec) -> None:
             "run", "is required: the command that trains", value=command, hint="add e.g. `run: python train.py`"
         )
     if spec.green.gpu_count > 1 or spec.num_nodes > 1:
-        from skygreen.launch.render import torchrun_command
+        torchrun_program(command.strip(), spec)  # raises when the command cannot be started with torchrun
 
-        torchrun_command(command.strip(), spec)  # raises when the command cannot be started with torchrun
+
+def torchrun_program(command: str, spec: TaskSpec) -> str | None:
+    """What follows `python` in a one-line `python SCRIPT|-m MODULE ARGS` command, for the
+    renderer to start with torchrun; None when the command calls torchrun itself. Anything
+    else cannot be rewritten safely: a `SpecError` on `run`."""
+    lines = [line for line in command.splitlines() if line.strip() and not line.strip().startswith("#")]
+    try:
+        words = shlex.split(lines[0]) if len(lines) == 1 else []
+    except ValueError:
+        words = []
+    if words and words[0] == "torchrun":
+        return None
+    if len(words) < 2 or (Path(words[0]).name not in _PYTHON and not Path(words[0]).name.startswith("python3.")):
+        where = "skygreen.gpu_count" if spec.green.gpu_count > 1 else "num_nodes"
+        raise SpecError(
+            "run",
+            f"with {where} > 1 skygreen starts the command with torchrun, which needs a one-line `python SCRIPT ARGS` command",
+            value=command,
+            hint="write `run: python train.py ...`, or call torchrun yourself",
+        )
+    return shlex.join(words[1:])
 
 
 def check_resources(spec: TaskSpec) -> None:
@@ -79,7 +114,6 @@ def check_envs(spec: TaskSpec) -> None:
         return
     if not isinstance(envs, Mapping):
         raise SpecError("envs", "expected a mapping of names to values", value=envs)
-    from skygreen.settings import RuntimeSettings
 
     ours = {"SKYGREEN_" + f.name.upper() for f in dataclasses.fields(RuntimeSettings)}  # the runtime's contract
     for key, value in envs.items():
@@ -125,7 +159,6 @@ def check_precision(spec: TaskSpec) -> None:
     at start-up on the VM. (Without a list, the planner only ranks GPUs that have them.)"""
     if spec.green.precision != "bf16" or spec.green.gpus.names is None:
         return
-    from skygreen.gpus import GPUS
 
     lacking = [name for name in spec.green.gpus.names if not GPUS[name].bf16]
     if lacking:

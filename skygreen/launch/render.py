@@ -39,7 +39,7 @@ from skygreen.errors import NoOfferError, SpecError
 from skygreen.launch.launcher import PREEMPTED_EXIT_CODE
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
-from skygreen.task_checks import OWNED_RESOURCE_KEYS
+from skygreen.task_checks import OWNED_RESOURCE_KEYS, torchrun_program
 
 TORCHRUN_MASTER_PORT = 29500
 SOURCE_MOUNT = "~/.skygreen/src"
@@ -316,27 +316,11 @@ def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool) -> str
 
 
 def torchrun_command(command: str, spec: TaskSpec) -> str:
-    """`python train.py ARGS` -> `torchrun <SkyPilot's node layout> train.py ARGS`.
-
-    Only a one-line `python SCRIPT|-m MODULE ...` command can be rewritten safely; a command
-    that already calls torchrun is left alone.
-    """
-    lines = [line for line in command.splitlines() if line.strip() and not line.strip().startswith("#")]
-    try:
-        words = shlex.split(lines[0]) if len(lines) == 1 else []
-    except ValueError:
-        words = []
-    if words and words[0] == "torchrun":
+    """`python train.py ARGS` -> `torchrun <SkyPilot's node layout> train.py ARGS`; a command
+    that already calls torchrun is left alone (`task_checks.torchrun_program` says which)."""
+    program = torchrun_program(command, spec)
+    if program is None:
         return command
-    if len(words) < 2 or (Path(words[0]).name not in _PYTHON and not Path(words[0]).name.startswith("python3.")):
-        where = "skygreen.gpu_count" if spec.green.gpu_count > 1 else "num_nodes"
-        raise SpecError(
-            "run",
-            f"with {where} > 1 skygreen starts the command with torchrun, which needs a one-line `python SCRIPT ARGS` command",
-            value=command,
-            hint="write `run: python train.py ...`, or call torchrun yourself",
-        )
-    program = shlex.join(words[1:])
     return _template("torchrun.sh.tmpl").substitute(master_port=TORCHRUN_MASTER_PORT, program=program).strip()
 
 

@@ -26,7 +26,8 @@ from skygreen.errors import (
 from skygreen.files import write_atomic
 from skygreen.launch.launcher import JobState, JobStatus, Launcher, cloud_launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
-from skygreen.spec import TaskSpec, load_spec
+from skygreen.spec import TaskSpec
+from skygreen.task_checks import load_task
 
 LOCAL = "local"
 CLOUD = "cloud"
@@ -105,7 +106,7 @@ def up(
     environ = os.environ if environ is None else environ
     registry = registry or Registry()
     task_path = Path(task_path)
-    spec = load_spec(task_path)
+    spec = load_task(task_path)
     run_id = new_run_id(spec.name)
     bucket = _bucket(spec, local=local, environ=environ)
     plan = None if local else _plan(spec, catalog_dir)
@@ -405,7 +406,7 @@ def resume(
     if to_local == (record.mode == LOCAL):
         task = _read_task_yaml(record)
     else:  # a cloud run continued here: the same run id and bucket, rendered for this machine
-        spec = load_spec(record.task_path)
+        spec = load_task(record.task_path)
         task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
     launcher = _local_launcher(environ) if to_local else launcher_for(record)
     record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
@@ -427,7 +428,7 @@ def _resume_secrets(record: RunRecord, environ: Mapping[str, str]) -> dict[str, 
     from skygreen.launch.render import secret_values
 
     try:
-        return secret_values(load_spec(record.task_path), environ)
+        return secret_values(load_task(record.task_path), environ)
     except InputError:
         return {name: environ[name] for name in record.secret_names if environ.get(name)}
 
