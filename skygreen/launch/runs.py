@@ -265,7 +265,8 @@ def run_status(
 ) -> RunStatus:
     registry = registry or Registry()
     job, job_error = _job_status(record)
-    manifest, progress_error = _progress(record, {} if unreachable is None else unreachable)
+    unreachable = {} if unreachable is None else unreachable
+    manifest, progress_error = _progress(record, unreachable)
     meta = dict(manifest.meta) if manifest else {}
     state = job.state.value if job else record.state
     detail = job_error or (job.detail if job else None)
@@ -297,7 +298,7 @@ def run_status(
         where=_where(job),
         checkpoint_url=record.checkpoint_url,
         progress_error=progress_error,
-        unreachable_bucket=record.checkpoint_url if record.bucket in (unreachable or {}) else None,
+        unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
     )
 
 
