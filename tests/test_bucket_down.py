@@ -108,3 +108,33 @@ def test_a_stopped_server_fails_resume_status_and_gc_in_one_line(private_home, t
 
     gc = skygreen(env, "gc", run_id)
     assert_one_line_failure(gc, f"{bucket}/{run_id}")
+
+
+def test_a_cloud_run_resumes_from_a_laptop_without_the_buckets_credentials(
+    private_home, tmp_path, moto_server, s3_bucket
+):
+    """Only the VMs can write the bucket: resume has nothing to check here and relaunches."""
+    from skygreen.testing import FakeLauncher
+
+    env = s3_env(private_home, moto_server.url)
+    env.update(SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher", SKYGREEN_FAKE_LAUNCHER_DIR=str(tmp_path / "fake"))
+    path = tmp_path / "cloud.yaml"
+    path.write_text(
+        f"name: cloud\nskygreen: {{gpus: [L4], checkpoint: {{bucket: s3://{s3_bucket}/runs}}}}\nrun: python train.py\n"
+    )
+    up = skygreen(env, "up", str(path), "--no-smoke", "--catalog", str(REPO / "tests" / "data" / "catalog" / "v8"))
+    assert up.returncode == 0, up.stderr
+    run_id = up.stdout.split("launched run ")[1].split()[0]
+    FakeLauncher(tmp_path / "fake").set_state("1", "FAILED")
+
+    no_credentials = {
+        k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    }
+    no_credentials.update(
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+    )
+    resumed = skygreen(no_credentials, "resume", run_id)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed run {run_id}" in resumed.stdout

@@ -385,9 +385,7 @@ def resume(
     environ = os.environ if environ is None else environ
     registry = registry or Registry()
     record = registry.load(run_id)
-    from skygreen.launch.bucket import check_writable
-
-    check_writable(record.bucket, record.run_id)  # before any process starts: a dead bucket fails here, in one line
+    _check_bucket_before_resume(record)
     current = run_status(record, registry=registry)
     if current.completed:
         raise InputError(
@@ -412,6 +410,20 @@ def resume(
     launcher = _local_launcher(environ) if to_local else launcher_for(record)
     record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
     return _launch(registry, record, launcher, task, _resume_secrets(record, environ))
+
+
+def _check_bucket_before_resume(record: RunRecord) -> None:
+    """Before any process starts: a bucket that does not answer, or refuses, fails here in one
+    line. A laptop without the cloud's credentials cannot look into a bucket that only the
+    run's VMs can write; that is no reason to refuse the relaunch, so the check is skipped."""
+    from skygreen.checkpoint.store import NoCredentialsError
+    from skygreen.launch.bucket import check_writable
+
+    try:
+        check_writable(record.bucket, record.run_id)
+    except NoCredentialsError:
+        if record.mode == LOCAL:
+            raise
 
 
 def _read_task_yaml(record: RunRecord) -> dict[str, Any]:
