@@ -142,6 +142,9 @@ def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None
         raise InputError(
             f"--storage-class: {storage_class!r} is not a cold class for {scheme}://\n  allowed: {', '.join(allowed)}"
         )
+    from skygreen.launch.bucket import check_readable
+
+    check_readable(url)  # a bucket that does not answer fails here, within a minute, in one line
     moves = checkpoint_gc.plan_cold_moves(
         url, older_than_s=checkpoint_gc.parse_age_s(older_than), storage_class=cold, now_s=time.time()
     )

@@ -10,12 +10,14 @@ input and 1 for failures; `SKYGREEN_DEBUG=1` shows the traceback instead.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
 import click
 
+from skygreen import exit_codes
 from skygreen.errors import SkygreenError
 
 # click, not Typer: Typer builds its parameters through pydantic (about 0.3 s of imports),
@@ -78,9 +80,9 @@ def print_notice(line: str) -> None:
 def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
     """Rank spot GPU offers across AWS, GCP and Azure by estimated cost per run."""
     from skygreen import api
-    from skygreen.spec import load_spec
+    from skygreen.task_checks import load_task
 
-    spec = load_spec(task)
+    spec = load_task(task)
     from skygreen.costs.costing import measured_speeds
 
     measured = {gpu: speed for gpu, (speed, _) in measured_speeds(spec, task).items()}
@@ -118,7 +120,11 @@ def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
 @app.command()
 @task_argument
 @click.option("--local", is_flag=True, help="Run on this machine (CPU, or a local GPU) instead of the cloud.")
-@click.option("--dryrun", is_flag=True, help="Print the plan and write the SkyPilot YAML; launch nothing.")
+@click.option(
+    "--dryrun",
+    is_flag=True,
+    help="Every check up makes (smoke test, bucket), the plan and the SkyPilot YAML; launch nothing.",
+)
 @click.option(
     "--output", "-o", type=click.Path(path_type=Path), default=None, help="Also write the rendered SkyPilot YAML here."
 )
@@ -140,6 +146,7 @@ def up(
 
             print_plan(result.plan, top=10)
     if dryrun:
+        _print_dryrun_checks(result, smoke=not no_smoke)
         sys.stdout.write(f"wrote {result.yaml_path} (dry run: nothing launched)\n")
         return
     from skygreen.launch.report import print_launched
@@ -149,23 +156,60 @@ def up(
         _follow_local(result.run_id)
 
 
+def _print_dryrun_checks(result, *, smoke: bool) -> None:
+    """What the dry run checked, and in one line each what it did not."""
+    if result.smoke is not None:
+        sys.stdout.write(f"{result.smoke.line} ({result.smoke.duration_s:.1f} s)\n")
+    if result.bucket_unchecked:
+        print_notice(
+            f"dry run did not check the checkpoint bucket {result.bucket}: {result.bucket_unchecked} (the VMs use their own)"
+        )
+    else:
+        sys.stdout.write(f"checkpoint bucket {result.bucket}: writable\n")
+    if not smoke:
+        print_notice("dry run did not run the smoke test (--no-smoke)")
+
+
 def _follow_local(run_id: str) -> None:
-    """Stream a local run's output until it ends; Ctrl-C stops following, not the run."""
+    """Stream a local run's output until it ends, then exit with its outcome
+    (`skygreen.exit_codes`); Ctrl-C stops following, not the run."""
     from skygreen import api
     from skygreen.launch.report import print_status_detail
 
     try:
         api.logs(run_id, follow=True)
     except KeyboardInterrupt:
-        sys.stderr.write(
-            f"\nstopped following; run {run_id} continues in the background "
-            f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n"
-        )
-        raise click.exceptions.Exit(130) from None
+        _stopped_following(run_id)
     (final,) = api.status(run_id)
     print_status_detail(final, sys.stdout)
-    if final.state != "SUCCEEDED":
-        raise click.exceptions.Exit(1)
+    _exit_with_outcome(final)
+
+
+def _stopped_following(run_id: str) -> None:
+    sys.stderr.write(
+        f"\nstopped following; run {run_id} continues in the background "
+        f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n"
+    )
+    raise click.exceptions.Exit(exit_codes.INTERRUPTED)
+
+
+def _exit_with_outcome(final) -> None:
+    """Exit as `skygreen.exit_codes` says for a run that ended as `final` (a RunStatus)."""
+    code = exit_codes.for_outcome(final.state, has_checkpoint=final.step is not None)
+    if code == exit_codes.STOPPED_WITH_CHECKPOINT:
+        sys.stderr.write(
+            f"run {final.run_id} {final.state.lower()} with a checkpoint at step {final.step}; "
+            f"`skygreen resume {final.run_id}` continues it\n"
+        )
+    elif code != exit_codes.SUCCEEDED:
+        sys.stderr.write(
+            f"run {final.run_id} ended {final.state}"
+            + (f" - {final.detail.splitlines()[0]}" if final.detail else "")
+            + (" with no checkpoint to resume from" if final.state in ("STOPPED", "CANCELLED") else "")
+            + "\n"
+        )
+    if code != exit_codes.SUCCEEDED:
+        raise click.exceptions.Exit(code)
 
 
 @app.command()
@@ -186,6 +230,11 @@ def status(run: str | None, json_output: bool) -> None:
         print_status_table(rows, sys.stdout)
     else:
         print_status_detail(rows[0], sys.stdout)
+    unreachable = {r.progress_error for r in rows if r.unreachable_bucket and r.progress_error}
+    for line in sorted(unreachable):  # progress unknown is a failure, not a state
+        sys.stderr.write(f"error: {line}\n")
+    if unreachable:
+        raise click.exceptions.Exit(exit_codes.FAILED)
 
 
 @app.command()
@@ -223,10 +272,22 @@ def cancel(run: str) -> None:
 @run_argument
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the run ends.")
 def logs(run: str, follow: bool) -> None:
-    """Print a run's output (the training script's stdout and stderr)."""
+    """Print a run's output (the training script's stdout and stderr).
+
+    With --follow, exits with the run's outcome once it ends (0 succeeded, 1 failed, 75
+    stopped with a checkpoint; see the README's exit codes).
+    """
     from skygreen import api
 
-    api.logs(run, follow=follow)
+    try:
+        api.logs(run, follow=follow)
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+        _stopped_following(run)
+    if follow:
+        (final,) = api.status(run)
+        _exit_with_outcome(final)
 
 
 @app.command()
@@ -366,25 +427,60 @@ def smoke(task: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point."""
+    """Console entry point: exits with a code from `skygreen.exit_codes` (returns on 0)."""
+    code = run_command(argv)
+    if code != exit_codes.SUCCEEDED:
+        sys.exit(code)
+
+
+def run_command(argv: list[str] | None = None) -> int:
+    """Run one `skygreen` command; return its exit code. Errors print one message, no
+    traceback (unless SKYGREEN_DEBUG=1); output that is not a terminal gets no ANSI codes."""
+    from skygreen.terminal import plain_unless_terminal
+
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = plain_unless_terminal(sys.stdout), plain_unless_terminal(sys.stderr)
     try:
-        app.main(args=argv, prog_name="skygreen", standalone_mode=False)
+        return _run_command(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _run_command(argv: list[str] | None) -> int:
+    debug = os.environ.get("SKYGREEN_DEBUG") == "1"
+    if not debug:  # each retry of a bucket call would print a line; the final error says it all
+        logging.getLogger("skygreen.store").addHandler(logging.NullHandler())
+    try:
+        code = app.main(args=argv, prog_name="skygreen", standalone_mode=False)
     except SkygreenError as e:
-        if os.environ.get("SKYGREEN_DEBUG") == "1":
+        if debug:
             raise
         sys.stderr.write(f"error: {e}\n")
-        sys.exit(e.exit_code)
+        return e.exit_code
     except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+        return e.exit_code
+    except click.exceptions.Abort as e:
+        if isinstance(e.__context__, KeyboardInterrupt):
+            sys.stderr.write("interrupted\n")
+            return exit_codes.INTERRUPTED
         sys.stderr.write("aborted\n")
-        sys.exit(1)
+        return exit_codes.FAILED
     except click.ClickException as e:
         e.show()
-        sys.exit(e.exit_code)
+        return e.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        sys.exit(130)
+        return exit_codes.INTERRUPTED
+    except Exception as e:  # a bug, or a library error no adapter maps yet: one line, not a traceback
+        if debug:
+            raise
+        sys.stderr.write(
+            f"error: unexpected {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}\n"
+            "  fix: run again with SKYGREEN_DEBUG=1 to see the traceback, and report it\n"
+        )
+        return exit_codes.FAILED
+    # click returns the code of an `Exit` raised inside a command when not standalone.
+    return code if isinstance(code, int) else exit_codes.SUCCEEDED
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ the errors of outside libraries (boto3, google-cloud-storage, SkyPilot, NVML) in
 classes with `raise ... from e`, so the cause stays attached for debugging.
 
 Exit codes: 2 for bad input (the user can fix it by changing what they typed or wrote),
-1 for failures of the world (a bucket that refuses, a cloud that says no).
+1 for failures of the world (a bucket that refuses, a cloud that says no); the whole table,
+run outcomes included, is `skygreen.exit_codes`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-EXIT_BAD_INPUT = 2
-EXIT_FAILURE = 1
+from skygreen.exit_codes import BAD_INPUT as EXIT_BAD_INPUT
+from skygreen.exit_codes import FAILED as EXIT_FAILURE
 
 
 class SkygreenError(Exception):

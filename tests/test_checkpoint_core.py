@@ -17,7 +17,6 @@ from skygreen.checkpoint.manifest import (
     SHARED_BLOB,
     BlobInfo,
     Manifest,
-    apply_retention,
     blob_info,
     committed_steps,
     deletable_steps,
@@ -28,6 +27,7 @@ from skygreen.checkpoint.manifest import (
     retained_steps,
     utc_now_iso,
 )
+from skygreen.checkpoint.retention import apply_retention
 from skygreen.checkpoint.store import open_store
 from skygreen.errors import CheckpointError, InputError
 

@@ -327,17 +327,21 @@ def retained_steps(manifests: Sequence[Manifest], *, keep: int) -> set[int]:
     return kept
 
 
-def deletable_steps(manifests: Sequence[Manifest], folder_steps: Sequence[int], *, keep: int) -> list[int]:
+def deletable_steps(
+    manifests: Sequence[Manifest], folder_steps: Sequence[int], *, keep: int, newest: int | None = None
+) -> list[int]:
     """Step folders to delete after a commit.
 
-    Only folders older than the newest commit go: committed ones retention does not keep, and
-    uncommitted leftovers of saves that died. Folders newer than the newest commit may be a
-    save in flight on another rank, so they stay.
+    Only folders older than the newest commit (`newest`, default the newest of `manifests`)
+    go: committed ones retention does not keep, and uncommitted leftovers of saves that
+    died. Folders newer than it may be a save in flight on another rank, so they stay.
+    `manifests` are the checkpoints that count (`skygreen.checkpoint.retention` leaves out those that
+    do not verify).
     """
     if not manifests:
         return []
-    newest = max(m.step for m in manifests)
-    kept = retained_steps(manifests, keep=keep)
+    newest = max(m.step for m in manifests) if newest is None else newest
+    kept = retained_steps(manifests, keep=keep) | {newest}
     return sorted(s for s in set(folder_steps) if s < newest and s not in kept)
 
 
@@ -350,15 +354,3 @@ def delete_step(store: Store, step: int) -> None:
     for key in keys:
         if key != manifest:
             store.delete(key)
-
-
-def apply_retention(store: Store, *, keep: int) -> list[int]:
-    """Delete what retention no longer needs; returns the deleted steps."""
-    manifests = list(iter_manifests(store))
-    folders = step_folders(store.list(CKPT_DIR + "/"))
-    doomed = deletable_steps(manifests, list(folders), keep=keep)
-    for step in doomed:
-        delete_step(store, step)
-    if doomed:
-        log.info("retention: deleted checkpoint steps %s", ", ".join(map(str, doomed)))
-    return doomed

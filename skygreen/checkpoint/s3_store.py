@@ -25,6 +25,7 @@ from skygreen.checkpoint.store import (
     DEFAULT_RETRY,
     ArchivedObjectError,
     KeyNotFoundError,
+    NoCredentialsError,
     RetryPolicy,
     StoreUrl,
     call_with_retries,
@@ -228,7 +229,7 @@ def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:
         code = str(error.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
         raise _from_code(bucket, what, code, error.get("Message") or str(e)) from e
     except _CREDENTIAL_EXCEPTIONS as e:
-        raise StoreError(
+        raise NoCredentialsError(
             f"{what}: no usable AWS credentials for bucket {bucket!r}\n"
             "  fix: run with an instance role, AWS_PROFILE, or SkyPilot secrets for AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
         ) from e

@@ -16,11 +16,13 @@ the bucket and the fix) through a table, so the loop only has to look at the cla
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, TypeVar, runtime_checkable
 
@@ -36,6 +38,10 @@ T = TypeVar("T")
 
 class KeyNotFoundError(StoreError):
     """The key does not exist in the store (a normal answer, never retried)."""
+
+
+class NoCredentialsError(StoreError):
+    """This machine has no credentials for the bucket's cloud (the VM may well have them)."""
 
 
 class ArchivedObjectError(StoreError):
@@ -151,6 +157,21 @@ class RetryPolicy:
 
 DEFAULT_RETRY = RetryPolicy()
 
+_retry_for_this_context: contextvars.ContextVar[RetryPolicy] = contextvars.ContextVar(
+    "skygreen_store_retry", default=DEFAULT_RETRY
+)
+
+
+@contextlib.contextmanager
+def retry_policy(policy: RetryPolicy) -> Iterator[None]:
+    """Stores opened inside this block (in this thread) retry by `policy` unless told
+    otherwise: the laptop's commands give up sooner than a training run would."""
+    token = _retry_for_this_context.set(policy)
+    try:
+        yield
+    finally:
+        _retry_for_this_context.reset(token)
+
 
 def backoff_delay_s(policy: RetryPolicy, retry_index: int, uniform01: float) -> float:
     """The wait before retry number `retry_index` (0 for the first retry).
@@ -207,7 +228,7 @@ def open_store(url: str, *, retry: RetryPolicy | None = None) -> Store:
     A missing cloud library is a `StoreError` saying which extra to install.
     """
     parsed = parse_url(url)
-    policy = retry or DEFAULT_RETRY
+    policy = retry or _retry_for_this_context.get()
     if parsed.scheme == "file":
         from skygreen.checkpoint.local_store import LocalStore
 

@@ -178,9 +178,9 @@ def estimate_task(
     from skygreen.errors import NoOfferError
     from skygreen.plan.catalog import load_catalog
     from skygreen.plan.rank import make_plan
-    from skygreen.spec import load_spec
+    from skygreen.task_checks import load_task
 
-    spec = load_spec(task_path)
+    spec = load_task(task_path)
     catalog = load_catalog(catalog_dir)
     measured = measured_speeds(spec, task_path, registry=registry)
     speeds = {gpu: value for gpu, (value, _) in measured.items()}

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TextIO, runtime_checkable
 
 from skygreen.errors import InputError
+from skygreen.exit_codes import STOPPED_WITH_CHECKPOINT
 
-PREEMPTED_EXIT_CODE = 75
+PREEMPTED_EXIT_CODE = STOPPED_WITH_CHECKPOINT
 """The runtime's exit code after committing a checkpoint on SIGTERM (EX_TEMPFAIL): the job was
 interrupted, not failed. Rendered into `job_recovery.recover_on_exit_codes` so SkyPilot
 recovers it; a local run ending with it reads as stopped, for `skygreen resume`. Must equal

@@ -55,7 +55,7 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
         ("run", r.run_id),
         ("task", r.task),
         ("mode", r.mode + (f" ({r.where})" if r.where and r.mode != "local" else "")),
-        ("state", r.state + (f" - {r.detail}" if r.detail else "")),
+        ("state", r.state + (f" - {r.detail.strip().splitlines()[0]}" if r.detail and r.detail.strip() else "")),
         ("job", f"{_dash(r.job_id)} (launches: {r.launches})"),
         ("step", _dash(r.step) + (" (completed)" if r.completed else "")),
         (

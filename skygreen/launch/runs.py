@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import secrets as _random
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +27,8 @@ from skygreen.files import write_atomic
 from skygreen.launch.launcher import JobState, JobStatus, Launcher, cloud_launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.spend import run_spend
-from skygreen.spec import TaskSpec, load_spec
+from skygreen.spec import TaskSpec
+from skygreen.task_checks import load_task
 
 LOCAL = "local"
 CLOUD = "cloud"
@@ -48,6 +48,10 @@ class UpResult:
     record: RunRecord | None
     """None for a dry run: nothing was launched or recorded."""
     smoke: Any | None = None
+    """The smoke test's `SmokeResult`; None with `--no-smoke`."""
+    bucket: str | None = None
+    bucket_unchecked: str | None = None
+    """A dry run that could not check the bucket from this machine says why (no credentials)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,6 +85,8 @@ class RunStatus:
     where: str | None
     checkpoint_url: str
     progress_error: str | None = None
+    unreachable_bucket: str | None = None
+    """The checkpoint URL, when its bucket did not answer (`progress_error` says how)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,7 +110,7 @@ def up(
     environ = os.environ if environ is None else environ
     registry = registry or Registry()
     task_path = Path(task_path)
-    spec = load_spec(task_path)
+    spec = load_task(task_path)
     run_id = new_run_id(spec.name)
     bucket = _bucket(spec, local=local, environ=environ)
     plan = None if local else _plan(spec, catalog_dir)
@@ -112,11 +118,13 @@ def up(
     from skygreen.launch.render import to_yaml
 
     yaml_text = to_yaml(task)
-    if dryrun:
+    smoke_result = _smoke(task_path) if smoke else None
+    if dryrun:  # every check `up` makes, then the YAML; only the launch is left out
+        unchecked = _preflight_unless_no_credentials(bucket, run_id)
         path = Path(output) if output else data_dir(environ) / "dryrun" / f"{run_id}.yaml"
         write_atomic(path, yaml_text)
-        return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None)
-    smoke_result = _smoke(task_path) if smoke else None
+        return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None, smoke=smoke_result,
+                        bucket=bucket, bucket_unchecked=unchecked)  # fmt: skip
     preflight_bucket(bucket, run_id)
     launcher = _local_launcher(environ) if local else cloud_launcher()
     yaml_path = registry.run_dir(run_id) / "task.yaml"
@@ -213,24 +221,32 @@ def _smoke(task_path: Path):
 
 def preflight_bucket(bucket: str, run_id: str) -> None:
     """Write, read back and delete one small object under the run's prefix, so a missing
-    bucket or a missing permission stops `up` before any VM starts."""
-    from skygreen.checkpoint.store import open_store
+    bucket, a missing permission or a bucket that does not answer stops `up` before any VM
+    starts (within `skygreen.launch.bucket.DEADLINE_S`)."""
+    from skygreen.launch.bucket import BucketUnreachableError, check_writable
 
-    url = f"{bucket.rstrip('/')}/{run_id}"
-    key = f"preflight-{_random.token_hex(4)}"
-    probe = b"skygreen preflight\n"
     try:
-        store = open_store(url)
-        store.put(key, probe)
-        if store.get(key) != probe:
-            raise StoreError(f"{url}: a test object read back different bytes")
-        store.delete(key)
+        check_writable(bucket, run_id)
+    except BucketUnreachableError:
+        raise
     except StoreError as e:
-        raise StoreError(
+        raise type(e)(
             f"checkpoint bucket {bucket} is not usable: {e}\n"
             "  fix: create the bucket (or folder) and grant this machine and the VMs write access, "
             "or set another skygreen.checkpoint.bucket"
         ) from e
+
+
+def _preflight_unless_no_credentials(bucket: str, run_id: str) -> str | None:
+    """The bucket preflight of a dry run. A laptop without the cloud's credentials cannot
+    check a bucket only the VMs can write: that is not a failure, and the reason is returned."""
+    from skygreen.checkpoint.store import NoCredentialsError
+
+    try:
+        preflight_bucket(bucket, run_id)
+    except NoCredentialsError as e:
+        return str(e.__cause__ or e).splitlines()[0].partition(": ")[2] or "no credentials on this machine"
+    return None
 
 
 def _launch(
@@ -252,13 +268,17 @@ def status(run_id: str | None = None, *, registry: Registry | None = None) -> li
     """The named run, or every run on this machine (newest last)."""
     registry = registry or Registry()
     records = [registry.load(run_id)] if run_id else registry.list()
-    return [run_status(record, registry=registry) for record in records]
+    unreachable: dict[str, str] = {}  # one wait per bucket that does not answer, not one per run
+    return [run_status(record, registry=registry, unreachable=unreachable) for record in records]
 
 
-def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunStatus:
+def run_status(
+    record: RunRecord, *, registry: Registry | None = None, unreachable: dict[str, str] | None = None
+) -> RunStatus:
     registry = registry or Registry()
     job, job_error = _job_status(record)
-    manifest, progress_error = _progress(record.checkpoint_url)
+    unreachable = {} if unreachable is None else unreachable
+    manifest, progress_error = _progress(record, unreachable)
     meta = dict(manifest.meta) if manifest else {}
     state = job.state.value if job else record.state
     detail = job_error or (job.detail if job else None)
@@ -295,6 +315,7 @@ def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunSta
         where=_where(job),
         checkpoint_url=record.checkpoint_url,
         progress_error=progress_error,
+        unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
     )
 
 
@@ -307,11 +328,19 @@ def _job_status(record: RunRecord) -> tuple[JobStatus | None, str | None]:
         return None, str(e).splitlines()[0]
 
 
-def _progress(url: str):
+def _progress(record: RunRecord, unreachable: dict[str, str]):
+    """The latest manifest and None, or None and a one-line error. `unreachable` maps the
+    buckets that did not answer to their error, filled in here and skipped after."""
     from skygreen.checkpoint.manifest import read_progress
+    from skygreen.launch.bucket import BucketUnreachableError, within_deadline
 
+    if record.bucket in unreachable:
+        return None, unreachable[record.bucket]
     try:
-        return read_progress(url), None
+        return within_deadline(record.bucket, lambda: read_progress(record.checkpoint_url)), None
+    except BucketUnreachableError as e:
+        unreachable[record.bucket] = str(e)
+        return None, str(e)
     except (StoreError, CheckpointError) as e:
         return None, str(e).splitlines()[0]
 
@@ -346,6 +375,7 @@ def resume(
     environ = os.environ if environ is None else environ
     registry = registry or Registry()
     record = registry.load(run_id)
+    _check_bucket_before_resume(record)
     current = run_status(record, registry=registry)
     if current.completed:
         raise InputError(
@@ -368,7 +398,7 @@ def resume(
     if to_local == (record.mode == LOCAL):
         task = _read_task_yaml(record)
     else:  # a cloud run continued here: the same run id and bucket, rendered for this machine
-        spec = load_spec(record.task_path)
+        spec = load_task(record.task_path)
         task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
     if budget_usd is not None:
         task.setdefault("envs", {})[BUDGET_ENV] = f"{budget_usd:g}"
@@ -390,6 +420,20 @@ def _check_new_budget(record: RunRecord, budget_usd: float | None) -> None:
         )
 
 
+def _check_bucket_before_resume(record: RunRecord) -> None:
+    """Before any process starts: a bucket that does not answer, or refuses, fails here in one
+    line. A laptop without the cloud's credentials cannot look into a bucket that only the
+    run's VMs can write; that is no reason to refuse the relaunch, so the check is skipped."""
+    from skygreen.checkpoint.store import NoCredentialsError
+    from skygreen.launch.bucket import check_writable
+
+    try:
+        check_writable(record.bucket, record.run_id)
+    except NoCredentialsError:
+        if record.mode == LOCAL:
+            raise
+
+
 def _read_task_yaml(record: RunRecord) -> dict[str, Any]:
     import yaml
 
@@ -405,7 +449,7 @@ def _resume_secrets(record: RunRecord, environ: Mapping[str, str]) -> dict[str, 
     from skygreen.launch.render import secret_values
 
     try:
-        return secret_values(load_spec(record.task_path), environ)
+        return secret_values(load_task(record.task_path), environ)
     except InputError:
         return {name: environ[name] for name in record.secret_names if environ.get(name)}
 

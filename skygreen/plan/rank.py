@@ -135,8 +135,11 @@ class Constraints:
 
     @classmethod
     def from_spec(cls, green: GreenSpec) -> Constraints:
+        names = green.gpus.names
+        if names is None and green.precision == "bf16":  # the runtime refuses bf16 on older GPUs
+            names = tuple(name for name, info in GPUS.items() if info.bf16)
         return cls(
-            gpu_names=green.gpus.names,
+            gpu_names=names,
             min_memory_gb=green.gpus.min_memory_gb,
             gpu_count=green.gpu_count,
             clouds=green.clouds,

@@ -49,8 +49,8 @@ from skygreen.checkpoint.manifest import (
     BlobInfo,
     HashingWriter,
     Manifest,
-    apply_retention,
     blob_key,
+    committed_steps,
     delete_step,
     iter_manifests,
     manifest_key,
@@ -60,6 +60,7 @@ from skygreen.checkpoint.manifest import (
     step_prefix,
     utc_now_iso,
 )
+from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.checkpoint.store import KeyNotFoundError, RetryPolicy, Store, open_store
 from skygreen.errors import CheckpointError, InputError, StoreError, TransientStoreError
 from skygreen.runtime.ranks import all_reduce
@@ -188,6 +189,10 @@ class Checkpointer:
         self.last_committed_step: int | None = None
         self._last_save_cost_s: float | None = None
         self.last_upload_s: float | None = None
+        self._load_errors: dict[int, str] = {}
+        """Why each checkpoint skipped while loading did not load."""
+        self._unloadable: dict[int, str] = {}
+        """Commits newer than the loaded one, for retention to quarantine after the next commit."""
 
     # -- saving -------------------------------------------------------------------------
 
@@ -314,7 +319,9 @@ class Checkpointer:
         self._failed_in_row = 0
         self.last_upload_s = time.perf_counter() - started
         log.info("checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s)
-        apply_retention(self.store, keep=self.keep)
+        self._unloadable.pop(step, None)  # rewritten by this life: good now
+        apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable)
+        self._unloadable = {}
 
     def _upload_blob(self, step: int, name: str, obj: Any, tmp: Path) -> BlobInfo:
         """Serialise `obj` to a temporary file (hashing on the way), then stream it up."""
@@ -371,8 +378,17 @@ class Checkpointer:
             high = int(all_reduce([step], op="MAX", dtype=torch.int64)[0])
             if low == high:
                 self.last_committed_step = loaded.step if loaded else None
+                self._remember_unloadable(step)
                 return loaded
             bound = low
+
+    def _remember_unloadable(self, loaded_step: int) -> None:
+        """Every commit newer than the step the ranks agreed on failed to load somewhere;
+        rank 0's retention moves them aside after its first new commit (`skygreen.checkpoint.retention`)."""
+        if self.rank != 0:
+            return
+        newer = [s for s in committed_steps(self.store) if s > loaded_step]
+        self._unloadable = {s: self._load_errors.get(s, "did not verify on every rank") for s in newer}
 
     def _load_newest(self, bound: int | None) -> Loaded | None:
         for manifest in iter_manifests(self.store):
@@ -384,6 +400,7 @@ class Checkpointer:
                 raise
             except (CheckpointError, StoreError) as e:
                 log.warning("skipping %s: %s", manifest.label, e)
+                self._load_errors[manifest.step] = first_line(e)
         return None
 
     def _load(self, manifest: Manifest) -> Loaded:
