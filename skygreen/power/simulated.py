@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skygreen.files import write_atomic
 from skygreen.gpus import GPUS, GPU_NAMES, canonical_gpu_name
 
 SIMULATED_GPU_ENV = "SKYGREEN_SIMULATED_GPU"
@@ -259,7 +258,11 @@ class SimulatedNvml:
             fcntl.flock(lock, fcntl.LOCK_EX)
             state = self._read(index)
             yield state
-            write_atomic(self.state_path(index), json.dumps(state))
+            # A rename is atomic for other processes and survives kill -9; no fsync: a simulated
+            # board need not survive the machine, and fsync would add disk latency to every read.
+            tmp = self.state_path(index).with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(state), encoding="utf-8")
+            os.replace(tmp, self.state_path(index))
 
     def set_calls_w(self, index: int = 0) -> list[float]:
         """Every limit set on board `index`, by any process, in watts (for tests)."""
