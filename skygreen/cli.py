@@ -263,6 +263,19 @@ def smoke(task: Path) -> None:
     sys.stdout.write(f"{result.line} ({result.duration_s:.1f} s)\n")
 
 
+@app.command()
+@json_option
+def power(json_output: bool) -> None:
+    """The GPUs here: current, default, min and max power limits, and skygreen's caps on them."""
+    from skygreen.power.report import local_gpus, print_gpus
+
+    report = local_gpus()
+    if json_output:
+        print_json(report)
+    else:
+        print_gpus(report, sys.stdout)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     try:

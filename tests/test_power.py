@@ -346,3 +346,24 @@ def test_importing_the_power_package_loads_no_outside_library():
     probe = "import sys, skygreen.power, skygreen.power.policy, skygreen.power.simulated; print(sorted({m.split('.')[0] for m in sys.modules}))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert not {"pynvml", "torch", "numpy"} & set(eval(out))
+
+
+def test_power_command_lists_gpus_and_caps(tmp_path):
+    """The real `skygreen power` command, on a simulated GPU and on a machine without NVML."""
+    import json
+
+    env = {**os.environ, "SKYGREEN_DATA_DIR": str(tmp_path), "SKYGREEN_SIMULATED_GPU": "L4"}
+    kill = "import os, signal, skygreen.power\nwith skygreen.power.cap(50):\n    os.kill(os.getpid(), signal.SIGKILL)"
+    assert subprocess.run([sys.executable, "-c", kill], env=env).returncode == -signal.SIGKILL
+    out = subprocess.run([sys.executable, "-m", "skygreen.cli", "power", "--json"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (gpu,) = json.loads(out.stdout)["gpus"]
+    assert (gpu["power_limit_w"], gpu["default_limit_w"], gpu["min_limit_w"], gpu["max_limit_w"]) == (50.0, 72.0, 29.0, 72.0)
+    assert gpu["simulated"] and gpu["skygreen_cap"]["state"] == "left by a killed process"
+    text = subprocess.run([sys.executable, "-m", "skygreen.cli", "power"], env=env, capture_output=True, text=True)
+    assert text.returncode == 0 and "L4 (simulated)" in text.stdout and "simulated GPU" in text.stdout
+    env.pop("SKYGREEN_SIMULATED_GPU")
+    real = subprocess.run([sys.executable, "-m", "skygreen.cli", "power", "--json"], env=env, capture_output=True, text=True)
+    report = json.loads(real.stdout)
+    assert real.returncode == 0 and not any(g["simulated"] for g in report["gpus"])
+    assert report["gpus"] or report["reason"]  # no GPU here: it says why (and exits 0)
