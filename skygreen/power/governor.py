@@ -152,8 +152,7 @@ class PowerGovernor:
         """After each optimizer step: feed the profiler while it runs."""
         if self.gpu is None:
             return
-        if self.gpu is not None:
-            self.gpu.synchronize()
+        self.gpu.synchronize()
         if self.profiler is None or self.profiler.done:
             return
         if self._sync is not None:
@@ -228,6 +227,15 @@ class PowerGovernor:
             "saving_vs_uncapped": self.profile.saving_vs_uncapped if self.profile else None,
             "simulated": bool(self.gpu and self.gpu.simulated),
         }
+
+    def summary(self) -> dict[str, Any]:
+        """The checkpoint meta's `power`: what `skygreen status` shows without loading weights."""
+        state = self.state_dict()
+        keep = ("cap_w", "default_limit_w", "method", "reason", "request", "saving_vs_uncapped", "simulated")
+        summary = {k: state[k] for k in keep}
+        summary["gpu"] = self.gpu_type
+        summary["gpus"] = 1 if self.gpu is not None else 0
+        return summary
 
     def restore(self) -> None:
         if self.caps is not None:

@@ -1,0 +1,155 @@
+"""Power caps in the training runtime, on the simulated GPU (the fake at the pynvml boundary).
+
+Training runs on the CPU; the simulated V100 only answers NVML. Checked: the exact limits set,
+restore on every exit path (end, exception, early stop, SIGTERM) and after kill -9 + resume,
+the `auto` profile saved and reused, energy summed across a real preemption, and the weights
+bit-identical to a run without the simulated GPU.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ddp_train as job  # noqa: E402
+from test_runtime_preemption import start_tiny, tiny_env, wait_for_commit  # noqa: E402
+
+from skygreen.errors import RuntimeSetupError  # noqa: E402
+from skygreen.power.ledger import Ledger  # noqa: E402
+from skygreen.power.simulated import SimulatedNvml  # noqa: E402
+from skygreen.runtime import PREEMPTED_EXIT_CODE  # noqa: E402
+from skygreen.runtime.checkpointer import Checkpointer  # noqa: E402
+from skygreen.runtime.compare import first_difference  # noqa: E402
+
+TOTAL_STEPS = 20
+LADDER_STEPS = 16  # V100 ladder: 8 limits x (1 warm-up + 1 measured)
+IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']", "state['counters']['energy_j']", "state['power']"})
+
+
+def sim_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {"SKYGREEN_SIMULATED_GPU": "V100", "SKYGREEN_DATA_DIR": str(tmp_path / "data"), "SKYGREEN_POWER_PROFILE_STEPS": "1,1", **extra}
+
+
+def board(tmp_path: Path) -> SimulatedNvml:
+    """The same simulated board, read from its state file (what a later process sees)."""
+    lib = SimulatedNvml("V100", state_dir=tmp_path / "data" / "simulated-gpu")
+    lib.nvmlInit()
+    return lib
+
+
+def limit_w(lib: SimulatedNvml) -> float:
+    return lib.nvmlDeviceGetPowerManagementLimit(lib.nvmlDeviceGetHandleByIndex(0)) / 1000
+
+
+def counter_j(tmp_path: Path) -> float:
+    """The board's total-energy counter, read through a handle opened just now (a simulated
+    board counts the time each open handle is held as busy time)."""
+    lib = board(tmp_path)
+    return lib.nvmlDeviceGetTotalEnergyConsumption(lib.nvmlDeviceGetHandleByIndex(0)) / 1000
+
+
+def final(bucket: Path, run_id: str = "run"):
+    loaded = Checkpointer(f"{bucket}/{run_id}").load_latest()
+    assert loaded is not None and loaded.manifest.meta["state"] == "completed"
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    bucket = tmp_path_factory.mktemp("reference")
+    job.train(job.settings(bucket), TOTAL_STEPS, environ={})
+    return final(bucket)
+
+
+def test_auto_profiles_real_steps_resumes_without_profiling_and_stays_bit_identical(tmp_path, reference):
+    env = sim_env(tmp_path)
+    with pytest.raises(job.Crash):  # dies after the profile finished (exception path)
+        job.train(job.settings(tmp_path / "b", power_cap="auto"), TOTAL_STEPS, crash_at=(18, 1), environ=env)
+    sim = board(tmp_path)
+    first = sim.set_calls_w()
+    assert limit_w(sim) == 300.0 and first[-1] == 300.0  # restored on the exception
+    ladder = first[:7]  # 274 ... 120 (300 is already the limit: not set)
+    assert ladder == sorted(ladder, reverse=True) and ladder[-1] == 120.0
+    chosen = first[7]
+    saved = Checkpointer(f"{tmp_path / 'b'}/run").load_latest()
+    assert saved.step >= LADDER_STEPS and saved.state["power"]["profile"]["chosen_w"] == chosen
+    assert saved.manifest.meta["power"]["method"] == "simulated" and saved.manifest.meta["power"]["cap_w"] == chosen
+
+    run = job.train(job.settings(tmp_path / "b", power_cap="auto"), TOTAL_STEPS, environ=env)
+    assert sim.set_calls_w()[len(first):] == [chosen, 300.0]  # the saved profile: no ladder again
+    assert limit_w(sim) == 300.0 and run.counters["energy_j"] > 0
+    done = final(tmp_path / "b")
+    assert first_difference(reference.state, done.state, ignore=IGNORE) is None, first_difference(reference.state, done.state, ignore=IGNORE)
+    assert first_difference(reference.rank_state, done.rank_state) is None
+
+
+def test_fixed_cap_is_set_once_and_restored_at_the_end_and_on_early_stop(tmp_path):
+    env = sim_env(tmp_path)
+    job.train(job.settings(tmp_path / "b", power_cap="0.6"), 6, environ=env)
+    assert board(tmp_path).set_calls_w() == [180.0, 300.0]
+    stopped = job.train(
+        job.settings(tmp_path / "c", power_cap="200", early_stop_metric="val_loss", early_stop_patience=1),
+        TOTAL_STEPS, metrics={1: 1.0, 2: 2.0, 3: 3.0}, environ=env,
+    )  # fmt: skip
+    assert stopped.step_index < TOTAL_STEPS  # early stop
+    assert board(tmp_path).set_calls_w() == [180.0, 300.0, 200.0, 300.0]
+
+
+def test_no_permission_meters_only_and_required_stops_before_training(tmp_path):
+    env = sim_env(tmp_path, SKYGREEN_SIMULATED_GPU_FAULTS="no-permission")
+    run = job.train(job.settings(tmp_path / "b", power_cap="0.6"), 4, environ=env)
+    assert run.counters["energy_j"] > 0 and run.power.cap_w is None
+    assert final(tmp_path / "b").manifest.meta["power"]["cap_w"] is None
+    with pytest.raises(RuntimeSetupError, match="power.required is true"):
+        job.train(job.settings(tmp_path / "c", power_cap="0.6", power_required=True), 4, environ=env)
+    assert Checkpointer(f"{tmp_path / 'c'}/run").load_latest() is None  # no step trained
+
+
+def test_cpu_run_says_none_and_why(tmp_path):
+    job.train(job.settings(tmp_path / "b", power_cap="0.6"), 2, environ={})
+    power = final(tmp_path / "b").manifest.meta["power"]
+    assert power["method"] == "none" and power["reason"] == "no GPU: this run trained on CPU"
+
+
+def test_sigterm_restores_the_limit(tmp_path):
+    env = tiny_env(tmp_path, "victim", SKYGREEN_POWER_CAP="0.6", **sim_env(tmp_path))
+    proc = start_tiny(env)
+    wait_for_commit(tmp_path, "victim", proc)
+    assert limit_w(board(tmp_path)) == 180.0
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err
+    assert board(tmp_path).set_calls_w() == [180.0, 300.0]
+    assert Ledger(tmp_path / "data" / "power" / "originals").all() == []
+
+
+def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
+    env = tiny_env(tmp_path, "victim", SKYGREEN_POWER_CAP="0.6", **sim_env(tmp_path))
+    proc = start_tiny(env)
+    step = wait_for_commit(tmp_path, "victim", proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    sim = board(tmp_path)
+    assert limit_w(sim) == 180.0  # the cap outlives the process, as on a real GPU
+    committed = Checkpointer(f"{tmp_path}/victim").load_latest()
+    assert committed.step >= step
+    energy_before_j = committed.state["counters"]["energy_j"]
+    assert energy_before_j > 0
+    board_before_j = counter_j(tmp_path)
+
+    again = start_tiny(env)
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert "restored the original power limit 300 W" in err
+    # restore to the ORIGINAL 300 W (not the 180 W found), cap again, restore at the end
+    assert sim.set_calls_w() == [180.0, 300.0, 180.0, 300.0]
+    board_used_j = counter_j(tmp_path) - board_before_j
+    done = final(tmp_path, "victim")
+    resumed_j = done.state["counters"]["energy_j"] - energy_before_j
+    assert 0.5 * board_used_j < resumed_j <= board_used_j + 1e-3  # the second launch adds its own energy
+    assert done.manifest.meta["power"]["method"] == "simulated"
