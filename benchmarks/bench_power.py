@@ -69,7 +69,7 @@ def profile_once(gpu: str, eta: float, *, host_s: float, wall: bool, root: Path)
     sleep = time.sleep if wall else clock.sleep
     lib = SimulatedNvml(gpu, state_dir=root / f"sim-{gpu}-{eta}-{wall}", clock=clock, sleep=sleep)
     gov = PowerGovernor(Nvml(lib).device(0), request=CapRequest(mode="auto"), eta=eta, ledger=Ledger(root / "ledger"),
-                        warmup_steps=1, measure_steps=10 if wall else 3, clock=clock)  # fmt: skip
+                        warmup_steps=1, measure_steps=10 if wall else 3, settle_steps=0, clock=clock)  # fmt: skip
     gov.start()
     steps = 0
     while gov.profile is None:

@@ -196,7 +196,10 @@ def test_zeus_chooser_follows_eta():
 
 
 def test_ladder_profiler_measures_after_warmup_and_skips_measured_rungs():
-    prof = LadderProfiler("V100", (300.0, 200.0), warmup_steps=1, measure_steps=2)
+    prof = LadderProfiler("V100", (300.0, 200.0), warmup_steps=1, measure_steps=2, settle_steps=2)
+    assert prof.limit_w == 300.0
+    prof.step_done(1, 0.1)  # two settling steps: not measured
+    prof.step_done(2, 0.2)
     assert prof.limit_w == 300.0
     for e, t in [(250, 1), (500, 2), (750, 3)]:  # warm-up, then two measured steps of 250 J / 1 s
         prof.step_done(e, t)
@@ -204,7 +207,7 @@ def test_ladder_profiler_measures_after_warmup_and_skips_measured_rungs():
     for e, t in [(950, 4.05), (1150, 5.1), (1350, 6.15)]:  # 200 J / 1.05 s: 257.5 < 275
         prof.step_done(e, t)
     assert prof.done and prof.profile.chosen_w == 200.0
-    resumed = LadderProfiler("V100", (300.0, 200.0), warmup_steps=1, measure_steps=2, points=prof.points[:1])
+    resumed = LadderProfiler("V100", (300.0, 200.0), warmup_steps=1, measure_steps=2, settle_steps=0, points=prof.points[:1])
     assert resumed.limit_w == 200.0
 
 

@@ -36,7 +36,7 @@ def make(tmp_path, clock, cap="auto", *, faults=(), gpu="V100", **kw):
     lib = SimulatedNvml(gpu, state_dir=tmp_path / "sim", faults=faults, clock=clock, sleep=clock.sleep)
     device = Nvml(lib).device(0)
     gov = PowerGovernor(device, request=CapRequest.parse(cap), ledger=Ledger(tmp_path / "ledger"), run_id="r",
-                        warmup_steps=1, measure_steps=2, clock=clock, **kw)  # fmt: skip
+                        warmup_steps=1, measure_steps=2, settle_steps=0, clock=clock, **kw)  # fmt: skip
     return lib, gov
 
 

@@ -26,12 +26,12 @@ from skygreen.runtime.checkpointer import Checkpointer  # noqa: E402
 from skygreen.runtime.compare import first_difference  # noqa: E402
 
 TOTAL_STEPS = 20
-LADDER_STEPS = 16  # V100 ladder: 8 limits x (1 warm-up + 1 measured)
+LADDER_STEPS = 18  # 2 settling steps, then the V100 ladder: 8 limits x (1 warm-up + 1 measured)
 IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']", "state['counters']['energy_j']", "state['power']"})
 
 
 def sim_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {"SKYGREEN_SIMULATED_GPU": "V100", "SKYGREEN_DATA_DIR": str(tmp_path / "data"), "SKYGREEN_POWER_PROFILE_STEPS": "1,1", **extra}
+    return {"SKYGREEN_SIMULATED_GPU": "V100", "SKYGREEN_DATA_DIR": str(tmp_path / "data"), "SKYGREEN_POWER_PROFILE_STEPS": "1,1,2", **extra}
 
 
 def board(tmp_path: Path) -> SimulatedNvml:
@@ -80,7 +80,8 @@ def test_auto_profiles_real_steps_resumes_without_profiling_and_stays_bit_identi
     assert saved.manifest.meta["power"]["method"] == "simulated" and saved.manifest.meta["power"]["cap_w"] == chosen
 
     run = job.train(job.settings(tmp_path / "b", power_cap="auto"), TOTAL_STEPS, environ=env)
-    assert sim.set_calls_w()[len(first):] == [chosen, 300.0]  # the saved profile: no ladder again
+    # the saved profile: no ladder again (on this noisy CPU the choice may be the max, already set)
+    assert sim.set_calls_w()[len(first):] == ([] if chosen == 300.0 else [chosen, 300.0])
     assert limit_w(sim) == 300.0 and run.counters["energy_j"] > 0
     done = final(tmp_path / "b")
     assert first_difference(reference.state, done.state, ignore=IGNORE) is None, first_difference(reference.state, done.state, ignore=IGNORE)

@@ -77,6 +77,8 @@ class RunStatus:
     where: str | None
     checkpoint_url: str
     progress_error: str | None = None
+    energy: dict[str, Any] | None = None
+    """`skygreen.power.statement.EnergyReport` as JSON: GPU and facility kWh, PUE, CO2e, method, cap."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -278,7 +280,14 @@ def run_status(record: RunRecord, *, registry: Registry | None = None) -> RunSta
         where=_where(job),
         checkpoint_url=record.checkpoint_url,
         progress_error=progress_error,
+        energy=_energy(meta, job if record.mode != "local" else None) if manifest else None,
     )
+
+
+def _energy(meta: Mapping[str, Any], job: JobStatus | None) -> dict[str, Any]:
+    from skygreen.power.statement import energy_report
+
+    return energy_report(meta, cloud=job.cloud if job else None, region=job.region if job else None).to_json()
 
 
 def _job_status(record: RunRecord) -> tuple[JobStatus | None, str | None]:

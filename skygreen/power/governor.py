@@ -33,6 +33,7 @@ from skygreen.power.nvml import Gpu
 from skygreen.power.policy import (
     DEFAULT_ETA,
     MEASURE_STEPS,
+    SETTLE_STEPS,
     WARMUP_STEPS,
     CapRequest,
     LadderProfiler,
@@ -63,6 +64,7 @@ class PowerGovernor:
         reason: str | None = None,
         warmup_steps: int = WARMUP_STEPS,
         measure_steps: int = MEASURE_STEPS,
+        settle_steps: int = SETTLE_STEPS,
         sync: Callable[[], None] | None = None,
         reduce: Reduce | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -82,7 +84,7 @@ class PowerGovernor:
         self.cap_w: float | None = None
         self.capping = False
         """False after a permission failure (or for `off`): metering only."""
-        self._warmup, self._measure = warmup_steps, measure_steps
+        self._warmup, self._measure, self._settle = warmup_steps, measure_steps, settle_steps
         self._sync = sync
         self._reduce = reduce
         self._clock = clock
@@ -141,9 +143,9 @@ class PowerGovernor:
         points = [ProfilePoint(**p) for p in saved.get("points", [])] if same_gpu else []
         ladder = ladder_w(self.limits)
         self.profiler = LadderProfiler(self.gpu_type or "gpu", ladder, eta=self.eta, warmup_steps=self._warmup,
-                                       measure_steps=self._measure, points=points)  # fmt: skip
+                                       measure_steps=self._measure, settle_steps=self._settle, points=points)  # fmt: skip
         log.info("power: profiling %d limits (%s W) over the first %d steps, then keeping the best (eta %g)",
-                 len(ladder), ", ".join(f"{w:g}" for w in ladder), len(ladder) * (self._warmup + self._measure), self.eta)  # fmt: skip
+                 len(ladder), ", ".join(f"{w:g}" for w in ladder), self._settle + len(ladder) * (self._warmup + self._measure), self.eta)  # fmt: skip
         self._apply(self.profiler.limit_w, why=None)
 
     # -- steps ----------------------------------------------------------------------------

@@ -35,6 +35,9 @@ MAX_RUNGS = 8
 """More rungs than this (an H100 has 21 of 25 W) spread evenly instead: profiling stays short."""
 WARMUP_STEPS = 1
 MEASURE_STEPS = 4
+SETTLE_STEPS = 5
+"""Steps before the first rung is measured, in each process: data loaders start, allocators
+and kernels warm up, `micro: auto` probes; measured there, the first limit would look slow."""
 UNCHANGED_TOLERANCE_W = 0.5
 CAP_MODES = ("auto", "off", "watts", "fraction")
 
@@ -198,13 +201,15 @@ class LadderProfiler:
     """The profiling state machine, fed one reading per finished training step.
 
     Each rung: `warmup_steps` steps (the limit settles; the first includes the change), then
-    `measure_steps` measured ones, from (energy, time) readings at step ends. `limit_w` is the
+    `measure_steps` measured ones, from (energy, time) readings at step ends; the first rung
+    of a process waits `settle_steps` more. `limit_w` is the
     limit the next step should run at; None once done (then `profile` holds the result).
     Rungs already measured (from a checkpoint) are not measured again.
     """
 
     def __init__(self, gpu: str, ladder: Sequence[float], *, eta: float = DEFAULT_ETA, warmup_steps: int = WARMUP_STEPS,
-                 measure_steps: int = MEASURE_STEPS, points: Sequence[ProfilePoint] = ()) -> None:  # fmt: skip
+                 measure_steps: int = MEASURE_STEPS, settle_steps: int = SETTLE_STEPS,
+                 points: Sequence[ProfilePoint] = ()) -> None:  # fmt: skip
         if warmup_steps < 1 or measure_steps < 1:
             raise ValueError("profiling needs at least one warm-up and one measured step per limit")
         self.gpu = gpu
@@ -213,7 +218,7 @@ class LadderProfiler:
         self.warmup_steps = warmup_steps
         self.measure_steps = measure_steps
         self.points: list[ProfilePoint] = [p for p in points if p.limit_w in self.ladder]
-        self._steps_on_rung = 0
+        self._steps_on_rung = -max(settle_steps, 0)
         self._mark: tuple[float, float] | None = None
         self.profile: PowerProfile | None = None
         self._finish_if_done()

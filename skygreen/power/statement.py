@@ -97,7 +97,7 @@ def energy_line(r: EnergyReport) -> str:
         return f"none: {r.reason}"
     simulated = " (simulated GPU)" if r.method == "simulated" else ""
     return (
-        f"{r.gpu_kwh:.4f} kWh GPU x PUE {r.pue:g} = {r.facility_kwh:.4f} kWh facility, "
+        f"{r.gpu_kwh:.4f} kWh GPU x PUE {r.pue:.2f} = {r.facility_kwh:.4f} kWh facility, "
         f"{r.co2e_kg:.4f} kg CO2e ({r.g_co2e_per_kwh:.0f} g/kWh, {r.carbon_basis}); by {r.method}{simulated}"
     )
 

@@ -5,8 +5,8 @@ Each rank caps and meters its own GPU (found by the CUDA device's UUID, or simul
 reading is combined as Zeus does (energy summed, time the slowest rank's), so all ranks choose
 the same limit; that needs every rank to have a GPU, which the ranks agree on at start.
 
-`SKYGREEN_POWER_PROFILE_STEPS=WARMUP,MEASURED` sets the `auto` ladder's steps per limit
-(default `skygreen.power.policy`: 1 warm-up, 4 measured).
+`SKYGREEN_POWER_PROFILE_STEPS=WARMUP,MEASURED[,SETTLE]` sets the `auto` ladder's steps per
+limit and the steps before the first one (default `skygreen.power.policy`: 1, 4 and 5).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from skygreen.errors import RuntimeSetupError
 from skygreen.power.governor import PowerGovernor, open_gpu
 from skygreen.power.ledger import Ledger
 from skygreen.runtime.ranks import all_reduce
-from skygreen.power.policy import DEFAULT_ETA, MEASURE_STEPS, WARMUP_STEPS, CapRequest
+from skygreen.power.policy import DEFAULT_ETA, MEASURE_STEPS, SETTLE_STEPS, WARMUP_STEPS, CapRequest
 
 if TYPE_CHECKING:
     from skygreen.runtime.run import Run
@@ -37,7 +37,7 @@ def make_governor(run: Run) -> PowerGovernor:
     reduce = None
     if run.world_size > 1 and not run.agree_flags(gpu is None)[0]:
         reduce = _reduce
-    warmup, measure = _profile_steps(environ.get(PROFILE_STEPS_ENV))
+    warmup, measure, settle = _profile_steps(environ.get(PROFILE_STEPS_ENV))
     try:
         request = CapRequest.parse(run.settings.power_cap)
     except ValueError as e:
@@ -52,6 +52,7 @@ def make_governor(run: Run) -> PowerGovernor:
         reason=reason,
         warmup_steps=warmup,
         measure_steps=measure,
+        settle_steps=settle,
         sync=(lambda: torch.cuda.synchronize(run.device)) if run.device.type == "cuda" else None,
         reduce=reduce,
     )
@@ -64,13 +65,14 @@ def _reduce(energy_j: float, time_s: float) -> tuple[float, float]:
     return float(energy), float(elapsed)
 
 
-def _profile_steps(raw: str | None) -> tuple[int, int]:
+def _profile_steps(raw: str | None) -> tuple[int, int, int]:
     if not raw:
-        return WARMUP_STEPS, MEASURE_STEPS
+        return WARMUP_STEPS, MEASURE_STEPS, SETTLE_STEPS
     try:
-        warmup, measure = (int(v) for v in raw.split(","))
-        if warmup < 1 or measure < 1:
+        values = [int(v) for v in raw.split(",")]
+        warmup, measure, settle = (values + [SETTLE_STEPS])[:3] if len(values) in (2, 3) else (0, 0, 0)
+        if warmup < 1 or measure < 1 or settle < 0:
             raise ValueError
     except ValueError:
-        raise RuntimeSetupError(f"{PROFILE_STEPS_ENV}={raw!r}: expected WARMUP,MEASURED, two integers >= 1 (e.g. 1,4)") from None
-    return warmup, measure
+        raise RuntimeSetupError(f"{PROFILE_STEPS_ENV}={raw!r}: expected WARMUP,MEASURED[,SETTLE], integers >= 1 (e.g. 1,4,5)") from None
+    return warmup, measure, settle
