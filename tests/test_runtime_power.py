@@ -154,3 +154,39 @@ def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
     resumed_j = done.state["counters"]["energy_j"] - energy_before_j
     assert 0.5 * board_used_j < resumed_j <= board_used_j + 1e-3  # the second launch adds its own energy
     assert done.manifest.meta["power"]["method"] == "simulated"
+
+
+def test_status_of_a_real_local_run_shows_energy_co2e_cap_and_the_statement(private_home, tmp_path):
+    """`skygreen up tasks/tiny.yaml --local` on a simulated V100, then `status`; then a CPU run."""
+    import json
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
+    env.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"), OMP_NUM_THREADS="1", TINY_STEPS="40",
+               SKYGREEN_SIMULATED_GPU="V100", SKYGREEN_POWER_PROFILE_STEPS="1,2,2")  # fmt: skip
+
+    def skygreen(*args: str, environ=env) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "skygreen.cli", *args], env=environ, capture_output=True, text=True, cwd=repo, timeout=300)
+
+    up = skygreen("up", "tasks/tiny.yaml", "--local", "--no-smoke")
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    (run,) = json.loads(skygreen("status", "--json").stdout)
+    energy = run["energy"]
+    assert energy["method"] == "simulated" and energy["gpu_kwh"] > 0 and energy["pue"] == 1.0
+    assert energy["facility_kwh"] == energy["gpu_kwh"] and energy["co2e_kg"] > 0
+    assert energy["default_limit_w"] == 300.0 and 120.0 <= energy["cap_w"] <= 300.0
+    assert energy["saving_vs_uncapped"] is not None
+    detail = skygreen("status", run["run_id"])
+    assert detail.returncode == 0 and "simulated GPU" in detail.stdout and "CO2e so far" in detail.stdout
+    statement = skygreen("status", run["run_id"], "--statement")
+    assert statement.returncode == 0 and statement.stdout.startswith("Energy statement: training run " + run["run_id"])
+    assert "simulated GPU" in statement.stdout and "kg CO2e" in statement.stdout and "power cap of" in statement.stdout
+    assert skygreen("status", "--statement").returncode == 2  # needs a RUN
+
+    cpu_env = {k: v for k, v in env.items() if k != "SKYGREEN_SIMULATED_GPU"}
+    assert skygreen("up", "tasks/tiny.yaml", "--local", "--no-smoke", environ=cpu_env).returncode == 0
+    cpu = [r for r in json.loads(skygreen("status", "--json", environ=cpu_env).stdout) if r["run_id"] != run["run_id"]][0]
+    assert cpu["energy"]["method"] == "none" and cpu["energy"]["reason"] == "no GPU: this run trained on CPU"
+    assert "none: no GPU: this run trained on CPU" in skygreen("status", cpu["run_id"], environ=cpu_env).stdout
