@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -31,7 +32,12 @@ from skygreen.power.governor import PowerGovernor  # noqa: E402
 from skygreen.power.ledger import Ledger  # noqa: E402
 from skygreen.power.nvml import Nvml  # noqa: E402
 from skygreen.power.policy import CapRequest, ProfilePoint, zeus_cost  # noqa: E402
-from skygreen.power.simulated import MIN_LIMIT_FRACTION, SimulatedNvml, model_draw_fraction, model_time_ratio  # noqa: E402
+from skygreen.power.simulated import (  # noqa: E402
+    MIN_LIMIT_FRACTION,
+    SimulatedNvml,
+    model_draw_fraction,
+    model_time_ratio,
+)
 
 GPU_TYPES = ("V100", "A100", "H100", "L4", "T4", "A10G")
 ETAS = (0.25, 0.5, 0.75)
@@ -65,8 +71,9 @@ def true_optimum(gpu: str, eta: float, host_s: float) -> tuple[float, float]:
 
 
 def profile_once(gpu: str, eta: float, *, host_s: float, wall: bool, root: Path) -> dict:
-    clock = time.monotonic if wall else VirtualClock()
-    sleep = time.sleep if wall else clock.sleep
+    virtual = VirtualClock()
+    clock: Any = time.monotonic if wall else virtual
+    sleep = time.sleep if wall else virtual.sleep
     lib = SimulatedNvml(gpu, state_dir=root / f"sim-{gpu}-{eta}-{wall}", clock=clock, sleep=sleep)
     gov = PowerGovernor(Nvml(lib).device(0), request=CapRequest(mode="auto"), eta=eta, ledger=Ledger(root / "ledger"),
                         warmup_steps=1, measure_steps=10 if wall else 3, settle_steps=0, clock=clock)  # fmt: skip
@@ -76,7 +83,7 @@ def profile_once(gpu: str, eta: float, *, host_s: float, wall: bool, root: Path)
         if wall:
             time.sleep(host_s)
         else:
-            clock.now += host_s
+            virtual.now += host_s
         gov.step_done()
         steps += 1
     profile = gov.profile
@@ -94,7 +101,10 @@ def profile_once(gpu: str, eta: float, *, host_s: float, wall: bool, root: Path)
         "objective_gap": chosen_cost / opt_cost - 1,
         "energy_saving": profile.saving_vs_uncapped,
         "slowdown": profile.slowdown_vs_uncapped,
-        "points": [vars(p) if hasattr(p, "__dict__") else {"limit_w": p.limit_w, "energy_j": p.energy_j, "time_s": p.time_s} for p in profile.points],
+        "points": [
+            vars(p) if hasattr(p, "__dict__") else {"limit_w": p.limit_w, "energy_j": p.energy_j, "time_s": p.time_s}
+            for p in profile.points
+        ],
     }
 
 
@@ -115,7 +125,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print("| GPU | eta | clock | steps | chosen W | optimum W | objective above optimum | energy/step saved | time/step |")
+    print(
+        "| GPU | eta | clock | steps | chosen W | optimum W | objective above optimum | energy/step saved | time/step |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['gpu']} | {r['eta']} | {r['clock']} | {r['profiling_steps']} | {r['chosen_w']:g} | {r['optimum_w']:g} | "
@@ -129,9 +141,13 @@ def main() -> None:
     print("|---|---|---|---|")
     for p in v100["points"]:
         pt = ProfilePoint(**p)
-        cost = zeus_cost(pt, eta=0.5, max_power_w=base["limit_w"]) / zeus_cost(ProfilePoint(**base), eta=0.5, max_power_w=base["limit_w"])
+        cost = zeus_cost(pt, eta=0.5, max_power_w=base["limit_w"]) / zeus_cost(
+            ProfilePoint(**base), eta=0.5, max_power_w=base["limit_w"]
+        )
         mark = " (chosen)" if p["limit_w"] == v100["chosen_w"] else ""
-        print(f"| {p['limit_w']:g}{mark} | {p['energy_j'] / base['energy_j']:.3f} | {p['time_s'] / base['time_s']:.3f} | {cost:.3f} |")
+        print(
+            f"| {p['limit_w']:g}{mark} | {p['energy_j'] / base['energy_j']:.3f} | {p['time_s'] / base['time_s']:.3f} | {cost:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -178,7 +178,9 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
     from skygreen.launch.report import print_statement, print_status_detail, print_status_table
 
     if statement and run is None:
-        raise InputError("--statement needs a RUN\n  fix: skygreen status RUN --statement (skygreen status lists the runs)")
+        raise InputError(
+            "--statement needs a RUN\n  fix: skygreen status RUN --statement (skygreen status lists the runs)"
+        )
     rows = api.status(run)
     if statement:
         print_statement(rows[0], sys.stdout)

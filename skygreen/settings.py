@@ -106,7 +106,13 @@ class RuntimeSettings:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is not None:
-                env[_env_name(f.name)] = f"{value:g}" if isinstance(value, float) else str(value).lower() if isinstance(value, bool) else str(value)
+                env[_env_name(f.name)] = (
+                    f"{value:g}"
+                    if isinstance(value, float)
+                    else str(value).lower()
+                    if isinstance(value, bool)
+                    else str(value)
+                )
         return env
 
     @classmethod

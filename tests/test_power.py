@@ -207,7 +207,9 @@ def test_ladder_profiler_measures_after_warmup_and_skips_measured_rungs():
     for e, t in [(950, 4.05), (1150, 5.1), (1350, 6.15)]:  # 200 J / 1.05 s: 257.5 < 275
         prof.step_done(e, t)
     assert prof.done and prof.profile.chosen_w == 200.0
-    resumed = LadderProfiler("V100", (300.0, 200.0), warmup_steps=1, measure_steps=2, settle_steps=0, points=prof.points[:1])
+    resumed = LadderProfiler(
+        "V100", (300.0, 200.0), warmup_steps=1, measure_steps=2, settle_steps=0, points=prof.points[:1]
+    )
     assert resumed.limit_w == 200.0
 
 
@@ -235,10 +237,9 @@ def test_cap_context_sets_once_and_restores(tmp_path, data_dir):
 
 def test_cap_restores_after_an_exception_and_clamps(tmp_path, data_dir, caplog):
     lib = sim(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="skygreen.power"):
-        with pytest.raises(ZeroDivisionError):
-            with cap(50, nvml=Nvml(lib)):
-                1 / 0
+    with caplog.at_level(logging.WARNING, logger="skygreen.power"), pytest.raises(ZeroDivisionError):  # noqa: SIM117
+        with cap(50, nvml=Nvml(lib)):
+            raise ZeroDivisionError
     assert sets(lib) == [(0, 120000), (0, 300000)]
     assert [r.message for r in caplog.records if "outside this GPU's range" in r.message] == [
         "GPU 0: power cap 50 W is outside this GPU's range 120-300 W; using its minimum, 120 W"
@@ -247,16 +248,14 @@ def test_cap_restores_after_an_exception_and_clamps(tmp_path, data_dir, caplog):
 
 def test_no_permission_is_one_line_then_uncapped_unless_required(tmp_path, data_dir, caplog):
     lib = sim(tmp_path, faults=("no-permission",))
-    with caplog.at_level(logging.WARNING, logger="skygreen.power"):
-        with cap(0.6, nvml=Nvml(lib)) as caps:
-            assert caps is None
+    with caplog.at_level(logging.WARNING, logger="skygreen.power"), cap(0.6, nvml=Nvml(lib)) as caps:
+        assert caps is None
     assert [r.message for r in caplog.records] == [
         "power cap 0.6 of the default limit not applied (no permission to set power limits); running uncapped"
     ]
     assert Ledger.default().get("GPU-simulated-v100-0") is None
-    with pytest.raises(PowerPermissionError):
-        with cap(0.6, nvml=Nvml(lib), required=True):
-            pytest.fail("the block must not run")
+    with pytest.raises(PowerPermissionError), cap(0.6, nvml=Nvml(lib), required=True):
+        pytest.fail("the block must not run")
 
 
 def test_restore_all_restores_every_live_cap(tmp_path, data_dir):
@@ -303,7 +302,9 @@ def test_adopt_leaves_a_live_owners_cap_alone(tmp_path, data_dir):
     try:
         from skygreen.power.ledger import Original
 
-        Ledger.default().record(Original(uuid=gpu.uuid, gpu=gpu.name, original_limit_w=300.0, run_id="other", pid=holder.pid))
+        Ledger.default().record(
+            Original(uuid=gpu.uuid, gpu=gpu.name, original_limit_w=300.0, run_id="other", pid=holder.pid)
+        )
         with pytest.raises(PowerError, match="another live skygreen process"):
             PowerCaps(ledger=Ledger.default()).adopt(gpu)
     finally:
@@ -358,15 +359,24 @@ def test_power_command_lists_gpus_and_caps(tmp_path):
     env = {**os.environ, "SKYGREEN_DATA_DIR": str(tmp_path), "SKYGREEN_SIMULATED_GPU": "L4"}
     kill = "import os, signal, skygreen.power\nwith skygreen.power.cap(50):\n    os.kill(os.getpid(), signal.SIGKILL)"
     assert subprocess.run([sys.executable, "-c", kill], env=env).returncode == -signal.SIGKILL
-    out = subprocess.run([sys.executable, "-m", "skygreen.cli", "power", "--json"], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", "power", "--json"], env=env, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     (gpu,) = json.loads(out.stdout)["gpus"]
-    assert (gpu["power_limit_w"], gpu["default_limit_w"], gpu["min_limit_w"], gpu["max_limit_w"]) == (50.0, 72.0, 29.0, 72.0)
+    assert (gpu["power_limit_w"], gpu["default_limit_w"], gpu["min_limit_w"], gpu["max_limit_w"]) == (
+        50.0,
+        72.0,
+        29.0,
+        72.0,
+    )
     assert gpu["simulated"] and gpu["skygreen_cap"]["state"] == "left by a killed process"
     text = subprocess.run([sys.executable, "-m", "skygreen.cli", "power"], env=env, capture_output=True, text=True)
     assert text.returncode == 0 and "L4 (simulated)" in text.stdout and "simulated GPU" in text.stdout
     env.pop("SKYGREEN_SIMULATED_GPU")
-    real = subprocess.run([sys.executable, "-m", "skygreen.cli", "power", "--json"], env=env, capture_output=True, text=True)
+    real = subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", "power", "--json"], env=env, capture_output=True, text=True
+    )
     report = json.loads(real.stdout)
     assert real.returncode == 0 and not any(g["simulated"] for g in report["gpus"])
     assert report["gpus"] or report["reason"]  # no GPU here: it says why (and exits 0)

@@ -67,12 +67,19 @@ def test_auto_profiles_the_ladder_then_keeps_the_models_best(tmp_path, clock):
     train(gov, clock, len(ladder) * 3)
     assert gov.profile is not None
     expected = choose(
-        [ProfilePoint(limit_w=w, energy_j=model_draw_fraction(w / 300) * 300 * model_time_ratio(w / 300), time_s=model_time_ratio(w / 300)) for w in ladder],
+        [
+            ProfilePoint(
+                limit_w=w,
+                energy_j=model_draw_fraction(w / 300) * 300 * model_time_ratio(w / 300),
+                time_s=model_time_ratio(w / 300),
+            )
+            for w in ladder
+        ],
         eta=0.5,
     )
     assert gov.profile.chosen_w == expected.limit_w
     # the first rung is the max, which the board already has: no call for it
-    assert sets_w(lib) == list(ladder[1:]) + [expected.limit_w]
+    assert sets_w(lib) == [*ladder[1:], expected.limit_w]
     state = gov.state_dict()
     assert state["profile"]["chosen_w"] == expected.limit_w and state["saving_vs_uncapped"] > 0.1
     train(gov, clock, 3)
@@ -81,7 +88,7 @@ def test_auto_profiles_the_ladder_then_keeps_the_models_best(tmp_path, clock):
 
 
 def test_resume_on_the_same_gpu_type_does_not_profile_again(tmp_path, clock):
-    lib, gov = make(tmp_path, clock)
+    _, gov = make(tmp_path, clock)
     gov.start()
     train(gov, clock, 30)
     saved = gov.state_dict()
@@ -91,33 +98,35 @@ def test_resume_on_the_same_gpu_type_does_not_profile_again(tmp_path, clock):
     assert again.profiler is None and again.cap_w == saved["profile"]["chosen_w"]
     again.close()
     assert sets_w(lib2) == [saved["profile"]["chosen_w"], 300.0]
-    lib3, other = make(tmp_path, clock, gpu="A100")
+    _, other = make(tmp_path, clock, gpu="A100")
     other.start(saved)  # profiled on a V100: an A100 profiles again
     assert other.profiler is not None and other.profiler.limit_w == 400.0
     other.close()
 
 
 def test_a_profile_cut_by_preemption_goes_on_from_the_next_rung(tmp_path, clock):
-    lib, gov = make(tmp_path, clock)
+    _, gov = make(tmp_path, clock)
     gov.start()
     train(gov, clock, 7)  # two rungs measured, the third begun
     saved = gov.state_dict()
     assert len(saved["points"]) == 2 and saved["profile"] is None
     gov.close()
-    lib2, again = make(tmp_path, clock)
+    _, again = make(tmp_path, clock)
     again.start(saved)
     assert again.profiler.limit_w == again.profiler.ladder[2]
     again.close()
 
 
 def test_no_permission_is_one_line_then_metering(tmp_path, clock, caplog):
-    lib, gov = make(tmp_path, clock, "0.6", faults=("no-permission",))
+    _, gov = make(tmp_path, clock, "0.6", faults=("no-permission",))
     with caplog.at_level(logging.WARNING, logger="skygreen.power"):
         gov.start()
     train(gov, clock, 2)
     assert [r.message for r in caplog.records] == [
-        "power cap 0.6 of the default limit not applied: no permission to set GPU power limits "
-        "(needs CAP_SYS_ADMIN or root); metering energy only"
+        (
+            "power cap 0.6 of the default limit not applied: no permission to set GPU power limits "
+            "(needs CAP_SYS_ADMIN or root); metering energy only"
+        )
     ]
     assert gov.cap_w is None and gov.take_j() > 0 and gov.method == "simulated"
     gov.close()
@@ -125,7 +134,7 @@ def test_no_permission_is_one_line_then_metering(tmp_path, clock, caplog):
 
 def test_required_fails_before_training(tmp_path, clock):
     lib, gov = make(tmp_path, clock, "auto", faults=("no-permission",), required=True)
-    with pytest.raises(RuntimeSetupError, match="power.required is true"):
+    with pytest.raises(RuntimeSetupError, match=r"power\.required is true"):
         gov.start()
     assert sets_w(lib) == [300.0]  # the permission probe: the current limit, set again
     cpu = PowerGovernor(None, request=CapRequest.parse("0.6"), required=True, reason="no GPU: this run trained on CPU")

@@ -15,23 +15,29 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_train as job  # noqa: E402
-from test_runtime_preemption import start_tiny, tiny_env, wait_for_commit  # noqa: E402
-
-from skygreen.errors import RuntimeSetupError  # noqa: E402
-from skygreen.power.ledger import Ledger  # noqa: E402
-from skygreen.power.simulated import SimulatedNvml  # noqa: E402
-from skygreen.runtime import PREEMPTED_EXIT_CODE  # noqa: E402
-from skygreen.runtime.checkpointer import Checkpointer  # noqa: E402
-from skygreen.runtime.compare import first_difference  # noqa: E402
+import ddp_train as job
+from skygreen.errors import RuntimeSetupError
+from skygreen.power.ledger import Ledger
+from skygreen.power.simulated import SimulatedNvml
+from skygreen.runtime import PREEMPTED_EXIT_CODE
+from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.runtime.compare import first_difference
+from test_runtime_preemption import start_tiny, tiny_env, wait_for_commit
 
 TOTAL_STEPS = 20
 LADDER_STEPS = 18  # 2 settling steps, then the V100 ladder: 8 limits x (1 warm-up + 1 measured)
-IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']", "state['counters']['energy_j']", "state['power']"})
+IGNORE = frozenset(
+    {"state['counters']['wall_s']", "state['counters']['restarts']", "state['counters']['energy_j']", "state['power']"}
+)
 
 
 def sim_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {"SKYGREEN_SIMULATED_GPU": "V100", "SKYGREEN_DATA_DIR": str(tmp_path / "data"), "SKYGREEN_POWER_PROFILE_STEPS": "1,1,2", **extra}
+    return {
+        "SKYGREEN_SIMULATED_GPU": "V100",
+        "SKYGREEN_DATA_DIR": str(tmp_path / "data"),
+        "SKYGREEN_POWER_PROFILE_STEPS": "1,1,2",
+        **extra,
+    }
 
 
 def board(tmp_path: Path) -> SimulatedNvml:
@@ -81,10 +87,12 @@ def test_auto_profiles_real_steps_resumes_without_profiling_and_stays_bit_identi
 
     run = job.train(job.settings(tmp_path / "b", power_cap="auto"), TOTAL_STEPS, environ=env)
     # the saved profile: no ladder again (on this noisy CPU the choice may be the max, already set)
-    assert sim.set_calls_w()[len(first):] == ([] if chosen == 300.0 else [chosen, 300.0])
+    assert sim.set_calls_w()[len(first) :] == ([] if chosen == 300.0 else [chosen, 300.0])
     assert limit_w(sim) == 300.0 and run.counters["energy_j"] > 0
     done = final(tmp_path / "b")
-    assert first_difference(reference.state, done.state, ignore=IGNORE) is None, first_difference(reference.state, done.state, ignore=IGNORE)
+    assert first_difference(reference.state, done.state, ignore=IGNORE) is None, first_difference(
+        reference.state, done.state, ignore=IGNORE
+    )
     assert first_difference(reference.rank_state, done.rank_state) is None
 
 
@@ -105,7 +113,7 @@ def test_no_permission_meters_only_and_required_stops_before_training(tmp_path):
     run = job.train(job.settings(tmp_path / "b", power_cap="0.6"), 4, environ=env)
     assert run.counters["energy_j"] > 0 and run.power.cap_w is None
     assert final(tmp_path / "b").manifest.meta["power"]["cap_w"] is None
-    with pytest.raises(RuntimeSetupError, match="power.required is true"):
+    with pytest.raises(RuntimeSetupError, match=r"power\.required is true"):
         job.train(job.settings(tmp_path / "c", power_cap="0.6", power_required=True), 4, environ=env)
     assert Checkpointer(f"{tmp_path / 'c'}/run").load_latest() is None  # no step trained
 
@@ -122,7 +130,7 @@ def test_sigterm_restores_the_limit(tmp_path):
     wait_for_commit(tmp_path, "victim", proc)
     assert limit_w(board(tmp_path)) == 180.0
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, err
     assert board(tmp_path).set_calls_w() == [180.0, 300.0]
     assert Ledger(tmp_path / "data" / "power" / "originals").all() == []
@@ -144,7 +152,7 @@ def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
     board_before_j = counter_j(tmp_path)
 
     again = start_tiny(env)
-    out, err = again.communicate(timeout=300)
+    _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     assert "restored the original power limit 300 W" in err
     # restore to the ORIGINAL 300 W (not the 180 W found), cap again, restore at the end
@@ -168,7 +176,14 @@ def test_status_of_a_real_local_run_shows_energy_co2e_cap_and_the_statement(priv
                SKYGREEN_SIMULATED_GPU="V100", SKYGREEN_POWER_PROFILE_STEPS="1,2,2")  # fmt: skip
 
     def skygreen(*args: str, environ=env) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "skygreen.cli", *args], env=environ, capture_output=True, text=True, cwd=repo, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "skygreen.cli", *args],
+            env=environ,
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            timeout=300,
+        )
 
     up = skygreen("up", "tasks/tiny.yaml", "--local", "--no-smoke")
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
@@ -187,6 +202,7 @@ def test_status_of_a_real_local_run_shows_energy_co2e_cap_and_the_statement(priv
 
     cpu_env = {k: v for k, v in env.items() if k != "SKYGREEN_SIMULATED_GPU"}
     assert skygreen("up", "tasks/tiny.yaml", "--local", "--no-smoke", environ=cpu_env).returncode == 0
-    cpu = [r for r in json.loads(skygreen("status", "--json", environ=cpu_env).stdout) if r["run_id"] != run["run_id"]][0]
+    listed = json.loads(skygreen("status", "--json", environ=cpu_env).stdout)
+    cpu = next(r for r in listed if r["run_id"] != run["run_id"])
     assert cpu["energy"]["method"] == "none" and cpu["energy"]["reason"] == "no GPU: this run trained on CPU"
     assert "none: no GPU: this run trained on CPU" in skygreen("status", cpu["run_id"], environ=cpu_env).stdout

@@ -100,7 +100,10 @@ def print_statement(r: RunStatus, out: TextIO) -> None:
     if r.energy is None:
         out.write(f"run {r.run_id} has no committed checkpoint yet: no energy to state\n")
         return
-    out.write(statement(EnergyReport(**r.energy), run_id=r.run_id, cost_usd=r.spend_usd, cost_estimated=r.spend_estimated) + "\n")
+    out.write(
+        statement(EnergyReport(**r.energy), run_id=r.run_id, cost_usd=r.spend_usd, cost_estimated=r.spend_estimated)
+        + "\n"
+    )
 
 
 def print_launched(result: UpResult, out: TextIO) -> None:

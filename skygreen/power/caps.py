@@ -85,7 +85,11 @@ class PowerCaps:
         if gpu.uuid not in self._originals:
             self._originals[gpu.uuid] = (gpu, current_w)
             if self.ledger is not None:
-                self.ledger.record(Original(uuid=gpu.uuid, gpu=gpu.name, original_limit_w=current_w, run_id=self.run_id, pid=os.getpid()))
+                self.ledger.record(
+                    Original(
+                        uuid=gpu.uuid, gpu=gpu.name, original_limit_w=current_w, run_id=self.run_id, pid=os.getpid()
+                    )
+                )
         try:
             gpu.set_power_limit_w(target_w)
         except PowerError:

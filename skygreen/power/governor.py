@@ -76,7 +76,7 @@ class PowerGovernor:
         self.gpu_type = gpu_type or (gpu.name.replace(" (simulated)", "") if gpu else None)
         self.reason = reason
         """Why there is no GPU energy (method `none`)."""
-        self.caps = PowerCaps(ledger=ledger, run_id=run_id) if gpu is not None else None
+        self.caps = PowerCaps(ledger=ledger, run_id=run_id)
         self.meter: GpuEnergyMeter | None = None
         self.limits: Limits | None = None
         self.profiler: LadderProfiler | None = None
@@ -115,14 +115,23 @@ class PowerGovernor:
         if self.request.mode == "auto":
             self._start_auto(saved)
         else:
-            decision = resolve(self.request, self.limits)
+            decision = resolve(self.request, self._limits())
             if decision.clamp_note:
                 log.warning("GPU %d: %s", self.gpu.index, decision.clamp_note)
             self._apply(decision.target_w, why=f"power cap {self.request.describe()}")
 
+    def _device(self) -> Gpu:
+        assert self.gpu is not None, "only called once a GPU is known"
+        return self.gpu
+
+    def _limits(self) -> Limits:
+        assert self.limits is not None, "only called after start() read the limits"
+        return self.limits
+
     def _probe_permission(self) -> None:
+        gpu = self._device()
         try:
-            self.gpu.set_power_limit_w(self.gpu.power_limit_w())
+            gpu.set_power_limit_w(gpu.power_limit_w())
         except PowerError as e:
             self.close()
             raise RuntimeSetupError(
@@ -141,7 +150,7 @@ class PowerGovernor:
         if saved.get("gpu") and not same_gpu:
             log.warning("power: resumed on %s (profiled on %s); profiling again", self.gpu_type, saved.get("gpu"))
         points = [ProfilePoint(**p) for p in saved.get("points", [])] if same_gpu else []
-        ladder = ladder_w(self.limits)
+        ladder = ladder_w(self._limits())
         self.profiler = LadderProfiler(self.gpu_type or "gpu", ladder, eta=self.eta, warmup_steps=self._warmup,
                                        measure_steps=self._measure, settle_steps=self._settle, points=points)  # fmt: skip
         log.info("power: profiling %d limits (%s W) over the first %d steps, then keeping the best (eta %g)",
@@ -159,7 +168,7 @@ class PowerGovernor:
             return
         if self._sync is not None:
             self._sync()
-        energy_j, time_s = self.meter.read_j(), self._clock()
+        energy_j, time_s = self.energy_j(), self._clock()
         if self._reduce is not None:
             energy_j, time_s = self._reduce(energy_j, time_s)
         before = self.profiler.limit_w
@@ -169,32 +178,41 @@ class PowerGovernor:
             p = self.profile
             self._apply(p.chosen_w, why=None)
             log.warning("power: auto cap %g W of %g W default (profiled %d limits, eta %g): %.1f%% less energy per step, %+.1f%% time",
-                        p.chosen_w, self.limits.default_w, len(p.points), p.eta, 100 * p.saving_vs_uncapped, 100 * p.slowdown_vs_uncapped)  # fmt: skip
+                        p.chosen_w, self._limits().default_w, len(p.points), p.eta, 100 * p.saving_vs_uncapped, 100 * p.slowdown_vs_uncapped)  # fmt: skip
         elif self.profiler.limit_w != before:
             self._apply(self.profiler.limit_w, why=None)
 
     def _apply(self, target_w: float | None, *, why: str | None) -> None:
         if target_w is None or not self.capping:
             return
+        gpu = self._device()
         try:
-            changed = self.caps.set(self.gpu, target_w)
+            changed = self.caps.set(gpu, target_w)
         except PowerError as e:
             self._give_up(e)
             return
         self.cap_w = target_w
         if why and changed:
-            log.warning("GPU %d: %s: power limit %g W (default %g W)", self.gpu.index, why, target_w, self.limits.default_w)
+            log.warning(
+                "GPU %d: %s: power limit %g W (default %g W)", gpu.index, why, target_w, self._limits().default_w
+            )
 
     def _give_up(self, error: PowerError) -> None:
         """No permission (or no NVML feature): one line, then metering only."""
         if self.required and self.request.mode != "off":
-            raise RuntimeSetupError(f"power.required is true and the cap cannot be applied: {str(error).splitlines()[0]}") from error
+            raise RuntimeSetupError(
+                f"power.required is true and the cap cannot be applied: {str(error).splitlines()[0]}"
+            ) from error
         self.capping = False
         self.profiler = None
         self.cap_w = None
         if self.caps is not None:
             self.caps.restore()
-        why = "no permission to set GPU power limits (needs CAP_SYS_ADMIN or root)" if isinstance(error, PowerPermissionError) else str(error).splitlines()[0]
+        why = (
+            "no permission to set GPU power limits (needs CAP_SYS_ADMIN or root)"
+            if isinstance(error, PowerPermissionError)
+            else str(error).splitlines()[0]
+        )
         log.warning("power cap %s not applied: %s; metering energy only", self.request.describe(), why)
 
     # -- energy ---------------------------------------------------------------------------
@@ -272,8 +290,12 @@ def open_gpu(*, cuda_uuid: str | None, local_rank: int, environ: Mapping[str, st
         nvml = Nvml(environ=environ)
         if simulated:
             if local_rank >= nvml.device_count():
-                return None, f"{SIMULATED_GPU_ENV} simulates {nvml.device_count()} GPU(s), none for local rank {local_rank}"
+                return (
+                    None,
+                    f"{SIMULATED_GPU_ENV} simulates {nvml.device_count()} GPU(s), none for local rank {local_rank}",
+                )
             return nvml.device(local_rank), None
+        assert cuda_uuid is not None
         uuid = cuda_uuid if cuda_uuid.startswith("GPU-") else f"GPU-{cuda_uuid}"
         return nvml.device_by_uuid(uuid), None
     except PowerError as e:

@@ -55,7 +55,7 @@ class Ledger:
 
     @classmethod
     def default(cls, environ: Mapping[str, str] | None = None) -> Ledger:
-        from skygreen.registry import data_dir
+        from skygreen.launch.registry import data_dir
 
         return cls(data_dir(environ) / "power" / "originals")
 

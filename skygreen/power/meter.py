@@ -31,6 +31,7 @@ class GpuEnergyMeter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._start_j: float | None
         try:
             self._start_j = gpu.energy_j()
             self.measured_by = "nvml-counter"

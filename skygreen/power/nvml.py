@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from skygreen.errors import (
@@ -39,8 +38,10 @@ NVML_ERROR_GPU_IS_LOST = 15
 ERROR_TABLE: Mapping[int, tuple[type[PowerError], str]] = {
     NVML_ERROR_NO_PERMISSION: (
         PowerPermissionError,
-        "no permission to {action}\n  fix: run as root, or give the container CAP_SYS_ADMIN "
-        "(docker run --cap-add SYS_ADMIN); reading power and energy needs no permission",
+        (
+            "no permission to {action}\n  fix: run as root, or give the container CAP_SYS_ADMIN "
+            "(docker run --cap-add SYS_ADMIN); reading power and energy needs no permission"
+        ),
     ),
     NVML_ERROR_NOT_SUPPORTED: (PowerNotSupportedError, "{action}: not supported on this GPU or driver"),
     NVML_ERROR_GPU_IS_LOST: (GpuLostError, "{action}: the GPU is lost (fell off the bus or stopped answering)"),
@@ -57,7 +58,7 @@ def translate(error: Exception, action: str) -> PowerError:
     return cls(template.format(action=action, code=code, error=error))
 
 
-def load_library(environ: Mapping[str, str] | None = None) -> ModuleType:
+def load_library(environ: Mapping[str, str] | None = None) -> Any:
     """`pynvml`, or the simulated GPU when `SKYGREEN_SIMULATED_GPU` names one."""
     environ = os.environ if environ is None else environ
     if environ.get(SIMULATED_GPU_ENV):
@@ -150,7 +151,11 @@ class Gpu:
 
     def set_power_limit_w(self, power_limit_w: float) -> None:
         """Needs root or CAP_SYS_ADMIN (`PowerPermissionError` otherwise); NVML takes whole milliwatts."""
-        self._call(f"setting the power limit to {power_limit_w:g} W", "nvmlDeviceSetPowerManagementLimit", int(round(power_limit_w * 1000)))
+        self._call(
+            f"setting the power limit to {power_limit_w:g} W",
+            "nvmlDeviceSetPowerManagementLimit",
+            round(power_limit_w * 1000),
+        )
 
     def energy_j(self) -> float:
         """The board's total energy since the driver loaded (Volta and newer; a counter that only grows)."""

@@ -73,7 +73,9 @@ class CapRequest:
         try:
             value = float(raw)
         except ValueError:
-            raise ValueError(f"power cap must be auto, off, watts or a fraction of the default limit, got {text!r}") from None
+            raise ValueError(
+                f"power cap must be auto, off, watts or a fraction of the default limit, got {text!r}"
+            ) from None
         return cls(mode="fraction" if value <= 1.0 else "watts", value=value)
 
     def describe(self) -> str:
@@ -98,7 +100,10 @@ def clamp_w(want_w: float, limits: Limits) -> tuple[float, str | None]:
     if got == want_w:
         return got, None
     side = "minimum" if want_w < limits.min_w else "maximum"
-    return got, f"power cap {want_w:g} W is outside this GPU's range {limits.min_w:g}-{limits.max_w:g} W; using its {side}, {got:g} W"
+    return (
+        got,
+        f"power cap {want_w:g} W is outside this GPU's range {limits.min_w:g}-{limits.max_w:g} W; using its {side}, {got:g} W",
+    )
 
 
 def resolve(request: CapRequest, limits: Limits) -> Resolved:
@@ -241,7 +246,11 @@ class LadderProfiler:
         elif self._steps_on_rung == self.warmup_steps + self.measure_steps and self._mark is not None:
             e0, t0 = self._mark
             n = self.measure_steps
-            self.points.append(ProfilePoint(limit_w=self.ladder[len(self.points)], energy_j=(energy_j - e0) / n, time_s=(time_s - t0) / n))
+            self.points.append(
+                ProfilePoint(
+                    limit_w=self.ladder[len(self.points)], energy_j=(energy_j - e0) / n, time_s=(time_s - t0) / n
+                )
+            )
             self._steps_on_rung, self._mark = 0, None
             self._finish_if_done()
 

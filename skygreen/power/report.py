@@ -44,7 +44,11 @@ def local_gpus(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             "state": "active" if left.owner_alive else "left by a killed process",
         }  # fmt: skip
         rows.append(row)
-    return {"gpus": rows, "reason": None if rows else "NVML sees no GPU", "simulated": bool(environ.get(SIMULATED_GPU_ENV))}
+    return {
+        "gpus": rows,
+        "reason": None if rows else "NVML sees no GPU",
+        "simulated": bool(environ.get(SIMULATED_GPU_ENV)),
+    }
 
 
 def print_gpus(report: Mapping[str, Any], out: TextIO) -> None:
@@ -56,11 +60,22 @@ def print_gpus(report: Mapping[str, Any], out: TextIO) -> None:
     table = [header]
     for g in report["gpus"]:
         cap = g["skygreen_cap"]
-        cap_text = "-" if cap is None else f"{cap['state']} (run {cap['run_id'] or '-'}, pid {cap['pid']}, original {cap['original_limit_w']:g} W)"
-        table.append((str(g["index"]), g["name"], *(_w(g[k]) for k in ("power_limit_w", "default_limit_w", "min_limit_w", "max_limit_w")), cap_text))
+        cap_text = (
+            "-"
+            if cap is None
+            else f"{cap['state']} (run {cap['run_id'] or '-'}, pid {cap['pid']}, original {cap['original_limit_w']:g} W)"
+        )
+        table.append(
+            (
+                str(g["index"]),
+                g["name"],
+                *(_w(g[k]) for k in ("power_limit_w", "default_limit_w", "min_limit_w", "max_limit_w")),
+                cap_text,
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
     if any(g["simulated"] for g in report["gpus"]):
         out.write(f"simulated GPU ({SIMULATED_GPU_ENV}): limits and energy come from skygreen's model, not hardware\n")
 

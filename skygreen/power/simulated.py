@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skygreen.gpus import GPUS, GPU_NAMES, canonical_gpu_name
+from skygreen.gpus import GPU_NAMES, GPUS, canonical_gpu_name
 
 SIMULATED_GPU_ENV = "SKYGREEN_SIMULATED_GPU"
 FAULTS_ENV = "SKYGREEN_SIMULATED_GPU_FAULTS"
@@ -129,7 +129,7 @@ class SimulatedNvml:
         self.state_dir = Path(state_dir)
         self.faults = tuple(faults)
         self.tdp_mw = int(GPUS[name].tdp_w * 1000)
-        self.min_mw = int(round(GPUS[name].tdp_w * MIN_LIMIT_FRACTION)) * 1000
+        self.min_mw = round(GPUS[name].tdp_w * MIN_LIMIT_FRACTION) * 1000
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         """Every call made, in order: (function name, arguments without the handle)."""
         self._sleep = sleep
@@ -280,7 +280,7 @@ def parse_env(value: str) -> tuple[str, int]:
 
 
 def state_dir(environ: Mapping[str, str]) -> Path:
-    from skygreen.registry import data_dir
+    from skygreen.launch.registry import data_dir
 
     return data_dir(environ) / "simulated-gpu"
 

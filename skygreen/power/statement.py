@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from skygreen import carbon
-from skygreen.cost import PUE
+from skygreen.plan import carbon
+from skygreen.plan.cost import PUE
 
 LOCAL_PUE = 1.0
 J_PER_KWH = 3.6e6
@@ -84,7 +84,13 @@ def energy_report(meta: Mapping[str, Any], *, cloud: str | None, region: str | N
 
 def cap_text(r: EnergyReport) -> str:
     if r.cap_w is None:
-        return "none" if r.method == "none" else f"none (default limit {r.default_limit_w:g} W)" if r.default_limit_w else "none"
+        return (
+            "none"
+            if r.method == "none"
+            else f"none (default limit {r.default_limit_w:g} W)"
+            if r.default_limit_w
+            else "none"
+        )
     text = f"{r.cap_w:g} W of {r.default_limit_w:g} W default" if r.default_limit_w else f"{r.cap_w:g} W"
     if r.saving_vs_uncapped is not None:
         text += f", {100 * r.saving_vs_uncapped:.1f}% less energy per step than uncapped (measured)"
@@ -118,7 +124,11 @@ def statement(r: EnergyReport, *, run_id: str, cost_usd: float | None, cost_esti
     if r.method == "none":
         cap = ""
     else:
-        cap = f" The GPUs ran with a power cap of {cap_text(r)}." if r.cap_w is not None else " The GPUs ran without a power cap."
+        cap = (
+            f" The GPUs ran with a power cap of {cap_text(r)}."
+            if r.cap_w is not None
+            else " The GPUs ran without a power cap."
+        )
     cost = "" if cost_usd is None else f" The compute cost {'about ' if cost_estimated else ''}${cost_usd:,.2f}."
     return f"Energy statement: training run {run_id} ran on {where}. {energy}{cap}{cost}"
 

@@ -18,8 +18,9 @@ import torch
 from skygreen.errors import RuntimeSetupError
 from skygreen.power.governor import PowerGovernor, open_gpu
 from skygreen.power.ledger import Ledger
-from skygreen.runtime.ranks import all_reduce
+from skygreen.power.nvml import Gpu
 from skygreen.power.policy import DEFAULT_ETA, MEASURE_STEPS, SETTLE_STEPS, WARMUP_STEPS, CapRequest
+from skygreen.runtime.ranks import all_reduce
 
 if TYPE_CHECKING:
     from skygreen.runtime.run import Run
@@ -29,6 +30,8 @@ PROFILE_STEPS_ENV = "SKYGREEN_POWER_PROFILE_STEPS"
 
 def make_governor(run: Run) -> PowerGovernor:
     environ = run._environ
+    gpu: Gpu | None
+    reason: str | None
     if run.smoke:
         gpu, reason = None, "smoke test on CPU"
     else:
@@ -70,9 +73,11 @@ def _profile_steps(raw: str | None) -> tuple[int, int, int]:
         return WARMUP_STEPS, MEASURE_STEPS, SETTLE_STEPS
     try:
         values = [int(v) for v in raw.split(",")]
-        warmup, measure, settle = (values + [SETTLE_STEPS])[:3] if len(values) in (2, 3) else (0, 0, 0)
+        warmup, measure, settle = [*values, SETTLE_STEPS][:3] if len(values) in (2, 3) else (0, 0, 0)
         if warmup < 1 or measure < 1 or settle < 0:
             raise ValueError
     except ValueError:
-        raise RuntimeSetupError(f"{PROFILE_STEPS_ENV}={raw!r}: expected WARMUP,MEASURED[,SETTLE], integers >= 1 (e.g. 1,4,5)") from None
+        raise RuntimeSetupError(
+            f"{PROFILE_STEPS_ENV}={raw!r}: expected WARMUP,MEASURED[,SETTLE], integers >= 1 (e.g. 1,4,5)"
+        ) from None
     return warmup, measure, settle
