@@ -30,14 +30,10 @@ sys.path.insert(0, str(REPO))
 from skygreen.gpus import GPUS  # noqa: E402
 from skygreen.power.governor import PowerGovernor  # noqa: E402
 from skygreen.power.ledger import Ledger  # noqa: E402
+from skygreen.power.model import MIN_LIMIT_FRACTION, model_draw_fraction, model_time_ratio  # noqa: E402
 from skygreen.power.nvml import Nvml  # noqa: E402
 from skygreen.power.policy import CapRequest, ProfilePoint, zeus_cost  # noqa: E402
-from skygreen.power.simulated import (  # noqa: E402
-    MIN_LIMIT_FRACTION,
-    SimulatedNvml,
-    model_draw_fraction,
-    model_time_ratio,
-)
+from skygreen.power.simulated import SimulatedNvml  # noqa: E402
 
 GPU_TYPES = ("V100", "A100", "H100", "L4", "T4", "A10G")
 ETAS = (0.25, 0.5, 0.75)

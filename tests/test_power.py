@@ -17,6 +17,7 @@ from skygreen.power import caps as caps_mod
 from skygreen.power.caps import PowerCaps, cap, limits_of, restore_all
 from skygreen.power.ledger import Ledger
 from skygreen.power.meter import GpuEnergyMeter
+from skygreen.power.model import model_energy_ratio, model_time_ratio
 from skygreen.power.nvml import Nvml, load_library, translate
 from skygreen.power.policy import (
     CapRequest,
@@ -30,7 +31,7 @@ from skygreen.power.policy import (
     needs_set,
     resolve,
 )
-from skygreen.power.simulated import SimulatedNvml, model_energy_ratio, model_time_ratio
+from skygreen.power.simulated import SimulatedNvml
 
 SET = "nvmlDeviceSetPowerManagementLimit"
 

@@ -9,9 +9,10 @@ import pytest
 from skygreen.errors import RuntimeSetupError
 from skygreen.power.governor import PowerGovernor, open_gpu
 from skygreen.power.ledger import Ledger
+from skygreen.power.model import model_draw_fraction, model_time_ratio
 from skygreen.power.nvml import Nvml
 from skygreen.power.policy import CapRequest, Limits, ProfilePoint, choose, ladder_w
-from skygreen.power.simulated import SimulatedNvml, model_draw_fraction, model_time_ratio
+from skygreen.power.simulated import SimulatedNvml
 
 SET = "nvmlDeviceSetPowerManagementLimit"
 

@@ -14,18 +14,8 @@ The device, like a real data-centre board:
 - the counter (millijoules) only grows: it integrates the modelled draw over the wall time a
   process has the device open (a simulated GPU is "busy" while it is open).
 
-The power and speed model (fractions of the default limit; `model_*` below). A compute-bound
-training step at relative clock f takes 1/f of its uncapped time; a capped board draws its cap;
-uncapped it draws D of its default limit. Board power falls with the clock as
-P = s + (D - s) f^k (s: the floor that does not scale with the clock: memory, leakage, fans).
-Calibrated to the MIT Lincoln Lab study (arXiv 2205.09646; V100, 150 W of 250 W = 0.6 of the
-default limit: -13.7% energy, +6.8% time):
-    D = 0.6 x 1.068 / 0.863 = 0.743      (the uncapped draw those two figures imply)
-    s = 0.2                               (chosen; k follows from the time figure)
-    k = ln((0.6 - s) / (D - s)) / ln(1 / 1.068) = 4.6
-so the model reproduces exactly -13.7% energy and +6.8% time at 0.6, and below about half the
-default limit the slowdown grows faster than the power falls (Zeus's profiles show the same
-turn). The slowdown is made real: `skygreenSimSynchronize` (what `Gpu.synchronize` calls at a
+The power and speed model is `skygreen.power.model` (the planner uses the same one, calibrated
+to the V100 study: -13.7% energy and +6.8% time at 0.6 of the default limit). The slowdown is made real: `skygreenSimSynchronize` (what `Gpu.synchronize` calls at a
 step boundary) sleeps the extra time the capped board would have needed for the host work done
 since the last call.
 
@@ -38,7 +28,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import time
 from collections.abc import Mapping
@@ -48,43 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.gpus import GPU_NAMES, GPUS, canonical_gpu_name
+from skygreen.power.model import MIN_LIMIT_FRACTION, model_draw_fraction, model_time_ratio
 
 SIMULATED_GPU_ENV = "SKYGREEN_SIMULATED_GPU"
 FAULTS_ENV = "SKYGREEN_SIMULATED_GPU_FAULTS"
 FAULTS = ("no-permission", "no-energy-counter", "no-library", "gpu-lost")
-MIN_LIMIT_FRACTION = 0.4
-
-STUDY_CAP_FRACTION = 0.6
-STUDY_ENERGY_RATIO = 1 - 0.137
-STUDY_TIME_RATIO = 1 + 0.068
-UNCAPPED_DRAW_FRACTION = STUDY_CAP_FRACTION * STUDY_TIME_RATIO / STUDY_ENERGY_RATIO
-FLOOR_FRACTION = 0.2
-CLOCK_EXPONENT = math.log((STUDY_CAP_FRACTION - FLOOR_FRACTION) / (UNCAPPED_DRAW_FRACTION - FLOOR_FRACTION)) / math.log(
-    1 / STUDY_TIME_RATIO
-)
-
-
-def model_clock(cap_fraction: float) -> float:
-    """Relative clock (1.0 = uncapped) of a compute-bound board capped at `cap_fraction` of its default limit."""
-    if cap_fraction >= UNCAPPED_DRAW_FRACTION:
-        return 1.0
-    headroom = max(cap_fraction - FLOOR_FRACTION, 1e-6) / (UNCAPPED_DRAW_FRACTION - FLOOR_FRACTION)
-    return headroom ** (1 / CLOCK_EXPONENT)
-
-
-def model_time_ratio(cap_fraction: float) -> float:
-    """Step time against the uncapped step time."""
-    return 1.0 / model_clock(cap_fraction)
-
-
-def model_draw_fraction(cap_fraction: float) -> float:
-    """Average board power under training load, as a fraction of the default limit."""
-    return min(cap_fraction, UNCAPPED_DRAW_FRACTION)
-
-
-def model_energy_ratio(cap_fraction: float) -> float:
-    """Energy per step against the uncapped energy per step."""
-    return model_draw_fraction(cap_fraction) * model_time_ratio(cap_fraction) / UNCAPPED_DRAW_FRACTION
 
 
 class NVMLError(Exception):
