@@ -124,10 +124,13 @@ def test_cpu_run_says_none_and_why(tmp_path):
     assert power["method"] == "none" and power["reason"] == "no GPU: this run trained on CPU"
 
 
+HOLD = {"SKYGREEN_TEST_HOLD_AT_STEPS": "10"}  # the run commits step 10 and waits there: no race
+
+
 def test_sigterm_restores_the_limit(tmp_path):
-    env = tiny_env(tmp_path, "victim", SKYGREEN_POWER_CAP="0.6", **sim_env(tmp_path))
+    env = tiny_env(tmp_path, "victim", SKYGREEN_POWER_CAP="0.6", **sim_env(tmp_path), **HOLD)
     proc = start_tiny(env)
-    wait_for_commit(tmp_path, "victim", proc)
+    assert wait_for_commit(tmp_path, "victim", proc, after=9) == 10
     assert limit_w(board(tmp_path)) == 180.0
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -137,16 +140,17 @@ def test_sigterm_restores_the_limit(tmp_path):
 
 
 def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
-    env = tiny_env(tmp_path, "victim", SKYGREEN_POWER_CAP="0.6", **sim_env(tmp_path))
+    env = tiny_env(tmp_path, "victim", SKYGREEN_POWER_CAP="0.6", **sim_env(tmp_path), **HOLD)
     proc = start_tiny(env)
-    step = wait_for_commit(tmp_path, "victim", proc)
+    step = wait_for_commit(tmp_path, "victim", proc, after=9)
+    assert step == 10 and proc.poll() is None  # held at step 10
     proc.kill()
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     sim = board(tmp_path)
     assert limit_w(sim) == 180.0  # the cap outlives the process, as on a real GPU
     committed = Checkpointer(f"{tmp_path}/victim").load_latest()
-    assert committed.step >= step
+    assert committed.step == step
     energy_before_j = committed.state["counters"]["energy_j"]
     assert energy_before_j > 0
     board_before_j = counter_j(tmp_path)
