@@ -16,6 +16,7 @@ cap and its measured saving, and the cost.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -117,9 +118,9 @@ def statement(r: EnergyReport, *, run_id: str, cost_usd: float | None, cost_esti
         how = {"nvml-counter": "NVML's total-energy counter", "power-sampling": "sampled NVML power readings",
                "simulated": "a simulated GPU (skygreen's power model, not hardware)"}.get(r.method, r.method)  # fmt: skip
         energy = (
-            f"It used {r.gpu_hours:.2f} GPU-hours and {r.gpu_kwh:.3f} kWh on the GPUs, measured with {how}; "
-            f"with a power usage effectiveness of {r.pue:g} that is {r.facility_kwh:.3f} kWh at the facility, "
-            f"or {r.co2e_kg:.3f} kg CO2e at {r.g_co2e_per_kwh:.0f} g CO2e/kWh ({_BASIS.get(r.carbon_basis, r.carbon_basis)})."
+            f"It used {_q(r.gpu_hours)} GPU-hours and {_q(r.gpu_kwh)} kWh on the GPUs, measured with {how}; "
+            f"with a power usage effectiveness of {r.pue:.2f} that is {_q(r.facility_kwh)} kWh at the facility, "
+            f"or {_q(r.co2e_kg)} kg CO2e at {r.g_co2e_per_kwh:.0f} g CO2e/kWh ({_BASIS.get(r.carbon_basis, r.carbon_basis)})."
         )
     if r.method == "none":
         cap = ""
@@ -131,6 +132,13 @@ def statement(r: EnergyReport, *, run_id: str, cost_usd: float | None, cost_esti
         )
     cost = "" if cost_usd is None else f" The compute cost {'about ' if cost_estimated else ''}${cost_usd:,.2f}."
     return f"Energy statement: training run {run_id} ran on {where}. {energy}{cap}{cost}"
+
+
+def _q(value: float) -> str:
+    """Three significant digits without exponents: 1,234, 12.3, 0.00123."""
+    if value == 0 or value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{max(0, 2 - math.floor(math.log10(abs(value))))}f}"
 
 
 _BASIS = {
