@@ -210,3 +210,27 @@ def test_status_of_a_real_local_run_shows_energy_co2e_cap_and_the_statement(priv
     cpu = next(r for r in listed if r["run_id"] != run["run_id"])
     assert cpu["energy"]["method"] == "none" and cpu["energy"]["reason"] == "no GPU: this run trained on CPU"
     assert "none: no GPU: this run trained on CPU" in skygreen("status", cpu["run_id"], environ=cpu_env).stdout
+
+
+def test_two_ddp_ranks_each_cap_their_own_board_and_agree_on_the_limit(tmp_path):
+    """torchrun, 2 ranks (gloo, CPU), each with its own simulated L4: one profile, one choice."""
+    from test_runtime_ddp import TORCHRUN, torchrun
+
+    if not TORCHRUN.exists():
+        pytest.skip("torchrun not installed")
+    env = {
+        "SKYGREEN_SIMULATED_GPU": "L4:2",
+        "SKYGREEN_DATA_DIR": str(tmp_path / "data"),
+        "SKYGREEN_POWER_PROFILE_STEPS": "1,1,1",
+    }
+    done = torchrun(tmp_path, "ddp", "3", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lib = SimulatedNvml("L4", count=2, state_dir=tmp_path / "data" / "simulated-gpu")
+    calls = [lib.set_calls_w(0), lib.set_calls_w(1)]
+    assert calls[0] == calls[1]  # energy summed and time maxed across ranks: the same choice on both
+    final = Checkpointer(f"{tmp_path}/ddp", rank=0, world_size=2).load_latest()
+    chosen = final.state["power"]["profile"]["chosen_w"]
+    # ladder 72 (already set), 47, 29; then the choice (unless already there); then the original back
+    expected = [47.0, 29.0] + ([chosen] if chosen != 29.0 else []) + ([72.0] if chosen != 72.0 else [])
+    assert calls[0] == expected
+    assert final.manifest.meta["power"]["method"] == "simulated" and final.manifest.meta["energy_j"] > 0
