@@ -169,7 +169,8 @@ def test_cap_requests_parse_and_resolve_with_one_clamp_line():
     assert CapRequest.parse("auto").mode == "auto" and CapRequest.parse("OFF").mode == "off"
     assert resolve(CapRequest.parse("0.6"), V100).target_w == 180.0
     low = resolve(CapRequest.parse("60"), V100)
-    assert low.target_w == 120.0 and low.clamp_note.count("\n") == 0 and "minimum, 120 W" in low.clamp_note
+    assert low.target_w == 120.0 and low.clamp_note is not None
+    assert low.clamp_note.count("\n") == 0 and "minimum, 120 W" in low.clamp_note
     assert resolve(CapRequest.parse("400"), V100).target_w == 300.0
     assert resolve(CapRequest.parse("auto"), V100).target_w is None
     assert clamp_w(200.0, V100) == (200.0, None)
@@ -202,12 +203,12 @@ def test_ladder_profiler_measures_after_warmup_and_skips_measured_rungs():
     prof.step_done(1, 0.1)  # two settling steps: not measured
     prof.step_done(2, 0.2)
     assert prof.limit_w == 300.0
-    for e, t in [(250, 1), (500, 2), (750, 3)]:  # warm-up, then two measured steps of 250 J / 1 s
+    for e, t in [(250.0, 1.0), (500.0, 2.0), (750.0, 3.0)]:  # warm-up, then two measured steps of 250 J / 1 s
         prof.step_done(e, t)
     assert prof.points == [ProfilePoint(limit_w=300.0, energy_j=250.0, time_s=1.0)] and prof.limit_w == 200.0
     for e, t in [(950, 4.05), (1150, 5.1), (1350, 6.15)]:  # 200 J / 1.05 s: 257.5 < 275
         prof.step_done(e, t)
-    assert prof.done and prof.profile.chosen_w == 200.0
+    assert prof.profile is not None and prof.profile.chosen_w == 200.0
     resumed = LadderProfiler(
         "V100", (300.0, 200.0), warmup_steps=1, measure_steps=2, settle_steps=0, points=prof.points[:1]
     )
@@ -227,8 +228,9 @@ def data_dir(tmp_path, monkeypatch):
 def test_cap_context_sets_once_and_restores(tmp_path, data_dir):
     lib = sim(tmp_path)
     with cap(0.6, nvml=Nvml(lib)) as caps:
-        assert caps.active_w == {"GPU-simulated-v100-0": 180.0}
-        assert Ledger.default().get("GPU-simulated-v100-0").original_limit_w == 300.0
+        assert caps is not None and caps.active_w == {"GPU-simulated-v100-0": 180.0}
+        original = Ledger.default().get("GPU-simulated-v100-0")
+        assert original is not None and original.original_limit_w == 300.0
     assert sets(lib) == [(0, 180000), (0, 300000)]
     assert Ledger.default().get("GPU-simulated-v100-0") is None
     with cap(300, nvml=Nvml(lib)):  # already there: no call
@@ -288,7 +290,7 @@ def test_kill_9_leaves_the_cap_and_the_next_start_restores_the_original(tmp_path
     gpu = Nvml(lib).device(0)
     assert gpu.power_limit_w() == 200.0  # the board keeps the cap, as a real one would
     left = Ledger.default(env_now).get(gpu.uuid)
-    assert left.original_limit_w == 300.0 and not left.owner_alive
+    assert left is not None and left.original_limit_w == 300.0 and not left.owner_alive
     # the next start caps again: it must first put back 300 W (not keep 200 W as "original")
     with cap(0.5, nvml=Nvml(lib)):
         assert gpu.power_limit_w() == 150.0

@@ -154,9 +154,10 @@ def test_cpu_run_meters_nothing_and_says_why():
 
 def test_open_gpu_gives_each_rank_its_simulated_board(tmp_path):
     env = {"SKYGREEN_SIMULATED_GPU": "H100:2", "SKYGREEN_DATA_DIR": str(tmp_path)}
-    assert open_gpu(cuda_uuid=None, local_rank=1, environ=env)[0].uuid == "GPU-simulated-h100-1"
+    second, _ = open_gpu(cuda_uuid=None, local_rank=1, environ=env)
+    assert second is not None and second.uuid == "GPU-simulated-h100-1"
     gpu, reason = open_gpu(cuda_uuid=None, local_rank=2, environ=env)
-    assert gpu is None and "none for local rank 2" in reason
+    assert gpu is None and reason is not None and "none for local rank 2" in reason
 
 
 def test_energy_is_taken_in_increments(tmp_path, clock):

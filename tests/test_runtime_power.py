@@ -82,6 +82,7 @@ def test_auto_profiles_real_steps_resumes_without_profiling_and_stays_bit_identi
     assert ladder == sorted(ladder, reverse=True) and ladder[-1] == 120.0
     chosen = first[7]
     saved = Checkpointer(f"{tmp_path / 'b'}/run").load_latest()
+    assert saved is not None
     assert saved.step >= LADDER_STEPS and saved.state["power"]["profile"]["chosen_w"] == chosen
     assert saved.manifest.meta["power"]["method"] == "simulated" and saved.manifest.meta["power"]["cap_w"] == chosen
 
@@ -150,7 +151,7 @@ def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
     sim = board(tmp_path)
     assert limit_w(sim) == 180.0  # the cap outlives the process, as on a real GPU
     committed = Checkpointer(f"{tmp_path}/victim").load_latest()
-    assert committed.step == step
+    assert committed is not None and committed.step == step
     energy_before_j = committed.state["counters"]["energy_j"]
     assert energy_before_j > 0
     board_before_j = counter_j(tmp_path)
@@ -229,6 +230,7 @@ def test_two_ddp_ranks_each_cap_their_own_board_and_agree_on_the_limit(tmp_path)
     calls = [lib.set_calls_w(0), lib.set_calls_w(1)]
     assert calls[0] == calls[1]  # energy summed and time maxed across ranks: the same choice on both
     final = Checkpointer(f"{tmp_path}/ddp", rank=0, world_size=2).load_latest()
+    assert final is not None
     chosen = final.state["power"]["profile"]["chosen_w"]
     # ladder 72 (already set), 47, 29; then the choice (unless already there); then the original back
     expected = [47.0, 29.0] + ([chosen] if chosen != 29.0 else []) + ([72.0] if chosen != 72.0 else [])
