@@ -383,3 +383,32 @@ def test_power_command_lists_gpus_and_caps(tmp_path):
     report = json.loads(real.stdout)
     assert real.returncode == 0 and not any(g["simulated"] for g in report["gpus"])
     assert report["gpus"] or report["reason"]  # no GPU here: it says why (and exits 0)
+
+
+def test_energy_report_applies_the_clouds_pue_and_the_regions_carbon():
+    from skygreen.plan import carbon
+    from skygreen.plan.cost import PUE
+    from skygreen.power.statement import energy_report, statement
+
+    meta = {
+        "energy_j": 7.2e6,
+        "wall_s": 3600,
+        "power": {"method": "nvml-counter", "cap_w": 250.0, "default_limit_w": 400.0, "gpus": 2},
+    }
+    r = energy_report(meta, cloud="GCP", region="us-central1")
+    assert r.gpu_kwh == 2.0 and r.pue == PUE["gcp"] and r.facility_kwh == pytest.approx(2.0 * PUE["gcp"])
+    assert r.co2e_kg == pytest.approx(r.facility_kwh * carbon.intensity("gcp", "us-central1").g_co2e_per_kwh / 1000)
+    assert r.gpu_hours == 2.0
+    text = statement(r, run_id="r1", cost_usd=3.5)
+    assert "2.00 kWh on the GPUs, measured with NVML's total-energy counter" in text
+    assert "power cap of 250 W of 400 W default" in text and "$3.50" in text
+    cpu = energy_report(
+        {"wall_s": 10, "power": {"method": "none", "reason": "no GPU: this run trained on CPU"}},
+        cloud=None,
+        region=None,
+    )
+    assert (
+        cpu.gpu_hours == 0
+        and cpu.co2e_kg == 0
+        and "No GPU energy was metered (no GPU" in statement(cpu, run_id="c", cost_usd=None)
+    )

@@ -55,6 +55,7 @@ class EnergyReport:
 def energy_report(meta: Mapping[str, Any], *, cloud: str | None, region: str | None) -> EnergyReport:
     """From a checkpoint manifest's meta (the runtime writes `energy_j`, `wall_s`, `power`)."""
     power = meta.get("power") or {}
+    cloud = cloud.lower() if cloud else None  # SkyPilot reports "GCP", the tables say "gcp"
     gpu_kwh = float(meta.get("energy_j") or 0.0) / J_PER_KWH
     pue = PUE.get(cloud, LOCAL_PUE) if cloud else LOCAL_PUE
     intensity = carbon.intensity(cloud or "", region or "")
