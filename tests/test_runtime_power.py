@@ -236,3 +236,43 @@ def test_two_ddp_ranks_each_cap_their_own_board_and_agree_on_the_limit(tmp_path)
     expected = [47.0, 29.0] + ([chosen] if chosen != 29.0 else []) + ([72.0] if chosen != 72.0 else [])
     assert calls[0] == expected
     assert final.manifest.meta["power"]["method"] == "simulated" and final.manifest.meta["energy_j"] > 0
+
+
+def test_kill_9_of_a_local_run_then_skygreen_resume_restores_the_original_limit(private_home, tmp_path):
+    """`skygreen up tasks/tiny.yaml --local` on a simulated V100 (auto cap), held at step 10 in
+    the middle of its profile, SIGKILLed, then `skygreen resume`: the board goes back to 300 W
+    before anything else, the profile goes on, and the run ends with the original limit."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    from test_local_e2e import held, kill_training, status, wait_for_step
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
+    env.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"), OMP_NUM_THREADS="1", TINY_STEPS="40",
+               SKYGREEN_SIMULATED_GPU="V100", SKYGREEN_POWER_PROFILE_STEPS="1,1,2")  # fmt: skip
+    gated = held(env, tmp_path / "release", "10")
+    cli = [sys.executable, "-m", "skygreen.cli"]
+    started = subprocess.run([*cli, "up", "tasks/tiny.yaml", "--local", "--no-smoke", "--detach"], env=gated, cwd=repo, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(subprocess.run([*cli, "status", "--json"], env=env, capture_output=True, text=True).stdout)[0][
+        "run_id"
+    ]
+    wait_for_step(gated, run_id, 10)  # held mid-profile: 300-223 W measured, 197 W just set
+    sim = SimulatedNvml("V100", state_dir=private_home / ".local" / "share" / "skygreen" / "simulated-gpu")
+    sim.nvmlInit()
+    before = sim.set_calls_w()
+    assert before == [274.0, 249.0, 223.0, 197.0] and limit_w(sim) == 197.0
+    kill_training(gated, run_id)
+    time.sleep(0.5)
+    assert limit_w(sim) == 197.0  # SIGKILL restores nothing: the cap stays on the board
+    resumed = subprocess.run([*cli, "resume", run_id], env=env, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    after = sim.set_calls_w()[len(before) :]
+    assert after[0] == 300.0  # the original, not the 197 W it found
+    assert after[1] == 197.0  # then the profile goes on: 197 W had been set at step 10 but not measured
+    assert limit_w(sim) == 300.0  # and the run ends on the original limit
+    final = status(env, run_id)
+    assert final["completed"] and final["energy"]["method"] == "simulated" and final["energy"]["gpu_kwh"] > 0
