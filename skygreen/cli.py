@@ -275,9 +275,10 @@ def smoke(task: Path) -> None:
 @json_option
 def power(json_output: bool) -> None:
     """The GPUs here: current, default, min and max power limits, and skygreen's caps on them."""
-    from skygreen.power.report import local_gpus, print_gpus
+    from skygreen import api
+    from skygreen.power.report import print_gpus
 
-    report = local_gpus()
+    report = api.power_gpus()
     if json_output:
         print_json(report)
     else:
