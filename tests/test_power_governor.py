@@ -170,3 +170,24 @@ def test_energy_is_taken_in_increments(tmp_path, clock):
     assert first == pytest.approx(second, rel=1e-3) and first == pytest.approx(2.0 * 0.74253 * 300, rel=1e-3)
     assert sets_w(lib) == []
     gov.close()
+
+
+def test_without_the_ledger_the_checkpoint_still_restores_the_original(tmp_path, clock):
+    """A killed run whose machine lost skygreen's data folder: the checkpoint's record is used."""
+    lib, gov = make(tmp_path, clock, "0.6")
+    gov.start()
+    saved = gov.state_dict()  # what the last checkpoint before the kill held
+    assert saved["original_limit_w"] == 300.0 and saved["cap_w"] == 180.0
+    import shutil
+
+    shutil.rmtree(tmp_path / "ledger")  # the process dies without restoring; its ledger is gone too
+    from skygreen.power import caps as caps_mod
+
+    caps_mod._LIVE.remove(gov.caps)  # ...and its in-memory registry with it
+    again = PowerGovernor(
+        Nvml(lib).device(0), request=CapRequest.parse("0.5"), ledger=Ledger(tmp_path / "ledger2"), clock=clock
+    )
+    again.start(saved)
+    assert sets_w(lib) == [180.0, 300.0, 150.0]  # the original first, then the new cap
+    again.close()
+    assert sets_w(lib)[-1] == 300.0

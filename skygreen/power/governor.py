@@ -41,6 +41,7 @@ from skygreen.power.policy import (
     PowerProfile,
     ProfilePoint,
     ladder_w,
+    needs_set,
     resolve,
 )
 
@@ -101,7 +102,8 @@ class PowerGovernor:
                                         "  fix: run on a GPU, or set power.required: false")  # fmt: skip
             return
         try:
-            self.caps.adopt(self.gpu)
+            if self.caps.adopt(self.gpu) is None:
+                self._restore_from_checkpoint(saved)
             self.limits = limits_of(self.gpu)
             self.meter = GpuEnergyMeter(self.gpu)
         except PowerError as e:
@@ -119,6 +121,22 @@ class PowerGovernor:
             if decision.clamp_note:
                 log.warning("GPU %d: %s", self.gpu.index, decision.clamp_note)
             self._apply(decision.target_w, why=f"power cap {self.request.describe()}")
+
+    def _restore_from_checkpoint(self, saved: Mapping[str, Any] | None) -> None:
+        """The second record of the original limit: the checkpoint. Used when the machine's
+        ledger has no entry (its data folder was lost) but this very GPU still carries the cap
+        the checkpointed run set."""
+        gpu = self._device()
+        if not saved or saved.get("uuid") != gpu.uuid:
+            return
+        original_w, cap_w = saved.get("original_limit_w"), saved.get("cap_w")
+        if original_w is None or cap_w is None:
+            return
+        current_w = gpu.power_limit_w()
+        if needs_set(current_w, original_w) and not needs_set(current_w, cap_w):
+            gpu.set_power_limit_w(original_w)
+            log.warning("GPU %d: restored the original power limit %g W recorded in the checkpoint (found %g W)",
+                        gpu.index, original_w, current_w)  # fmt: skip
 
     def _device(self) -> Gpu:
         assert self.gpu is not None, "only called once a GPU is known"
@@ -241,6 +259,7 @@ class PowerGovernor:
             "cap_w": self.cap_w,
             "default_limit_w": self.limits.default_w if self.limits else None,
             "original_limit_w": self.caps.original_w(self.gpu) if self.caps and self.gpu else None,
+            "uuid": self.gpu.uuid if self.gpu else None,
             "method": self.method,
             "reason": self.reason,
             "request": self.request.describe(),
