@@ -412,3 +412,25 @@ def test_energy_report_applies_the_clouds_pue_and_the_regions_carbon():
         and cpu.co2e_kg == 0
         and "No GPU energy was metered (no GPU" in statement(cpu, run_id="c", cost_usd=None)
     )
+
+
+def test_power_section_of_the_task_file_reaches_the_runtime_settings():
+    from skygreen.errors import SpecError
+    from skygreen.settings import RuntimeSettings
+    from skygreen.spec import parse_spec_text
+
+    spec = parse_spec_text("skygreen: {power: {cap: 0.6, required: true, eta: 0.3}}\nrun: python train.py\n")
+    power = spec.green.power
+    assert (power.mode, power.cap_fraction, power.required, power.eta) == ("fraction", 0.6, True, 0.3)
+    env = RuntimeSettings.from_spec(spec.green, run_id="r", bucket="/b").to_env()
+    assert (env["SKYGREEN_POWER_CAP"], env["SKYGREEN_POWER_REQUIRED"], env["SKYGREEN_POWER_ETA"]) == (
+        "0.6",
+        "true",
+        "0.3",
+    )
+    back = RuntimeSettings.from_env(env)
+    assert (back.power_cap, back.power_required, back.power_eta) == ("0.6", True, 0.3)
+    with pytest.raises(SpecError, match=r"skygreen\.power\.eta"):
+        parse_spec_text("skygreen: {power: {eta: 2}}\nrun: python train.py\n")
+    with pytest.raises(SpecError, match=r"skygreen\.power\.required"):
+        parse_spec_text("skygreen: {power: {required: maybe}}\nrun: python train.py\n")
