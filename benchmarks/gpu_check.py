@@ -6,8 +6,11 @@ with loss scaling, same data and batch; for each, samples per second and GPU ene
 optimizer step from NVML's total-energy counter (read-only). It also records what
 `precision: auto` picks on this GPU.
 
-It changes no GPU setting: no power limit, clocks, persistence or compute mode. It reads
-the power limit before and after and reports both, so a reader can check.
+It changes no GPU setting: no power limit, clocks, persistence or compute mode (its runs
+say `power: {cap: off}`). Through skygreen's own NVML adapter (`skygreen.power.nvml`) it reads
+the current, default, min and max power limits and the total-energy counter before and after,
+and reports them with `power_limit_unchanged` and `energy_counter_grew`, so a reader can check
+that the adapter's milliwatt/millijoule conversions and error table work on real hardware.
 
 Prints JSON to stdout and writes it to `$OUT/gpu_check.json` when `OUT` is set. Without a
 GPU (or without NVML) it still runs, on CPU with a tiny model, and says in `skipped` what it
@@ -71,24 +74,36 @@ class Tokens(torch.utils.data.Dataset):
 
 
 class Nvml:
-    """Read-only NVML: name, power limit, total energy counter. Never sets anything."""
+    """Read-only, through skygreen's NVML adapter: limits, power, the energy counter. Never sets anything."""
 
     def __init__(self, device_index: int) -> None:
-        import pynvml
+        from skygreen.power.nvml import Nvml as Adapter
 
-        self.nvml = pynvml
-        pynvml.nvmlInit()
-        uuid = torch.cuda.get_device_properties(device_index).uuid
-        self.handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+        self.gpu = Adapter().device_by_uuid(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
 
     def energy_mj(self) -> int:
-        return int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
+        return round(self.gpu.energy_j() * 1000)
 
     def power_limit_w(self) -> float:
-        return self.nvml.nvmlDeviceGetPowerManagementLimit(self.handle) / 1000.0
+        return self.gpu.power_limit_w()
 
-    def power_w(self) -> float:
-        return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
+    def limits(self) -> dict:
+        """Every power reading the runtime relies on, each with its error when it fails."""
+        out: dict = {"name": self.gpu.name, "uuid": self.gpu.uuid}
+        for key, read in (
+            ("power_limit_w", self.gpu.power_limit_w),
+            ("default_limit_w", self.gpu.default_limit_w),
+            ("limit_range_w", self.gpu.limit_range_w),
+            ("power_w", self.gpu.power_w),
+            ("energy_counter_j", self.gpu.energy_j),
+        ):
+            try:
+                out[key] = read()
+            except Exception as e:  # the adapter's PowerError classes: report, do not stop
+                out[key] = None
+                out[f"{key}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        return out
 
 
 def measure(
@@ -104,6 +119,7 @@ def measure(
     settings = RuntimeSettings(
         run_id=f"gpu-check-{precision}", bucket=bucket, precision=precision,
         effective_batch=effective, micro_batch=shape["micro"], checkpoint_every_steps=10**9,
+        power_cap="off",  # a check reads the GPU; it never changes its limit
     )  # fmt: skip
     data = Tokens(effective * (warmup + steps + 1), **shape)
     run = Run(model=model, optimizer=optimizer, dataset=data, settings=settings, device=device, environ={})
@@ -162,6 +178,7 @@ def main() -> None:
             skipped.append(f"bf16: {facts.name} has no bf16 tensor cores")
         try:
             nvml = Nvml(0)
+            report["power_before"] = nvml.limits()
             report["power_limit_w_before"] = nvml.power_limit_w()
         except Exception as e:  # no NVML library, no counter on this GPU
             nvml = None
@@ -174,6 +191,7 @@ def main() -> None:
             "AMP bf16/fp16 throughput: no CUDA GPU here (ran fp32 on CPU with a tiny model to exercise the code)"
         )
         skipped.append("energy: no CUDA GPU, so no NVML energy counter")
+        skipped.append(_no_gpu_power_reason())
     auto = choose_precision("auto", facts)
     report["auto_precision"] = {"precision": auto.precision, "grad_scaler": auto.grad_scaler, "warning": auto.warning}
     report["shape"] = shape
@@ -190,13 +208,28 @@ def main() -> None:
         report["energy_per_step_vs_fp32"] = {
             p: round(r["energy_j_per_step"] / base["energy_j_per_step"], 3) for p, r in results.items()
         }
+        report["power_after"] = nvml.limits()
         report["power_limit_w_after"] = nvml.power_limit_w()
         report["power_limit_unchanged"] = report["power_limit_w_after"] == report["power_limit_w_before"]
+        before_j, after_j = report["power_before"]["energy_counter_j"], report["power_after"]["energy_counter_j"]
+        report["energy_counter_grew"] = None if before_j is None or after_j is None else after_j > before_j
     report["skipped"] = skipped
     text = json.dumps(report, indent=2)
     print(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_check.json").write_text(text + "\n")
+
+
+def _no_gpu_power_reason() -> str:
+    """What skygreen's NVML adapter says on this machine (read-only), for the `skipped` list."""
+    from skygreen.errors import PowerError
+    from skygreen.power.nvml import Nvml as Adapter
+
+    try:
+        count = Adapter(environ={}).device_count()
+    except PowerError as e:
+        return f"power limits: no CUDA GPU and NVML unavailable ({str(e).splitlines()[0]})"
+    return f"power limits: no CUDA GPU for torch, though NVML sees {count} device(s)"
 
 
 if __name__ == "__main__":

@@ -61,6 +61,13 @@ def status(run_id: str | None = None):
     return runs.status(run_id)
 
 
+def power_gpus() -> dict:
+    """This machine's GPUs (real, or simulated with `SKYGREEN_SIMULATED_GPU`): limits and skygreen's caps."""
+    from skygreen.power.report import local_gpus
+
+    return local_gpus()
+
+
 def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None):
     """Relaunch a stopped run with the same run id; it continues from its last checkpoint.
     `budget_usd`: a new budget (needed, and higher, for a run stopped at its budget)."""

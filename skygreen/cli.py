@@ -215,16 +215,24 @@ def _exit_with_outcome(final) -> None:
 @app.command()
 @click.argument("run", required=False, metavar="[RUN]")
 @json_option
-def status(run: str | None, json_output: bool) -> None:
-    """Runs with their state, step, model digest, preemptions, spend and energy so far.
+@click.option("--statement", is_flag=True, help="Print the run's energy statement (a paragraph for a paper).")
+def status(run: str | None, json_output: bool, statement: bool) -> None:
+    """Runs with their state, step, model digest, preemptions, spend, energy and CO2e so far.
 
     RUN: a run id; default: every run on this machine.
     """
     from skygreen import api
-    from skygreen.launch.report import print_status_detail, print_status_table
+    from skygreen.errors import InputError
+    from skygreen.launch.report import print_statement, print_status_detail, print_status_table
 
+    if statement and run is None:
+        raise InputError(
+            "--statement needs a RUN\n  fix: skygreen status RUN --statement (skygreen status lists the runs)"
+        )
     rows = api.status(run)
-    if json_output:
+    if statement:
+        print_statement(rows[0], sys.stdout)
+    elif json_output:
         print_json([r.to_json() for r in rows] if run is None else rows[0].to_json())
     elif run is None:
         print_status_table(rows, sys.stdout)
@@ -424,6 +432,20 @@ def smoke(task: Path) -> None:
 
     result = run_smoke(task)
     sys.stdout.write(f"{result.line} ({result.duration_s:.1f} s)\n")
+
+
+@app.command()
+@json_option
+def power(json_output: bool) -> None:
+    """The GPUs here: current, default, min and max power limits, and skygreen's caps on them."""
+    from skygreen import api
+    from skygreen.power.report import print_gpus
+
+    report = api.power_gpus()
+    if json_output:
+        print_json(report)
+    else:
+        print_gpus(report, sys.stdout)
 
 
 def main(argv: list[str] | None = None) -> None:

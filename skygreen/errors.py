@@ -108,6 +108,26 @@ class RuntimeSetupError(InputError):
     """The in-container runtime was configured wrongly (settings, environment)."""
 
 
+class PowerError(SkygreenError):
+    """NVML refused or failed a read or a power-limit change (see `skygreen.power.nvml`)."""
+
+
+class PowerPermissionError(PowerError):
+    """Setting power limits needs root or CAP_SYS_ADMIN; reading never does."""
+
+
+class PowerNotSupportedError(PowerError):
+    """This GPU (or its driver, or a vGPU) lacks the feature: power limits or the energy counter."""
+
+
+class GpuLostError(PowerError):
+    """The GPU fell off the bus or stopped answering."""
+
+
+class NvmlMissingError(PowerError):
+    """No NVML here: `nvidia-ml-py` not installed, or no NVIDIA driver."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """The closest choice to a misspelt word, or None when nothing is close.
 

@@ -50,6 +50,10 @@ class RuntimeSettings:
     checkpoint_half_precision: str | None = None
     power_cap: str = "auto"
     """auto | off | <watts> | <fraction of the default limit>, as written in the task file."""
+    power_required: bool = False
+    """True: stop before training when the cap cannot be applied."""
+    power_eta: float | None = None
+    """The `auto` chooser's energy weight; None: `skygreen.power.policy.DEFAULT_ETA`."""
     early_stop_metric: str | None = None
     early_stop_mode: str = "min"
     early_stop_patience: int = 3
@@ -95,6 +99,8 @@ class RuntimeSettings:
             checkpoint_keep=spec.checkpoint.keep,
             checkpoint_half_precision=spec.checkpoint.half_precision,
             power_cap=cap,
+            power_required=power.required,
+            power_eta=power.eta,
             early_stop_metric=stop.metric if stop else None,
             early_stop_mode=stop.mode if stop else "min",
             early_stop_patience=stop.patience if stop else 3,
@@ -115,7 +121,13 @@ class RuntimeSettings:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is not None:
-                env[_env_name(f.name)] = f"{value:g}" if isinstance(value, float) else str(value)
+                env[_env_name(f.name)] = (
+                    f"{value:g}"
+                    if isinstance(value, float)
+                    else str(value).lower()
+                    if isinstance(value, bool)
+                    else str(value)
+                )
         return env
 
     @classmethod
@@ -162,7 +174,9 @@ _FLOATS = {
     "preemptions_per_hour",
     "budget_usd",
     "burn_alert_usd_per_hour",
+    "power_eta",
 }
+_BOOLS = {"power_required"}
 _CHOICES = {"precision": PRECISIONS, "checkpoint_half_precision": HALF_PRECISIONS, "early_stop_mode": EARLY_STOP_MODES}
 
 
@@ -180,6 +194,10 @@ def _parse_env(field_name: str, raw: str, env_name: str) -> Any:
             except ValueError:
                 raise SpecError(env_name, "expected a number", value=raw) from None
             return read_number(number, env_name, minimum=0.0)
+        if field_name in _BOOLS:
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise SpecError(env_name, "expected true or false", value=raw)
+            return raw.lower() in ("true", "1")
         if field_name in _CHOICES:
             return read_choice(raw, env_name, _CHOICES[field_name])
     except SpecError as e:

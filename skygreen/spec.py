@@ -114,6 +114,10 @@ class PowerSpec:
     """auto | off | watts | fraction."""
     cap_w: float | None = None
     cap_fraction: float | None = None
+    required: bool = False
+    """True: an error before training when the cap cannot be applied (no permission, no GPU)."""
+    eta: float | None = None
+    """The `auto` chooser's energy weight (0 = time only, 1 = energy only); None: skygreen.power's default."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -518,13 +522,18 @@ def _parse_bucket(raw: Any, path: str) -> str:
 
 def _parse_power(raw: Any, path: str) -> PowerSpec:
     raw = read_mapping(raw, path)
-    check_keys(raw, ("cap",), path)
+    check_keys(raw, ("cap", "required", "eta"), path)
+    extra: dict[str, Any] = {}
+    if "required" in raw:
+        extra["required"] = read_bool(raw["required"], f"{path}.required")
+    if raw.get("eta") is not None:
+        extra["eta"] = read_number(raw["eta"], f"{path}.eta", minimum=0.0, maximum=1.0)
     cap = raw.get("cap", "auto")
     cap_path = f"{path}.cap"
     if cap is False or cap == "off":
-        return PowerSpec(mode="off")
+        return PowerSpec(mode="off", **extra)
     if cap is None or cap == "auto":
-        return PowerSpec(mode="auto")
+        return PowerSpec(mode="auto", **extra)
     value = read_number(cap, cap_path, positive=True)
     if value <= 1.0:
         if value < 0.3:
@@ -534,7 +543,7 @@ def _parse_power(raw: Any, path: str) -> PowerSpec:
                 value=cap,
                 hint="use a fraction between 0.3 and 1.0, or watts",
             )
-        return PowerSpec(mode="fraction", cap_fraction=value)
+        return PowerSpec(mode="fraction", cap_fraction=value, **extra)
     if value < 50 or value > 1500:
         raise SpecError(
             cap_path,
@@ -542,7 +551,7 @@ def _parse_power(raw: Any, path: str) -> PowerSpec:
             value=cap,
             allowed="auto | off | watts (50-1500) | fraction (0.3-1.0)",
         )
-    return PowerSpec(mode="watts", cap_w=value)
+    return PowerSpec(mode="watts", cap_w=value, **extra)
 
 
 def _parse_early_stopping(raw: Any, path: str) -> EarlyStoppingSpec | None:

@@ -87,6 +87,8 @@ class RunStatus:
     progress_error: str | None = None
     unreachable_bucket: str | None = None
     """The checkpoint URL, when its bucket did not answer (`progress_error` says how)."""
+    energy: dict[str, Any] | None = None
+    """`skygreen.power.statement.EnergyReport` as JSON: GPU and facility kWh, PUE, CO2e, method, cap."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -316,7 +318,14 @@ def run_status(
         checkpoint_url=record.checkpoint_url,
         progress_error=progress_error,
         unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
+        energy=_energy(meta, job if record.mode != "local" else None) if manifest else None,
     )
+
+
+def _energy(meta: Mapping[str, Any], job: JobStatus | None) -> dict[str, Any]:
+    from skygreen.power.statement import energy_report
+
+    return energy_report(meta, cloud=job.cloud if job else None, region=job.region if job else None).to_json()
 
 
 def _job_status(record: RunRecord) -> tuple[JobStatus | None, str | None]:

@@ -25,6 +25,7 @@ from skygreen.plan.cost import (
     RunModel,
     estimate,
 )
+from skygreen.power.policy import DEFAULT_ETA
 from skygreen.spec import OBJECTIVES, GreenSpec, TaskSpec
 
 
@@ -89,6 +90,8 @@ class Plan:
     reason: tuple[str, ...] = ()
     """One or two sentences on why the winner won."""
     assumptions: tuple[str, ...] = ()
+    night_hint: str = ""
+    """One sourced line: what starting the winner at the region's night would save, for a job that can wait."""
     notices: tuple[str, ...] = ()
     catalog_source: str = ""
     offers_considered: int = 0
@@ -110,6 +113,7 @@ class Plan:
             "best_per_cloud": {cloud: c.to_json() for cloud, c in self.best_per_cloud.items()},
             "reason": list(self.reason),
             "assumptions": list(self.assumptions),
+            "night_hint": self.night_hint,
             "notices": list(self.notices),
             "catalog": self.catalog_source,
         }
@@ -185,6 +189,9 @@ def run_model(spec: TaskSpec, *, measured_speed: Mapping[str, float] | None = No
         restart_s=DEFAULT_RESTART_S if restart_min is None else restart_min * 60.0,
         checkpoint_cost_s=DEFAULT_CHECKPOINT_COST_S,
         checkpoint_interval_s=green.checkpoint.every_s,
+        power_cap_mode=green.power.mode,
+        power_cap_value=green.power.cap_w if green.power.mode == "watts" else green.power.cap_fraction,
+        power_eta=DEFAULT_ETA if green.power.eta is None else green.power.eta,
     )
 
 
@@ -289,6 +296,7 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
         best_per_cloud=best_per_cloud(ranked),
         reason=explain(ranked, green.objective),
         assumptions=assumptions(model, green, measured_speed=measured_speed),
+        night_hint=night_hint(ranked[0]),
         notices=catalog.notices,
         catalog_source=catalog.source,
         offers_considered=len(catalog.offers),
@@ -363,6 +371,34 @@ def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
+NIGHT_SAVING_RANGE = (0.10, 0.33)
+"""Energy saved by running at night or in winter (lower cooling load): the MIT Lincoln Lab
+study (arXiv 2205.09646, seed 004). A range from one site, not a per-region forecast."""
+
+
+def night_hint(best: Candidate) -> str:
+    low, high = NIGHT_SAVING_RANGE
+    kwh = f"{low * best.energy_kwh:.{_decimals(best.energy_kwh)}f}-{high * best.energy_kwh:.{_decimals(best.energy_kwh)}f}"
+    return (
+        f"Can it wait? Started at night in {best.region} it would use {low:.0%}-{high:.0%} less energy "
+        f"(~{kwh} kWh; night and winter runs, arXiv 2205.09646)."
+    )
+
+
+def _decimals(kwh: float) -> int:
+    return 1 if kwh >= 10 else 2 if kwh >= 0.1 else 3
+
+
+def _cap_assumption(green: GreenSpec) -> str:
+    power = green.power
+    if power.mode == "off":
+        return "cap off: 1.0"
+    if power.mode == "auto":
+        return "cap auto: about 0.84, the limit auto keeps on skygreen.power.model"
+    cap = f"{power.cap_w:g} W" if power.mode == "watts" else f"{power.cap_fraction:g} of the default limit"
+    return f"cap {cap}: skygreen.power.model, from 0.863 at 0.6 of a V100's limit, arXiv 2205.09646"
+
+
 def assumptions(
     model: RunModel, green: GreenSpec, *, measured_speed: Mapping[str, float] | None = None
 ) -> tuple[str, ...]:
@@ -384,7 +420,10 @@ def assumptions(
             f"spot preemptions per node-hour: {rates}; restart {model.restart_s / 60:g} min; "
             f"checkpoint {interval}, {model.checkpoint_cost_s:g} s blocking per save"
         ),
-        "energy: TDP x 0.8 x PUE; carbon: grid g CO2e/kWh per region (codecarbon data)",
+        (
+            f"energy: TDP x 0.8 x PUE x the power cap's ratio ({_cap_assumption(green)}); "
+            "carbon: grid g CO2e/kWh per region (codecarbon data)"
+        ),
     )
 
 

@@ -56,6 +56,7 @@ class RunBook:
         gpu_count: int,
         environ: Mapping[str, str],
         started_at: float,
+        metering: bool = False,
     ) -> None:
         gpu = gpu_catalog_name(device_name) if device_name and device_name != "cpu" else None
         self.place = current_place(environ, gpu=gpu, gpu_count=gpu_count if gpu else 0)
@@ -71,7 +72,8 @@ class RunBook:
             log.warning("budget alert webhook: $%s is not set; alerts go to the log only", webhook_env)
         self.tracker: BudgetTracker | None = None
         self._last_check_s = 0.0
-        self.metering = device_name not in (None, "cpu")
+        self.metering = metering
+        """Whether energy is measured (a GPU's counter or a simulated board): else energy_j is None."""
 
     @classmethod
     def for_rank(cls, *, rank: int, smoke: bool, **kwargs: Any) -> RunBook | None:
@@ -91,6 +93,7 @@ class RunBook:
             gpu_count=_int_env(environ, "LOCAL_WORLD_SIZE", 1) if cuda else 0,
             environ=environ,
             started_at=time.time(),
+            metering=run.power.gpu is not None,
         )
 
     def started_from(self, run: Any) -> None:

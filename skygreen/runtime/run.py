@@ -45,7 +45,6 @@ from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, small
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream
 from skygreen.runtime.early_stop import EarlyStopConfig, EarlyStopper
-from skygreen.runtime.energy import EnergyMeter
 from skygreen.runtime.environment import (
     autocast_factory,
     batch_shape,
@@ -58,6 +57,7 @@ from skygreen.runtime.environment import (
 )
 from skygreen.runtime.hold import hold, hold_steps
 from skygreen.runtime.ledger import RunBook
+from skygreen.runtime.power import make_governor
 from skygreen.runtime.preemption import NoticeWatcher, SigtermLatch, landed_cloud
 from skygreen.runtime.ranks import all_reduce
 from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
@@ -135,7 +135,6 @@ class Run:
             metric_mode=self.settings.early_stop_mode,
         )
         self.stopper = self._make_stopper()
-        self._book = RunBook.for_run(self, self._environ)  # the run ledger and budget: rank 0's only
         self.step_index = 0
         self.samples_seen = 0
         self.counters: dict[str, float] = {"energy_j": 0.0, "wall_s": 0.0, "preemptions": 0, "restarts": 0}
@@ -148,19 +147,15 @@ class Run:
         self._wall_base_s = 0.0
         self._sigterm: SigtermLatch | None = None
         self._watcher: NoticeWatcher | None = None
-        self._energy = EnergyMeter.for_device(self.device)
         self._schedule: CheckpointSchedule | None = None
         self._hold_at_steps = hold_steps(self._environ)
+        self.saved_power: Mapping[str, Any] | None = None
+        """The `power` state of the checkpoint resumed from (the `auto` profile)."""
+        self.power = make_governor(self)
+        self._book = RunBook.for_run(self, self._environ)  # the run ledger and budget: rank 0's only
+        """This rank's GPU power: cap, `auto` profile, energy (`skygreen.power.governor`)."""
         if self.precision.warning and self.rank == 0:
             log.warning("%s", self.precision.warning)
-        if self.device.type == "cuda" and self.settings.power_cap != "off" and self.rank == 0:
-            # The task file's `power:` is validated and carried to the VM, but setting NVML power
-            # limits is not part of this runtime yet: say so rather than let the cap seem applied.
-            log.warning(
-                "power cap %s requested: this runtime meters GPU energy but does not set "
-                "power limits yet; the GPU keeps its default limit",
-                self.settings.power_cap,
-            )
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -204,6 +199,7 @@ class Run:
         if self.completed:
             log.warning("run %s already completed at step %d; nothing to do", self.settings.run_id, self.step_index)
             return
+        self.power.start(self.saved_power)
         self._install_preemption()
         if self._book:
             self._book.step_started()
@@ -222,6 +218,7 @@ class Run:
             self._finish()
         finally:
             self._uninstall_preemption()
+            self.power.close()  # every exit: end, early stop, exception, SIGTERM, a caller's break
 
     def report(self, **metrics: float) -> None:
         """Record evaluation metrics; the early-stopping metric drives stopping."""
@@ -242,6 +239,7 @@ class Run:
 
     def _after_step(self) -> None:
         """Boundary work: agree on signals across ranks, then checkpoint if something asks."""
+        self.power.step_done()
         notice = self._watcher.pending() if self._watcher else None
         sigterm = bool(self._sigterm and self._sigterm.fired)
         stop = self.rank == 0 and self.stopper is not None and self.stopper.stopped
@@ -372,6 +370,7 @@ class Run:
             "samples_seen": self.samples_seen,
             "epoch": self.epoch,
             "checkpoint_interval_s": self._schedule.interval_s if self._schedule else None,
+            "power": self.power.summary(),
         }
         if reason:
             meta["reason"] = reason
@@ -403,7 +402,7 @@ class Run:
     def _update_counters(self) -> None:
         now = time.monotonic()
         self.counters["wall_s"] = self._wall_base_s + (now - self._started_s)
-        energy_j = self._energy.take_j()
+        energy_j = self.power.take_j()
         if self.world_size > 1:
             energy_j = float(all_reduce([energy_j], op="SUM", dtype=torch.float64)[0])
         self.counters["energy_j"] += energy_j
@@ -486,8 +485,9 @@ class Run:
             self._sigterm = None
 
     def close(self) -> None:
-        """Wait for the in-flight checkpoint and stop background threads."""
+        """Wait for the in-flight checkpoint, stop background threads, restore the GPU's power limit."""
         self._uninstall_preemption()
+        self.power.close()
         self.checkpointer.close()
 
     def __enter__(self) -> Run:
