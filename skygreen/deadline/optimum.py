@@ -55,7 +55,7 @@ def optimum(grid: Grid, prices: Prices) -> Outcome:
 
 def _solve(avail: np.ndarray, p_count: int, k: int, spot_step: float, od_step: float, *, track: bool):
     """Backward induction; with `track`, also the billed intervals, switches and finish interval
-    of the optimal schedule from the start (ties broken towards fewer actions)."""
+    of the optimal schedule from the start (among equal costs, the one that acts first)."""
     s_count, horizon = avail.shape
     can_start = _stays_available(avail, k)
     terminal = np.full((3, s_count, p_count + 1), _INF)
@@ -78,7 +78,7 @@ def _solve(avail: np.ndarray, p_count: int, k: int, spot_step: float, od_step: f
             (_mask(k * spot_step + far[_SPOT], can_start[:, t]), None if not track else far_a[:, _SPOT], k, 1),
             (k * od_step + far[_OD], None if not track else far_a[:, _OD], k, 1),
         ]
-        allowed = {_IDLE: (0, 3, 4), _SPOT: (0, 1, 4), _OD: (0, 2, 3)}
+        allowed = {_IDLE: (3, 4, 0), _SPOT: (1, 4, 0), _OD: (2, 3, 0)}  # ties: act now, finish early
         value = np.empty_like(terminal)
         attrs = np.empty((3,) + terminal.shape) if track else None
         for mode, which in allowed.items():
