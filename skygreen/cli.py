@@ -426,19 +426,41 @@ def report(run: str, output: Path | None, catalog: Path | None) -> None:
 
 @app.command()
 @click.argument("trace", type=click.Path(path_type=Path), metavar="TRACE")
-@click.option("--hours", "hours", required=True, help="Compute the job needs on its full set of nodes: 48h, 90m, or hours.")
+@click.option(
+    "--hours", "hours", required=True, help="Compute the job needs on its full set of nodes: 48h, 90m, or hours."
+)
 @click.option("--deadline", required=True, help="Time from the start to the deadline: 72h, or hours.")
-@click.option("--changeover", required=True, help="Delay of each switch (provisioning, setup, work lost since the last checkpoint): 0.3h, 18m.")
+@click.option(
+    "--changeover",
+    required=True,
+    help="Delay of each switch (provisioning, setup, work lost since the last checkpoint): 0.3h, 18m.",
+)
 @click.option("--policy", required=True, help="greedy, uniform_progress, skygreen, optimum, on_demand, or all.")
 @click.option("--nodes", type=int, default=None, help="Gang size (default: the trace's metadata.nodes, else 1).")
 @click.option("--zone", default=None, help="The zone column of a multi-zone capacity CSV.")
-@click.option("--spot-price", type=float, default=None, help="Spot USD per node-hour (default: the trace's, else the catalog's).")
-@click.option("--on-demand-price", type=float, default=None, help="On-demand USD per node-hour (default: the catalog's).")
+@click.option(
+    "--spot-price", type=float, default=None, help="Spot USD per node-hour (default: the trace's, else the catalog's)."
+)
+@click.option(
+    "--on-demand-price", type=float, default=None, help="On-demand USD per node-hour (default: the catalog's)."
+)
 @click.option("--start", "start", default="0", help="Where in the trace the job starts: 100h, or hours (default 0).")
 @catalog_option
 @json_option
-def simulate(trace: Path, hours: str, deadline: str, changeover: str, policy: str, nodes: int | None, zone: str | None,
-             spot_price: float | None, on_demand_price: float | None, start: str, catalog: Path | None, json_output: bool) -> None:
+def simulate(
+    trace: Path,
+    hours: str,
+    deadline: str,
+    changeover: str,
+    policy: str,
+    nodes: int | None,
+    zone: str | None,
+    spot_price: float | None,
+    on_demand_price: float | None,
+    start: str,
+    catalog: Path | None,
+    json_output: bool,
+) -> None:
     """Replay a spot availability trace against deadline policies: cost, finish time, spot and on-demand hours."""
     from skygreen.deadline import compare
     from skygreen.errors import SpecError
@@ -447,15 +469,28 @@ def simulate(trace: Path, hours: str, deadline: str, changeover: str, policy: st
     if policy not in compare.CHOICES:
         from skygreen.errors import suggestion
 
-        raise SpecError("--policy", "unknown policy", value=policy, allowed=", ".join(compare.CHOICES),
-                        hint=suggestion(policy, compare.CHOICES) or "use --policy all to compare them")
+        raise SpecError(
+            "--policy",
+            "unknown policy",
+            value=policy,
+            allowed=", ".join(compare.CHOICES),
+            hint=suggestion(policy, compare.CHOICES) or "use --policy all to compare them",
+        )
     if nodes is not None and nodes < 1:
         raise SpecError("--nodes", "must be at least 1", value=nodes, hint="e.g. --nodes 16 for a 16-node gang")
     start_h = 0.0 if start.strip() in ("0", "0h") else read_duration_h(start, "--start")
     result = compare.run(
-        trace, compute_h=read_duration_h(hours, "--hours"), deadline_h=read_duration_h(deadline, "--deadline"),
-        changeover_h=read_duration_h(changeover, "--changeover"), policy=policy, nodes=nodes, zone=zone,
-        spot_price=spot_price, on_demand_price=on_demand_price, start_h=start_h, catalog_dir=catalog,
+        trace,
+        compute_h=read_duration_h(hours, "--hours"),
+        deadline_h=read_duration_h(deadline, "--deadline"),
+        changeover_h=read_duration_h(changeover, "--changeover"),
+        policy=policy,
+        nodes=nodes,
+        zone=zone,
+        spot_price=spot_price,
+        on_demand_price=on_demand_price,
+        start_h=start_h,
+        catalog_dir=catalog,
     )
     if json_output:
         print_json([o.to_json() for o in result.outcomes])

@@ -475,20 +475,34 @@ def read_duration_h(raw: Any, path: str) -> float:
     """A duration in hours: a number of hours (`36`, `1.5`) or a string with a unit (`36h`,
     `90m`, `45min`, `3600s`); used for deadlines and by `skygreen simulate`."""
     allowed = "36h | 90m | 1.5 (hours)"
-    if isinstance(raw, str) and _DURATION.match(raw):
-        match = _DURATION.match(raw)
+    match = _DURATION.match(raw) if isinstance(raw, str) else None
+    if match:
         hours = float(match.group(1)) * _DURATION_S[match.group(2)] / 3600.0
     elif isinstance(raw, str):
         try:
             hours = float(raw)
         except ValueError:
-            raise SpecError(path, "expected a duration", value=raw, allowed=allowed, hint="write hours with h or minutes with m, e.g. 36h") from None
+            raise SpecError(
+                path,
+                "expected a duration",
+                value=raw,
+                allowed=allowed,
+                hint="write hours with h or minutes with m, e.g. 36h",
+            ) from None
     elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
         hours = float(raw)
     else:
-        raise SpecError(path, f"expected a duration, got a {type_name(raw)}", value=raw, allowed=allowed, hint="e.g. 36h")
+        raise SpecError(
+            path, f"expected a duration, got a {type_name(raw)}", value=raw, allowed=allowed, hint="e.g. 36h"
+        )
     if not (hours > 0 and hours < 1e6):
-        raise SpecError(path, "the duration must be greater than 0 (and finite)", value=raw, allowed=allowed, hint="give a positive duration, e.g. 36h")
+        raise SpecError(
+            path,
+            "the duration must be greater than 0 (and finite)",
+            value=raw,
+            allowed=allowed,
+            hint="give a positive duration, e.g. 36h",
+        )
     return hours
 
 

@@ -60,13 +60,25 @@ def run(
     gang = _gang(trace, nodes)
     prices, source = _prices(trace, gang, spot_price, on_demand_price, catalog_dir)
     if start_h < 0 or start_h >= trace.span_h:
-        raise SpecError("--start", f"must be within the trace (0 to {trace.span_h:.1f} h)", value=start_h,
-                        hint="start earlier, e.g. --start 0")
+        raise SpecError(
+            "--start",
+            f"must be within the trace (0 to {trace.span_h:.1f} h)",
+            value=start_h,
+            hint="start earlier, e.g. --start 0",
+        )
     job = Job(compute_h=compute_h, deadline_h=deadline_h, changeover_h=changeover_h)
     grid = make_grid(job, trace.available(gang), tick_s=trace.gap_s, start_tick=int(start_h * 3600 / trace.gap_s))
     names = POLICY_NAMES if policy == "all" else (policy,)
-    return Simulation(trace=trace, nodes=gang, prices=prices, price_source=source, grid=grid, job=job, start_h=start_h,
-                      outcomes=tuple(_run_one(name, grid, prices) for name in names))
+    return Simulation(
+        trace=trace,
+        nodes=gang,
+        prices=prices,
+        price_source=source,
+        grid=grid,
+        job=job,
+        start_h=start_h,
+        outcomes=tuple(_run_one(name, grid, prices) for name in names),
+    )
 
 
 def _run_one(name: str, grid: Grid, prices: Prices) -> Outcome:
@@ -88,16 +100,27 @@ def _ratio(prices: Prices) -> float:
 
 def _read_trace(path: Path, zone: str | None) -> SpotTrace:
     if not path.is_file():
-        raise InputError(f"TRACE: no such file: {path}\n  fix: name a spot-traces .json or a capacity .csv, "
-                         "e.g. ../shared/spot-traces/availability/1-node/aws-02-15-2023/us-west-2b_v100_1.json")
+        raise InputError(
+            f"TRACE: no such file: {path}\n  fix: name a spot-traces .json or a capacity .csv, "
+            "e.g. ../shared/spot-traces/availability/1-node/aws-02-15-2023/us-west-2b_v100_1.json"
+        )
     zones = trace_zones(path)
     if zones and zone is None:
-        raise SpecError("--zone", f"{path.name} holds {len(zones)} zones: name one", allowed=", ".join(zones),
-                        hint=f"e.g. --zone {zones[0]}")
+        raise SpecError(
+            "--zone",
+            f"{path.name} holds {len(zones)} zones: name one",
+            allowed=", ".join(zones),
+            hint=f"e.g. --zone {zones[0]}",
+        )
     if zones and zone not in zones:
         near = did_you_mean(zone or "", zones)
-        raise SpecError("--zone", "not a zone of this trace", value=zone, allowed=", ".join(zones),
-                        hint=f"did you mean {near!r}?" if near else "pick one of the allowed zones")
+        raise SpecError(
+            "--zone",
+            "not a zone of this trace",
+            value=zone,
+            allowed=", ".join(zones),
+            hint=f"did you mean {near!r}?" if near else "pick one of the allowed zones",
+        )
     try:
         return load_trace(path, zone=zone)
     except ValueError as e:
@@ -108,13 +131,18 @@ def _gang(trace: SpotTrace, nodes: int | None) -> int:
     gang = nodes if nodes is not None else (trace.nodes or 1)
     most = max(trace.counts)
     if gang > most:
-        raise SpecError("--nodes", f"this trace never shows more than {most} spot instance(s) at once", value=gang,
-                        hint=f"use --nodes {most} or less, or a trace of a larger gang (availability/16-node/...)")
+        raise SpecError(
+            "--nodes",
+            f"this trace never shows more than {most} spot instance(s) at once",
+            value=gang,
+            hint=f"use --nodes {most} or less, or a trace of a larger gang (availability/16-node/...)",
+        )
     return gang
 
 
-def _prices(trace: SpotTrace, nodes: int, spot: float | None, on_demand: float | None,
-            catalog_dir: Path | None) -> tuple[Prices, str]:
+def _prices(
+    trace: SpotTrace, nodes: int, spot: float | None, on_demand: float | None, catalog_dir: Path | None
+) -> tuple[Prices, str]:
     sources = []
     if spot is None and trace.spot_prices_usd_per_hour:
         spot = statistics.fmean(trace.spot_prices_usd_per_hour)
@@ -129,8 +157,11 @@ def _prices(trace: SpotTrace, nodes: int, spot: float | None, on_demand: float |
     if spot is None or on_demand is None:
         missing = "--spot-price" if spot is None else "--on-demand-price"
         probed = trace.instance_type or "the instance this trace probed"
-        raise SpecError(missing, f"no price known for {probed} in {trace.region or 'this zone'}",
-                        hint="give both prices per node-hour, e.g. --spot-price 0.918 --on-demand-price 3.06")
+        raise SpecError(
+            missing,
+            f"no price known for {probed} in {trace.region or 'this zone'}",
+            hint="give both prices per node-hour, e.g. --spot-price 0.918 --on-demand-price 3.06",
+        )
     for flag, value in (("--spot-price", spot), ("--on-demand-price", on_demand)):
         if not (math.isfinite(value) and value >= 0):
             raise SpecError(flag, "must be a price per node-hour >= 0", value=value, hint="e.g. 0.918")
@@ -159,12 +190,18 @@ def _catalog_prices(trace: SpotTrace, catalog_dir: Path | None) -> tuple[float |
 def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
     g, job, p = sim.grid, sim.job, sim.prices
     out.write(f"trace: {sim.trace.name} (tick {sim.trace.gap_s:g} s, {sim.trace.span_h:.0f} h)\n")
-    out.write(f"job: {job.compute_h:g} h of compute on {sim.nodes} node(s), deadline {job.deadline_h:g} h, "
-              f"changeover {job.changeover_h:g} h, from {sim.start_h:g} h into the trace\n")
-    out.write(f"grid: a decision every {g.dt_h * 60:.3g} min; compute {g.job.compute_h:.4g} h, deadline {g.job.deadline_h:.4g} h, "
-              f"changeover {g.job.changeover_h:.3g} h in whole steps\n")
-    out.write(f"prices per node-hour: spot ${p.spot_usd_per_node_hour:.4g}, on-demand ${p.on_demand_usd_per_node_hour:.4g} "
-              f"({sim.price_source}); spot available {sim.spot_fraction:.0%} of the time until the deadline\n")
+    out.write(
+        f"job: {job.compute_h:g} h of compute on {sim.nodes} node(s), deadline {job.deadline_h:g} h, "
+        f"changeover {job.changeover_h:g} h, from {sim.start_h:g} h into the trace\n"
+    )
+    out.write(
+        f"grid: a decision every {g.dt_h * 60:.3g} min; compute {g.job.compute_h:.4g} h, deadline {g.job.deadline_h:.4g} h, "
+        f"changeover {g.job.changeover_h:.3g} h in whole steps\n"
+    )
+    out.write(
+        f"prices per node-hour: spot ${p.spot_usd_per_node_hour:.4g}, on-demand ${p.on_demand_usd_per_node_hour:.4g} "
+        f"({sim.price_source}); spot available {sim.spot_fraction:.0%} of the time until the deadline\n"
+    )
     base = on_demand_only(g, p).cost_usd
     header = f"{'policy':<17} {'cost':>10} {'vs OD':>6} {'finish h':>9} {'deadline':>8} {'spot h':>8} {'OD h':>7} {'switches':>8}\n"
     out.write(header)
@@ -172,7 +209,9 @@ def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
         finish = f"{o.finish_h:9.2f}" if o.finish_h is not None else f"{'-':>9}"
         ratio = f"{o.cost_usd / base:6.2f}" if base > 0 else f"{'-':>6}"
         met = "met" if o.deadline_met else "MISSED"
-        out.write(f"{o.policy:<17} {'$' + format(o.cost_usd, ',.2f'):>10} {ratio} {finish} {met:>8} "
-                  f"{o.spot_h:8.2f} {o.on_demand_h:7.2f} {o.switches:8d}\n")
+        out.write(
+            f"{o.policy:<17} {'$' + format(o.cost_usd, ',.2f'):>10} {ratio} {finish} {met:>8} "
+            f"{o.spot_h:8.2f} {o.on_demand_h:7.2f} {o.switches:8d}\n"
+        )
     if job.deadline_h < job.compute_h + job.changeover_h:
         out.write("note: the deadline is shorter than the compute plus one changeover: no policy can meet it\n")

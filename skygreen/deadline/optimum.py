@@ -25,12 +25,25 @@ _IDLE, _SPOT, _OD = 0, 1, 2
 _INF = 1e30
 
 
-def optimal_costs(available: np.ndarray, *, compute_steps: int, deadline_steps: int, changeover_steps: int,
-                  spot_step: float, od_step: float) -> np.ndarray:
+def optimal_costs(
+    available: np.ndarray,
+    *,
+    compute_steps: int,
+    deadline_steps: int,
+    changeover_steps: int,
+    spot_step: float,
+    od_step: float,
+) -> np.ndarray:
     """Least cost per start point (rows of `available`, bool, shape S x >= deadline_steps);
     inf where the deadline cannot be met."""
-    cost, _ = _solve(np.asarray(available, dtype=bool)[:, :deadline_steps], compute_steps, changeover_steps,
-                     spot_step, od_step, track=False)
+    cost, _ = _solve(
+        np.asarray(available, dtype=bool)[:, :deadline_steps],
+        compute_steps,
+        changeover_steps,
+        spot_step,
+        od_step,
+        track=False,
+    )
     return cost
 
 
@@ -41,92 +54,115 @@ def optimum(grid: Grid, prices: Prices) -> Outcome:
     od_step = prices.on_demand_usd_per_node_hour * prices.nodes * dt
     avail = np.array([grid.available[: grid.deadline_steps]], dtype=bool)
     cost, attrs = _solve(avail, grid.compute_steps, grid.changeover_steps, spot_step, od_step, track=True)
-    if not np.isfinite(cost[0]):
+    if attrs is None or not np.isfinite(cost[0]):
         return _outcome("optimum", grid, prices, finish=None, spot_steps=0, od_steps=0, switches=0)
-    billed, switches, finish = (int(round(a[0])) for a in attrs)
+    billed, switches, finish = (round(float(a[0])) for a in attrs)
     # cost = spot x spot_step + on-demand x od_step and spot + on-demand = billed
     if abs(od_step - spot_step) > 1e-12:
-        od_steps = int(round((cost[0] - billed * spot_step) / (od_step - spot_step)))
+        od_steps = round(float((cost[0] - billed * spot_step) / (od_step - spot_step)))
     else:
         od_steps = 0
-    return _outcome("optimum", grid, prices, finish=finish * dt, spot_steps=billed - od_steps, od_steps=od_steps,
-                    switches=switches)
+    return _outcome(
+        "optimum", grid, prices, finish=finish * dt, spot_steps=billed - od_steps, od_steps=od_steps, switches=switches
+    )
 
 
-def _solve(avail: np.ndarray, p_count: int, k: int, spot_step: float, od_step: float, *, track: bool):
-    """Backward induction; with `track`, also the billed intervals, switches and finish interval
-    of the optimal schedule from the start (among equal costs, the one that acts first)."""
+def _solve(
+    avail: np.ndarray, p_count: int, k: int, spot_step: float, od_step: float, *, track: bool
+) -> tuple[np.ndarray, list[np.ndarray] | None]:
+    """Backward induction over intervals; with `track`, also the billed intervals, switches and
+    finish interval of the optimal schedule from the start (among equal costs, the one that acts
+    first). V[t] for t > now is kept only k + 1 intervals deep."""
     s_count, horizon = avail.shape
     can_start = _stays_available(avail, k)
-    terminal = np.full((3, s_count, p_count + 1), _INF)
+    shape = (s_count, p_count + 1)
+    terminal = np.full((3, *shape), _INF)
     terminal[:, :, 0] = 0.0
-    zero = np.zeros_like(terminal)
-
-    def end_attrs(t: int) -> np.ndarray:
-        a = np.zeros((3,) + terminal.shape)
-        a[2] = t  # finish interval: when the remaining work reached 0
-        return a
-
-    later: deque = deque([(terminal, end_attrs(horizon) if track else None)], maxlen=k + 1)
+    end = _Tail(terminal, np.zeros((3, 3, *shape)) if track else None)
+    if end.attrs is not None:
+        end.attrs[2] = horizon
+    later: deque[_Tail] = deque([end], maxlen=k + 1)  # later[i] = V[t + 1 + i]
     for t in range(horizon - 1, -1, -1):
-        nxt, nxt_a = later[0]
-        far, far_a = later[k - 1] if t + k <= horizon else (terminal, end_attrs(horizon) if track else None)
-        options = [  # (value array for all modes, attrs, billed, switch, allowed-in-mode mask)
-            (nxt[_IDLE], None if not track else nxt_a[:, _IDLE], 0, 0),
-            (_shift(nxt[_SPOT], spot_step, avail[:, t]), None if not track else _shift_a(nxt_a[:, _SPOT]), 1, 0),
-            (_shift(nxt[_OD], od_step, None), None if not track else _shift_a(nxt_a[:, _OD]), 1, 0),
-            (_mask(k * spot_step + far[_SPOT], can_start[:, t]), None if not track else far_a[:, _SPOT], k, 1),
-            (k * od_step + far[_OD], None if not track else far_a[:, _OD], k, 1),
-        ]
-        allowed = {_IDLE: (3, 4, 0), _SPOT: (1, 4, 0), _OD: (2, 3, 0)}  # ties: act now, finish early
-        value = np.empty_like(terminal)
-        attrs = np.empty((3,) + terminal.shape) if track else None
-        for mode, which in allowed.items():
-            stack = np.stack([options[i][0] for i in which])
-            best = np.argmin(stack, axis=0)
-            value[mode] = np.take_along_axis(stack, best[None], axis=0)[0]
-            if track:
-                for j, (name_i) in enumerate((0, 1, 2)):
-                    parts = []
-                    for i in which:
-                        base = options[i][1][j]
-                        extra = (options[i][2] if j == 0 else options[i][3] if j == 1 else 0)
-                        parts.append(base + extra)
-                    attrs[j, mode] = np.take_along_axis(np.stack(parts), best[None], axis=0)[0]
-        value[:, :, 0] = 0.0
-        np.minimum(value, _INF, out=value)
-        if track:
-            attrs[0, :, :, 0] = 0.0
-            attrs[1, :, :, 0] = 0.0
-            attrs[2, :, :, 0] = t
-        later.appendleft((value, attrs))
-    first, first_a = later[0]
-    cost = first[_IDLE][:, p_count]
+        nxt = later[0]
+        far = later[k - 1] if t + k <= horizon else end
+        keep_spot = _keep(nxt, _SPOT, spot_step, avail[:, t])
+        keep_od = _keep(nxt, _OD, od_step, None)
+        start_spot = _start(far, _SPOT, k, spot_step, can_start[:, t])
+        start_od = _start(far, _OD, k, od_step, None)
+        idle = (nxt.values[_IDLE], None if nxt.attrs is None else nxt.attrs[:, _IDLE])
+        tail = _Tail(np.empty_like(terminal), np.empty_like(end.attrs) if track else None)
+        for mode, options in ((_IDLE, (start_spot, start_od, idle)), (_SPOT, (keep_spot, start_od, idle)),
+                              (_OD, (keep_od, start_spot, idle))):  # fmt: skip
+            _best(tail, mode, options)
+        tail.values[:, :, 0] = 0.0
+        if tail.attrs is not None:
+            tail.attrs[:2, :, :, 0] = 0.0
+            tail.attrs[2, :, :, 0] = t
+        later.appendleft(tail)
+    first = later[0]
+    cost = first.values[_IDLE][:, p_count]
     cost = np.where(cost >= _INF / 2, np.inf, cost)
-    if not track:
+    if first.attrs is None:
         return cost, None
-    return cost, [first_a[j, _IDLE][:, p_count] for j in range(3)]
+    return cost, [first.attrs[j, _IDLE][:, p_count] for j in range(3)]
 
 
-def _shift(values: np.ndarray, step_cost: float, ok: np.ndarray | None) -> np.ndarray:
-    """Keep running one interval: progress one step for `step_cost` (where `ok`)."""
-    out = np.full_like(values, _INF)
-    out[:, 1:] = step_cost + values[:, :-1]
+class _Tail:
+    """V[t] (3 modes x S x P+1) and, when tracking, the attributes of its schedules (billed
+    intervals, switches, finish interval: 3 x 3 modes x S x P+1)."""
+
+    __slots__ = ("attrs", "values")
+
+    def __init__(self, values: np.ndarray, attrs: np.ndarray | None) -> None:
+        self.values = values
+        self.attrs = attrs
+
+
+_Option = tuple[np.ndarray, "np.ndarray | None"]
+
+
+def _keep(nxt: _Tail, mode: int, step_cost: float, ok: np.ndarray | None) -> _Option:
+    """Keep a warm instance one more interval: one step of progress for `step_cost`."""
+    values = np.full_like(nxt.values[mode], _INF)
+    np.add(nxt.values[mode][:, :-1], step_cost, out=values[:, 1:])
     if ok is not None:
-        out[~ok] = _INF
-    return out
+        values[~ok] = _INF
+    if nxt.attrs is None:
+        return values, None
+    attrs = np.zeros_like(nxt.attrs[:, mode])
+    attrs[:, :, 1:] = nxt.attrs[:, mode, :, :-1]
+    attrs[0] += 1
+    return values, attrs
 
 
-def _shift_a(attrs: np.ndarray) -> np.ndarray:
-    out = np.zeros_like(attrs)
-    out[:, :, 1:] = attrs[:, :, :-1]
-    return out
+def _start(far: _Tail, mode: int, k: int, step_cost: float, ok: np.ndarray | None) -> _Option:
+    """Start an instance: k intervals of changeover billed, no progress, then warm."""
+    values = far.values[mode] + k * step_cost
+    if ok is not None:
+        values[~ok] = _INF
+    if far.attrs is None:
+        return values, None
+    attrs = far.attrs[:, mode].copy()
+    attrs[0] += k
+    attrs[1] += 1
+    return values, attrs
 
 
-def _mask(values: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    out = values.copy()
-    out[~ok] = _INF
-    return out
+def _best(tail: _Tail, mode: int, options: tuple[_Option, ...]) -> None:
+    """The cheapest option per state; on a tie the earlier option wins."""
+    values, attrs = options[0]
+    best = values.copy()
+    best_attrs = None if attrs is None else attrs.copy()
+    for values, attrs in options[1:]:
+        if best_attrs is None or attrs is None:
+            np.minimum(best, values, out=best)
+            continue
+        better = values < best
+        np.copyto(best, values, where=better)
+        np.copyto(best_attrs, attrs, where=better[None])
+    tail.values[mode] = best
+    if tail.attrs is not None and best_attrs is not None:
+        tail.attrs[:, mode] = best_attrs
 
 
 def _stays_available(avail: np.ndarray, k: int) -> np.ndarray:

@@ -74,7 +74,8 @@ class Observation:
 
 
 class Policy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def decide(self, job: Job, obs: Observation) -> Mode: ...
 
@@ -129,37 +130,47 @@ class UniformProgress:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ExpectedSpot:
-    """skygreen's policy: use on-demand for the part of the job spot is not expected to cover.
+    """skygreen's policy: buy on-demand for the work spot is not expected to do, and only as
+    late as the slack allows.
 
     Uniform Progress asks every job to keep pace with C(0)/R(0), whatever the zone offers: in a
     zone where spot is up 90% of the time it buys on-demand whenever a short outage finds it
     behind, and in a zone up 20% of the time it waits while spot cannot possibly catch up, then
-    pays for the rest on on-demand near the deadline, too late to use what spot comes back.
-    The traces say zones differ that much (AWS V100 17-90% available, GCP H100 gangs 0-99%,
-    mean spot stretches of 0.4-10 h), so this policy learns the zone as it runs:
+    pays for the rest near the deadline. Greedy never buys early and wastes the spot that comes
+    back during its final on-demand stretch. The traces say zones differ that much (AWS V100
+    17-90% available, GCP H100 24-100%, mean spot stretches of 0.4-10 h), so this policy learns
+    the zone as it runs:
 
-        a   = availability seen so far, blended with a prior worth `prior_weight_h` hours
-        L   = mean length of the spot stretches seen so far, blended with a prior stretch
-        r   = a x (1 - d / L) x (1 - margin)   expected progress per hour from spot alone
-        gap = C(t) - r x (R(t) - 2d)           the work spot is not expected to do in time
+        a     = availability seen so far, blended with a prior worth `prior_weight_h` hours
+        L     = mean length of the spot stretches seen so far, blended with a prior stretch
+        r     = a x (1 - d / L) x (1 - margin)   expected progress per hour from spot alone
+        gap   = C(t) - r x (R(t) - 2d)           work spot is not expected to do in time
+        spare = R(t) - C(t) - 2d                 slack beyond the safety net's
 
-    Idle with gap > 0: on-demand, held (a hysteresis, like Uniform Progress's) until spot is
-    expected to do all the rest with 2d to spare (gap <= -2d), so that idle does not flip
-    straight back. Spot, once on it, is kept until preempted; it is taken from
-    idle when a stretch is expected to outlast the break-even kd/(k-1), and from on-demand when
-    it is expected to outlast 2kd/(k-1) (the paper's next-lifetime rule, with L for the oracle). The
-    safety net applies on top, so it misses no deadline that the safety rule can meet.
+    Idle, it buys on-demand once gap > defer x spare (with defer = 1: once the expected
+    shortfall is as large as the slack left to absorb it), and holds on-demand until spot is
+    expected to do all the rest with 2d to spare (gap <= -2d), so idle does not flip straight
+    back. Spot, once on it, is kept until preempted; it is taken from idle when a stretch is
+    expected to outlast the break-even kd/(k-1), and from on-demand when it is expected to
+    outlast 2kd/(k-1) (the paper's next-lifetime rule, with L for the oracle). The safety net
+    applies on top, so it misses no deadline that the safety rule can meet.
+
+    The defaults (prior 70% available in 3 h stretches, worth a day; defer 1; no margin) were
+    chosen on two start points per trace of the benchmark's traces with d of 0.1 and 0.3 h;
+    `benchmarks/bench_deadline.py` measures them on five, and d of 0.5 h too.
     """
 
     name: str = "skygreen"
     price_ratio: float = 3.0
     """k = on-demand / spot price."""
-    prior_availability: float = 0.5
-    prior_weight_h: float = 12.0
-    prior_stretch_h: float = 1.0
+    prior_availability: float = 0.7
+    prior_weight_h: float = 24.0
+    prior_stretch_h: float = 3.0
     prior_stretches: float = 2.0
-    margin: float = 0.1
+    margin: float = 0.0
     """Fraction of the expected spot progress not counted on (estimates are noisy)."""
+    defer: float = 1.0
+    """Idle, buy on-demand only once the gap exceeds this fraction of the slack beyond 2d."""
 
     def spot_rate(self, job: Job, obs: Observation) -> tuple[float, float]:
         """(r, L): expected progress per hour from spot, and the expected stretch in hours."""
@@ -187,7 +198,8 @@ class ExpectedSpot:
         elif obs.spot_available and (k <= 1 or stretch_h > k * d / (k - 1)):
             wanted = Mode.SPOT
         else:
-            wanted = Mode.ON_DEMAND if gap_now > 0 else Mode.IDLE
+            spare_h = max(obs.slack_h(job) - 2 * d, 0.0)
+            wanted = Mode.ON_DEMAND if gap_now > self.defer * spare_h else Mode.IDLE
         return safety_net(job, obs, wanted)
 
 

@@ -154,7 +154,9 @@ def simulate(policy: Policy, grid: Grid, prices: Prices) -> Outcome:
             progress += 1
             if progress >= grid.compute_steps:
                 finish = (j + 1) * dt
-    return _outcome(policy.name, grid, prices, finish=finish, spot_steps=spot_steps, od_steps=od_steps, switches=switches)
+    return _outcome(
+        policy.name, grid, prices, finish=finish, spot_steps=spot_steps, od_steps=od_steps, switches=switches
+    )
 
 
 def on_demand_only(grid: Grid, prices: Prices) -> Outcome:
@@ -163,9 +165,19 @@ def on_demand_only(grid: Grid, prices: Prices) -> Outcome:
     return _outcome("on_demand", grid, prices, finish=steps * grid.dt_h, spot_steps=0, od_steps=steps, switches=1)
 
 
-def _outcome(name: str, grid: Grid, prices: Prices, *, finish: float | None, spot_steps: int, od_steps: int, switches: int) -> Outcome:
+def _outcome(
+    name: str, grid: Grid, prices: Prices, *, finish: float | None, spot_steps: int, od_steps: int, switches: int
+) -> Outcome:
     dt = grid.dt_h
     spot_h, od_h = spot_steps * dt, od_steps * dt
     cost = (spot_h * prices.spot_usd_per_node_hour + od_h * prices.on_demand_usd_per_node_hour) * prices.nodes
     met = finish is not None and finish <= grid.deadline_steps * dt + 1e-9
-    return Outcome(policy=name, cost_usd=cost, finish_h=finish, deadline_met=met, spot_h=spot_h, on_demand_h=od_h, switches=switches)
+    return Outcome(
+        policy=name,
+        cost_usd=cost,
+        finish_h=finish,
+        deadline_met=met,
+        spot_h=spot_h,
+        on_demand_h=od_h,
+        switches=switches,
+    )

@@ -205,8 +205,14 @@ def _load_json_trace(path: Path) -> SpotTrace:
         raise ValueError(f"{path}: not a spot-traces JSON file ({e.__class__.__name__}: {e})") from None
     if any(c < 0 for c in counts):
         raise ValueError(f"{path}: negative instance counts")
-    return SpotTrace(name=str(path), gap_s=gap_s, counts=counts, nodes=nodes, spot_prices_usd_per_hour=prices,
-                     **_describe(path, path.stem))
+    return SpotTrace(
+        name=str(path),
+        gap_s=gap_s,
+        counts=counts,
+        nodes=nodes,
+        spot_prices_usd_per_hour=prices,
+        **_describe(path, path.stem),
+    )
 
 
 def _load_csv_trace(path: Path, zone: str | None) -> SpotTrace:
@@ -218,8 +224,7 @@ def _load_csv_trace(path: Path, zone: str | None) -> SpotTrace:
     if header == ["date", "availability"]:  # SkyNomad per-zone CSV
         times = [_utc_s(r["date"]) for r in rows]
         counts = tuple(int(float(r["availability"])) for r in rows)
-        return SpotTrace(name=str(path), gap_s=_median_gap_s(times, path), counts=counts,
-                         **_describe(path, path.stem))
+        return SpotTrace(name=str(path), gap_s=_median_gap_s(times, path), counts=counts, **_describe(path, path.stem))
     zones = trace_zones(path)
     if zone is None or zone not in zones:
         raise ValueError(f"{path}: name one of its zones ({', '.join(zones)}); got {zone!r}")
@@ -227,8 +232,12 @@ def _load_csv_trace(path: Path, zone: str | None) -> SpotTrace:
     counts = tuple(int(r[zone]) for r in rows)
     cloud = "gcp" if "gcp" in path.name else None
     gpu = "h100_1" if "a3-highgpu-1g" in path.name else ""
-    return SpotTrace(name=f"{path}:{zone}", gap_s=_median_gap_s(times, path), counts=counts,
-                     **{**_describe(Path(cloud or ""), f"{zone}_{gpu}"), "cloud": cloud})
+    return SpotTrace(
+        name=f"{path}:{zone}",
+        gap_s=_median_gap_s(times, path),
+        counts=counts,
+        **{**_describe(Path(cloud or ""), f"{zone}_{gpu}"), "cloud": cloud},
+    )
 
 
 def _utc_s(text: str) -> float:
@@ -238,7 +247,7 @@ def _utc_s(text: str) -> float:
 def _median_gap_s(times: Sequence[float], path: Path) -> float:
     """Probe rounds are scheduled every gap seconds; a missed round stays one tick (the last
     state held), as the SkyNomad converter does."""
-    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
     if not gaps or gaps[len(gaps) // 2] <= 0:
         raise ValueError(f"{path}: cannot tell the probe interval from the timestamps")
     return gaps[len(gaps) // 2]
