@@ -77,12 +77,17 @@ def print_notice(line: str) -> None:
 @catalog_option
 @json_option
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the ranked table.")
-def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
+@click.option("--deadline", default=None, help="Finish within this time (36h, 90m): overrides skygreen.deadline.")
+def plan(task: Path, catalog: Path | None, json_output: bool, top: int, deadline: str | None) -> None:
     """Rank spot GPU offers across AWS, GCP and Azure by estimated cost per run."""
     from skygreen import api
     from skygreen.task_checks import load_task
 
     spec = load_task(task)
+    if deadline is not None:
+        from skygreen.spec import with_deadline
+
+        spec = with_deadline(spec, deadline, "--deadline")
     from skygreen.costs.costing import measured_speeds
 
     measured = {gpu: speed for gpu, (speed, _) in measured_speeds(spec, task).items()}

@@ -21,11 +21,13 @@ Example:
       checkpoint: {bucket: s3://my-bucket/runs, every: auto, keep: 3}
       power: {cap: auto}               # auto | off | watts | fraction of the default limit
       early_stopping: {metric: val_loss, patience: 3, min_delta: 0.0}
+      deadline: 36h                    # finish by then: spot with on-demand fallback
     run: python train.py
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -180,6 +182,8 @@ class GreenSpec:
     power: PowerSpec = PowerSpec()
     early_stopping: EarlyStoppingSpec | None = None
     recovery: RecoverySpec = RecoverySpec()
+    deadline: float | None = None
+    """Hours from launch by which the run must be done (`deadline: 36h`); None: no deadline."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -309,6 +313,7 @@ def _parse_green(raw: Any, path: str) -> GreenSpec:
     get(values, "power", _parse_power)
     get(values, "early_stopping", _parse_early_stopping)
     get(values, "recovery", _parse_recovery)
+    get(values, "deadline", read_duration_h)
     spec = GreenSpec(**values)
     if not spec.spot and spec.on_demand_fallback:
         raise SpecError(
@@ -504,6 +509,12 @@ def read_duration_h(raw: Any, path: str) -> float:
             hint="give a positive duration, e.g. 36h",
         )
     return hours
+
+
+def with_deadline(spec: TaskSpec, raw: Any, path: str) -> TaskSpec:
+    """The task with its deadline set from a flag (`plan --deadline 36h`)."""
+    green = dataclasses.replace(spec.green, deadline=read_duration_h(raw, path))
+    return dataclasses.replace(spec, green=green)
 
 
 def _parse_every(raw: Any, path: str) -> tuple[int | None, float | None]:

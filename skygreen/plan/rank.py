@@ -58,6 +58,10 @@ class Candidate:
     """Hours of uninterrupted training; est_hours minus this is the spot overhead."""
     expected_preemptions: float = 0.0
     checkpoint_interval_s: float | None = None
+    on_demand_hours: float = 0.0
+    """Under a deadline: expected hours a spot run spends on its on-demand fallback."""
+    deadline_source: str | None = None
+    """Under a deadline, where the expected cost of a spot run came from: "traces" or "model"."""
 
     def __post_init__(self) -> None:
         if self.cloud not in CLOUDS:
@@ -287,7 +291,16 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
     check_regions(spec, catalog)
     model = run_model(spec, measured_speed=measured_speed)
     constraints = Constraints.from_spec(green)
-    ranked = rank(candidates_for(catalog, constraints, model), green.objective)
+    candidates = candidates_for(catalog, constraints, model)
+    extra: tuple[str, ...] = ()
+    if green.deadline is not None:
+        from skygreen.plan import deadline
+
+        candidates, dropped = deadline.apply(candidates, deadline_h=green.deadline, restart_s=model.restart_s)
+        if not candidates and dropped:
+            raise NoOfferError(deadline.no_offer_message(green.deadline, dropped, source=spec.source))
+        extra = (deadline.assumption(green.deadline, candidates, dropped),)
+    ranked = rank(candidates, green.objective)
     if not ranked:
         raise NoOfferError(no_offer_message(spec, catalog, constraints, model))
     return Plan(
@@ -295,7 +308,7 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
         objective=green.objective,
         best_per_cloud=best_per_cloud(ranked),
         reason=explain(ranked, green.objective),
-        assumptions=assumptions(model, green, measured_speed=measured_speed),
+        assumptions=assumptions(model, green, measured_speed=measured_speed) + extra,
         night_hint=night_hint(ranked[0]),
         notices=catalog.notices,
         catalog_source=catalog.source,
