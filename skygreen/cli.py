@@ -469,7 +469,7 @@ def simulate(
     """Replay a spot availability trace against deadline policies: cost, finish time, spot and on-demand hours."""
     from skygreen.deadline import compare
     from skygreen.errors import SpecError
-    from skygreen.spec import read_duration_h
+    from skygreen.fields import read_duration_h
 
     if policy not in compare.CHOICES:
         from skygreen.errors import suggestion

@@ -8,6 +8,7 @@ spec parser stays a flat list of `field = read_x(...)` lines.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -134,3 +135,42 @@ def read_list(value: Any, path: str, *, nonempty: bool = True) -> list[Any]:
     if nonempty and not value:
         raise SpecError(path, "must not be empty", value=value)
     return value
+
+
+DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)\s*$")
+DURATION_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def read_duration_h(raw: Any, path: str) -> float:
+    """A duration in hours: a number of hours (`36`, `1.5`) or a string with a unit (`36h`,
+    `90m`, `45min`, `3600s`); used for deadlines and by `skygreen simulate`."""
+    allowed = "36h | 90m | 1.5 (hours)"
+    match = DURATION_RE.match(raw) if isinstance(raw, str) else None
+    if match:
+        hours = float(match.group(1)) * DURATION_S[match.group(2)] / 3600.0
+    elif isinstance(raw, str):
+        try:
+            hours = float(raw)
+        except ValueError:
+            raise SpecError(
+                path,
+                "expected a duration",
+                value=raw,
+                allowed=allowed,
+                hint="write hours with h or minutes with m, e.g. 36h",
+            ) from None
+    elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        hours = float(raw)
+    else:
+        raise SpecError(
+            path, f"expected a duration, got a {type_name(raw)}", value=raw, allowed=allowed, hint="e.g. 36h"
+        )
+    if not (hours > 0 and hours < 1e6):
+        raise SpecError(
+            path,
+            "the duration must be greater than 0 (and finite)",
+            value=raw,
+            allowed=allowed,
+            hint="give a positive duration, e.g. 36h",
+        )
+    return hours

@@ -38,9 +38,16 @@ import yaml
 
 from skygreen.errors import InputError, SpecError, suggestion
 from skygreen.fields import (
+    DURATION_RE as _DURATION,
+)
+from skygreen.fields import (
+    DURATION_S as _DURATION_S,
+)
+from skygreen.fields import (
     check_keys,
     read_bool,
     read_choice,
+    read_duration_h,
     read_int,
     read_list,
     read_mapping,
@@ -470,45 +477,6 @@ def _parse_batch(raw: Any, path: str) -> Batch:
             hint="set micro to at most the effective batch, or to auto",
         )
     return Batch(effective=effective, micro=micro)
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)\s*$")
-_DURATION_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
-
-
-def read_duration_h(raw: Any, path: str) -> float:
-    """A duration in hours: a number of hours (`36`, `1.5`) or a string with a unit (`36h`,
-    `90m`, `45min`, `3600s`); used for deadlines and by `skygreen simulate`."""
-    allowed = "36h | 90m | 1.5 (hours)"
-    match = _DURATION.match(raw) if isinstance(raw, str) else None
-    if match:
-        hours = float(match.group(1)) * _DURATION_S[match.group(2)] / 3600.0
-    elif isinstance(raw, str):
-        try:
-            hours = float(raw)
-        except ValueError:
-            raise SpecError(
-                path,
-                "expected a duration",
-                value=raw,
-                allowed=allowed,
-                hint="write hours with h or minutes with m, e.g. 36h",
-            ) from None
-    elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        hours = float(raw)
-    else:
-        raise SpecError(
-            path, f"expected a duration, got a {type_name(raw)}", value=raw, allowed=allowed, hint="e.g. 36h"
-        )
-    if not (hours > 0 and hours < 1e6):
-        raise SpecError(
-            path,
-            "the duration must be greater than 0 (and finite)",
-            value=raw,
-            allowed=allowed,
-            hint="give a positive duration, e.g. 36h",
-        )
-    return hours
 
 
 def with_deadline(spec: TaskSpec, raw: Any, path: str) -> TaskSpec:
