@@ -30,7 +30,7 @@ import numpy as np
 
 from skygreen.deadline.optimum import optimal_costs
 from skygreen.deadline.policy import ExpectedSpot, Greedy, Job, Policy, UniformProgress
-from skygreen.deadline.simulate import Prices, make_grid, on_demand_only, simulate
+from skygreen.deadline.simulate import Prices, make_grid, make_multizone_grid, on_demand_only, simulate
 from skygreen.plan.replay import SpotTrace, load_trace, trace_zones
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,12 +165,51 @@ def paper_setting(root: Path) -> None:
         )
 
 
+US_H100_ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-east4-a", "us-east4-b", "us-east5-a",
+                 "us-west1-a", "us-west1-b")  # fmt: skip
+
+
+def multizone(root: Path, n_starts: int) -> None:
+    """Gangs of 16 H100s: each US zone alone vs free to move between the 8 US zones."""
+    path = root / H100_CSV
+    series = [load_trace(path, zone=z).available(16) for z in US_H100_ZONES]
+    tick_s = load_trace(path, zone=US_H100_ZONES[0]).gap_s
+    k_ratio = PRICE_RATIO["gcp"]
+    prices = Prices(spot_usd_per_node_hour=1.0, on_demand_usd_per_node_hour=k_ratio)
+    for slack in (1.25, 2.0):
+        job = Job(compute_h=24.0, deadline_h=24.0 * slack, changeover_h=0.3)
+        starts = starts_for(len(series[0]), tick_s, job.deadline_h, n_starts)
+        policies: list[Policy] = [Greedy(), UniformProgress(), ExpectedSpot(price_ratio=k_ratio)]
+        alone: dict[str, list[float]] = {p.name: [] for p in policies}
+        moving: dict[str, list[float]] = {p.name: [] for p in policies}
+        for s in starts:
+            for avail in series:
+                grid = make_grid(job, avail, tick_s=tick_s, start_tick=s)
+                base = on_demand_only(grid, prices).cost_usd
+                for p in policies:
+                    alone[p.name].append(simulate(p, grid, prices).cost_usd / base)
+            grid = make_multizone_grid(job, series, tick_s=tick_s, start_tick=s)
+            base = on_demand_only(grid, prices).cost_usd
+            for p in policies:
+                out = simulate(p, grid, prices)
+                assert out.deadline_met
+                moving[p.name].append(out.cost_usd / base)
+        cells = ", ".join(f"{n} {statistics.fmean(alone[n]):.3f} -> {statistics.fmean(moving[n]):.3f}" for n in alone)
+        print(f"  C 24 h, slack {slack:g}, d 0.3 h, {len(starts)} starts: cost/OD one zone -> 8 zones: {cells}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=TRACES)
     parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--multizone-only", action="store_true", help="Only the multi-zone comparison.")
     args = parser.parse_args()
     began = time.perf_counter()
+    if args.multizone_only:
+        print("GCP H100 gangs of 16 (2025-10), 8 US zones:")
+        multizone(args.traces, args.starts)
+        print(f"\n({time.perf_counter() - began:.0f} s)")
+        return
     traces = all_traces(args.traces)
     results = grid_benchmark(traces, args.starts)
     print(
@@ -188,6 +227,8 @@ def main() -> None:
         print(f"{slack:5.2f} " + " ".join(f"{c:16.3f}" for c in cells))
     print("\nthe paper's ML setting on AWS p3.2xlarge us-west-2b (2023-04 preemption trace):")
     paper_setting(args.traces)
+    print("\nGCP H100 gangs of 16 (2025-10), 8 US zones:")
+    multizone(args.traces, args.starts)
     print(f"\n({time.perf_counter() - began:.0f} s)")
 
 

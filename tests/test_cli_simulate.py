@@ -200,3 +200,21 @@ def test_the_real_paper_trace(shared_traces_dir, tmp_path):
     assert all(r["deadline_met"] for r in rows.values())
     for name in ("greedy", "uniform_progress", "skygreen"):
         assert rows["optimum"]["cost_usd"] <= rows[name]["cost_usd"] < rows["on_demand"]["cost_usd"]
+
+
+def test_several_zones_of_a_capacity_csv(tmp_path):
+    wide = tmp_path / "gcp_h100_a3-highgpu-1g_x16_capacity_2025-10.csv"
+    rows = ["scheduled_at_utc,run_id,us-east4-a,us-west1-b"]
+    for i in range(200):
+        a, b = (16, 0) if (i // 12) % 2 == 0 else (3, 16)
+        rows.append(f"2025-10-04T{i // 6 % 24:02d}:{i % 6 * 10:02d}:00Z,r{i},{a},{b}")
+    # timestamps wrap within a day, the median gap is still 10 min
+    wide.write_text("\n".join(rows) + "\n")
+    args = ["simulate", str(wide), "--nodes", "16", "--hours", "10h", "--deadline", "20h", "--changeover", "20m",
+            "--policy", "greedy", "--spot-price", "1", "--on-demand-price", "4", "--json"]  # fmt: skip
+    (one,) = json.loads(skygreen(tmp_path, *args, "--zone", "us-east4-a").stdout)
+    (both,) = json.loads(skygreen(tmp_path, *args, "--zone", "all").stdout)
+    assert one["deadline_met"] and both["deadline_met"]
+    assert both["cost_usd"] < one["cost_usd"] and both["on_demand_h"] == 0.0
+    out = skygreen(tmp_path, *args[:-1], "--zone", "us-east4-a,us-west1-b")
+    assert out.returncode == 0 and "zones us-east4-a, us-west1-b" in out.stdout

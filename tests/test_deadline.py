@@ -226,3 +226,20 @@ def test_reads_every_real_trace_format(shared_traces_dir):
         shared_traces_dir / "skynomad-artifact/data/real/availability/2023-02-15/processed/us-west-2b_v100_1.csv"
     )
     assert same.counts == v100.counts  # the timestamped copy is the same series
+
+
+def test_several_zones_a_preemption_in_one_moves_the_job_to_another_for_a_new_changeover():
+    from skygreen.deadline.simulate import make_multizone_grid
+
+    a = [1] * 4 + [0] * 40
+    b = [0] * 2 + [1] * 42
+    job = Job(compute_h=4.0, deadline_h=12.0, changeover_h=0.5)
+    grid = make_multizone_grid(job, [a, b], tick_s=HOUR_S / 2)
+    assert grid.available[:6] == (True,) * 6 and len(grid.zones) == 2
+    out = simulate(Greedy(), grid, PRICES)
+    # zone a for 2 h (0.5 changeover + 1.5 progress), then b: 0.5 + 2.5
+    assert (out.switches, out.spot_h, out.on_demand_h) == (2, 5.0, 0.0)
+    assert out.finish_h == pytest.approx(5.0)
+    alone = simulate(Greedy(), grid_over(a, compute_h=4.0, deadline_h=12.0, changeover_h=0.5), PRICES)
+    assert alone.on_demand_h > 0 and alone.cost_usd > out.cost_usd
+    assert optimum(grid, PRICES).cost_usd <= out.cost_usd  # zone moves free: a lower bound

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from skygreen.deadline.policy import POLICIES, Job
-from skygreen.deadline.simulate import Grid, Outcome, Prices, make_grid, on_demand_only, simulate
+from skygreen.deadline.simulate import Grid, Outcome, Prices, make_grid, make_multizone_grid, on_demand_only, simulate
 from skygreen.errors import InputError, SpecError, did_you_mean
 from skygreen.plan.replay import SpotTrace, load_trace, trace_zones
 
@@ -27,6 +27,9 @@ CHOICES: tuple[str, ...] = (*POLICY_NAMES, "all")
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Simulation:
     trace: SpotTrace
+    """The (first) zone's trace."""
+    zones: tuple[str, ...]
+    """More than one: the job may move between these zones (`--zone a,b` or `all`)."""
     nodes: int
     prices: Prices
     price_source: str
@@ -56,8 +59,9 @@ def run(
     start_h: float = 0.0,
     catalog_dir: Path | None = None,
 ) -> Simulation:
-    trace = _read_trace(trace_path, zone)
-    gang = _gang(trace, nodes)
+    traces = _read_traces(trace_path, zone)
+    trace = traces[0]
+    gang = min(_gang(t, nodes) for t in traces)
     prices, source = _prices(trace, gang, spot_price, on_demand_price, catalog_dir)
     if start_h < 0 or start_h >= trace.span_h:
         raise SpecError(
@@ -67,10 +71,16 @@ def run(
             hint="start earlier, e.g. --start 0",
         )
     job = Job(compute_h=compute_h, deadline_h=deadline_h, changeover_h=changeover_h)
-    grid = make_grid(job, trace.available(gang), tick_s=trace.gap_s, start_tick=int(start_h * 3600 / trace.gap_s))
+    start_tick = int(start_h * 3600 / trace.gap_s)
+    if len(traces) > 1:
+        series = [t.available(gang) for t in traces]
+        grid = make_multizone_grid(job, series, tick_s=trace.gap_s, start_tick=start_tick)
+    else:
+        grid = make_grid(job, trace.available(gang), tick_s=trace.gap_s, start_tick=start_tick)
     names = POLICY_NAMES if policy == "all" else (policy,)
     return Simulation(
         trace=trace,
+        zones=tuple(t.zone or "" for t in traces),
         nodes=gang,
         prices=prices,
         price_source=source,
@@ -96,6 +106,15 @@ def _run_one(name: str, grid: Grid, prices: Prices) -> Outcome:
 def _ratio(prices: Prices) -> float:
     spot = prices.spot_usd_per_node_hour
     return prices.on_demand_usd_per_node_hour / spot if spot > 0 else math.inf
+
+
+def _read_traces(path: Path, zone: str | None) -> list[SpotTrace]:
+    """One trace, or several zones of a capacity CSV (`--zone a,b` or `--zone all`)."""
+    zones = trace_zones(path) if path.is_file() else ()
+    if zones and zone is not None and (zone == "all" or "," in zone):
+        wanted = zones if zone == "all" else tuple(z.strip() for z in zone.split(",") if z.strip())
+        return [_read_trace(path, z) for z in wanted]
+    return [_read_trace(path, zone)]
 
 
 def _read_trace(path: Path, zone: str | None) -> SpotTrace:
@@ -189,10 +208,16 @@ def _catalog_prices(trace: SpotTrace, catalog_dir: Path | None) -> tuple[float |
 
 def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
     g, job, p = sim.grid, sim.job, sim.prices
-    out.write(f"trace: {sim.trace.name} (tick {sim.trace.gap_s:g} s, {sim.trace.span_h:.0f} h)\n")
+    name = sim.trace.name if len(sim.zones) == 1 else f"{sim.trace.name.rsplit(':', 1)[0]} zones {', '.join(sim.zones)}"
+    out.write(f"trace: {name} (tick {sim.trace.gap_s:g} s, {sim.trace.span_h:.0f} h)\n")
+    if len(sim.zones) > 1:
+        out.write(
+            "zones: spot in any of them; a preemption in one zone moves the job (a new changeover); "
+            "the optimum moves between zones for free (a lower bound)\n"
+        )
     out.write(
         f"job: {job.compute_h:g} h of compute on {sim.nodes} node(s), deadline {job.deadline_h:g} h, "
-        f"changeover {job.changeover_h:g} h, from {sim.start_h:g} h into the trace\n"
+        f"changeover {job.changeover_h:.3g} h, from {sim.start_h:g} h into the trace\n"
     )
     out.write(
         f"grid: a decision every {g.dt_h * 60:.3g} min; compute {g.job.compute_h:.4g} h, deadline {g.job.deadline_h:.4g} h, "
@@ -200,7 +225,8 @@ def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
     )
     out.write(
         f"prices per node-hour: spot ${p.spot_usd_per_node_hour:.4g}, on-demand ${p.on_demand_usd_per_node_hour:.4g} "
-        f"({sim.price_source}); spot available {sim.spot_fraction:.0%} of the time until the deadline\n"
+        f"({sim.price_source}); spot available {sim.spot_fraction:.0%} of the time until the deadline"
+        f"{' in some zone' if len(sim.zones) > 1 else ''}\n"
     )
     base = on_demand_only(g, p).cost_usd
     header = f"{'policy':<17} {'cost':>10} {'vs OD':>6} {'finish h':>9} {'deadline':>8} {'spot h':>8} {'OD h':>7} {'switches':>8}\n"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from skygreen.deadline.policy import Job, Mode, Observation, Policy
 
@@ -50,6 +50,8 @@ class Grid:
     job: Job
     """The job as the grid sees it: compute and changeover rounded up, the deadline down, to
     whole intervals (what the policies are told, so that the safety rule holds on the grid)."""
+    zones: tuple[tuple[bool, ...], ...] = ()
+    """Several zones (`make_multizone_grid`): spot per zone; `available` is then "in any zone"."""
 
     @property
     def horizon_steps(self) -> int:
@@ -112,6 +114,18 @@ def make_grid(job: Job, available: Sequence[int], *, tick_s: float, start_tick: 
     )
 
 
+def make_multizone_grid(job: Job, zones: Sequence[Sequence[int]], *, tick_s: float, start_tick: int = 0) -> Grid:
+    """A grid over several zones' series (same ticks): spot is available when any zone has it;
+    a job on spot runs in one zone and is preempted when that zone loses it, even if another
+    zone still has spot (moving there is a new changeover)."""
+    if not zones:
+        raise ValueError("no zones")
+    grids = [make_grid(job, z, tick_s=tick_s, start_tick=start_tick) for z in zones]
+    per_zone = tuple(g.available for g in grids)
+    anywhere = tuple(any(column) for column in zip(*per_zone, strict=True))
+    return replace(grids[0], available=anywhere, zones=per_zone)
+
+
 def simulate(policy: Policy, grid: Grid, prices: Prices) -> Outcome:
     """Run the policy over the grid until the job is done (or the horizon ends)."""
     dt = grid.dt_h
@@ -120,6 +134,8 @@ def simulate(policy: Policy, grid: Grid, prices: Prices) -> Outcome:
     progress = changeover_left = spot_steps = od_steps = switches = seen = stretches = 0
     before = False
     finish: float | None = None
+    zone = 0
+    up_since = [0] * len(grid.zones)
     for j, avail in enumerate(grid.available):
         if progress >= grid.compute_steps:
             break
@@ -127,8 +143,13 @@ def simulate(policy: Policy, grid: Grid, prices: Prices) -> Outcome:
             seen += 1
             stretches += 0 if before else 1
         before = avail
-        if mode is Mode.SPOT and not avail:
+        for z, series in enumerate(grid.zones):
+            if not series[j]:
+                up_since[z] = j + 1
+        here = grid.zones[zone][j] if grid.zones else avail
+        if mode is Mode.SPOT and not here:
             mode, changeover_left = Mode.IDLE, 0  # preempted: the instances are gone
+            stretches += 1 if avail else 0  # spot elsewhere is a new stretch for this job
         obs = Observation(
             elapsed_h=j * dt,
             progress_h=progress * dt,
@@ -139,6 +160,8 @@ def simulate(policy: Policy, grid: Grid, prices: Prices) -> Outcome:
         )
         wanted = policy.decide(job, obs)
         if wanted is not mode:
+            if wanted is Mode.SPOT and grid.zones:  # the zone up the longest so far
+                zone = min((z for z in range(len(grid.zones)) if grid.zones[z][j]), key=lambda z: up_since[z])
             mode = wanted
             changeover_left = grid.changeover_steps if wanted is not Mode.IDLE else 0
             switches += wanted is not Mode.IDLE
