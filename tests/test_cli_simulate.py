@@ -120,6 +120,7 @@ def test_a_gang_defaults_to_the_traces_node_count_and_bills_every_node(tmp_path)
         (["--nodes", "16"], "--nodes", "--nodes 1"),
         (["--nodes", "0"], "--nodes", "--nodes 16"),
         (["--start", "9999h"], "--start", "--start 0"),
+        (["--deadline", "10h"], "--deadline", "--deadline 10.3h"),
     ],
 )
 def test_bad_input_exits_2_naming_the_flag_value_and_fix(tmp_path, trace, args, flag, fix):

@@ -70,6 +70,14 @@ def run(
             value=start_h,
             hint="start earlier, e.g. --start 0",
         )
+    if deadline_h < compute_h + changeover_h:
+        raise SpecError(
+            "--deadline",
+            f"is shorter than the compute plus one changeover ({compute_h + changeover_h:g} h): no policy can meet it",
+            value=f"{deadline_h:g}h",
+            hint=f"give at least --deadline {compute_h + changeover_h:g}h (and {compute_h + 2 * changeover_h:g}h "
+            "or more for spot to be worth trying)",
+        )
     job = Job(compute_h=compute_h, deadline_h=deadline_h, changeover_h=changeover_h)
     start_tick = int(start_h * 3600 / trace.gap_s)
     if len(traces) > 1:
@@ -239,5 +247,3 @@ def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
             f"{o.policy:<17} {'$' + format(o.cost_usd, ',.2f'):>10} {ratio} {finish} {met:>8} "
             f"{o.spot_h:8.2f} {o.on_demand_h:7.2f} {o.switches:8d}\n"
         )
-    if job.deadline_h < job.compute_h + job.changeover_h:
-        out.write("note: the deadline is shorter than the compute plus one changeover: no policy can meet it\n")
