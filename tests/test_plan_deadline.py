@@ -122,3 +122,14 @@ def test_the_shipped_share_table_is_sane_and_interpolates_in_slack():
     mid = share_at(line, slack=1.5, changeover_h=0.3)
     assert (mid.spot, mid.on_demand, mid.finish) == pytest.approx((0.5, 0.6, 1.4))
     assert share_at(line, slack=9.0, changeover_h=0.2) == line[-1]
+
+
+def test_the_shipped_share_table_is_what_the_script_measures_on_the_real_traces(shared_traces_dir):
+    """The table must be regenerated whenever the policy or the simulator changes."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_deadline_table.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(shared_traces_dir)], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    shipped = (Path(__file__).resolve().parents[1] / "skygreen" / "data" / "deadline_spot_share.csv").read_text()
+    assert out.stdout == shipped
