@@ -22,6 +22,8 @@ over every start point ~4 h apart.
 from __future__ import annotations
 
 import argparse
+import csv
+import datetime
 import statistics
 import time
 from pathlib import Path
@@ -198,13 +200,39 @@ def multizone(root: Path, n_starts: int) -> None:
         print(f"  C 24 h, slack {slack:g}, d 0.3 h, {len(starts)} starts: cost/OD one zone -> 8 zones: {cells}")
 
 
+def time_of_day(root: Path) -> None:
+    """Spot availability by 6-hour block of the UTC day, from the timestamped traces."""
+    blocks = ("00-06", "06-12", "12-18", "18-24")
+    print(f"{'zone':<28} " + " ".join(f"{b:>6}" for b in blocks))
+    h100 = root / H100_CSV
+    with open(h100, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    hours = [datetime.datetime.fromisoformat(r["scheduled_at_utc"].replace("Z", "+00:00")).hour // 6 for r in rows]
+    for zone in US_H100_ZONES:
+        cells = [[int(r[zone]) >= 16 for r, h in zip(rows, hours, strict=True) if h == b] for b in range(4)]
+        print(f"{'gcp H100 x16 ' + zone:<28} " + " ".join(f"{statistics.fmean(c):6.2f}" for c in cells))
+    folder = root / "skynomad-artifact/data/real/availability/2023-02-15/processed"
+    for path in sorted(folder.glob("*_v100_1.csv")):
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        by_block: list[list[int]] = [[] for _ in range(4)]
+        for r in rows:
+            by_block[datetime.datetime.fromisoformat(r["date"]).hour // 6].append(int(float(r["availability"])))
+        name = "aws V100 " + path.name.split("_")[0]
+        print(f"{name:<28} " + " ".join(f"{statistics.fmean(c):6.2f}" for c in by_block))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=TRACES)
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--multizone-only", action="store_true", help="Only the multi-zone comparison.")
+    parser.add_argument("--time-of-day", action="store_true", help="Only availability by time of day.")
     args = parser.parse_args()
     began = time.perf_counter()
+    if args.time_of_day:
+        time_of_day(args.traces)
+        return
     if args.multizone_only:
         print("GCP H100 gangs of 16 (2025-10), 8 US zones:")
         multizone(args.traces, args.starts)
