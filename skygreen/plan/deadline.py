@@ -24,13 +24,10 @@ import csv
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from skygreen.plan.rank import Candidate
+from typing import Protocol
 
 SHARE_TABLE = Path(__file__).resolve().parents[1] / "data" / "deadline_spot_share.csv"
 
@@ -153,31 +150,43 @@ def changeover_h(restart_s: float, checkpoint_interval_s: float | None) -> float
     return max((restart_s + lost_s) / 3600.0, 1.0 / 60.0)
 
 
-def apply(
-    candidates: Sequence[Candidate], *, deadline_h: float, restart_s: float
-) -> tuple[list[Candidate], dict[str, tuple[float, str]]]:
-    """(kept candidates repriced under the deadline, {label: (hours needed, why dropped)})."""
-    kept, dropped = [], {}
-    for c in candidates:
-        d = changeover_h(restart_s, c.checkpoint_interval_s)
-        result = under_deadline(
-            cloud=c.cloud,
-            accelerator=c.accelerator,
-            spot=c.spot,
-            compute_h=c.compute_hours,
-            spot_wall_h=c.est_hours,
-            changeover_h=d,
-            deadline_h=deadline_h,
-            spot_price=c.spot_price_usd_per_hour,
-            on_demand_price=c.on_demand_price_usd_per_hour,
-            nodes=c.num_nodes,
-        )
-        if isinstance(result, tuple):
-            dropped[c.label] = result
-            continue
-        kept.append(replace(c, est_hours=result.est_hours, est_cost_usd=result.est_cost_usd,
-                            on_demand_hours=result.on_demand_hours, deadline_source=result.source))  # fmt: skip
-    return kept, dropped
+class Priced(Protocol):
+    """What `assess` reads of a ranked candidate (`skygreen.plan.rank.Candidate`)."""
+
+    @property
+    def cloud(self) -> str: ...
+    @property
+    def accelerator(self) -> str: ...
+    @property
+    def spot(self) -> bool: ...
+    @property
+    def compute_hours(self) -> float: ...
+    @property
+    def est_hours(self) -> float: ...
+    @property
+    def checkpoint_interval_s(self) -> float | None: ...
+    @property
+    def spot_price_usd_per_hour(self) -> float | None: ...
+    @property
+    def on_demand_price_usd_per_hour(self) -> float | None: ...
+    @property
+    def num_nodes(self) -> int: ...
+
+
+def assess(c: Priced, *, deadline_h: float, restart_s: float) -> DeadlineCost | tuple[float, str]:
+    """One candidate under the deadline: repriced, or (hours it needs, why it is dropped)."""
+    return under_deadline(
+        cloud=c.cloud,
+        accelerator=c.accelerator,
+        spot=c.spot,
+        compute_h=c.compute_hours,
+        spot_wall_h=c.est_hours,
+        changeover_h=changeover_h(restart_s, c.checkpoint_interval_s),
+        deadline_h=deadline_h,
+        spot_price=c.spot_price_usd_per_hour,
+        on_demand_price=c.on_demand_price_usd_per_hour,
+        nodes=c.num_nodes,
+    )
 
 
 def no_offer_message(deadline_h: float, dropped: Mapping[str, tuple[float, str]], *, source: str | None) -> str:
@@ -193,8 +202,8 @@ def no_offer_message(deadline_h: float, dropped: Mapping[str, tuple[float, str]]
     )
 
 
-def assumption(deadline_h: float, kept: Sequence[Candidate], dropped: Mapping[str, tuple[float, str]]) -> str:
-    sources = sorted({f"{c.cloud} {c.accelerator}" for c in kept if c.deadline_source == "traces"})
+def assumption(deadline_h: float, traced: Sequence[str], dropped: Mapping[str, tuple[float, str]]) -> str:
+    sources = sorted(set(traced))
     traced = f"real spot traces for {', '.join(sources)}" if sources else "no real trace for these GPUs"
     return (
         f"deadline {deadline_h:g} h: spot offers fall back to on-demand by skygreen's deadline policy, expected cost "

@@ -296,10 +296,18 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
     if green.deadline is not None:
         from skygreen.plan import deadline
 
-        candidates, dropped = deadline.apply(candidates, deadline_h=green.deadline, restart_s=model.restart_s)
-        if not candidates and dropped:
+        kept, dropped = [], {}
+        for c in candidates:
+            priced = deadline.assess(c, deadline_h=green.deadline, restart_s=model.restart_s)
+            if isinstance(priced, tuple):
+                dropped[c.label] = priced
+                continue
+            kept.append(replace(c, est_hours=priced.est_hours, est_cost_usd=priced.est_cost_usd,
+                                on_demand_hours=priced.on_demand_hours, deadline_source=priced.source))  # fmt: skip
+        if not kept and dropped:
             raise NoOfferError(deadline.no_offer_message(green.deadline, dropped, source=spec.source))
-        extra = (deadline.assumption(green.deadline, candidates, dropped),)
+        traced = [f"{c.cloud} {c.accelerator}" for c in kept if c.deadline_source == "traces"]
+        candidates, extra = kept, (deadline.assumption(green.deadline, traced, dropped),)
     ranked = rank(candidates, green.objective)
     if not ranked:
         raise NoOfferError(no_offer_message(spec, catalog, constraints, model))
