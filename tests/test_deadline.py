@@ -243,3 +243,24 @@ def test_several_zones_a_preemption_in_one_moves_the_job_to_another_for_a_new_ch
     alone = simulate(Greedy(), grid_over(a, compute_h=4.0, deadline_h=12.0, changeover_h=0.5), PRICES)
     assert alone.on_demand_h > 0 and alone.cost_usd > out.cost_usd
     assert optimum(grid, PRICES).cost_usd <= out.cost_usd  # zone moves free: a lower bound
+
+
+def test_expected_spot_leaves_on_demand_only_for_spot_that_has_stayed_up():
+    job = Job(compute_h=40.0, deadline_h=80.0, changeover_h=0.3)
+
+    def on_demand_with_spot_up(up_h: float) -> Observation:
+        return Observation(elapsed_h=24.0, progress_h=2.0, mode=Mode.ON_DEMAND, spot_available=True,
+                           spot_seen_h=12.0, spot_runs_seen=4, spot_up_h=up_h)  # fmt: skip
+
+    sky = ExpectedSpot(price_ratio=3.0)
+    assert sky.spot_rate(job, on_demand_with_spot_up(0.3))[0] * (80 - 24 - 0.6) < 38  # on-demand still needed
+    assert sky.decide(job, on_demand_with_spot_up(0.3)) is Mode.ON_DEMAND  # flickering: up one probe
+    assert sky.decide(job, on_demand_with_spot_up(0.6)) is Mode.SPOT
+    assert ExpectedSpot(price_ratio=3.0, dwell_changeovers=0).decide(job, on_demand_with_spot_up(0.0)) is Mode.SPOT
+
+
+def test_a_flickering_zone_does_not_burn_the_slack():
+    ticks = [1, 0] * 200  # up one tick, down the next
+    grid = grid_over(ticks, compute_h=10.0, deadline_h=11.0, changeover_h=0.5, tick_s=HOUR_S / 2)
+    out = simulate(ExpectedSpot(price_ratio=3.0), grid, PRICES)
+    assert out.deadline_met and out.switches <= 3

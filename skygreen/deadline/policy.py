@@ -61,6 +61,8 @@ class Observation:
     """Hours since the start in which spot was available (the current decision interval included)."""
     spot_runs_seen: int = 0
     """Stretches of availability that began since the start (the current one included)."""
+    spot_up_h: float = 0.0
+    """How long spot has been available without a break, up to now (0 when it is not)."""
 
     def remaining_h(self, job: Job) -> float:
         return max(job.compute_h - self.progress_h, 0.0)
@@ -152,10 +154,14 @@ class ExpectedSpot:
     expected to do all the rest with 2d to spare (gap <= -2d), so idle does not flip straight
     back. Spot, once on it, is kept until preempted; it is taken from idle when a stretch is
     expected to outlast the break-even kd/(k-1), and from on-demand when it is expected to
-    outlast 2kd/(k-1) (the paper's next-lifetime rule, with L for the oracle). The safety net
-    applies on top, so it misses no deadline that the safety rule can meet.
+    outlast 2kd/(k-1) (the paper's next-lifetime rule, with L for the oracle) and has already
+    been up for 2d: each round trip from on-demand costs 2d of slack, and a zone that flickers
+    (up one probe, down the next) would spend it all, after which the safety net keeps the job
+    on on-demand to the end. The safety net applies on top, so it misses no deadline that the
+    safety rule can meet.
 
-    The defaults (prior 70% available in 3 h stretches, worth a day; defer 1; no margin) were
+    The defaults (prior 70% available in 3 h stretches, worth a day; defer 1; no margin; dwell
+    2d) were
     chosen on two start points per trace of the benchmark's traces with d of 0.1 and 0.3 h;
     `benchmarks/bench_deadline.py` measures them on five, and d of 0.5 h too.
     """
@@ -170,6 +176,8 @@ class ExpectedSpot:
     margin: float = 0.0
     """Fraction of the expected spot progress not counted on (estimates are noisy)."""
     defer: float = 1.0
+    dwell_changeovers: float = 2.0
+    """From on-demand, take spot only once it has been up this many changeovers without a break."""
     """Idle, buy on-demand only once the gap exceeds this fraction of the slack beyond 2d."""
 
     def spot_rate(self, job: Job, obs: Observation) -> tuple[float, float]:
@@ -187,15 +195,20 @@ class ExpectedSpot:
         left_h = obs.time_left_h(job)
         gap_now = obs.remaining_h(job) - rate * (left_h - 2 * d)
         k = self.price_ratio
+        worth_starting = obs.spot_available and (k <= 1 or stretch_h > k * d / (k - 1))
         if obs.mode is Mode.SPOT and obs.spot_available:
             wanted = Mode.SPOT
         elif obs.mode is Mode.ON_DEMAND:
             worth_leaving = obs.spot_available and (k <= 1 or stretch_h > 2 * k * d / (k - 1))
+            if worth_leaving and self.dwell_changeovers > 0:
+                worth_leaving = obs.spot_up_h >= self.dwell_changeovers * d
             if worth_leaving:
                 wanted = Mode.SPOT
-            else:
-                wanted = Mode.ON_DEMAND if gap_now > -2 * d else Mode.IDLE
-        elif obs.spot_available and (k <= 1 or stretch_h > k * d / (k - 1)):
+            elif gap_now > -2 * d:
+                wanted = Mode.ON_DEMAND
+            else:  # on-demand is no longer needed
+                wanted = Mode.SPOT if worth_starting else Mode.IDLE
+        elif worth_starting:
             wanted = Mode.SPOT
         else:
             spare_h = max(obs.slack_h(job) - 2 * d, 0.0)

@@ -134,7 +134,7 @@ def simulate(policy: Policy, grid: Grid, prices: Prices) -> Outcome:
     progress = changeover_left = spot_steps = od_steps = switches = seen = stretches = 0
     before = False
     finish: float | None = None
-    zone = 0
+    zone = up_steps = 0
     up_since = [0] * len(grid.zones)
     for j, avail in enumerate(grid.available):
         if progress >= grid.compute_steps:
@@ -142,6 +142,7 @@ def simulate(policy: Policy, grid: Grid, prices: Prices) -> Outcome:
         if avail:
             seen += 1
             stretches += 0 if before else 1
+        up_steps = up_steps + 1 if avail else 0
         before = avail
         for z, series in enumerate(grid.zones):
             if not series[j]:
@@ -157,6 +158,7 @@ def simulate(policy: Policy, grid: Grid, prices: Prices) -> Outcome:
             spot_available=avail,
             spot_seen_h=seen * dt,
             spot_runs_seen=stretches,
+            spot_up_h=up_steps * dt,
         )
         wanted = policy.decide(job, obs)
         if wanted is not mode:
