@@ -6,8 +6,11 @@ with loss scaling, same data and batch; for each, samples per second and GPU ene
 optimizer step from NVML's total-energy counter (read-only). It also records what
 `precision: auto` picks on this GPU.
 
-It changes no GPU setting: no power limit, clocks, persistence or compute mode. It reads
-the power limit before and after and reports both, so a reader can check.
+It changes no GPU setting: no power limit, clocks, persistence or compute mode (its runs
+say `power: {cap: off}`). Through skygreen's own NVML adapter (`skygreen.power.nvml`) it reads
+the current, default, min and max power limits and the total-energy counter before and after,
+and reports them with `power_limit_unchanged` and `energy_counter_grew`, so a reader can check
+that the adapter's milliwatt/millijoule conversions and error table work on real hardware.
 
 Prints JSON to stdout and writes it to `$OUT/gpu_check.json` when `OUT` is set. Without a
 GPU (or without NVML) it still runs, on CPU with a tiny model, and says in `skipped` what it
@@ -33,8 +36,6 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from skygreen.errors import NvmlError  # noqa: E402
-from skygreen.runtime.nvml import NvmlGpu  # noqa: E402
 from skygreen.runtime.precision import choose_precision, cpu_facts, cuda_facts  # noqa: E402
 from skygreen.runtime.run import Run  # noqa: E402
 from skygreen.settings import RuntimeSettings  # noqa: E402
@@ -72,8 +73,41 @@ class Tokens(torch.utils.data.Dataset):
         return self.data[i, :-1], self.data[i, 1:]
 
 
+class Nvml:
+    """Read-only, through skygreen's NVML adapter: limits, power, the energy counter. Never sets anything."""
+
+    def __init__(self, device_index: int) -> None:
+        from skygreen.power.nvml import Nvml as Adapter
+
+        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+        self.gpu = Adapter().device_by_uuid(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+
+    def energy_mj(self) -> int:
+        return round(self.gpu.energy_j() * 1000)
+
+    def power_limit_w(self) -> float:
+        return self.gpu.power_limit_w()
+
+    def limits(self) -> dict:
+        """Every power reading the runtime relies on, each with its error when it fails."""
+        out: dict = {"name": self.gpu.name, "uuid": self.gpu.uuid}
+        for key, read in (
+            ("power_limit_w", self.gpu.power_limit_w),
+            ("default_limit_w", self.gpu.default_limit_w),
+            ("limit_range_w", self.gpu.limit_range_w),
+            ("power_w", self.gpu.power_w),
+            ("energy_counter_j", self.gpu.energy_j),
+        ):
+            try:
+                out[key] = read()
+            except Exception as e:  # the adapter's PowerError classes: report, do not stop
+                out[key] = None
+                out[f"{key}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        return out
+
+
 def measure(
-    precision: str, shape: dict, device: torch.device, steps: int, warmup: int, nvml: NvmlGpu | None, bucket: str
+    precision: str, shape: dict, device: torch.device, steps: int, warmup: int, nvml: Nvml | None, bucket: str
 ) -> dict:
     """Train `warmup + steps` optimizer steps in `precision`; time and meter the last `steps`."""
     torch.manual_seed(0)
@@ -85,18 +119,20 @@ def measure(
     settings = RuntimeSettings(
         run_id=f"gpu-check-{precision}", bucket=bucket, precision=precision,
         effective_batch=effective, micro_batch=shape["micro"], checkpoint_every_steps=10**9,
+        power_cap="off",  # a check reads the GPU; it never changes its limit
     )  # fmt: skip
     data = Tokens(effective * (warmup + steps + 1), **shape)
     run = Run(model=model, optimizer=optimizer, dataset=data, settings=settings, device=device, environ={})
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    started, energy_start = 0.0, 0
+    started = 0.0
+    energy_start: int | None = None
     losses = []
     with run:
         for step in run.steps(warmup + steps):
             if step.index == warmup:
                 sync()
                 started = time.perf_counter()
-                energy_start = nvml.total_energy_mj() if nvml else 0
+                energy_start = nvml.energy_mj() if nvml else None
             with step:
                 for x, y in step.micro_batches():
                     with step.autocast():
@@ -108,7 +144,7 @@ def measure(
             if step.index == warmup + steps - 1:
                 sync()
                 elapsed_s = time.perf_counter() - started
-                energy_j = (nvml.total_energy_mj() - energy_start) / 1000.0 if nvml else None
+                energy_j = (nvml.energy_mj() - energy_start) / 1000.0 if nvml and energy_start is not None else None
         scale = run.scaler.get_scale() if run.precision.grad_scaler else None
     final_loss = float(losses[-1])
     return {
@@ -142,12 +178,12 @@ def main() -> None:
         if not facts.bf16:
             skipped.append(f"bf16: {facts.name} has no bf16 tensor cores")
         try:
-            gpu = NvmlGpu.by_uuid(str(torch.cuda.get_device_properties(0).uuid))
-            report["power_limit_w_before"] = gpu.power_limit_w()
-            nvml: NvmlGpu | None = gpu
-        except NvmlError as e:  # no NVML library, no counter on this GPU (the reason says which)
+            nvml = Nvml(0)
+            report["power_before"] = nvml.limits()
+            report["power_limit_w_before"] = nvml.power_limit_w()
+        except Exception as e:  # no NVML library, no counter on this GPU
             nvml = None
-            skipped.append(f"energy: NVML unavailable ({e.reason}: {e})")
+            skipped.append(f"energy: NVML unavailable ({type(e).__name__}: {e})")
     else:
         device, facts, shape, nvml = torch.device("cpu"), cpu_facts(), CPU_SHAPE, None
         report.update(device="cpu")
@@ -156,6 +192,7 @@ def main() -> None:
             "AMP bf16/fp16 throughput: no CUDA GPU here (ran fp32 on CPU with a tiny model to exercise the code)"
         )
         skipped.append("energy: no CUDA GPU, so no NVML energy counter")
+        skipped.append(_no_gpu_power_reason())
     auto = choose_precision("auto", facts)
     report["auto_precision"] = {"precision": auto.precision, "grad_scaler": auto.grad_scaler, "warning": auto.warning}
     report["shape"] = shape
@@ -172,13 +209,28 @@ def main() -> None:
         report["energy_per_step_vs_fp32"] = {
             p: round(r["energy_j_per_step"] / base["energy_j_per_step"], 3) for p, r in results.items()
         }
+        report["power_after"] = nvml.limits()
         report["power_limit_w_after"] = nvml.power_limit_w()
         report["power_limit_unchanged"] = report["power_limit_w_after"] == report["power_limit_w_before"]
+        before_j, after_j = report["power_before"]["energy_counter_j"], report["power_after"]["energy_counter_j"]
+        report["energy_counter_grew"] = None if before_j is None or after_j is None else after_j > before_j
     report["skipped"] = skipped
     text = json.dumps(report, indent=2)
     print(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_check.json").write_text(text + "\n")
+
+
+def _no_gpu_power_reason() -> str:
+    """What skygreen's NVML adapter says on this machine (read-only), for the `skipped` list."""
+    from skygreen.errors import PowerError
+    from skygreen.power.nvml import Nvml as Adapter
+
+    try:
+        count = Adapter(environ={}).device_count()
+    except PowerError as e:
+        return f"power limits: no CUDA GPU and NVML unavailable ({str(e).splitlines()[0]})"
+    return f"power limits: no CUDA GPU for torch, though NVML sees {count} device(s)"
 
 
 if __name__ == "__main__":

@@ -12,15 +12,20 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from skygreen.spec import TaskSpec, load_spec
+from skygreen.spec import TaskSpec
+from skygreen.task_checks import load_task
 
 if TYPE_CHECKING:
     from skygreen.checkpoint.gc import GcResult
+    from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
+    from skygreen.deadline.compare import Simulation
     from skygreen.launch.registry import RunRecord
-    from skygreen.launch.runs import RunStatus, UpResult, Wiring
+    from skygreen.launch.runs import UpResult
     from skygreen.launch.smoke import SmokeResult
+    from skygreen.launch.status import RunStatus
+    from skygreen.launch.wiring import Wiring
     from skygreen.plan.catalog_update import CloudUpdate
     from skygreen.plan.rank import Plan
 
@@ -43,9 +48,27 @@ def plan(
     from skygreen.plan.rank import make_plan
 
     if not isinstance(spec, TaskSpec):
-        spec = load_spec(spec)
+        spec = load_task(spec)
     catalog = load_catalog(catalog_dir)
     return make_plan(spec, catalog, measured_speed=measured_speed)
+
+
+def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadline: str | None = None) -> Plan:
+    """`skygreen plan TASK`: the task file's plan, with throughput measured by earlier runs of
+    the same task, and `deadline` (`36h`) in place of the file's `skygreen.deadline`."""
+    spec = load_task(task_path)
+    if deadline is not None:
+        from skygreen.spec import with_deadline
+
+        spec = with_deadline(spec, deadline, "--deadline")
+    return plan(spec, catalog_dir=catalog_dir, measured_speed=measured_speeds(spec, task_path))
+
+
+def measured_speeds(spec: TaskSpec, task_path: str | Path) -> dict[str, float]:
+    """Relative speeds per GPU measured by earlier runs of this task on this machine."""
+    from skygreen.costs.costing import measured_speeds as measured
+
+    return {gpu: speed for gpu, (speed, _) in measured(spec, task_path).items()}
 
 
 def update_catalog(clouds: Iterable[str] = (), *, catalog_dir: Path | None = None) -> list[CloudUpdate]:
@@ -80,13 +103,15 @@ def wiring(*, catalog_dir: Path | None = None, environ: Mapping[str, str] | None
     from skygreen.checkpoint.stores import open_store
     from skygreen.launch import launchers
     from skygreen.launch.registry import Registry
-    from skygreen.launch.runs import Wiring
+    from skygreen.launch.wiring import Wiring
 
     env = os.environ if environ is None else environ
     return Wiring(
         registry=Registry(),
         environ=env,
-        plan=lambda spec: plan(spec, catalog_dir=catalog_dir),
+        plan=lambda spec: plan(
+            spec, catalog_dir=catalog_dir, measured_speed=measured_speeds(spec, spec.source) if spec.source else {}
+        ),
         smoke=smoke,
         open_store=open_store,
         cloud_launcher=lambda: launchers.cloud_launcher(env),
@@ -115,16 +140,25 @@ def up(
 
 def status(run_id: str | None = None) -> list[RunStatus]:
     """The status of one run, or of every run on this machine (newest last)."""
+    from skygreen.launch.status import status as run_statuses
+
+    return run_statuses(run_id, wiring=wiring())
+
+
+def power_gpus() -> dict[str, Any]:
+    """This machine's GPUs (real, or simulated with `SKYGREEN_SIMULATED_GPU`): limits and skygreen's caps."""
+    from skygreen.power.inventory import local_gpus
+    from skygreen.power.nvml import Nvml
+
+    return local_gpus(lambda: Nvml(environ=os.environ))
+
+
+def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None) -> RunRecord:
+    """Relaunch a stopped run with the same run id; it continues from its last checkpoint.
+    `budget_usd`: a new budget (needed, and higher, for a run stopped at its budget)."""
     from skygreen.launch import runs
 
-    return runs.status(run_id, wiring=wiring())
-
-
-def resume(run_id: str, *, local: bool = False) -> RunRecord:
-    """Relaunch a stopped run with the same run id; it continues from its last checkpoint."""
-    from skygreen.launch import runs
-
-    return runs.resume(run_id, local=local, wiring=wiring())
+    return runs.resume(run_id, local=local, budget_usd=budget_usd, wiring=wiring())
 
 
 def cancel(run_id: str) -> RunStatus:
@@ -141,6 +175,101 @@ def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None) -> int
     return runs.logs(run_id, follow=follow, out=out, wiring=wiring())
 
 
+# ---------------------------------------------------------------- cost, compare
+
+
+def run_cost(run_id: str, *, catalog_dir: Path | None = None) -> RunCostReport:
+    """What a run cost, from its ledger; a local run also gets the same task estimated on each cloud."""
+    from skygreen.checkpoint.stores import open_store
+    from skygreen.costs import costing
+
+    return costing.cost_of_run(run_id, open_store=open_store, catalog_dir=catalog_dir)
+
+
+def estimate(task_path: str | Path, *, catalog_dir: Path | None = None) -> TaskEstimate:
+    """A task's estimated cost per run on each cloud, the plan's pick first."""
+    from skygreen.costs import costing
+
+    return costing.estimate_task(task_path, catalog_dir=catalog_dir)
+
+
+def is_task_file(target: str) -> bool:
+    """`skygreen cost TARGET`: a task file (`.yaml`, or an existing file) rather than a run id."""
+    return target.endswith((".yaml", ".yml")) or Path(target).is_file()
+
+
+def compare(run_ids: list[str], *, catalog_dir: Path | None = None) -> list[CompareRow]:
+    """Runs side by side."""
+    from skygreen.checkpoint.stores import open_store
+    from skygreen.costs import costing
+
+    return costing.compare_runs(run_ids, open_store=open_store, catalog_dir=catalog_dir)
+
+
+def plot_runs(path: Path, run_ids: list[str], *, catalog_dir: Path | None = None) -> Path:
+    """Draw the runs' cost figures to `path` (.png, or .html for one page); needs skygreen[report]."""
+    from skygreen.costs.page import write_plot
+
+    write_plot(path, [run_cost(run_id, catalog_dir=catalog_dir) for run_id in run_ids])
+    return path
+
+
+def write_report(run_id: str, output: Path | None = None, *, catalog_dir: Path | None = None) -> Path:
+    """One self-contained HTML page about a run (default `RUN-report.html` here); returns its path."""
+    from skygreen.costs.page import write_report as write_page
+
+    return write_page(run_cost(run_id, catalog_dir=catalog_dir), output or Path(f"{run_id}-report.html"))
+
+
+# ---------------------------------------------------------------- deadlines
+
+
+def simulate(
+    trace: Path,
+    *,
+    hours: str,
+    deadline: str,
+    changeover: str,
+    policy: str,
+    nodes: int | None = None,
+    zone: str | None = None,
+    spot_price: float | None = None,
+    on_demand_price: float | None = None,
+    start: str = "0",
+    catalog_dir: Path | None = None,
+) -> Simulation:
+    """Replay a spot trace against deadline policies (`skygreen simulate`). Durations as the
+    task file writes them (`48h`, `90m`, or hours); bad input is a `SpecError` naming the flag."""
+    from skygreen.deadline import compare as deadline_compare
+    from skygreen.errors import SpecError, suggestion
+    from skygreen.fields import read_duration_h
+
+    if policy not in deadline_compare.CHOICES:
+        raise SpecError(
+            "--policy",
+            "unknown policy",
+            value=policy,
+            allowed=", ".join(deadline_compare.CHOICES),
+            hint=suggestion(policy, deadline_compare.CHOICES) or "use --policy all to compare them",
+        )
+    if nodes is not None and nodes < 1:
+        raise SpecError("--nodes", "must be at least 1", value=nodes, hint="e.g. --nodes 16 for a 16-node gang")
+    start_h = 0.0 if start.strip() in ("0", "0h") else read_duration_h(start, "--start")
+    return deadline_compare.run(
+        trace,
+        compute_h=read_duration_h(hours, "--hours"),
+        deadline_h=read_duration_h(deadline, "--deadline"),
+        changeover_h=read_duration_h(changeover, "--changeover"),
+        policy=policy,
+        nodes=nodes,
+        zone=zone,
+        spot_price=spot_price,
+        on_demand_price=on_demand_price,
+        start_h=start_h,
+        catalog_dir=catalog_dir,
+    )
+
+
 # ---------------------------------------------------------------- gc
 
 
@@ -152,6 +281,7 @@ def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None
     """
     from skygreen.checkpoint import gc as cold
     from skygreen.checkpoint.stores import open_store
+    from skygreen.launch.bucket import check_readable
 
     return cold.gc(
         _checkpoint_target(target),
@@ -160,6 +290,7 @@ def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None
         storage_class=storage_class,
         act=act,
         now_s=time.time(),
+        check_bucket=lambda url: check_readable(open_store, url),
     )
 
 

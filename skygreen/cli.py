@@ -9,18 +9,25 @@ input and 1 for failures; `SKYGREEN_DEBUG=1` shows the traceback instead.
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import sys
 from pathlib import Path
 
 import click
 
+from skygreen import exit_codes
+from skygreen.cli_costs import compare, cost, power, report, simulate
+from skygreen.cli_options import (
+    CONTEXT,
+    catalog_option,
+    json_option,
+    print_json,
+    print_notice,
+    run_argument,
+    task_argument,
+)
 from skygreen.errors import SkygreenError
-
-# click, not Typer: Typer builds its parameters through pydantic (about 0.3 s of imports),
-# which would eat a third of `skygreen plan`'s one-second budget.
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.group(
@@ -38,48 +45,17 @@ def catalog_app() -> None:
     """The GPU price catalog (SkyPilot's own, schema v8)."""
 
 
-def task_argument(f):
-    return click.argument("task", type=click.Path(path_type=Path), metavar="TASK")(f)
-
-
-def catalog_option(f):
-    return click.option(
-        "--catalog",
-        type=click.Path(path_type=Path),
-        default=None,
-        help="Catalog directory holding <cloud>/vms.csv (default: $SKYGREEN_CATALOG_DIR, "
-        "else ~/.sky/catalogs/v8, else the embedded price table).",
-    )(f)
-
-
-def json_option(f):
-    return click.option("--json", "json_output", is_flag=True, help="Print machine-readable JSON.")(f)
-
-
-def run_argument(f):
-    return click.argument("run", metavar="RUN")(f)
-
-
-def print_json(data: object) -> None:
-    """JSON on stdout, one document, for scripts."""
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def print_notice(line: str) -> None:
-    """A one-line remark for the user on stderr, so `--json` output stays clean."""
-    sys.stderr.write(f"note: {line}\n")
-
-
 @app.command()
 @task_argument
 @catalog_option
 @json_option
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the ranked table.")
-def plan(task: Path, catalog: Path | None, json_output: bool, top: int) -> None:
+@click.option("--deadline", default=None, help="Finish within this time (36h, 90m): overrides skygreen.deadline.")
+def plan(task: Path, catalog: Path | None, json_output: bool, top: int, deadline: str | None) -> None:
     """Rank spot GPU offers across AWS, GCP and Azure by estimated cost per run."""
     from skygreen import api
 
-    result = api.plan(task, catalog_dir=catalog)
+    result = api.plan_task(task, catalog_dir=catalog, deadline=deadline)
     for line in result.notices:
         print_notice(line)
     if json_output:
@@ -104,7 +80,11 @@ def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
 @app.command()
 @task_argument
 @click.option("--local", is_flag=True, help="Run on this machine (CPU, or a local GPU) instead of the cloud.")
-@click.option("--dryrun", is_flag=True, help="Print the plan and write the SkyPilot YAML; launch nothing.")
+@click.option(
+    "--dryrun",
+    is_flag=True,
+    help="Every check up makes (smoke test, bucket), the plan and the SkyPilot YAML; launch nothing.",
+)
 @click.option(
     "--output", "-o", type=click.Path(path_type=Path), default=None, help="Also write the rendered SkyPilot YAML here."
 )
@@ -126,6 +106,7 @@ def up(
 
             print_plan(result.plan, top=10)
     if dryrun:
+        _print_dryrun_checks(result, smoke=not no_smoke)
         sys.stdout.write(f"wrote {result.yaml_path} (dry run: nothing launched)\n")
         return
     from skygreen.launch.report import print_launched
@@ -135,54 +116,110 @@ def up(
         _follow_local(result.run_id)
 
 
+def _print_dryrun_checks(result, *, smoke: bool) -> None:
+    """What the dry run checked, and in one line each what it did not."""
+    if result.smoke is not None:
+        sys.stdout.write(f"{result.smoke.line} ({result.smoke.duration_s:.1f} s)\n")
+    if result.bucket_unchecked:
+        print_notice(
+            f"dry run did not check the checkpoint bucket {result.bucket}: {result.bucket_unchecked} (the VMs use their own)"
+        )
+    else:
+        sys.stdout.write(f"checkpoint bucket {result.bucket}: writable\n")
+    if not smoke:
+        print_notice("dry run did not run the smoke test (--no-smoke)")
+
+
 def _follow_local(run_id: str) -> None:
-    """Stream a local run's output until it ends; Ctrl-C stops following, not the run."""
+    """Stream a local run's output until it ends, then exit with its outcome
+    (`skygreen.exit_codes`); Ctrl-C stops following, not the run."""
     from skygreen import api
     from skygreen.launch.report import print_status_detail
 
     try:
         api.logs(run_id, follow=True)
     except KeyboardInterrupt:
-        sys.stderr.write(
-            f"\nstopped following; run {run_id} continues in the background "
-            f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n"
-        )
-        raise click.exceptions.Exit(130) from None
+        _stopped_following(run_id)
     (final,) = api.status(run_id)
     print_status_detail(final, sys.stdout)
-    if final.state != "SUCCEEDED":
-        raise click.exceptions.Exit(1)
+    _exit_with_outcome(final)
+
+
+def _stopped_following(run_id: str) -> None:
+    sys.stderr.write(
+        f"\nstopped following; run {run_id} continues in the background "
+        f"(`skygreen logs {run_id} --follow`, `skygreen cancel {run_id}`)\n"
+    )
+    raise click.exceptions.Exit(exit_codes.INTERRUPTED)
+
+
+def _exit_with_outcome(final) -> None:
+    """Exit as `skygreen.exit_codes` says for a run that ended as `final` (a RunStatus)."""
+    code = exit_codes.for_outcome(final.state, has_checkpoint=final.step is not None)
+    if code == exit_codes.STOPPED_WITH_CHECKPOINT:
+        sys.stderr.write(
+            f"run {final.run_id} {final.state.lower()} with a checkpoint at step {final.step}; "
+            f"`skygreen resume {final.run_id}` continues it\n"
+        )
+    elif code != exit_codes.SUCCEEDED:
+        sys.stderr.write(
+            f"run {final.run_id} ended {final.state}"
+            + (f" - {final.detail.splitlines()[0]}" if final.detail else "")
+            + (" with no checkpoint to resume from" if final.state in ("STOPPED", "CANCELLED") else "")
+            + "\n"
+        )
+    if code != exit_codes.SUCCEEDED:
+        raise click.exceptions.Exit(code)
 
 
 @app.command()
 @click.argument("run", required=False, metavar="[RUN]")
 @json_option
-def status(run: str | None, json_output: bool) -> None:
-    """Runs with their state, step, model digest, preemptions, spend and energy so far.
+@click.option("--statement", is_flag=True, help="Print the run's energy statement (a paragraph for a paper).")
+def status(run: str | None, json_output: bool, statement: bool) -> None:
+    """Runs with their state, step, model digest, preemptions, spend, energy and CO2e so far.
 
     RUN: a run id; default: every run on this machine.
     """
     from skygreen import api
-    from skygreen.launch.report import print_status_detail, print_status_table
+    from skygreen.errors import InputError
+    from skygreen.launch.report import print_statement, print_status_detail, print_status_table
 
+    if statement and run is None:
+        raise InputError(
+            "--statement needs a RUN\n  fix: skygreen status RUN --statement (skygreen status lists the runs)"
+        )
     rows = api.status(run)
-    if json_output:
+    if statement:
+        print_statement(rows[0], sys.stdout)
+    elif json_output:
         print_json([r.to_json() for r in rows] if run is None else rows[0].to_json())
     elif run is None:
         print_status_table(rows, sys.stdout)
     else:
         print_status_detail(rows[0], sys.stdout)
+    unreachable = {r.progress_error for r in rows if r.unreachable_bucket and r.progress_error}
+    for line in sorted(unreachable):  # progress unknown is a failure, not a state
+        sys.stderr.write(f"error: {line}\n")
+    if unreachable:
+        raise click.exceptions.Exit(exit_codes.FAILED)
 
 
 @app.command()
 @run_argument
 @click.option("--local", is_flag=True, help="Continue the run on this machine.")
 @click.option("--detach", "-d", is_flag=True, help="For local runs: return at once instead of following.")
-def resume(run: str, local: bool, detach: bool) -> None:
+@click.option(
+    "--budget-usd",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="A new budget (a run stopped at its budget needs a higher one).",
+)
+def resume(run: str, local: bool, detach: bool, budget_usd: float | None) -> None:
     """Relaunch a stopped run with the same id; it continues from its latest checkpoint."""
     from skygreen import api
 
-    record = api.resume(run, local=local)
+    record = api.resume(run, local=local, budget_usd=budget_usd)
     sys.stdout.write(f"resumed run {record.run_id} (job {record.job_id}, launch {len(record.launches)})\n")
     if record.mode == "local" and not detach:
         _follow_local(record.run_id)
@@ -203,10 +240,22 @@ def cancel(run: str) -> None:
 @run_argument
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the run ends.")
 def logs(run: str, follow: bool) -> None:
-    """Print a run's output (the training script's stdout and stderr)."""
+    """Print a run's output (the training script's stdout and stderr).
+
+    With --follow, exits with the run's outcome once it ends (0 succeeded, 1 failed, 75
+    stopped with a checkpoint; see the README's exit codes).
+    """
     from skygreen import api
 
-    api.logs(run, follow=follow)
+    try:
+        api.logs(run, follow=follow)
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+        _stopped_following(run)
+    if follow:
+        (final,) = api.status(run)
+        _exit_with_outcome(final)
 
 
 @app.command()
@@ -240,26 +289,65 @@ def smoke(task: Path) -> None:
     sys.stdout.write(f"{result.line} ({result.duration_s:.1f} s)\n")
 
 
+for command in (cost, compare, report, simulate, power):
+    app.add_command(command)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point."""
+    """Console entry point: exits with a code from `skygreen.exit_codes` (returns on 0)."""
+    code = run_command(argv)
+    if code != exit_codes.SUCCEEDED:
+        sys.exit(code)
+
+
+def run_command(argv: list[str] | None = None) -> int:
+    """Run one `skygreen` command; return its exit code. Errors print one message, no
+    traceback (unless SKYGREEN_DEBUG=1); output that is not a terminal gets no ANSI codes."""
+    from skygreen.terminal import plain_unless_terminal
+
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = plain_unless_terminal(sys.stdout), plain_unless_terminal(sys.stderr)
     try:
-        app.main(args=argv, prog_name="skygreen", standalone_mode=False)
+        return _run_command(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _run_command(argv: list[str] | None) -> int:
+    debug = os.environ.get("SKYGREEN_DEBUG") == "1"
+    if not debug:  # each retry of a bucket call would print a line; the final error says it all
+        logging.getLogger("skygreen.store").addHandler(logging.NullHandler())
+    try:
+        code = app.main(args=argv, prog_name="skygreen", standalone_mode=False)
     except SkygreenError as e:
-        if os.environ.get("SKYGREEN_DEBUG") == "1":
+        if debug:
             raise
         sys.stderr.write(f"error: {e}\n")
-        sys.exit(e.exit_code)
+        return e.exit_code
     except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+        return e.exit_code
+    except click.exceptions.Abort as e:
+        if isinstance(e.__context__, KeyboardInterrupt):
+            sys.stderr.write("interrupted\n")
+            return exit_codes.INTERRUPTED
         sys.stderr.write("aborted\n")
-        sys.exit(1)
+        return exit_codes.FAILED
     except click.ClickException as e:
         e.show()
-        sys.exit(e.exit_code)
+        return e.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        sys.exit(130)
+        return exit_codes.INTERRUPTED
+    except Exception as e:  # a bug, or a library error no adapter maps yet: one line, not a traceback
+        if debug:
+            raise
+        sys.stderr.write(
+            f"error: unexpected {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}\n"
+            "  fix: run again with SKYGREEN_DEBUG=1 to see the traceback, and report it\n"
+        )
+        return exit_codes.FAILED
+    # click returns the code of an `Exit` raised inside a command when not standalone.
+    return code if isinstance(code, int) else exit_codes.SUCCEEDED
 
 
 if __name__ == "__main__":

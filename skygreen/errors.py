@@ -6,7 +6,8 @@ the errors of outside libraries (boto3, google-cloud-storage, SkyPilot, NVML) in
 classes with `raise ... from e`, so the cause stays attached for debugging.
 
 Exit codes: 2 for bad input (the user can fix it by changing what they typed or wrote),
-1 for failures of the world (a bucket that refuses, a cloud that says no).
+1 for failures of the world (a bucket that refuses, a cloud that says no); the whole table,
+run outcomes included, is `skygreen.exit_codes`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-EXIT_BAD_INPUT = 2
-EXIT_FAILURE = 1
+from skygreen.exit_codes import BAD_INPUT as EXIT_BAD_INPUT
+from skygreen.exit_codes import FAILED as EXIT_FAILURE
 
 
 class SkygreenError(Exception):
@@ -103,6 +104,14 @@ class ArchivedObjectError(StoreError):
     """The object sits in a cold storage class and must be restored before it can be read."""
 
 
+class NoCredentialsError(StoreError):
+    """This machine has no credentials for the bucket's cloud (the VM may well have them)."""
+
+
+class BucketUnreachableError(StoreError):
+    """The bucket did not answer (network down, wrong endpoint, server stopped); one line."""
+
+
 class CheckpointError(SkygreenError):
     """No usable checkpoint, or one that fails verification."""
 
@@ -123,13 +132,24 @@ class RuntimeSetupError(InputError):
     """The in-container runtime was configured wrongly (settings, environment)."""
 
 
-class NvmlError(SkygreenError):
-    """NVML refused or failed. `reason` comes from the NVML adapter's table: "permission",
-    "not supported", "gpu lost", "library missing" or "failed"."""
+class PowerError(SkygreenError):
+    """NVML refused or failed a read or a power-limit change (see `skygreen.power.nvml`)."""
 
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+
+class PowerPermissionError(PowerError):
+    """Setting power limits needs root or CAP_SYS_ADMIN; reading never does."""
+
+
+class PowerNotSupportedError(PowerError):
+    """This GPU (or its driver, or a vGPU) lacks the feature: power limits or the energy counter."""
+
+
+class GpuLostError(PowerError):
+    """The GPU fell off the bus or stopped answering."""
+
+
+class NvmlMissingError(PowerError):
+    """No NVML here: `nvidia-ml-py` not installed, or no NVIDIA driver."""
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:

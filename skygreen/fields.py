@@ -164,3 +164,39 @@ def read_duration_s(value: Any, path: str) -> float:
     if seconds <= 0:
         raise SpecError(path, "the duration must be greater than 0", value=value)
     return seconds
+
+
+def read_duration_h(raw: Any, path: str) -> float:
+    """A duration in hours: a number of hours (`36`, `1.5`) or a string with a unit (`36h`,
+    `90m`, `45min`, `3600s`, read by `parse_duration_s`); used for deadlines and by
+    `skygreen simulate`."""
+    allowed = "36h | 90m | 1.5 (hours)"
+    seconds = parse_duration_s(raw) if isinstance(raw, str) else None
+    if seconds is not None:
+        hours = seconds / 3600.0
+    elif isinstance(raw, str):
+        try:
+            hours = float(raw)
+        except ValueError:
+            raise SpecError(
+                path,
+                "expected a duration",
+                value=raw,
+                allowed=allowed,
+                hint="write hours with h or minutes with m, e.g. 36h",
+            ) from None
+    elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        hours = float(raw)
+    else:
+        raise SpecError(
+            path, f"expected a duration, got a {type_name(raw)}", value=raw, allowed=allowed, hint="e.g. 36h"
+        )
+    if not (hours > 0 and hours < 1e6):
+        raise SpecError(
+            path,
+            "the duration must be greater than 0 (and finite)",
+            value=raw,
+            allowed=allowed,
+            hint="give a positive duration, e.g. 36h",
+        )
+    return hours

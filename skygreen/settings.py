@@ -25,11 +25,6 @@ from skygreen.fields import read_choice, read_int, read_number
 from skygreen.spec import EARLY_STOP_MODES, HALF_PRECISIONS, PRECISIONS, EarlyStopConfig, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
-PREEMPTED_EXIT_CODE = 75
-"""The runtime's exit status after committing a checkpoint on SIGTERM (75 is EX_TEMPFAIL: try
-again later): the job was interrupted, not failed. Rendered into SkyPilot's
-`job_recovery.recover_on_exit_codes` so it recovers the job; a local run ending with it reads
-as stopped, for `skygreen resume`."""
 SMOKE_ENV = "SKYGREEN_SMOKE"
 """Set to 1 by the CPU smoke test (`skygreen.launch.smoke`): the runtime trains two tiny steps."""
 SMOKE_LINE = "skygreen smoke: ok"
@@ -55,11 +50,24 @@ class RuntimeSettings:
     checkpoint_half_precision: str | None = None
     power_cap: str = "auto"
     """auto | off | <watts> | <fraction of the default limit>, as written in the task file."""
+    power_required: bool = False
+    """True: stop before training when the cap cannot be applied."""
+    power_eta: float | None = None
+    """The `auto` chooser's energy weight; None: `skygreen.power.policy.DEFAULT_ETA`."""
     early_stop: EarlyStopConfig | None = None
     """Travels as `SKYGREEN_EARLY_STOP_METRIC`, `_MODE`, `_PATIENCE`, `_MIN_DELTA`, `_GRACE`."""
     preemptions_per_hour: float | None = None
     """Assumed spot preemption rate where the run lands, for the `auto` checkpoint interval."""
     cloud: str | None = None
+    budget_usd: float | None = None
+    """Stop cleanly (checkpoint, state `budget`) when the run's spend reaches it."""
+    budget_alerts: str | None = None
+    """Comma-separated fractions of the budget that raise an alert (default 0.5,0.8,1)."""
+    budget_webhook_env: str | None = None
+    """Name of the environment variable holding the alert webhook URL (the URL is a secret)."""
+    burn_alert_usd_per_hour: float | None = None
+    offers: str | None = None
+    """The plan's offers with prices (`skygreen.ledger.place.offers_env`), for the ledger."""
 
     @classmethod
     def from_spec(
@@ -70,6 +78,7 @@ class RuntimeSettings:
         bucket: str,
         cloud: str | None = None,
         preemptions_per_hour: float | None = None,
+        offers: str | None = None,
     ) -> RuntimeSettings:
         """Settings for a run of a task; `bucket` is the resolved base URL."""
         power = spec.power
@@ -86,9 +95,16 @@ class RuntimeSettings:
             checkpoint_keep=spec.checkpoint.keep,
             checkpoint_half_precision=spec.checkpoint.half_precision,
             power_cap=cap,
+            power_required=power.required,
+            power_eta=power.eta,
             early_stop=spec.early_stopping,
             preemptions_per_hour=preemptions_per_hour,
             cloud=cloud,
+            budget_usd=spec.budget_usd,
+            budget_alerts=",".join(f"{f:g}" for f in spec.budget_alerts.at) if spec.budget_alerts.at else None,
+            budget_webhook_env=spec.budget_alerts.webhook_env,
+            burn_alert_usd_per_hour=spec.budget_alerts.burn_usd_per_hour,
+            offers=offers,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -97,11 +113,7 @@ class RuntimeSettings:
         stop = flat.pop("early_stop")
         if stop is not None:
             flat.update({f"early_stop_{f.name}": getattr(stop, f.name) for f in dataclasses.fields(stop)})
-        return {
-            _env_name(name): f"{value:g}" if isinstance(value, float) else str(value)
-            for name, value in flat.items()
-            if value is not None
-        }
+        return {_env_name(name): _env_value(value) for name, value in flat.items() if value is not None}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RuntimeSettings:
@@ -138,6 +150,13 @@ def _env_name(field_name: str) -> str:
     return "SKYGREEN_" + field_name.upper()
 
 
+def _env_value(value: Any) -> str:
+    """Floats as `%g`, booleans as `true`/`false`, the rest as `str`."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 _INTS = {
     "effective_batch",
     "micro_batch",
@@ -146,7 +165,15 @@ _INTS = {
     "early_stop_patience",
     "early_stop_grace",
 }
-_FLOATS = {"checkpoint_every_s", "early_stop_min_delta", "preemptions_per_hour"}
+_FLOATS = {
+    "checkpoint_every_s",
+    "early_stop_min_delta",
+    "preemptions_per_hour",
+    "budget_usd",
+    "burn_alert_usd_per_hour",
+    "power_eta",
+}
+_BOOLS = {"power_required"}
 _CHOICES = {"precision": PRECISIONS, "checkpoint_half_precision": HALF_PRECISIONS, "early_stop_mode": EARLY_STOP_MODES}
 
 
@@ -164,6 +191,10 @@ def _parse_env(field_name: str, raw: str, env_name: str) -> Any:
             except ValueError:
                 raise SpecError(env_name, "expected a number", value=raw) from None
             return read_number(real, env_name, minimum=0.0)
+        if field_name in _BOOLS:
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise SpecError(env_name, "expected true or false", value=raw)
+            return raw.lower() in ("true", "1")
         if field_name in _CHOICES:
             return read_choice(raw, env_name, _CHOICES[field_name])
     except SpecError as e:

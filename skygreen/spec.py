@@ -21,15 +21,16 @@ Example:
       checkpoint: {bucket: s3://my-bucket/runs, every: auto, keep: 3}
       power: {cap: auto}               # auto | off | watts | fraction of the default limit
       early_stopping: {metric: val_loss, patience: 3, min_delta: 0.0}
+      deadline: 36h                    # finish by then: spot with on-demand fallback
     run: python train.py
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from skygreen.fields import (
     parse_duration_s,
     read_bool,
     read_choice,
+    read_duration_h,
     read_int,
     read_list,
     read_mapping,
@@ -48,148 +50,56 @@ from skygreen.fields import (
     type_name,
 )
 from skygreen.gpus import GPU_NAMES, canonical_gpu_name
+from skygreen.spec_model import (
+    BUCKET_SCHEMES,
+    CLOUDS,
+    EARLY_STOP_MODES,
+    HALF_PRECISIONS,
+    OBJECTIVES,
+    PRECISIONS,
+    RECOVERY_STRATEGIES,
+    SECTION,
+    SKYPILOT_TASK_KEYS,
+    Batch,
+    BudgetAlertSpec,
+    CheckpointSpec,
+    EarlyStopConfig,
+    GpuChoice,
+    GreenSpec,
+    PowerSpec,
+    PreemptionSpec,
+    RecoverySpec,
+    TaskSpec,
+    Work,
+)
 from skygreen.task_yaml import read_yaml
 
-CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
-OBJECTIVES: tuple[str, ...] = ("cost", "time", "energy", "carbon")
-PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
-HALF_PRECISIONS: tuple[str, ...] = ("fp16", "bf16")
-EARLY_STOP_MODES: tuple[str, ...] = ("min", "max")
-RECOVERY_STRATEGIES: tuple[str, ...] = ("EAGER_NEXT_REGION", "FAILOVER")
-BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "file")
-
-# Top-level keys of a SkyPilot 0.14.1 task (sky/utils/schemas.py::get_task_schema), so that a
-# misspelt key (`skygren:`, `rn:`) is caught here with a suggestion, before SkyPilot sees it.
-SKYPILOT_TASK_KEYS: tuple[str, ...] = (
-    "name", "workdir", "event_callback", "num_nodes", "resources", "file_mounts", "service",
-    "pool", "setup", "run", "envs", "secrets", "managed_secrets", "inputs", "outputs",
-    "file_mounts_mapping", "volumes", "volume_mounts", "api_server_access", "config", "_metadata",
-)  # fmt: skip
-
-SECTION = "skygreen"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GpuChoice:
-    """Which GPUs may run the job: named models, a memory floor, or both (all must hold)."""
-
-    names: tuple[str, ...] | None = None
-    """None means every GPU skygreen knows (`skygreen.gpus.GPUS`)."""
-    min_memory_gb: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Work:
-    """The size of the job: `gpu_hours` of training on one `on` GPU."""
-
-    gpu_hours: float = 1.0
-    on: str = "A100"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Batch:
-    effective: int | None = None
-    """Samples per optimizer step across all ranks; None keeps the training script's own."""
-    micro: int | None = None
-    """Samples per forward pass per rank; None means `auto` (probe the largest that fits)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CheckpointSpec:
-    bucket: str | None = None
-    """s3://, gs://, file:// or a local path; None means the local default bucket."""
-    every_steps: int | None = None
-    every_s: float | None = None
-    """With neither set, the interval is `auto` (Daly's optimum from the measured save cost)."""
-    keep: int = 3
-    half_precision: str | None = None
-    """Store weights as fp16 or bf16 (smaller, not bit-exact); None stores them as trained."""
-
-    @property
-    def every_auto(self) -> bool:
-        return self.every_steps is None and self.every_s is None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PowerSpec:
-    mode: str = "auto"
-    """auto | off | watts | fraction."""
-    cap_w: float | None = None
-    cap_fraction: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EarlyStopConfig:
-    """`early_stopping:` of the task file, carried to the runtime's `EarlyStopper` as is."""
-
-    metric: str
-    mode: str = "min"
-    patience: int = 3
-    min_delta: float = 0.0
-    grace: int = 0
-    """Evaluations at the start that never count against patience (curricula, warm-up)."""
-
-    def __post_init__(self) -> None:
-        problems = {
-            "metric must name the reported metric, e.g. 'val_loss'": not self.metric,
-            f"mode must be one of {EARLY_STOP_MODES}": self.mode not in EARLY_STOP_MODES,
-            "patience must be at least 1": self.patience < 1,
-            "min_delta must be a finite number >= 0": not (self.min_delta >= 0 and math.isfinite(self.min_delta)),
-            "grace must be at least 0": self.grace < 0,
-        }
-        for problem, failed in problems.items():
-            if failed:
-                raise ValueError(f"EarlyStopConfig.{problem}, got {self}")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RecoverySpec:
-    strategy: str = "EAGER_NEXT_REGION"
-    max_restarts_on_errors: int = 3
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PreemptionSpec:
-    """Overrides of the planner's spot model; None keeps the built-in assumption."""
-
-    rate_per_hour: Mapping[str, float] = field(default_factory=dict)
-    restart_minutes: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GreenSpec:
-    """The `skygreen:` section, validated, with defaults filled in."""
-
-    gpus: GpuChoice = GpuChoice()
-    gpu_count: int = 1
-    clouds: tuple[str, ...] = CLOUDS
-    regions: tuple[str, ...] | None = None
-    spot: bool = True
-    on_demand_fallback: bool = False
-    objective: str = "cost"
-    work: Work = Work()
-    max_price_per_hour: float | None = None
-    budget_usd: float | None = None
-    speed: Mapping[str, float] = field(default_factory=dict)
-    """Relative training speed overrides, GPU name -> speed relative to one A100."""
-    preemption: PreemptionSpec = PreemptionSpec()
-    max_candidates: int = 8
-    precision: str = "auto"
-    batch: Batch = Batch()
-    checkpoint: CheckpointSpec = CheckpointSpec()
-    power: PowerSpec = PowerSpec()
-    early_stopping: EarlyStopConfig | None = None
-    recovery: RecoverySpec = RecoverySpec()
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TaskSpec:
-    name: str | None
-    green: GreenSpec
-    sky: Mapping[str, Any]
-    """The task file without its `skygreen:` section: SkyPilot's own keys, untouched."""
-    num_nodes: int = 1
-    source: str | None = None
+__all__ = [
+    "BUCKET_SCHEMES",
+    "CLOUDS",
+    "EARLY_STOP_MODES",
+    "HALF_PRECISIONS",
+    "OBJECTIVES",
+    "PRECISIONS",
+    "RECOVERY_STRATEGIES",
+    "SECTION",
+    "SKYPILOT_TASK_KEYS",
+    "Batch",
+    "BudgetAlertSpec",
+    "CheckpointSpec",
+    "EarlyStopConfig",
+    "GpuChoice",
+    "GreenSpec",
+    "PowerSpec",
+    "PreemptionSpec",
+    "RecoverySpec",
+    "TaskSpec",
+    "Work",
+    "load_spec",
+    "parse_spec",
+    "parse_spec_text",
+    "with_deadline",
+]
 
 
 # ---------------------------------------------------------------- loading
@@ -256,6 +166,7 @@ def _parse_green(raw: Any, path: str) -> GreenSpec:
     get(values, "work", _parse_work)
     get(values, "max_price_per_hour", lambda v, p: read_number(v, p, positive=True))
     get(values, "budget_usd", lambda v, p: read_number(v, p, positive=True))
+    get(values, "budget_alerts", _parse_budget_alerts)
     get(values, "speed", _parse_speed)
     get(values, "preemption", _parse_preemption)
     get(values, "max_candidates", lambda v, p: read_int(v, p, minimum=1, maximum=64))
@@ -265,6 +176,7 @@ def _parse_green(raw: Any, path: str) -> GreenSpec:
     get(values, "power", _parse_power)
     get(values, "early_stopping", _parse_early_stopping)
     get(values, "recovery", _parse_recovery)
+    get(values, "deadline", read_duration_h)
     spec = GreenSpec(**values)
     if not spec.spot and spec.on_demand_fallback:
         raise SpecError(
@@ -345,6 +257,42 @@ def _parse_work(raw: Any, path: str) -> Work:
     return Work(**values)
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _parse_budget_alerts(raw: Any, path: str) -> BudgetAlertSpec:
+    raw = read_mapping(raw, path)
+    check_keys(raw, BudgetAlertSpec.__dataclass_fields__, path)
+    values: dict[str, Any] = {}
+    if raw.get("at") is not None:
+        fractions = [
+            read_number(v, f"{path}.at[{i}]", positive=True) for i, v in enumerate(read_list(raw["at"], f"{path}.at"))
+        ]
+        for i, f in enumerate(fractions):
+            if f > 1:
+                raise SpecError(
+                    f"{path}.at[{i}]",
+                    "is a fraction of budget_usd and must be at most 1",
+                    value=f,
+                    hint=f"write {f / 100:g} for {f:g}%" if f <= 100 else "use a number in (0, 1]",
+                )
+        values["at"] = tuple(sorted(set(fractions)))
+    if raw.get("webhook_env") is not None:
+        name = read_str(raw["webhook_env"], f"{path}.webhook_env")
+        if not _ENV_NAME.match(name):
+            hint = "name the environment variable that holds the URL (e.g. BUDGET_WEBHOOK, declared in secrets:), not the URL itself"
+            raise SpecError(
+                f"{path}.webhook_env",
+                "is not an environment variable name",
+                value=name if "://" not in name else "<a URL>",
+                hint=hint,
+            )
+        values["webhook_env"] = name
+    if raw.get("burn_usd_per_hour") is not None:
+        values["burn_usd_per_hour"] = read_number(raw["burn_usd_per_hour"], f"{path}.burn_usd_per_hour", positive=True)
+    return BudgetAlertSpec(**values)
+
+
 def _parse_speed(raw: Any, path: str) -> dict[str, float]:
     raw = read_mapping(raw, path)
     return {
@@ -385,6 +333,12 @@ def _parse_batch(raw: Any, path: str) -> Batch:
             hint="set micro to at most the effective batch, or to auto",
         )
     return Batch(effective=effective, micro=micro)
+
+
+def with_deadline(spec: TaskSpec, raw: Any, path: str) -> TaskSpec:
+    """The task with its deadline set from a flag (`plan --deadline 36h`)."""
+    green = dataclasses.replace(spec.green, deadline=read_duration_h(raw, path))
+    return dataclasses.replace(spec, green=green)
 
 
 def _parse_every(raw: Any, path: str) -> tuple[int | None, float | None]:
@@ -437,13 +391,18 @@ def _parse_bucket(raw: Any, path: str) -> str:
 
 def _parse_power(raw: Any, path: str) -> PowerSpec:
     raw = read_mapping(raw, path)
-    check_keys(raw, ("cap",), path)
+    check_keys(raw, ("cap", "required", "eta"), path)
+    extra: dict[str, Any] = {}
+    if "required" in raw:
+        extra["required"] = read_bool(raw["required"], f"{path}.required")
+    if raw.get("eta") is not None:
+        extra["eta"] = read_number(raw["eta"], f"{path}.eta", minimum=0.0, maximum=1.0)
     cap = raw.get("cap", "auto")
     cap_path = f"{path}.cap"
     if cap is False or cap == "off":
-        return PowerSpec(mode="off")
+        return PowerSpec(mode="off", **extra)
     if cap is None or cap == "auto":
-        return PowerSpec(mode="auto")
+        return PowerSpec(mode="auto", **extra)
     value = read_number(cap, cap_path, positive=True)
     if value <= 1.0:
         if value < 0.3:
@@ -453,7 +412,7 @@ def _parse_power(raw: Any, path: str) -> PowerSpec:
                 value=cap,
                 hint="use a fraction between 0.3 and 1.0, or watts",
             )
-        return PowerSpec(mode="fraction", cap_fraction=value)
+        return PowerSpec(mode="fraction", cap_fraction=value, **extra)
     if value < 50 or value > 1500:
         raise SpecError(
             cap_path,
@@ -461,7 +420,7 @@ def _parse_power(raw: Any, path: str) -> PowerSpec:
             value=cap,
             allowed="auto | off | watts (50-1500) | fraction (0.3-1.0)",
         )
-    return PowerSpec(mode="watts", cap_w=value)
+    return PowerSpec(mode="watts", cap_w=value, **extra)
 
 
 def _parse_early_stopping(raw: Any, path: str) -> EarlyStopConfig | None:

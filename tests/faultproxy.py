@@ -147,10 +147,13 @@ class FaultProxy:
                     return
                 proxy.log.append((self.command, self.path, str(status)))
                 self.send_response(status)
+                # A HEAD reply has no body but carries the object's length, as the server sent it.
+                keep_length = self.command == "HEAD"
                 for name, value in headers:
-                    if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+                    if name.lower() not in _HOP_BY_HOP and (keep_length or name.lower() != "content-length"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(reply)))
+                if not (keep_length and any(name.lower() == "content-length" for name, _ in headers)):
+                    self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(reply)

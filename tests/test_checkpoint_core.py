@@ -17,15 +17,13 @@ from skygreen.checkpoint.manifest import (
     SHARED_BLOB,
     BlobInfo,
     Manifest,
-    apply_retention,
     blob_info,
     committed_steps,
-    deletable_steps,
     latest_manifest,
     manifest_key,
     parse_step_key,
-    retained_steps,
 )
+from skygreen.checkpoint.retention import apply_retention, deletable_steps, retained_steps
 from skygreen.checkpoint.stores import open_store
 from skygreen.errors import CheckpointError, InputError
 from skygreen.fields import read_duration_s

@@ -199,10 +199,12 @@ def test_logs_prints_the_jobs_output(env, tmp_path, capsys, s3_bucket):
     assert code == 0 and f"managed job 1 ({run_id}) submitted" in out
 
 
-def test_dryrun_prints_the_plan_and_writes_the_yaml_only(env, tmp_path, capsys):
-    task = write_task(tmp_path, bucket="s3://not-touched/runs")
+def test_dryrun_prints_the_plan_and_writes_the_yaml_only(env, tmp_path, capsys, s3_bucket):
+    task = write_task(tmp_path, bucket=f"s3://{s3_bucket}/runs")
     output = tmp_path / "out" / "sky.yaml"
-    code, out, err = cli(capsys, "up", str(task), "--dryrun", "--output", str(output), "--catalog", str(CATALOG))
+    code, out, err = cli(
+        capsys, "up", str(task), "--dryrun", "--no-smoke", "--output", str(output), "--catalog", str(CATALOG)
+    )
     assert code == 0, err
     assert f"wrote {output}" in out and "dry run" in out
     rendered = yaml.safe_load(output.read_text())
@@ -308,7 +310,7 @@ def test_secret_values_appear_nowhere_skygreen_writes(env, tmp_path, capsys, s3_
     cloud_task = write_task(tmp_path / "cloud", bucket=f"s3://{s3_bucket}/runs", extra=extra)
     run_id = up_json(capsys, str(cloud_task), "--no-smoke")["run_id"]
     output = tmp_path / "dry.yaml"
-    printed = [cli(capsys, "up", str(cloud_task), "--dryrun", "--output", str(output), "--catalog", str(CATALOG)),
+    printed = [cli(capsys, "up", str(cloud_task), "--dryrun", "--no-smoke", "--output", str(output), "--catalog", str(CATALOG)),
                cli(capsys, "status"), cli(capsys, "status", run_id, "--json"), cli(capsys, "logs", run_id)]  # fmt: skip
     assert FakeLauncher(env["fake"]).job("1")["secrets_given"] == ["HF_TOKEN", "WANDB_API_KEY"]  # values went in memory
 

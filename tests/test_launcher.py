@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from skygreen.errors import LaunchError
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.render import render_task
 from skygreen.launch.skypilot_launcher import (
@@ -34,7 +35,7 @@ from skygreen.launch.skypilot_launcher import (
     status_from_record,
 )
 from skygreen.plan.rank import Candidate, Plan
-from skygreen.settings import PREEMPTED_EXIT_CODE, RuntimeSettings
+from skygreen.settings import RuntimeSettings
 from skygreen.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -140,6 +140,15 @@ def test_kill_9_at_any_moment_then_resume_ends_with_the_uninterrupted_weights(en
     assert done["step"] == first["step"]
     assert done["model_sha256"] == first["model_sha256"]
 
+    # The run ledger: the first VM's segment was killed at (or after) its last checkpoint and
+    # the last one completed; a local run costs nothing and gets the clouds' estimate instead.
+    cost = json.loads(skygreen(env, "cost", run_id, "--json").stdout)
+    ends = [s["end"] for s in cost["segments"]]
+    assert ends[0] == "killed" and ends[-1] == "completed" and set(ends[1:-1]) <= {"killed"}
+    assert cost["segments"][0]["step"] == stopped_at and cost["segments"][-1]["step"] == done["step"]
+    assert cost["total_usd"] == 0.0 == done["spend_usd"] and cost["cloud_estimate"]["estimate"] is True
+    assert {s["cloud"] for s in cost["segments"]} == {"local"}
+
 
 def test_cancel_stops_a_local_run_after_a_checkpoint_and_resume_continues(env, tmp_path):
     started = skygreen(held(env, tmp_path / "release", "100"), "up", str(TINY), "--local", "--no-smoke", "--detach")

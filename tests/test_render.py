@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from skygreen import __version__
 from skygreen.errors import SpecError
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.gpus import GPU_NAMES
 from skygreen.launch.render import (
     LAPTOP_ONLY,
@@ -38,7 +39,7 @@ from skygreen.launch.render import (
     to_yaml,
 )
 from skygreen.plan.rank import Candidate, Plan
-from skygreen.settings import PREEMPTED_EXIT_CODE, RuntimeSettings
+from skygreen.settings import RuntimeSettings
 from skygreen.spec import PRECISIONS, RECOVERY_STRATEGIES, TaskSpec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,13 +10,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from skygreen.checkpoint.manifest import CKPT_DIR, Manifest, best_step, blob_key, iter_manifests, latest_manifest
-from skygreen.checkpoint.store import Store, join_url, parse_url
+from skygreen.checkpoint.manifest import CKPT_DIR, Manifest, blob_key, iter_manifests, latest_manifest
+from skygreen.checkpoint.retention import best_step
+from skygreen.checkpoint.store import OpenStore, Store, join_url, parse_url
 from skygreen.errors import InputError
 from skygreen.fields import read_duration_s
-
-OpenStore = Callable[[str], Store]
-"""Opens the store of a URL; handed in by the composition root (`skygreen.api`)."""
 
 COLD_CLASSES = {"s3": ("GLACIER", "DEEP_ARCHIVE", "GLACIER_IR"), "gs": ("ARCHIVE", "COLDLINE", "NEARLINE")}
 DEFAULT_COLD_CLASS = {"s3": "GLACIER", "gs": "ARCHIVE"}
@@ -115,12 +113,17 @@ def gc(
     storage_class: str | None,
     act: bool,
     now_s: float,
+    check_bucket: Callable[[str], None] | None = None,
 ) -> GcResult:
-    """Move checkpoints under `url` older than `older_than` to a cold class; `act=False` only plans."""
+    """Move checkpoints under `url` older than `older_than` to a cold class; `act=False` only plans.
+    `check_bucket(url)` runs before any listing: the laptop's bounded check that the bucket
+    answers (`skygreen.launch.bucket.check_readable`), so a dead bucket fails in one line."""
     scheme = parse_url(url).scheme
     if scheme == "file":
         return GcResult(url=url, local=True, act=act, older_than=older_than)
     cold = cold_storage_class(scheme, storage_class)
+    if check_bucket is not None:
+        check_bucket(url)
     older_than_s = read_duration_s(older_than, "--older-than")
     moves = plan_cold_moves(url, open_store=open_store, older_than_s=older_than_s, storage_class=cold, now_s=now_s)
     if act and moves:

@@ -24,7 +24,7 @@ from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 
 from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, StoreUrl, call_with_retries, rewind
-from skygreen.errors import KeyNotFoundError, StoreError, TransientStoreError
+from skygreen.errors import KeyNotFoundError, NoCredentialsError, StoreError, TransientStoreError
 
 T = TypeVar("T")
 
@@ -71,7 +71,7 @@ class GcsStore:
         try:
             self.client = storage.Client()
         except google.auth.exceptions.DefaultCredentialsError as e:
-            raise StoreError(
+            raise NoCredentialsError(
                 f"{self.url}: no Google Cloud credentials for bucket {url.bucket!r}\n"
                 "  fix: run on a VM with a service account, or `gcloud auth application-default login`"
             ) from e

@@ -1,4 +1,6 @@
-"""The checkpoint protocol: key layout, manifest, reading the latest committed step, retention.
+"""The checkpoint protocol: key layout, manifest, reading the latest committed step.
+
+What to keep after a commit lives in `skygreen.checkpoint.retention`.
 
 Layout under a run's URL (`<bucket>/<run_id>/`):
 
@@ -14,7 +16,7 @@ intact checkpoint from a partial or corrupted one without trusting the bucket.
 `model_sha256` identifies the weights: sha256 over the model's tensors in sorted name order,
 each fed as its name (UTF-8), dtype (e.g. "torch.float32"), shape (e.g. "[3, 4]") and raw
 bytes, each field followed by a NUL byte. Computing it needs tensors, so the helper lives in
-`skygreen.runtime.checkpointer`; the definition is here, beside the manifest.
+`skygreen.runtime.tensors`; the definition is here, beside the manifest.
 
 This module imports no torch and no cloud library: `skygreen status` reads progress through
 `latest_manifest` on a laptop without either.
@@ -31,7 +33,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from skygreen.checkpoint.keep import check_keep
 from skygreen.checkpoint.store import Store
 from skygreen.errors import CheckpointError, KeyNotFoundError, StoreError, TransientStoreError
 from skygreen.timestamps import parse_iso_s
@@ -287,46 +288,6 @@ def latest_manifest(store: Store) -> Manifest | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------
-# Retention
-
-
-def best_step(manifests: Sequence[Manifest]) -> int | None:
-    """The step with the best metric (by the newest manifest's mode); ties go to the newest."""
-    scored = [(m, m.metric) for m in manifests if m.metric is not None]
-    if not scored:
-        return None
-    mode = max(scored, key=lambda pair: pair[0].step)[0].metric_mode
-    sign = 1.0 if mode == "min" else -1.0
-    return min(scored, key=lambda pair: (sign * pair[1], -pair[0].step))[0].step
-
-
-def retained_steps(manifests: Sequence[Manifest], *, keep: int) -> set[int]:
-    """The steps retention keeps: the last `keep`, the best by metric, and every pinned one."""
-    check_keep(keep)
-    steps = sorted(m.step for m in manifests)
-    kept = set(steps[-keep:])
-    best = best_step(manifests)
-    if best is not None:
-        kept.add(best)
-    kept.update(m.step for m in manifests if m.pinned)
-    return kept
-
-
-def deletable_steps(manifests: Sequence[Manifest], folder_steps: Sequence[int], *, keep: int) -> list[int]:
-    """Step folders to delete after a commit.
-
-    Only folders older than the newest commit go: committed ones retention does not keep, and
-    uncommitted leftovers of saves that died. Folders newer than the newest commit may be a
-    save in flight on another rank, so they stay.
-    """
-    if not manifests:
-        return []
-    newest = max(m.step for m in manifests)
-    kept = retained_steps(manifests, keep=keep)
-    return sorted(s for s in set(folder_steps) if s < newest and s not in kept)
-
-
 def delete_step(store: Store, step: int) -> None:
     """Delete a step folder, manifest first, so a half-deleted checkpoint is never 'committed'."""
     keys = store.list(step_prefix(step))
@@ -336,15 +297,3 @@ def delete_step(store: Store, step: int) -> None:
     for key in keys:
         if key != manifest:
             store.delete(key)
-
-
-def apply_retention(store: Store, *, keep: int) -> list[int]:
-    """Delete what retention no longer needs; returns the deleted steps."""
-    manifests = list(iter_manifests(store))
-    folders = step_folders(store.list(CKPT_DIR + "/"))
-    doomed = deletable_steps(manifests, list(folders), keep=keep)
-    for step in doomed:
-        delete_step(store, step)
-    if doomed:
-        log.info("retention: deleted checkpoint steps %s", ", ".join(map(str, doomed)))
-    return doomed

@@ -22,7 +22,7 @@ import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
 from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, StoreUrl, call_with_retries, rewind
-from skygreen.errors import ArchivedObjectError, KeyNotFoundError, StoreError, TransientStoreError
+from skygreen.errors import ArchivedObjectError, KeyNotFoundError, NoCredentialsError, StoreError, TransientStoreError
 
 T = TypeVar("T")
 
@@ -220,7 +220,7 @@ def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:
         code = str(error.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
         raise _from_code(bucket, what, code, error.get("Message") or str(e)) from e
     except _CREDENTIAL_EXCEPTIONS as e:
-        raise StoreError(
+        raise NoCredentialsError(
             f"{what}: no usable AWS credentials for bucket {bucket!r}\n"
             "  fix: run with an instance role, AWS_PROFILE, or SkyPilot secrets for AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
         ) from e

@@ -16,11 +16,13 @@ the bucket and the fix) through a table, so the loop only has to look at the cla
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, TypeVar, runtime_checkable
 
@@ -81,6 +83,10 @@ class StoreUrl:
     def text(self) -> str:
         """The URL written out again, without a trailing slash: `s3://bucket/prefix`."""
         return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
+
+
+OpenStore = Callable[[str], Store]
+"""Opens the store for a URL: `skygreen.checkpoint.stores.open_store`, handed in by a composition root."""
 
 
 def parse_url(url: str) -> StoreUrl:
@@ -147,6 +153,26 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY = RetryPolicy()
+
+_retry_for_this_context: contextvars.ContextVar[RetryPolicy] = contextvars.ContextVar(
+    "skygreen_store_retry", default=DEFAULT_RETRY
+)
+
+
+@contextlib.contextmanager
+def retry_policy(policy: RetryPolicy) -> Iterator[None]:
+    """Stores opened inside this block (in this thread) retry by `policy` unless told
+    otherwise: the laptop's commands give up sooner than a training run would."""
+    token = _retry_for_this_context.set(policy)
+    try:
+        yield
+    finally:
+        _retry_for_this_context.reset(token)
+
+
+def current_retry_policy() -> RetryPolicy:
+    """The policy `retry_policy` set for this context, else `DEFAULT_RETRY`."""
+    return _retry_for_this_context.get()
 
 
 def backoff_delay_s(policy: RetryPolicy, retry_index: int, uniform01: float) -> float:

@@ -9,7 +9,7 @@ one branch here.
 
 from __future__ import annotations
 
-from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, Store, parse_url
+from skygreen.checkpoint.store import RetryPolicy, Store, current_retry_policy, parse_url
 from skygreen.errors import StoreError
 
 
@@ -19,7 +19,7 @@ def open_store(url: str, *, retry: RetryPolicy | None = None) -> Store:
     A missing cloud library is a `StoreError` saying which extra to install.
     """
     parsed = parse_url(url)
-    policy = retry or DEFAULT_RETRY
+    policy = retry or current_retry_policy()
     if parsed.scheme == "file":
         from skygreen.checkpoint.local_store import LocalStore
 

@@ -2,6 +2,7 @@
 
 `render` (task file + plan -> SkyPilot YAML) -> `launcher` (the seam) with its two
 implementations `skypilot_launcher` (managed spot jobs) and `local_launcher` (`--local`);
-`runs` (up, status, resume, cancel, logs) records each run in the `registry`; `smoke` runs the
-CPU smoke test before paying for a GPU; `report` prints runs.
+`runs` (up, resume, cancel, logs) and `status` record each run in the `registry`, reach the
+outside world through a `Wiring` (`wiring`), check buckets within a deadline (`bucket`) and ask
+`spend` what it cost; `smoke` runs the CPU smoke test before paying for a GPU; `report` prints runs.
 """

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from skygreen.errors import InputError, LaunchError
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.launch.launcher import JobState, JobStatus
-from skygreen.settings import PREEMPTED_EXIT_CODE
 
 CANCEL_GRACE_S = 60.0
 """How long `cancel` waits after SIGTERM for the final checkpoint before SIGKILL."""
@@ -189,13 +189,26 @@ class LocalLauncher:
             return child.poll() is None
         return _process_alive(pid, start_ticks)
 
-    def _tail(self, job_id: str, lines: int = 5) -> str | None:
+    def _tail(self, job_id: str) -> str | None:
         try:
             text = (self.root / job_id / "output.log").read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
-        tail = [line for line in text.splitlines() if line.strip()][-lines:]
-        return "\n".join(tail) or None
+        return failure_line(text)
+
+
+def failure_line(output: str) -> str | None:
+    """One line that says why a run failed, from the end of its output: the exception of the
+    last Python traceback (without the module path), else the last line printed. Never a
+    piece of the traceback itself: `status` shows this as the run's state."""
+    lines = [line.rstrip() for line in output.splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if starts:
+        for line in lines[starts[-1] + 1 :]:
+            if not line[:1].isspace():  # the frames are indented; the exception line is not
+                name, sep, message = line.partition(": ")
+                return f"{name.rpartition('.')[2]}{sep}{message}" if " " not in name else line
+    return lines[-1] if lines else None
 
 
 def _wrapper_script() -> str:

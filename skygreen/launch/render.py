@@ -36,32 +36,19 @@ import yaml
 
 from skygreen import __version__
 from skygreen.errors import NoOfferError, SkygreenError, SpecError
-from skygreen.settings import PREEMPTED_EXIT_CODE, RuntimeSettings
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
+from skygreen.settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from skygreen.plan.rank import Plan
 
 from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
+from skygreen.task_checks import OWNED_RESOURCE_KEYS, torchrun_program
 
 TORCHRUN_MASTER_PORT = 29500
 SOURCE_MOUNT = "~/.skygreen/src"
 """Where a source checkout of skygreen is mounted on the VM when it is installed from one."""
 
-# Resource keys skygreen decides from the `skygreen:` section; the task must not set them itself.
-_OWNED_RESOURCE_KEYS: dict[str, str] = {
-    "accelerators": "skygreen.gpus and skygreen.gpu_count",
-    "gpus": "skygreen.gpus and skygreen.gpu_count",
-    "instance_type": "skygreen.gpus",
-    "infra": "skygreen.clouds and skygreen.regions",
-    "cloud": "skygreen.clouds",
-    "region": "skygreen.regions",
-    "zone": "skygreen.regions",
-    "any_of": "skygreen.gpus, skygreen.clouds and skygreen.regions",
-    "ordered": "skygreen.gpus, skygreen.clouds and skygreen.regions",
-    "use_spot": "skygreen.spot",
-    "job_recovery": "skygreen.recovery",
-    "spot_recovery": "skygreen.recovery",
-}
 _PYTHON = ("python", "python3")
 
 
@@ -197,7 +184,7 @@ def to_yaml(task: Mapping[str, Any]) -> str:
 
 def _resources(spec: TaskSpec, plan: Plan, user_resources: Any) -> dict[str, Any]:
     base = dict(user_resources or {})
-    for key, owner in _OWNED_RESOURCE_KEYS.items():
+    for key, owner in OWNED_RESOURCE_KEYS.items():
         if key in base:
             raise SpecError(
                 f"resources.{key}",
@@ -326,7 +313,7 @@ def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool) -> str
         raise SpecError("run", "is required: the command that trains", hint="add e.g. `run: python train.py`")
     command = str(command).strip()
     if distributed and (spec.green.gpu_count > 1 or spec.num_nodes > 1):
-        command = _torchrun(command, spec)
+        command = torchrun_command(command, spec)
     return _template("run.sh.tmpl").substitute(
         version=__version__,
         run_id=settings.run_id,
@@ -335,28 +322,12 @@ def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool) -> str
     )
 
 
-def _torchrun(command: str, spec: TaskSpec) -> str:
-    """`python train.py ARGS` -> `torchrun <SkyPilot's node layout> train.py ARGS`.
-
-    Only a one-line `python SCRIPT|-m MODULE ...` command can be rewritten safely; a command
-    that already calls torchrun is left alone.
-    """
-    lines = [line for line in command.splitlines() if line.strip() and not line.strip().startswith("#")]
-    try:
-        words = shlex.split(lines[0]) if len(lines) == 1 else []
-    except ValueError:
-        words = []
-    if words and words[0] == "torchrun":
+def torchrun_command(command: str, spec: TaskSpec) -> str:
+    """`python train.py ARGS` -> `torchrun <SkyPilot's node layout> train.py ARGS`; a command
+    that already calls torchrun is left alone (`task_checks.torchrun_program` says which)."""
+    program = torchrun_program(command, spec)
+    if program is None:
         return command
-    if len(words) < 2 or (Path(words[0]).name not in _PYTHON and not Path(words[0]).name.startswith("python3.")):
-        where = "skygreen.gpu_count" if spec.green.gpu_count > 1 else "num_nodes"
-        raise SpecError(
-            "run",
-            f"with {where} > 1 skygreen starts the command with torchrun, which needs a one-line `python SCRIPT ARGS` command",
-            value=command,
-            hint="write `run: python train.py ...`, or call torchrun yourself",
-        )
-    program = shlex.join(words[1:])
     return _template("torchrun.sh.tmpl").substitute(master_port=TORCHRUN_MASTER_PORT, program=program).strip()
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TextIO
 
-from skygreen.launch.runs import RunStatus, UpResult
+from skygreen.launch.runs import UpResult
+from skygreen.launch.status import RunStatus
 
 
 def _money(usd: float | None, estimated: bool = False) -> str:
@@ -55,7 +56,7 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
         ("run", r.run_id),
         ("task", r.task),
         ("mode", r.mode + (f" ({r.where})" if r.where and r.mode != "local" else "")),
-        ("state", r.state + (f" - {r.detail}" if r.detail else "")),
+        ("state", r.state + (f" - {r.detail.strip().splitlines()[0]}" if r.detail and r.detail.strip() else "")),
         ("job", f"{_dash(r.job_id)} (launches: {r.launches})"),
         ("step", _dash(r.step) + (" (completed)" if r.completed else "")),
         (
@@ -71,13 +72,39 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
             _money(r.spend_usd, r.spend_estimated)
             + (" (estimated from the plan's best offer)" if r.spend_estimated else ""),
         ),
-        ("energy so far", _energy(r.energy_kwh)),
+        *_energy_lines(r),
     ]
     if r.progress_error:
         lines.append(("progress", f"unreadable: {r.progress_error}"))
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         out.write(f"{key.ljust(width)}  {value}\n")
+
+
+def _energy_lines(r: RunStatus) -> list[tuple[str, str]]:
+    if r.energy is None:
+        return [("energy so far", _energy(r.energy_kwh))]
+    from skygreen.power.statement import EnergyReport, cap_text, energy_line
+
+    report = EnergyReport(**r.energy)
+    lines = [("energy so far", energy_line(report))]
+    if report.method != "none":
+        lines.append(("CO2e so far", f"{report.co2e_kg:.4f} kg"))
+        lines.append(("power cap", cap_text(report)))
+    return lines
+
+
+def print_statement(r: RunStatus, out: TextIO) -> None:
+    """The energy statement paragraph (`skygreen status RUN --statement`)."""
+    from skygreen.power.statement import EnergyReport, statement
+
+    if r.energy is None:
+        out.write(f"run {r.run_id} has no committed checkpoint yet: no energy to state\n")
+        return
+    out.write(
+        statement(EnergyReport(**r.energy), run_id=r.run_id, cost_usd=r.spend_usd, cost_estimated=r.spend_estimated)
+        + "\n"
+    )
 
 
 def print_launched(result: UpResult, out: TextIO) -> None:

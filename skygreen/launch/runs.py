@@ -1,4 +1,4 @@
-"""A run's life on the user's machine: up, status, resume, cancel, logs.
+"""A run's life on the user's machine: up, resume, cancel, logs (`status` is `skygreen.launch.status`).
 
 The order that keeps every failure cheap: nothing is launched until the task validated,
 planned, passed its smoke test and its bucket took a test write. What touches the outside
@@ -10,9 +10,8 @@ adapter. The CLI prints what `skygreen.api` returns.
 from __future__ import annotations
 
 import dataclasses
-import secrets as _random
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -20,44 +19,24 @@ from typing import TYPE_CHECKING, Any, TextIO
 import yaml
 
 from skygreen.checkpoint.interval import preemption_rate_per_hour
-from skygreen.checkpoint.manifest import Manifest, latest_manifest
-from skygreen.checkpoint.store import Store
-from skygreen.errors import (
-    CheckpointError,
-    InputError,
-    LaunchError,
-    SkygreenError,
-    StoreError,
-)
+from skygreen.errors import BucketUnreachableError, InputError, NoCredentialsError, SkygreenError, StoreError
 from skygreen.files import write_atomic
-from skygreen.launch.launcher import JobState, JobStatus, Launcher
+from skygreen.launch.bucket import check_writable
+from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
+from skygreen.launch.status import BUDGET_STATE, RunStatus, run_status
+from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.settings import RuntimeSettings
-from skygreen.spec import TaskSpec, load_spec
+from skygreen.spec import TaskSpec
+from skygreen.task_checks import load_task
 from skygreen.timestamps import utc_now_iso
 
 if TYPE_CHECKING:
     from skygreen.launch.smoke import SmokeResult
     from skygreen.plan.rank import Plan
 
-LOCAL = "local"
-CLOUD = "cloud"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Wiring:
-    """The outside world a run's life touches, handed in by the composition root (`skygreen.api`)."""
-
-    registry: Registry
-    environ: Mapping[str, str]
-    plan: Callable[[TaskSpec], Plan]
-    """Ranks the offers for a task (the catalog is the caller's choice)."""
-    smoke: Callable[[Path], SmokeResult]
-    """Runs the task's CPU smoke test; raises `SmokeTestError` when it fails."""
-    open_store: Callable[[str], Store]
-    cloud_launcher: Callable[[], Launcher]
-    local_launcher: Callable[[], Launcher]
+BUDGET_ENV = "SKYGREEN_BUDGET_USD"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,42 +50,10 @@ class UpResult:
     record: RunRecord | None
     """None for a dry run: nothing was launched or recorded."""
     smoke: SmokeResult | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunStatus:
-    """One run's state: the launcher's view joined with the progress in its bucket."""
-
-    run_id: str
-    task: str
-    mode: str
-    state: str
-    detail: str | None
-    job_id: str | None
-    launches: int
-    step: int | None
-    """Step of the latest committed checkpoint."""
-    model_sha256: str | None
-    checkpoint_at: str | None
-    completed: bool
-    """The runtime committed its final checkpoint (manifest meta state "completed")."""
-    preemptions: int | None
-    """Preemptions the runtime counted (SIGTERMs and notices), across launches."""
-    recoveries: int
-    """Relaunches by SkyPilot's job recovery plus `skygreen resume`s."""
-    spend_usd: float | None
-    spend_estimated: bool
-    """True when the price is the plan's best offer, not the offer the job landed on."""
-    energy_kwh: float | None
-    wall_s: float | None
-    checkpoint_interval_s: float | None
-    """The interval the runtime last chose (fixed, or `auto`'s Daly optimum)."""
-    where: str | None
-    checkpoint_url: str
-    progress_error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    """The smoke test's result; None with `--no-smoke`."""
+    bucket: str | None = None
+    bucket_unchecked: str | None = None
+    """A dry run that could not check the bucket from this machine says why (no credentials)."""
 
 
 # ---------------------------------------------------------------- up
@@ -124,18 +71,20 @@ def up(
     """Validate, plan, smoke-test, preflight the bucket, render and launch one run."""
     environ, registry = wiring.environ, wiring.registry
     task_path = Path(task_path)
-    spec = load_spec(task_path)
+    spec = load_task(task_path)
     run_id = new_run_id(spec.name)
     bucket = _bucket(spec, local=local, environ=environ)
     plan = None if local else wiring.plan(spec)
     task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent)
     yaml_text = to_yaml(task)
-    if dryrun:
+    smoke_result = wiring.smoke(task_path) if smoke else None
+    if dryrun:  # every check `up` makes, then the YAML; only the launch is left out
+        unchecked = _preflight_unless_no_credentials(wiring, bucket, run_id)
         path = Path(output) if output else data_dir(environ) / "dryrun" / f"{run_id}.yaml"
         write_atomic(path, yaml_text)
-        return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None)
-    smoke_result = wiring.smoke(task_path) if smoke else None
-    preflight_bucket(wiring.open_store(f"{bucket.rstrip('/')}/{run_id}"), bucket)
+        return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None, smoke=smoke_result,
+                        bucket=bucket, bucket_unchecked=unchecked)  # fmt: skip
+    preflight_bucket(wiring, bucket, run_id)
     launcher = wiring.local_launcher() if local else wiring.cloud_launcher()
     yaml_path = registry.run_dir(run_id) / "task.yaml"
     write_atomic(yaml_path, yaml_text)
@@ -153,7 +102,7 @@ def up(
         created_at=utc_now_iso(),
         state="CREATED",
         plan_summary=_plan_summary(spec, plan),
-        secret_names=_secret_names(spec),
+        secret_names=declared_secrets(spec),
     )
     record = registry.save(record)
     record = _launch(registry, record, launcher, task, secret_values(spec, environ))
@@ -183,10 +132,15 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
 
 
 def _render(spec: TaskSpec, plan: Plan | None, *, run_id: str, bucket: str, task_dir: Path) -> dict[str, Any]:
-    rate = None
+    rate = offers = None
     if plan is not None:  # the planner's assumption for the cloud it ranked first
+        from skygreen.ledger.place import offers_env
+
         rate = preemption_rate_per_hour(plan.best.cloud, spec.green.preemption.rate_per_hour)
-    settings = RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate)
+        offers = offers_env(plan.candidates[: spec.green.max_candidates])  # prices for the VM's ledger
+    settings = RuntimeSettings.from_spec(
+        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate, offers=offers
+    )
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
 
 
@@ -199,22 +153,30 @@ def runtime_install() -> RuntimeInstall:
     return RuntimeInstall.default()
 
 
-def preflight_bucket(store: Store, bucket: str) -> None:
-    """Write, read back and delete one small object in the run's store (under its prefix in
-    `bucket`), so a missing bucket or a missing permission stops `up` before any VM starts."""
-    key = f"preflight-{_random.token_hex(4)}"
-    probe = b"skygreen preflight\n"
+def preflight_bucket(wiring: Wiring, bucket: str, run_id: str) -> None:
+    """Write, read back and delete one small object under the run's prefix, so a missing
+    bucket, a missing permission or a bucket that does not answer stops `up` before any VM
+    starts (within `skygreen.launch.bucket.DEADLINE_S`)."""
     try:
-        store.put(key, probe)
-        if store.get(key) != probe:
-            raise StoreError(f"{store.url}: a test object read back different bytes")
-        store.delete(key)
+        check_writable(wiring.open_store, bucket, run_id)
+    except BucketUnreachableError:
+        raise
     except StoreError as e:
-        raise StoreError(
+        raise type(e)(
             f"checkpoint bucket {bucket} is not usable: {e}\n"
             "  fix: create the bucket (or folder) and grant this machine and the VMs write access, "
             "or set another skygreen.checkpoint.bucket"
         ) from e
+
+
+def _preflight_unless_no_credentials(wiring: Wiring, bucket: str, run_id: str) -> str | None:
+    """The bucket preflight of a dry run. A laptop without the cloud's credentials cannot
+    check a bucket only the VMs can write: that is not a failure, and the reason is returned."""
+    try:
+        preflight_bucket(wiring, bucket, run_id)
+    except NoCredentialsError as e:
+        return str(e.__cause__ or e).splitlines()[0].partition(": ")[2] or "no credentials on this machine"
+    return None
 
 
 def _launch(
@@ -229,125 +191,16 @@ def _launch(
     return registry.save(record.with_launch(job_id, pid=pid, state=JobState.PENDING.value))
 
 
-# ---------------------------------------------------------------- status
-
-
-def status(run_id: str | None = None, *, wiring: Wiring) -> list[RunStatus]:
-    """The named run, or every run on this machine (newest last)."""
-    records = [wiring.registry.load(run_id)] if run_id else wiring.registry.list()
-    return [run_status(record, wiring=wiring) for record in records]
-
-
-def run_status(record: RunRecord, *, wiring: Wiring) -> RunStatus:
-    """One run's state: its launcher's view joined with the progress in its bucket."""
-    registry = wiring.registry
-    job, job_error = _job_status(record, wiring)
-    manifest, progress_error = _progress(record.checkpoint_url, wiring)
-    meta = dict(manifest.meta) if manifest else {}
-    state = job.state.value if job else record.state
-    detail = job_error or (job.detail if job else None)
-    if job and job.failure_reason:
-        detail = f"{detail}: {job.failure_reason}" if detail else job.failure_reason
-    if job and job.state.value != record.state:
-        registry.save(dataclasses.replace(record, state=job.state.value))
-    spend, estimated = _spend(record, job, wiring)
-    energy_j = meta.get("energy_j")
-    return RunStatus(
-        run_id=record.run_id,
-        task=record.task_path,
-        mode=record.mode,
-        state=state,
-        detail=detail,
-        job_id=record.job_id,
-        launches=len(record.launches),
-        step=manifest.step if manifest else None,
-        model_sha256=manifest.model_sha256 if manifest else None,
-        checkpoint_at=manifest.created_at if manifest else None,
-        completed=meta.get("state") == "completed",
-        preemptions=_int_or_none(meta.get("preemptions")),
-        recoveries=(job.recovery_count if job else 0) + max(0, len(record.launches) - 1),
-        spend_usd=spend,
-        spend_estimated=estimated,
-        energy_kwh=None if energy_j is None else float(energy_j) / 3.6e6,
-        wall_s=_float_or_none(meta.get("wall_s")),
-        checkpoint_interval_s=_float_or_none(meta.get("checkpoint_interval_s")),
-        where=_where(job),
-        checkpoint_url=record.checkpoint_url,
-        progress_error=progress_error,
-    )
-
-
-def _job_status(record: RunRecord, wiring: Wiring) -> tuple[JobStatus | None, str | None]:
-    if record.job_id is None:
-        return None, None
-    try:
-        return launcher_for(record, wiring).status(record.job_id), None
-    except LaunchError as e:
-        return None, str(e).splitlines()[0]
-
-
-def _progress(url: str, wiring: Wiring) -> tuple[Manifest | None, str | None]:
-    """The run's latest committed checkpoint (no torch involved), or why it cannot be read."""
-    try:
-        return latest_manifest(wiring.open_store(url)), None
-    except (StoreError, CheckpointError) as e:
-        return None, str(e).splitlines()[0]
-
-
-def _spend(record: RunRecord, job: JobStatus | None, wiring: Wiring) -> tuple[float | None, bool]:
-    """Spend of every launch of the run so far, and whether any part of it is a guess.
-
-    SkyPilot reports no cost per managed job, so each launch costs its job's run time times
-    the catalog price of the offer it landed on; a job that does not say where it runs is
-    priced at the plan's best offer (a guess). `job` is the current launch's status, already
-    fetched; earlier launches (before a `resume`) are asked for theirs. A launch whose status
-    is gone from SkyPilot's queue is left out."""
-    if record.mode == LOCAL:
-        return 0.0, False
-    offers = list((record.plan_summary or {}).get("offers", ()))
-    if not offers:
-        return None, False
-    jobs = [_job_status_of(record, launch.job_id, wiring) for launch in record.launches[:-1]] + [job]
-    priced = [_launch_spend(offers, j) for j in jobs if j is not None and j.duration_s is not None]
-    if not priced:
-        return None, False
-    return sum(usd for usd, _ in priced), any(guessed for _, guessed in priced)
-
-
-def _job_status_of(record: RunRecord, job_id: str, wiring: Wiring) -> JobStatus | None:
-    try:
-        return launcher_for(record, wiring).status(job_id)
-    except LaunchError:
-        return None
-
-
-def _launch_spend(offers: list[Mapping[str, Any]], job: JobStatus) -> tuple[float, bool]:
-    landed = [
-        o
-        for o in offers
-        if o["cloud"] == job.cloud
-        and (job.region is None or o["region"] == job.region)
-        and (not job.accelerators or o["accelerator"] in job.accelerators)
-    ]
-    offer = landed[0] if landed else offers[0]
-    price = float(offer["price_usd_per_hour"]) * int(offer.get("num_nodes") or 1)
-    return (job.duration_s or 0.0) / 3600.0 * price, not landed
-
-
-def _where(job: JobStatus | None) -> str | None:
-    if job is None or job.cloud is None:
-        return None
-    return "/".join(p for p in (job.cloud, job.region) if p)
-
-
 # ---------------------------------------------------------------- resume, cancel, logs
 
 
-def resume(run_id: str, *, local: bool = False, wiring: Wiring) -> RunRecord:
+def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None, wiring: Wiring) -> RunRecord:
     """Relaunch a stopped run with the same run id: the runtime continues from the latest
-    checkpoint in its bucket. `local` runs it on this machine whatever it ran on before."""
+    checkpoint in its bucket. `local` runs it on this machine whatever it ran on before.
+    `budget_usd` sets a new budget (a run stopped at its budget needs a higher one)."""
     environ, registry = wiring.environ, wiring.registry
     record = registry.load(run_id)
+    _check_bucket_before_resume(record, wiring)
     current = run_status(record, wiring=wiring)
     if current.completed:
         raise InputError(
@@ -357,7 +210,10 @@ def resume(run_id: str, *, local: bool = False, wiring: Wiring) -> RunRecord:
         raise InputError(
             f"run {run_id} finished (SUCCEEDED); there is nothing to resume\n  fix: start a new run with `skygreen up`"
         )
-    stopped = current.state in JobState.__members__ and JobState(current.state).resumable
+    at_budget = current.state == BUDGET_STATE.upper()
+    if at_budget:
+        _check_new_budget(record, budget_usd)
+    stopped = at_budget or (current.state in JobState.__members__ and JobState(current.state).resumable)
     if record.launches and not stopped:
         raise InputError(
             f"run {run_id} is {current.state}; only a stopped run can be resumed\n"
@@ -367,11 +223,35 @@ def resume(run_id: str, *, local: bool = False, wiring: Wiring) -> RunRecord:
     if to_local == (record.mode == LOCAL):
         task = _read_task_yaml(record)
     else:  # a cloud run continued here: the same run id and bucket, rendered for this machine
-        spec = load_spec(record.task_path)
+        spec = load_task(record.task_path)
         task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
+    if budget_usd is not None:
+        task.setdefault("envs", {})[BUDGET_ENV] = f"{budget_usd:g}"
+        write_atomic(Path(record.task_yaml), to_yaml(task))
     launcher = wiring.local_launcher() if to_local else launcher_for(record, wiring)
     record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
     return _launch(registry, record, launcher, task, _resume_secrets(record, environ))
+
+
+def _check_new_budget(record: RunRecord, budget_usd: float | None) -> None:
+    old = (_read_task_yaml(record).get("envs") or {}).get(BUDGET_ENV)
+    if budget_usd is None or (old is not None and budget_usd <= float(old)):
+        given = "" if budget_usd is None else f" ({budget_usd:g} is not more than {old})"
+        raise InputError(
+            f"run {record.run_id} stopped at its budget of ${old}{given}\n"
+            f"  fix: `skygreen resume {record.run_id} --budget-usd N` with N above {old}"
+        )
+
+
+def _check_bucket_before_resume(record: RunRecord, wiring: Wiring) -> None:
+    """Before any process starts: a bucket that does not answer, or refuses, fails here in one
+    line. A laptop without the cloud's credentials cannot look into a bucket that only the
+    run's VMs can write; that is no reason to refuse the relaunch, so the check is skipped."""
+    try:
+        check_writable(wiring.open_store, record.bucket, record.run_id)
+    except NoCredentialsError:
+        if record.mode == LOCAL:
+            raise
 
 
 def _read_task_yaml(record: RunRecord) -> dict[str, Any]:
@@ -385,7 +265,7 @@ def _read_task_yaml(record: RunRecord) -> dict[str, Any]:
 def _resume_secrets(record: RunRecord, environ: Mapping[str, str]) -> dict[str, str]:
     """Secret values for a relaunch: from the environment, else still from the task file."""
     try:
-        return secret_values(load_spec(record.task_path), environ)
+        return secret_values(load_task(record.task_path), environ)
     except InputError:
         return {name: environ[name] for name in record.secret_names if environ.get(name)}
 
@@ -412,19 +292,6 @@ def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None, wiring
 # ---------------------------------------------------------------- helpers
 
 
-def launcher_for(record: RunRecord, wiring: Wiring) -> Launcher:
-    """The launcher a run was launched with."""
-    if record.launcher == "local":
-        return wiring.local_launcher()
-    launcher = wiring.cloud_launcher()
-    if launcher.kind != record.launcher:
-        raise InputError(
-            f"run {record.run_id} was launched with the {record.launcher!r} launcher, but this shell selects {launcher.kind!r}\n"
-            "  fix: set or unset SKYGREEN_LAUNCHER as it was when the run started"
-        )
-    return launcher
-
-
 def _snapshot(spec: TaskSpec) -> dict[str, Any]:
     """The task as parsed, for the record: SkyPilot keys with secret values removed, and the
     validated skygreen section."""
@@ -442,20 +309,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _secret_names(spec: TaskSpec) -> tuple[str, ...]:
-    return declared_secrets(spec)
-
-
 def _plan_summary(spec: TaskSpec, plan: Plan | None) -> dict[str, Any] | None:
     if plan is None:
         return None
     offers = [c.to_json() for c in plan.candidates[: spec.green.max_candidates]]
     return {"objective": plan.objective, "offers": offers, "reason": list(getattr(plan, "reason", ()))}
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _float_or_none(value: Any) -> float | None:
-    return None if value is None else float(value)

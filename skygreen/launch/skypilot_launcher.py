@@ -142,6 +142,48 @@ def _sky():
     return sky
 
 
+class LocalServerWatch:
+    """Whether a SkyPilot call started SkyPilot's local API server.
+
+    The client starts one on 127.0.0.1 on its first call when none answers, and leaves it
+    running. When the call then fails, the user should hear that a server now runs because of
+    skygreen, and how to stop it (`sky api stop`); a server that was already up, or a remote
+    one, is not skygreen's business."""
+
+    def __init__(self) -> None:
+        from sky.server import common
+
+        self.url = common.get_server_url()
+        self.local = bool(common.is_api_server_local(self.url))
+        self.was_up = self.local and _answers(self.url)
+
+    def note(self) -> str | None:
+        """One line for a failure, when this process started the local server."""
+        if self.local and not self.was_up and _answers(self.url):
+            return f"SkyPilot's API server at {self.url} was started by this command and is still running; stop it with `sky api stop`"
+        return None
+
+    def annotate(self, error: LaunchError) -> LaunchError:
+        line = self.note()
+        if line is None:
+            return error
+        annotated = LaunchError(f"{error}\n  note: {line}")
+        annotated.__cause__ = error.__cause__
+        return annotated
+
+
+def _answers(url: str) -> bool:
+    import socket
+    import urllib.parse
+
+    parsed = urllib.parse.urlsplit(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 80), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 class SkyPilotLauncher:
     """Managed jobs through SkyPilot's Python SDK (`sky.jobs.launch` and friends)."""
 
@@ -162,10 +204,11 @@ class SkyPilotLauncher:
     def launch(self, task: Mapping[str, Any], *, name: str, secrets: Mapping[str, str] | None = None) -> str:
         sky_task = self.build_task(task, secrets)
         sky = _sky()
+        watch = LocalServerWatch()
         try:
             job_ids, _handle = sky.stream_and_get(sky.jobs.launch(sky_task, name=name))
         except Exception as e:
-            raise launch_error(e, "launching the managed job") from e
+            raise watch.annotate(launch_error(e, "launching the managed job")) from e
         if not job_ids:
             raise LaunchError(
                 "launching the managed job failed: SkyPilot returned no job id\n  fix: check `sky jobs queue`"
@@ -188,17 +231,19 @@ class SkyPilotLauncher:
 
     def cancel(self, job_id: str) -> None:
         sky = _sky()
+        watch = LocalServerWatch()
         try:
             sky.get(sky.jobs.cancel(job_ids=[int(job_id)]))
         except Exception as e:
-            raise launch_error(e, f"cancelling managed job {job_id}") from e
+            raise watch.annotate(launch_error(e, f"cancelling managed job {job_id}")) from e
 
     def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
         sky = _sky()
+        watch = LocalServerWatch()
         try:
             return sky.jobs.tail_logs(job_id=int(job_id), follow=follow, output_stream=out)
         except Exception as e:
-            raise launch_error(e, f"reading the logs of managed job {job_id}") from e
+            raise watch.annotate(launch_error(e, f"reading the logs of managed job {job_id}")) from e
 
 
 def status_from_record(job_id: str, records: list[Any]) -> JobStatus:

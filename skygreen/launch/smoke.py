@@ -24,7 +24,8 @@ from pathlib import Path
 
 from skygreen.errors import SmokeTestError
 from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
-from skygreen.spec import TaskSpec, load_spec
+from skygreen.spec import TaskSpec
+from skygreen.task_checks import load_task
 
 DEFAULT_TIMEOUT_S = 600.0
 # What SkyPilot sets on a one-node, one-GPU cluster, so `torchrun --nproc-per-node
@@ -53,7 +54,7 @@ def run_smoke(
     environ: Mapping[str, str] | None = None,
 ) -> SmokeResult:
     """Smoke-test a task's training script on CPU; raises `SmokeTestError` on failure."""
-    spec = task if isinstance(task, TaskSpec) else load_spec(task)
+    spec = task if isinstance(task, TaskSpec) else load_task(task)
     command = spec.sky.get("run")
     if not command:
         raise SmokeTestError("the task has no `run` command to smoke-test\n  fix: add `run: python train.py`")

@@ -24,7 +24,11 @@ Restart 6 min and a 10 s blocking save (an async save blocks only for the copy t
 memory: PyTorch DCP async_save measured 6.3 s for a 7B model) are the other defaults.
 
 Energy = (wall_h - restarts x R) x nodes x gpus x board power (TDP) x 0.8 average draw x the
-cloud's PUE. Carbon = energy x grams CO2e per kWh of the region (`skygreen.carbon`).
+cloud's PUE x the power cap's energy ratio. Carbon = energy x grams CO2e per kWh of the region
+(`skygreen.carbon`). The cap's ratio comes from `skygreen.power.model` (calibrated to the V100
+study, arXiv 2205.09646: 0.6 of the default limit -> 0.863 of the energy; `auto` at the limit the
+Zeus-style chooser keeps on the model's ladder; `off` 1.0). The cap's slowdown (+6.8% at 0.6) is
+not added to the time and cost: the runtime's `auto` profile measures it per job.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 
 from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR, optimal_interval_s
 from skygreen.gpus import GPUS
+from skygreen.power.model import planned_energy_ratio
 
 DEFAULT_RESTART_S = 360.0
 DEFAULT_CHECKPOINT_COST_S = 10.0
@@ -64,6 +69,10 @@ class RunModel:
     checkpoint_cost_s: float = DEFAULT_CHECKPOINT_COST_S
     checkpoint_interval_s: float | None = None
     """None: Daly's optimum per offer (`every: auto`)."""
+    power_cap_mode: str = "off"
+    """The task's `power.cap`: off | auto | watts | fraction (`skygreen.spec.PowerSpec.mode`)."""
+    power_cap_value: float | None = None
+    power_eta: float = 0.5
 
     def __post_init__(self) -> None:
         if not (self.work_gpu_hours > 0 and math.isfinite(self.work_gpu_hours)):
@@ -135,7 +144,9 @@ def estimate(model: RunModel, *, cloud: str, gpu: str, gpus_per_node: int, spot:
     busy_h = max(wall_h - preemptions * model.restart_s / 3600.0, compute_h)
     info = GPUS.get(gpu)
     tdp_w = info.tdp_w if info else 300.0
-    energy = busy_h * model.num_nodes * gpus_per_node * tdp_w * GPU_AVERAGE_DRAW_FRACTION * PUE.get(cloud, 1.2) / 1000.0
+    cap_ratio = planned_energy_ratio(model.power_cap_mode, model.power_cap_value, tdp_w=tdp_w, eta=model.power_eta)
+    draw_w = tdp_w * GPU_AVERAGE_DRAW_FRACTION * cap_ratio
+    energy = busy_h * model.num_nodes * gpus_per_node * draw_w * PUE.get(cloud, 1.2) / 1000.0
     return Estimate(
         compute_hours=compute_h,
         est_hours=wall_h,

@@ -25,6 +25,8 @@ from skygreen.plan.cost import (
     RunModel,
     estimate,
 )
+from skygreen.plan.explain import METRIC, assumptions, explain, money, night_hint
+from skygreen.power.policy import DEFAULT_ETA
 from skygreen.spec import OBJECTIVES, GreenSpec, TaskSpec
 
 
@@ -57,6 +59,10 @@ class Candidate:
     """Hours of uninterrupted training; est_hours minus this is the spot overhead."""
     expected_preemptions: float = 0.0
     checkpoint_interval_s: float | None = None
+    on_demand_hours: float = 0.0
+    """Under a deadline: expected hours a spot run spends on its on-demand fallback."""
+    deadline_source: str | None = None
+    """Under a deadline, where the expected cost of a spot run came from: "traces" or "model"."""
 
     def __post_init__(self) -> None:
         if self.cloud not in CLOUDS:
@@ -89,6 +95,8 @@ class Plan:
     reason: tuple[str, ...] = ()
     """One or two sentences on why the winner won."""
     assumptions: tuple[str, ...] = ()
+    night_hint: str = ""
+    """One sourced line: what starting the winner at the region's night would save, for a job that can wait."""
     notices: tuple[str, ...] = ()
     catalog_source: str = ""
     offers_considered: int = 0
@@ -110,6 +118,7 @@ class Plan:
             "best_per_cloud": {cloud: c.to_json() for cloud, c in self.best_per_cloud.items()},
             "reason": list(self.reason),
             "assumptions": list(self.assumptions),
+            "night_hint": self.night_hint,
             "notices": list(self.notices),
             "catalog": self.catalog_source,
         }
@@ -135,8 +144,11 @@ class Constraints:
 
     @classmethod
     def from_spec(cls, green: GreenSpec) -> Constraints:
+        names = green.gpus.names
+        if names is None and green.precision == "bf16":  # the runtime refuses bf16 on older GPUs
+            names = tuple(name for name, info in GPUS.items() if info.bf16)
         return cls(
-            gpu_names=green.gpus.names,
+            gpu_names=names,
             min_memory_gb=green.gpus.min_memory_gb,
             gpu_count=green.gpu_count,
             clouds=green.clouds,
@@ -182,6 +194,9 @@ def run_model(spec: TaskSpec, *, measured_speed: Mapping[str, float] | None = No
         restart_s=DEFAULT_RESTART_S if restart_min is None else restart_min * 60.0,
         checkpoint_cost_s=DEFAULT_CHECKPOINT_COST_S,
         checkpoint_interval_s=green.checkpoint.every_s,
+        power_cap_mode=green.power.mode,
+        power_cap_value=green.power.cap_w if green.power.mode == "watts" else green.power.cap_fraction,
+        power_eta=DEFAULT_ETA if green.power.eta is None else green.power.eta,
     )
 
 
@@ -238,21 +253,10 @@ def make_candidate(offer: Offer, spot: bool, model: RunModel) -> Candidate | Non
 
 # ---------------------------------------------------------------- ranking
 
-_METRIC: dict[str, Callable[[Candidate], float]] = {
-    "cost": lambda c: c.est_cost_usd,
-    "time": lambda c: c.est_hours,
-    "energy": lambda c: c.energy_kwh,
-    "carbon": lambda c: c.co2e_kg,
-}
-
-
-def objective_value(candidate: Candidate, objective: str) -> float:
-    return _METRIC[objective](candidate)
-
 
 def sort_key(objective: str) -> Callable[[Candidate], tuple]:
     """Best first: the objective, then cost, then time, then names (a stable, total order)."""
-    metric = _METRIC[objective]
+    metric = METRIC[objective]
 
     def key(c: Candidate) -> tuple:
         return (metric(c), c.est_cost_usd, c.est_hours, c.cloud, c.region, c.instance_type, not c.spot)
@@ -277,7 +281,24 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
     check_regions(spec, catalog)
     model = run_model(spec, measured_speed=measured_speed)
     constraints = Constraints.from_spec(green)
-    ranked = rank(candidates_for(catalog, constraints, model), green.objective)
+    candidates = candidates_for(catalog, constraints, model)
+    extra: tuple[str, ...] = ()
+    if green.deadline is not None:
+        from skygreen.plan import deadline
+
+        kept, dropped = [], {}
+        for c in candidates:
+            priced = deadline.assess(c, deadline_h=green.deadline, restart_s=model.restart_s)
+            if isinstance(priced, tuple):
+                dropped[c.label] = priced
+                continue
+            kept.append(replace(c, est_hours=priced.est_hours, est_cost_usd=priced.est_cost_usd,
+                                on_demand_hours=priced.on_demand_hours, deadline_source=priced.source))  # fmt: skip
+        if not kept and dropped:
+            raise NoOfferError(deadline.no_offer_message(green.deadline, dropped, source=spec.source))
+        traced = [f"{c.cloud} {c.accelerator}" for c in kept if c.deadline_source == "traces"]
+        candidates, extra = kept, (deadline.assumption(green.deadline, traced, dropped),)
+    ranked = rank(candidates, green.objective)
     if not ranked:
         raise NoOfferError(no_offer_message(spec, catalog, constraints, model))
     return Plan(
@@ -285,7 +306,8 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
         objective=green.objective,
         best_per_cloud=best_per_cloud(ranked),
         reason=explain(ranked, green.objective),
-        assumptions=assumptions(model, green),
+        assumptions=assumptions(model, green, measured_speed=measured_speed) + extra,
+        night_hint=night_hint(ranked[0]),
         notices=catalog.notices,
         catalog_source=catalog.source,
         offers_considered=len(catalog.offers),
@@ -309,74 +331,6 @@ def check_regions(spec: TaskSpec, catalog: Catalog) -> None:
         raise SpecError(
             f"skygreen.regions[{i}]", f"unknown region {region!r}", allowed=shown, hint=hint, source=spec.source
         )
-
-
-# ---------------------------------------------------------------- explanations
-
-
-def _money(usd: float) -> str:
-    return f"${usd:,.2f}" if usd < 1000 else f"${usd:,.0f}"
-
-
-def _metric_text(c: Candidate, objective: str) -> str:
-    return {
-        "cost": f"{_money(c.est_cost_usd)} in {c.est_hours:.1f} h",
-        "time": f"{c.est_hours:.1f} h for {_money(c.est_cost_usd)}",
-        "energy": f"{c.energy_kwh:.1f} kWh for {_money(c.est_cost_usd)}",
-        "carbon": f"{c.co2e_kg:.1f} kg CO2e for {_money(c.est_cost_usd)}",
-    }[objective]
-
-
-def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
-    """Why the winner won: against the runner-up on another GPU or cloud, and against the
-    offer with the lowest price per hour when that is a different one."""
-    best = ranked[0]
-    noun = {
-        "cost": "estimated run cost",
-        "time": "estimated time",
-        "energy": "estimated energy",
-        "carbon": "estimated CO2e",
-    }[objective]
-    lines = [f"{best.label} has the lowest {noun}: {_metric_text(best, objective)}."]
-    rival = next((c for c in ranked[1:] if (c.cloud, c.accelerator) != (best.cloud, best.accelerator)), None)
-    cheapest_hour = min(ranked, key=lambda c: (c.price_usd_per_hour * c.num_nodes, c.est_cost_usd))
-    if cheapest_hour is not best and cheapest_hour.price_usd_per_hour < best.price_usd_per_hour:
-        lines.append(
-            f"The lowest price per hour, {cheapest_hour.label} at {_money(cheapest_hour.price_usd_per_hour)}/h, "
-            f"would take {cheapest_hour.est_hours:.1f} h and cost {_money(cheapest_hour.est_cost_usd)}."
-        )
-    elif rival is not None:
-        b, r = objective_value(best, objective), objective_value(rival, objective)
-        more = f" (+{(r / b - 1) * 100:.0f}%)" if b > 0 else ""
-        lines.append(f"Next best on another GPU or cloud: {rival.label}, {_metric_text(rival, objective)}{more}.")
-    if (
-        best.spot
-        and best.on_demand_price_usd_per_hour is not None
-        and best.price_usd_per_hour >= best.on_demand_price_usd_per_hour
-    ):
-        lines.append(
-            "Its spot price is not below its on-demand price; `on_demand_fallback: true` lets on-demand compete."
-        )
-    return tuple(lines)
-
-
-def assumptions(model: RunModel, green: GreenSpec) -> tuple[str, ...]:
-    rates = ", ".join(f"{c} {r:g}/h" for c, r in sorted(model.preemption_rate_per_hour.items()))
-    if model.checkpoint_interval_s is not None:
-        interval = f"every {model.checkpoint_interval_s:g} s"
-    elif green.checkpoint.every_steps is not None:
-        interval = f"every {green.checkpoint.every_steps} steps (estimated as Daly's optimum: step time unknown)"
-    else:
-        interval = "auto (Daly's optimum)"
-    return (
-        f"work: {model.work_gpu_hours:g} GPU-hours on {model.work_on}; relative speeds from skygreen.gpus"
-        + (" with the task's overrides" if model.speed else ""),
-        (
-            f"spot preemptions per node-hour: {rates}; restart {model.restart_s / 60:g} min; "
-            f"checkpoint {interval}, {model.checkpoint_cost_s:g} s blocking per save"
-        ),
-        "energy: TDP x 0.8 x PUE; carbon: grid g CO2e/kWh per region (codecarbon data)",
-    )
 
 
 # ---------------------------------------------------------------- no offer
@@ -416,7 +370,7 @@ def no_offer_message(spec: TaskSpec, catalog: Catalog, constraints: Constraints,
         if found:
             fixes.append(
                 f"relax {path} ({_current(path, constraints)}): then the best offer is {found[0].label}, "
-                f"{_money(found[0].price_usd_per_hour)}/h, est. {_money(found[0].est_cost_usd)} for the run"
+                f"{money(found[0].price_usd_per_hour)}/h, est. {money(found[0].est_cost_usd)} for the run"
             )
     if fixes:
         lines.append("  fix: " + fixes[0])

@@ -57,4 +57,6 @@ def print_plan(plan: Plan, *, top: int = 10, console: Console | None = None) -> 
     console.print(_table("Best per cloud", per_cloud))
     for line in plan.reason:
         console.print(line, highlight=False)
+    if plan.night_hint:
+        console.print(plan.night_hint, highlight=False)
     console.print("[dim]Assumptions: " + "; ".join(plan.assumptions) + "[/dim]", highlight=False)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from skygreen.settings import PREEMPTED_EXIT_CODE
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 
 _LAZY = {"Run": "skygreen.runtime.run", "Step": "skygreen.runtime.step"}
 

@@ -32,7 +32,6 @@ import os
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,8 +49,8 @@ from skygreen.checkpoint.manifest import (
     BlobInfo,
     HashingWriter,
     Manifest,
-    apply_retention,
     blob_key,
+    committed_steps,
     delete_step,
     iter_manifests,
     manifest_key,
@@ -60,6 +59,7 @@ from skygreen.checkpoint.manifest import (
     step_folders,
     step_prefix,
 )
+from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.checkpoint.stores import open_store
 from skygreen.errors import (
@@ -71,6 +71,7 @@ from skygreen.errors import (
     TransientStoreError,
 )
 from skygreen.runtime.ranks import all_reduce
+from skygreen.runtime.tensors import model_sha256, to_host
 from skygreen.spec import HALF_PRECISIONS
 from skygreen.timestamps import utc_now_iso
 
@@ -78,7 +79,6 @@ log = logging.getLogger("skygreen.checkpoint")
 
 MAX_FAILED_SAVES_IN_ROW = 3
 _HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-_ATOMS = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 _NOTE_POLL_S = 0.2
 _HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -90,61 +90,6 @@ class Loaded:
     rank_state: dict | None
     """This rank's own state; None when the checkpoint has none for this rank."""
     manifest: Manifest
-
-
-def model_sha256(model_state: Mapping[str, Any]) -> str:
-    """sha256 over a state_dict's tensors in sorted name order: name, dtype, shape, bytes.
-
-    Each field is followed by a NUL byte; non-tensor entries are ignored. The definition is
-    documented in `skygreen.checkpoint`; with half-precision storage it covers the stored
-    (half-precision) tensors, so a loaded state can be checked against the manifest.
-    """
-    digest = hashlib.sha256()
-    for name in sorted(model_state):
-        tensor = model_state[name]
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        digest.update(str(name).encode() + b"\0")
-        digest.update(str(tensor.dtype).encode() + b"\0")
-        digest.update(str(list(tensor.shape)).encode() + b"\0")
-        digest.update(flat.view(torch.uint8).numpy().data if flat.numel() else b"")
-        digest.update(b"\0")
-    return digest.hexdigest()
-
-
-def to_host(obj: Any, *, path: str = "state", half: torch.dtype | None = None) -> Any:
-    """A deep copy of `obj` with every tensor copied to CPU memory.
-
-    Only what `torch.load(weights_only=True)` reads back is allowed; anything else fails
-    here, at save time, naming where it sits, instead of failing the resume later.
-    """
-    if isinstance(obj, torch.Tensor):
-        tensor = obj.detach()
-        if half is not None and tensor.is_floating_point():
-            return tensor.to("cpu", dtype=half, copy=True)
-        return tensor.to("cpu", copy=True)
-    if isinstance(obj, Mapping):
-        out: dict = OrderedDict() if isinstance(obj, OrderedDict) else {}
-        for key, value in obj.items():
-            if not isinstance(key, (str, int)):
-                raise CheckpointError(f"{path}: key {key!r} is a {type(key).__name__}; use str or int keys")
-            out[key] = to_host(value, path=f"{path}[{key!r}]", half=half)
-        return out
-    if isinstance(obj, (list, tuple)):
-        items = [to_host(v, path=f"{path}[{i}]", half=half) for i, v in enumerate(obj)]
-        return items if isinstance(obj, list) else tuple(items)
-    if isinstance(obj, _ATOMS):
-        return obj
-    kind = type(obj).__module__ + "." + type(obj).__qualname__
-    fix = (
-        "convert it with torch.from_numpy(...) or .tolist()"
-        if kind.startswith("numpy")
-        else "convert it to tensors, lists or numbers"
-    )
-    raise CheckpointError(
-        f"{path}: a {kind} cannot be checkpointed (weights_only loading would refuse it)\n  fix: {fix}"
-    )
 
 
 class Checkpointer:
@@ -190,6 +135,10 @@ class Checkpointer:
         self.last_committed_step: int | None = None
         self._last_save_cost_s: float | None = None
         self.last_upload_s: float | None = None
+        self._load_errors: dict[int, str] = {}
+        """Why each checkpoint skipped while loading did not load."""
+        self._unloadable: dict[int, str] = {}
+        """Commits newer than the loaded one, for retention to quarantine after the next commit."""
 
     # -- saving -------------------------------------------------------------------------
 
@@ -320,7 +269,9 @@ class Checkpointer:
         self._failed_in_row = 0
         self.last_upload_s = time.perf_counter() - started
         log.info("checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s)
-        apply_retention(self.store, keep=self.keep)
+        self._unloadable.pop(step, None)  # rewritten by this life: good now
+        apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable)
+        self._unloadable = {}
 
     def _upload_blob(self, step: int, name: str, obj: Any, tmp: Path) -> BlobInfo:
         """Serialise `obj` to a temporary file (hashing on the way), then stream it up."""
@@ -377,8 +328,17 @@ class Checkpointer:
             high = int(all_reduce([step], op="MAX", dtype=torch.int64)[0])
             if low == high:
                 self.last_committed_step = loaded.step if loaded else None
+                self._remember_unloadable(step)
                 return loaded
             bound = low
+
+    def _remember_unloadable(self, loaded_step: int) -> None:
+        """Every commit newer than the step the ranks agreed on failed to load somewhere;
+        rank 0's retention moves them aside after its first new commit (`skygreen.checkpoint.retention`)."""
+        if self.rank != 0:
+            return
+        newer = [s for s in committed_steps(self.store) if s > loaded_step]
+        self._unloadable = {s: self._load_errors.get(s, "did not verify on every rank") for s in newer}
 
     def _load_newest(self, bound: int | None) -> Loaded | None:
         for manifest in iter_manifests(self.store):
@@ -390,6 +350,7 @@ class Checkpointer:
                 raise
             except (CheckpointError, StoreError) as e:
                 log.warning("skipping %s: %s", manifest.label, e)
+                self._load_errors[manifest.step] = first_line(e)
         return None
 
     def _load(self, manifest: Manifest) -> Loaded:

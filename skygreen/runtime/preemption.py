@@ -256,6 +256,9 @@ class SigtermLatch:
             "no checkpoint committed within %.0f s of SIGTERM; exiting with the last committed one",
             self.deadline_s,
         )
+        from skygreen.power import restore_all
+
+        restore_all()  # os._exit skips atexit: put the GPUs' power limits back first
         logging.shutdown()
         os._exit(self.exit_code)
 

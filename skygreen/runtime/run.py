@@ -40,12 +40,12 @@ import torch.distributed as dist
 
 from skygreen.checkpoint.interval import CheckpointSchedule, IntervalPolicy
 from skygreen.errors import RuntimeSetupError
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.runtime import rng
 from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, smaller_micro_batch
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream
 from skygreen.runtime.early_stop import EarlyStopper
-from skygreen.runtime.energy import EnergyMeter
 from skygreen.runtime.environment import (
     autocast_factory,
     batch_shape,
@@ -57,12 +57,14 @@ from skygreen.runtime.environment import (
     world,
 )
 from skygreen.runtime.hold import hold, hold_steps
+from skygreen.runtime.ledger import RunBook
+from skygreen.runtime.power import make_governor
 from skygreen.runtime.preemption import NoticeWatcher, SigtermLatch, landed_cloud
 from skygreen.runtime.ranks import all_reduce
 from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
 from skygreen.runtime.state import load_training_state, training_state
 from skygreen.runtime.step import Step
-from skygreen.settings import PREEMPTED_EXIT_CODE, SMOKE_ENV, SMOKE_LINE, RuntimeSettings
+from skygreen.settings import SMOKE_ENV, SMOKE_LINE, RuntimeSettings
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -146,19 +148,15 @@ class Run:
         self._wall_base_s = 0.0
         self._sigterm: SigtermLatch | None = None
         self._watcher: NoticeWatcher | None = None
-        self._energy = EnergyMeter.for_device(self.device)
         self._schedule: CheckpointSchedule | None = None
         self._hold_at_steps = hold_steps(self._environ)
+        self.saved_power: Mapping[str, Any] | None = None
+        """The `power` state of the checkpoint resumed from (the `auto` profile)."""
+        self.power = make_governor(self)
+        self._book = RunBook.for_run(self, self._environ)  # the run ledger and budget: rank 0's only
+        """This rank's GPU power: cap, `auto` profile, energy (`skygreen.power.governor`)."""
         if self.precision.warning and self.rank == 0:
             log.warning("%s", self.precision.warning)
-        if self.device.type == "cuda" and self.settings.power_cap != "off" and self.rank == 0:
-            # The task file's `power:` is validated and carried to the VM, but setting NVML power
-            # limits is not part of this runtime yet: say so rather than let the cap seem applied.
-            log.warning(
-                "power cap %s requested: this runtime meters GPU energy but does not set "
-                "power limits yet; the GPU keeps its default limit",
-                self.settings.power_cap,
-            )
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -191,7 +189,10 @@ class Run:
         if self.completed:
             log.warning("run %s already completed at step %d; nothing to do", self.settings.run_id, self.step_index)
             return
+        self.power.start(self.saved_power)
         self._install_preemption()
+        if self._book:
+            self._book.step_started()
         try:
             while self.step_index < total_steps and not self._should_stop():
                 step = Step(self, self.step_index)
@@ -207,10 +208,13 @@ class Run:
             self._finish()
         finally:
             self._uninstall_preemption()
+            self.power.close()  # every exit: end, early stop, exception, SIGTERM, a caller's break
 
     def report(self, **metrics: float) -> None:
         """Record evaluation metrics; the early-stopping metric drives stopping."""
         self.last_metrics.update({k: float(v) for k, v in metrics.items()})
+        if self._book:
+            self._book.reported(metrics, self.step_index)
         if (
             self.stopper is not None
             and self.stopper.config.metric in metrics
@@ -225,14 +229,21 @@ class Run:
 
     def _after_step(self) -> None:
         """Boundary work: agree on signals across ranks, then checkpoint if something asks."""
+        self.power.step_done()
         notice = self._watcher.pending() if self._watcher else None
         sigterm = bool(self._sigterm and self._sigterm.fired)
         stop = self.rank == 0 and self.stopper is not None and self.stopper.stopped
+        budget = bool(self._book and self._book.over_budget())
         if self.world_size > 1:
-            sigterm, notice_up, stop = self.agree_flags(sigterm, notice is not None, stop)
+            sigterm, notice_up, stop, budget = self.agree_flags(sigterm, notice is not None, stop, budget)
         else:
             notice_up = notice is not None
         self._stopping = stop
+        if budget and not sigterm:
+            self._save(state="budget", wait=True)
+            self.close()
+            log.warning("%s", self._book.stop_message() if self._book else "budget reached")
+            raise SystemExit(0)
         if sigterm:
             self.counters["preemptions"] += 1
             self._save(state="preempted", wait=True)
@@ -352,6 +363,7 @@ class Run:
             "samples_seen": self.samples_seen,
             "epoch": self.epoch,
             "checkpoint_interval_s": self._schedule.interval_s if self._schedule else None,
+            "power": self.power.summary(),
         }
         if reason:
             meta["reason"] = reason
@@ -367,6 +379,8 @@ class Run:
             meta=meta,
             pin=pin,
         )
+        if self._book and state != "smoke":
+            self._book.progress_of(self, "early-stopped" if state == "completed" and self._stopping else state)
         if wait:
             self.checkpointer.wait()
         if self._schedule is not None:
@@ -381,7 +395,7 @@ class Run:
     def _update_counters(self) -> None:
         now = time.monotonic()
         self.counters["wall_s"] = self._wall_base_s + (now - self._started_s)
-        energy_j = self._energy.take_j()
+        energy_j = self.power.take_j()
         if self.world_size > 1:
             energy_j = float(all_reduce([energy_j], op="SUM", dtype=torch.float64)[0])
         self.counters["energy_j"] += energy_j
@@ -402,6 +416,8 @@ class Run:
             ),
         )
         self._started_s = time.monotonic()
+        if self._book and not self.completed:
+            self._book.started_from(self)
         self._schedule = CheckpointSchedule(policy, start_step=self.step_index, start_s=self._started_s)
 
     def _restore(self, loaded: Any) -> None:
@@ -460,12 +476,15 @@ class Run:
             self._sigterm = None
 
     def close(self) -> None:
-        """Wait for the in-flight checkpoint and stop background threads."""
+        """Wait for the in-flight checkpoint, stop background threads, restore the GPU's power limit."""
         self._uninstall_preemption()
+        self.power.close()
         self.checkpointer.close()
 
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._book and exc_type is not None and not self.completed:
+            self._book.exited(self, exc_type)
         self.close()

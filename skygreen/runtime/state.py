@@ -1,7 +1,7 @@
 """What a checkpoint of a `Run` holds, and how it goes back into the run.
 
 The shared state every rank agrees on: model, optimizer, scheduler, GradScaler, progress,
-early-stopping state, batch shape, counters and the user's extra objects. Each rank's RNG is
+early-stopping state, batch shape, counters, the power profile and the user's extra objects. Each rank's RNG is
 saved apart, as its own blob (see `skygreen.runtime.checkpointer`).
 """
 
@@ -30,6 +30,7 @@ def training_state(run: Run) -> dict[str, Any]:
             "device_name": run.facts.name,
         },
         "counters": dict(run.counters),
+        "power": run.power.state_dict(),
         "extra": {name: obj.state_dict() for name, obj in run.extra_state.items()},
     }
 
@@ -50,3 +51,4 @@ def load_training_state(run: Run, state: Mapping[str, Any]) -> None:
         if name in state.get("extra", {}):
             obj.load_state_dict(state["extra"][name])
     run.counters.update(state["counters"])
+    run.saved_power = state.get("power")

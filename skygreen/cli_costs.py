@@ -1,0 +1,165 @@
+"""The `skygreen` commands about money, energy and time: cost, compare, report, simulate, power.
+
+Like every command, they parse, call `skygreen.api`, and print; `skygreen.cli` adds them to the
+`skygreen` group.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from skygreen.cli_options import catalog_option, json_option, plot_option, print_json, print_notice, run_argument
+
+
+@click.command()
+@click.argument("target", metavar="RUN|TASK")
+@catalog_option
+@json_option
+@plot_option
+def cost(target: str, catalog: Path | None, json_output: bool, plot: Path | None) -> None:
+    """What a run cost (from its ledger), or what a task would cost on each cloud.
+
+    RUN: a run id: actual cost per segment, controller and storage, energy, CO2e, per step and
+    per epoch, preemptions (a --local run also gets the clouds' estimate). TASK: a task file:
+    estimated cost per run on each cloud's best offer, spot and on-demand, the plan's pick first.
+    """
+    from skygreen import api
+    from skygreen.costs.report import print_run_cost, print_task_estimate
+
+    if api.is_task_file(target):  # the clouds' estimate
+        estimate = api.estimate(target, catalog_dir=catalog)
+        for line in estimate.notices:
+            print_notice(line)
+        if plot is not None:
+            raise click.UsageError("--plot draws a run's cost; for a task file, run it first (or use --json)")
+        if json_output:
+            print_json(estimate.to_json())
+            return
+        print_task_estimate(estimate, sys.stdout)
+        return
+    result = api.run_cost(target, catalog_dir=catalog)
+    if plot is not None:
+        api.plot_runs(plot, [target], catalog_dir=catalog)
+    if json_output:
+        print_json(result.to_json())
+        return
+    print_run_cost(result, sys.stdout)
+    if plot is not None:
+        sys.stdout.write(f"wrote {plot}\n")
+
+
+@click.command()
+@click.argument("runs", nargs=-1, required=True, metavar="RUN RUN...")
+@catalog_option
+@json_option
+@plot_option
+def compare(runs: tuple[str, ...], catalog: Path | None, json_output: bool, plot: Path | None) -> None:
+    """Runs side by side: cloud mix, hours, cost, energy, CO2e, final metric, cost per unit of improvement."""
+    from skygreen import api
+
+    rows = api.compare(list(runs), catalog_dir=catalog)
+    if plot is not None:
+        api.plot_runs(plot, [r.record.run_id for r in rows], catalog_dir=catalog)
+    if json_output:
+        print_json([r.to_json() for r in rows])
+        return
+    from skygreen.costs.report import print_compare
+
+    print_compare(rows, sys.stdout)
+    if plot is not None:
+        sys.stdout.write(f"wrote {plot}\n")
+
+
+@click.command()
+@run_argument
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where to write the page (default: RUN-report.html here).",
+)
+@catalog_option
+def report(run: str, output: Path | None, catalog: Path | None) -> None:
+    """Write one self-contained HTML page about a run: figures, segments, energy, task and plan."""
+    from skygreen import api
+
+    path = api.write_report(run, output, catalog_dir=catalog)
+    sys.stdout.write(f"wrote {path}\n")
+
+
+@click.command()
+@click.argument("trace", type=click.Path(path_type=Path), metavar="TRACE")
+@click.option(
+    "--hours", "hours", required=True, help="Compute the job needs on its full set of nodes: 48h, 90m, or hours."
+)
+@click.option("--deadline", required=True, help="Time from the start to the deadline: 72h, or hours.")
+@click.option(
+    "--changeover",
+    required=True,
+    help="Delay of each switch (provisioning, setup, work lost since the last checkpoint): 0.3h, 18m.",
+)
+@click.option("--policy", required=True, help="greedy, uniform_progress, skygreen, optimum, on_demand, or all.")
+@click.option("--nodes", type=int, default=None, help="Gang size (default: the trace's metadata.nodes, else 1).")
+@click.option("--zone", default=None, help="The zone column of a multi-zone capacity CSV.")
+@click.option(
+    "--spot-price", type=float, default=None, help="Spot USD per node-hour (default: the trace's, else the catalog's)."
+)
+@click.option(
+    "--on-demand-price", type=float, default=None, help="On-demand USD per node-hour (default: the catalog's)."
+)
+@click.option("--start", "start", default="0", help="Where in the trace the job starts: 100h, or hours (default 0).")
+@catalog_option
+@json_option
+def simulate(
+    trace: Path,
+    hours: str,
+    deadline: str,
+    changeover: str,
+    policy: str,
+    nodes: int | None,
+    zone: str | None,
+    spot_price: float | None,
+    on_demand_price: float | None,
+    start: str,
+    catalog: Path | None,
+    json_output: bool,
+) -> None:
+    """Replay a spot availability trace against deadline policies: cost, finish time, spot and on-demand hours."""
+    from skygreen import api
+    from skygreen.deadline.report import print_report
+
+    result = api.simulate(
+        trace,
+        hours=hours,
+        deadline=deadline,
+        changeover=changeover,
+        policy=policy,
+        nodes=nodes,
+        zone=zone,
+        spot_price=spot_price,
+        on_demand_price=on_demand_price,
+        start=start,
+        catalog_dir=catalog,
+    )
+    if json_output:
+        print_json([o.to_json() for o in result.outcomes])
+    else:
+        print_report(result, sys.stdout)
+
+
+@click.command()
+@json_option
+def power(json_output: bool) -> None:
+    """The GPUs here: current, default, min and max power limits, and skygreen's caps on them."""
+    from skygreen import api
+    from skygreen.power.report import print_gpus
+
+    report = api.power_gpus()
+    if json_output:
+        print_json(report)
+    else:
+        print_gpus(report, sys.stdout)

@@ -1,0 +1,52 @@
+"""What the `skygreen` commands share: the context, common arguments and options, and output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+# click, not Typer: Typer builds its parameters through pydantic (about 0.3 s of imports),
+# which would eat a third of `skygreen plan`'s one-second budget.
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def task_argument(f):
+    return click.argument("task", type=click.Path(path_type=Path), metavar="TASK")(f)
+
+
+def catalog_option(f):
+    return click.option(
+        "--catalog",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Catalog directory holding <cloud>/vms.csv (default: $SKYGREEN_CATALOG_DIR, "
+        "else ~/.sky/catalogs/v8, else the embedded price table).",
+    )(f)
+
+
+def json_option(f):
+    return click.option("--json", "json_output", is_flag=True, help="Print machine-readable JSON.")(f)
+
+
+def run_argument(f):
+    return click.argument("run", metavar="RUN")(f)
+
+
+def print_json(data: object) -> None:
+    """JSON on stdout, one document, for scripts."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def print_notice(line: str) -> None:
+    """A one-line remark for the user on stderr, so `--json` output stays clean."""
+    sys.stderr.write(f"note: {line}\n")
+
+
+def plot_option(f):
+    return click.option(
+        "--plot", "plot", type=click.Path(path_type=Path), default=None,
+        help="Also draw the figures to FILE (.png, or .html for one page); needs skygreen[report].",
+    )(f)  # fmt: skip

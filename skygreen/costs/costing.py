@@ -1,0 +1,338 @@
+"""Cost on the user's machine: a run's actual cost from its ledger, a task's estimate per
+cloud, several runs side by side, and the throughput earlier runs measured.
+
+Composition: the run registry says where a run's bucket is, `skygreen.ledger` reads and prices
+its segments (`pricing.run_cost`, the one function `status`, `cost` and `compare` share), the
+catalog prices what the ledger does not know, and the planner estimates what a task would cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skygreen.checkpoint.store import OpenStore
+from skygreen.errors import CheckpointError, InputError, SkygreenError, StoreError
+from skygreen.launch.registry import Registry, RunRecord
+from skygreen.ledger.pricing import RunCost, catalog_lookup, first_metrics, run_cost
+from skygreen.ledger.records import Segment
+
+MEASURED_FILE = "measured.json"
+"""Per run, beside run.json: throughput per GPU type the ledger measured (for `plan`)."""
+
+
+# ---------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunCostReport:
+    """A run's cost with what it ran and, for local runs, what the clouds would have charged."""
+
+    record: RunRecord
+    cost: RunCost
+    segments: tuple[Segment, ...]
+    cloud_estimate: TaskEstimate | None = None
+    """For a `--local` run: the same task priced on each cloud's best offer (an estimate)."""
+    estimate_error: str | None = None
+    """Why a local run got no estimate (its task file moved, no offer fits)."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.cost.to_json()
+        data["task"] = self.record.task_path
+        data["mode"] = self.record.mode
+        if self.cloud_estimate is not None:
+            data["cloud_estimate"] = self.cloud_estimate.to_json()
+        if self.estimate_error:
+            data["cloud_estimate_error"] = self.estimate_error
+        return data
+
+
+def load_run_cost(
+    record: RunRecord, *, open_store: OpenStore, catalog_dir: Path | None = None, registry: Registry | None = None
+) -> RunCost | None:
+    """The run's cost from its ledger, or None when it has no ledger (yet). The same figure for
+    `status`, `cost` and `compare`; also refreshes the run's measured throughput for `plan`."""
+    segments = read_segments(record, open_store)
+    if not segments:
+        return None
+    lookup = _lazy_lookup(catalog_dir)
+    cost = run_cost(
+        record.run_id,
+        segments,
+        lookup=lookup,
+        storage_bytes=storage_bytes(record.checkpoint_url, open_store),
+        storage_scheme=_scheme(record.checkpoint_url),
+        managed=record.mode == "cloud",
+        cancelled=record.cancelled,
+    )
+    _save_measured(registry or Registry(), record, segments)
+    return cost
+
+
+def read_segments(record: RunRecord, open_store: OpenStore) -> list[Segment]:
+    from skygreen.ledger.io import read_ledger
+
+    try:
+        return read_ledger(open_store(record.checkpoint_url))
+    except StoreError as e:
+        raise StoreError(
+            f"run {record.run_id}: cannot read its ledger at {record.checkpoint_url}: {str(e).splitlines()[0]}"
+        ) from e
+
+
+def storage_bytes(url: str, open_store: OpenStore) -> int:
+    """Bytes of every committed checkpoint in the run's bucket now (blobs from the manifests)."""
+    from skygreen.checkpoint.manifest import iter_manifests
+
+    try:
+        return sum(info.size for m in iter_manifests(open_store(url)) for info in m.blobs.values())
+    except (StoreError, CheckpointError):
+        return 0
+
+
+def _scheme(url: str) -> str:
+    from skygreen.checkpoint.store import parse_url
+
+    return parse_url(url).scheme
+
+
+def _lazy_lookup(catalog_dir: Path | None):
+    """A catalog price lookup that reads the catalog only if a segment needs it."""
+    loaded: list[Any] = []
+
+    def lookup(place):
+        if not loaded:
+            from skygreen.plan.catalog import load_catalog
+
+            loaded.append(catalog_lookup(load_catalog(catalog_dir)))
+        return loaded[0](place)
+
+    return lookup
+
+
+def cost_of_run(
+    run_id: str, *, open_store: OpenStore, catalog_dir: Path | None = None, registry: Registry | None = None
+) -> RunCostReport:
+    registry = registry or Registry()
+    record = registry.load(run_id)
+    cost = load_run_cost(record, open_store=open_store, catalog_dir=catalog_dir, registry=registry)
+    if cost is None:
+        raise InputError(
+            f"run {run_id} has no ledger at {record.checkpoint_url}/ledger yet\n"
+            "  fix: wait for its first step (the runtime writes the ledger when training starts), "
+            "or check that the run uses this version of the skygreen runtime"
+        )
+    estimate, why = None, None
+    if cost.local:
+        try:
+            estimate = estimate_task(record.task_path, catalog_dir=catalog_dir, registry=registry)
+        except SkygreenError as e:  # the run's own cost stands without it
+            why = str(e).splitlines()[0]
+    segments = tuple(sc.segment for sc in cost.segments)
+    return RunCostReport(record=record, cost=cost, segments=segments, cloud_estimate=estimate, estimate_error=why)
+
+
+# ---------------------------------------------------------------- a task, per cloud
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CloudEstimate:
+    cloud: str
+    spot: Any | None
+    """The cloud's best spot `plan.Candidate` (cheapest run), or None."""
+    on_demand: Any | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TaskEstimate:
+    task: str
+    pick: Any | None
+    """The plan's own pick for the task as written (its constraints), or None when none fits."""
+    clouds: tuple[CloudEstimate, ...]
+    speeds: Mapping[str, str] = field(default_factory=dict)
+    """GPU -> "measured (N runs)" or "prior", for the GPUs shown."""
+    catalog_source: str = ""
+    notices: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        def cand(c):
+            return None if c is None else c.to_json()
+
+        return {
+            "task": self.task,
+            "estimate": True,
+            "pick": cand(self.pick),
+            "clouds": [{"cloud": c.cloud, "spot": cand(c.spot), "on_demand": cand(c.on_demand)} for c in self.clouds],
+            "speeds": dict(self.speeds),
+            "catalog": self.catalog_source,
+        }
+
+
+def estimate_task(
+    task_path: str | Path, *, catalog_dir: Path | None = None, registry: Registry | None = None
+) -> TaskEstimate:
+    """Cost per run on each cloud's best region and instance, spot and on-demand, the plan's
+    pick first; speeds measured by earlier runs of the task replace the shipped prior."""
+    from skygreen.errors import NoOfferError
+    from skygreen.plan.catalog import load_catalog
+    from skygreen.plan.rank import make_plan
+    from skygreen.task_checks import load_task
+
+    spec = load_task(task_path)
+    catalog = load_catalog(catalog_dir)
+    measured = measured_speeds(spec, task_path, registry=registry)
+    speeds = {gpu: value for gpu, (value, _) in measured.items()}
+    try:
+        pick = make_plan(spec, catalog, measured_speed=speeds).best
+    except NoOfferError:
+        pick = None
+    wide_green = dataclasses.replace(
+        spec.green, spot=True, on_demand_fallback=True, budget_usd=None, max_price_per_hour=None
+    )
+    wide = make_plan(dataclasses.replace(spec, green=wide_green), catalog, measured_speed=speeds)
+    per_cloud: dict[str, dict[bool, Any]] = {}
+    for c in wide.candidates:  # ranked: the first per (cloud, spot) is the best
+        per_cloud.setdefault(c.cloud, {}).setdefault(c.spot, c)
+    order = sorted(
+        per_cloud,
+        key=lambda cl: (pick is None or cl != pick.cloud, min(x.est_cost_usd for x in per_cloud[cl].values())),
+    )
+    clouds = tuple(
+        CloudEstimate(cloud=cl, spot=per_cloud[cl].get(True), on_demand=per_cloud[cl].get(False)) for cl in order
+    )
+    shown = {c.accelerator for ce in clouds for c in (ce.spot, ce.on_demand) if c is not None}
+    labels = {gpu: (f"measured ({measured[gpu][1]} runs)" if gpu in measured else "prior") for gpu in sorted(shown)}
+    return TaskEstimate(
+        task=str(task_path),
+        pick=pick,
+        clouds=clouds,
+        speeds=labels,
+        catalog_source=catalog.source,
+        notices=catalog.notices,
+    )
+
+
+# ---------------------------------------------------------------- measured throughput -> plan
+
+
+def _save_measured(registry: Registry, record: RunRecord, segments: Sequence[Segment]) -> None:
+    """Write what this run measured: samples per second per GPU (one GPU of that type), and
+    the samples the run needed when it completed."""
+    per_gpu: dict[str, list[float]] = {}
+    for s in segments:
+        if s.place.gpu and s.samples_per_s:
+            per_gpu.setdefault(s.place.gpu, []).append(s.samples_per_s / max(1, s.place.gpu_count * s.place.nodes))
+    completed = any(s.end in ("completed", "early-stopped") for s in segments)
+    data = {
+        "task_path": record.task_path,
+        "samples_per_s_per_gpu": {g: sum(v) / len(v) for g, v in per_gpu.items()},
+        "total_samples": max(s.samples for s in segments) if completed else None,
+    }
+    try:
+        from skygreen.files import write_atomic
+
+        write_atomic(registry.run_dir(record.run_id) / MEASURED_FILE, json.dumps(data, sort_keys=True) + "\n")
+    except OSError:
+        pass
+
+
+def measured_speeds(
+    spec: Any, task_path: str | Path, *, registry: Registry | None = None
+) -> dict[str, tuple[float, int]]:
+    """Relative speeds (A100 = 1.0, as `skygreen.gpus`) measured by earlier runs of this task,
+    with how many runs measured each: GPU -> (speed, runs).
+
+    A completed run says how many samples the whole job takes (S). A GPU that trains at r
+    samples per second then needs S / r / 3600 hours, and the task's `work` ({gpu_hours, on})
+    says that is work_gpu_hours x speed(on) / speed(gpu) hours: so speed(gpu) = work_gpu_hours
+    x speed(on) x 3600 x r / S. Without a completed run there is no S, and nothing is measured.
+    """
+    from skygreen.plan.cost import RunModel
+
+    registry = registry or Registry()
+    target = str(Path(task_path).resolve())
+    totals: list[int] = []
+    rates: dict[str, list[float]] = {}
+    for record in registry.list():
+        if str(Path(record.task_path).resolve()) != target:
+            continue
+        try:
+            data = json.loads((registry.run_dir(record.run_id) / MEASURED_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if data.get("total_samples"):
+            totals.append(int(data["total_samples"]))
+        for gpu, rate in (data.get("samples_per_s_per_gpu") or {}).items():
+            rates.setdefault(gpu, []).append(float(rate))
+    if not totals or not rates:
+        return {}
+    total = sorted(totals)[len(totals) // 2]
+    work = spec.green.work
+    on_speed = RunModel(work_gpu_hours=work.gpu_hours, work_on=work.on, speed=spec.green.speed).relative_speed(work.on)
+    return {gpu: (work.gpu_hours * on_speed * 3600.0 * (sum(v) / len(v)) / total, len(v)) for gpu, v in rates.items()}
+
+
+# ---------------------------------------------------------------- compare
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompareRow:
+    record: RunRecord
+    cost: RunCost
+    metric: str | None
+    improvement: float | None
+    """How much the metric got better from its first to its last report (sign-corrected)."""
+
+    @property
+    def usd_per_improvement(self) -> float | None:
+        return self.cost.total_usd / self.improvement if self.improvement else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.record.run_id,
+            "task": self.record.task_path,
+            "clouds_node_hours": self.cost.clouds,
+            "span_h": self.cost.span_h,
+            "node_hours": self.cost.node_hours,
+            "total_usd": round(self.cost.total_usd, 6),
+            "energy_kwh": self.cost.energy_kwh,
+            "co2e_kg": self.cost.co2e_kg,
+            "metric": self.metric,
+            "final_metric": self.cost.final_metrics.get(self.metric) if self.metric else None,
+            "improvement": self.improvement,
+            "usd_per_improvement": self.usd_per_improvement,
+            "preemptions": self.cost.preemptions,
+            "steps": self.cost.steps,
+        }
+
+
+def compare_runs(
+    run_ids: Sequence[str],
+    *,
+    open_store: OpenStore,
+    catalog_dir: Path | None = None,
+    registry: Registry | None = None,
+) -> list[CompareRow]:
+    registry = registry or Registry()
+    rows = []
+    for run_id in run_ids:
+        report = cost_of_run(run_id, open_store=open_store, catalog_dir=catalog_dir, registry=registry)
+        metric, mode = _metric_of(report.record)
+        metric = metric or next(iter(sorted(report.cost.final_metrics)), None)  # no early stopping: any reported metric
+        improvement = None
+        if metric and metric in report.cost.final_metrics:
+            first = first_metrics(report.segments).get(metric)
+            last = report.cost.final_metrics[metric]
+            if first is not None:
+                improvement = (first - last) if mode == "min" else (last - first)
+        rows.append(CompareRow(record=report.record, cost=report.cost, metric=metric, improvement=improvement))
+    return rows
+
+
+def _metric_of(record: RunRecord) -> tuple[str | None, str]:
+    stop = (record.spec_snapshot or {}).get("skygreen", {}).get("early_stopping") or {}
+    return stop.get("metric"), stop.get("mode", "min")

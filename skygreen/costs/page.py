@@ -1,0 +1,269 @@
+"""Figures and the one-page HTML report of runs' costs (`--plot FILE`, `skygreen report RUN`).
+
+Four panels: cost by cloud, cost by segment, spend over time, and the reported loss/metric
+curve with preemptions marked. matplotlib comes from the `report` extra and is imported only
+here, when a figure is asked for; the page is self-contained (images inlined as base64 PNG, no
+script, no network), and carries the plotted series as JSON for anyone who wants the numbers.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import itertools
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from skygreen.costs.costing import RunCostReport
+from skygreen.errors import InputError
+from skygreen.files import write_atomic
+from skygreen.ledger.records import KILLED, PREEMPTED
+
+_STYLE = (
+    "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}"
+    "pre{background:#f6f6f6;padding:1em;overflow:auto}img{max-width:100%}</style></head><body>"
+)
+CLOUD_COLORS = {"aws": "#ff9900", "gcp": "#4285f4", "azure": "#008ad7", "local": "#7f7f7f"}
+
+
+# ---------------------------------------------------------------- data (pure)
+
+
+def series(reports: Sequence[RunCostReport]) -> dict[str, Any]:
+    """Everything the panels draw, as plain numbers (also embedded in the HTML page)."""
+    out: dict[str, Any] = {"runs": []}
+    for r in reports:
+        c = r.cost
+        t0 = min((s.started_at for s in r.segments), default=0.0)
+        by_cloud: dict[str, float] = {}
+        for sc in c.segments:
+            by_cloud[sc.segment.place.cloud] = by_cloud.get(sc.segment.place.cloud, 0.0) + sc.cost_usd
+        overhead = c.controller_usd + c.storage_usd
+        spend_h, spend_usd, total = [0.0], [0.0], 0.0
+        for sc in c.segments:
+            s = sc.segment
+            spend_h += [(s.started_at - t0) / 3600, (s.last_at - t0) / 3600]
+            spend_usd += [total, total + sc.cost_usd]
+            total += sc.cost_usd
+        metrics = {}
+        for name in sorted({m for s in r.segments for m in s.metrics}):
+            points = sorted((p for s in r.segments for p in s.metrics.get(name, ())), key=lambda p: (p[1], p[0]))
+            metrics[name] = {"step": [p[0] for p in points], "value": [p[2] for p in points]}
+        preempted_at = [
+            nxt.start_step for prev, nxt in itertools.pairwise(r.segments) if prev.end in (PREEMPTED, KILLED)
+        ]
+        out["runs"].append({
+            "run_id": c.run_id,
+            "cost_by_cloud_usd": by_cloud,
+            "overhead_usd": overhead,
+            "segments": [{"segment": sc.segment.segment, "cloud": sc.segment.place.cloud, "label": sc.segment.place.label,
+                          "cost_usd": sc.cost_usd, "end": sc.segment.end} for sc in c.segments],
+            "spend_hours": spend_h,
+            "spend_usd": spend_usd,
+            "total_usd": c.total_usd,
+            "metrics": metrics,
+            "preempted_at_step": preempted_at,
+        })  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------- figures (matplotlib)
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise InputError(
+            "plots need matplotlib, which is not installed\n  fix: pip install 'skygreen[report]'"
+        ) from None
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure
+
+    return Figure
+
+
+def build_figure(reports: Sequence[RunCostReport]):
+    """One figure, four panels; returns the matplotlib Figure (tests read its data back)."""
+    Figure = _matplotlib()
+    data = series(reports)
+    fig = Figure(figsize=(13, 8.5), dpi=100, layout="constrained")
+    ax_cloud, ax_seg, ax_spend, ax_loss = fig.subplots(2, 2).flat
+    _cost_by_cloud(ax_cloud, data)
+    _cost_by_segment(ax_seg, data)
+    _spend(ax_spend, data)
+    _loss(ax_loss, data)
+    names = ", ".join(r["run_id"] for r in data["runs"])
+    fig.suptitle(f"skygreen cost: {names}", fontsize=13)
+    return fig
+
+
+def _cost_by_cloud(ax, data) -> None:
+    clouds = sorted({cl for r in data["runs"] for cl in r["cost_by_cloud_usd"]})
+    runs = data["runs"]
+    width = 0.8 / max(1, len(runs))
+    for i, r in enumerate(runs):
+        xs = [j + i * width for j in range(len(clouds))]
+        ys = [r["cost_by_cloud_usd"].get(cl, 0.0) for cl in clouds]
+        bars = ax.bar(xs, ys, width=width, label=r["run_id"], color=[CLOUD_COLORS.get(cl, "#999") for cl in clouds],
+                      edgecolor="black", hatch=["", "//", "xx", ".."][i % 4])  # fmt: skip
+        ax.bar_label(bars, labels=[f"${y:,.2f}" for y in ys], fontsize=8)
+    ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(clouds))], clouds)
+    ax.set_ylabel("compute cost (USD)")
+    ax.set_title("Cost by cloud (controller and storage not included)")
+    if len(runs) > 1:
+        ax.legend(fontsize=8)
+
+
+def _cost_by_segment(ax, data) -> None:
+    labels, ys, colors = [], [], []
+    for r in data["runs"]:
+        for s in r["segments"]:
+            labels.append(f"{r['run_id'][-9:]}#{s['segment']}\n{s['cloud']} ({s['end']})")
+            ys.append(s["cost_usd"])
+            colors.append(CLOUD_COLORS.get(s["cloud"], "#999"))
+    bars = ax.bar(range(len(ys)), ys, color=colors, edgecolor="black")
+    ax.bar_label(bars, labels=[f"${y:,.2f}" for y in ys], fontsize=8)
+    ax.set_xticks(range(len(ys)), labels, fontsize=7)
+    ax.set_ylabel("cost (USD)")
+    ax.set_title("Cost by segment (one VM lifetime each)")
+
+
+def _spend(ax, data) -> None:
+    for r in data["runs"]:
+        label = f"{r['run_id']}: compute ${r['spend_usd'][-1]:,.2f} (run total with controller and storage ${r['total_usd']:,.2f})"
+        ax.plot(r["spend_hours"], r["spend_usd"], marker="o", markersize=3, label=label)
+    ax.set_xlabel("hours since the run started")
+    ax.set_ylabel("compute spend so far (USD)")
+    ax.set_title("Spend over time")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def _loss(ax, data) -> None:
+    drawn = False
+    for r in data["runs"]:
+        for name, points in r["metrics"].items():
+            ax.plot(points["step"], points["value"], marker=".", label=f"{r['run_id']} {name}")
+            drawn = True
+        for i, step in enumerate(r["preempted_at_step"]):
+            ax.axvline(
+                step, color="red", linestyle="--", linewidth=1, label="preempted (resumed here)" if i == 0 else None
+            )
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("reported metric")
+    ax.set_title("Loss / metric with preemptions")
+    if drawn or any(r["preempted_at_step"] for r in data["runs"]):
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no metric reported (run.report(...))", ha="center", va="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+
+
+def figure_png(reports: Sequence[RunCostReport]) -> bytes:
+    buf = io.BytesIO()
+    build_figure(reports).savefig(buf, format="png")
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_plot(path: Path, reports: Sequence[RunCostReport]) -> None:
+    """`--plot FILE`: a PNG, or (for .html/.htm) the one-page report."""
+    suffix = Path(path).suffix.lower()
+    if suffix in (".html", ".htm"):
+        write_atomic(Path(path), html_page(reports))
+    elif suffix == ".png":
+        write_atomic(Path(path), figure_png(reports))
+    else:
+        raise InputError(f"--plot {path}: unknown file type {suffix or '(none)'}\n  fix: end the name in .png or .html")
+
+
+def html_page(reports: Sequence[RunCostReport], *, task_text: str | None = None, plan: Any = None) -> str:
+    """One self-contained page: the figure, the segment table, energy, the task and its plan."""
+    png = base64.b64encode(figure_png(reports)).decode("ascii")
+    title = "skygreen report: " + ", ".join(r.cost.run_id for r in reports)
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title>",
+        _STYLE,
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.</p>",
+        f"<img id='figure' alt='cost by cloud, cost by segment, spend over time, loss with preemptions' src='data:image/png;base64,{png}'>",
+    ]
+    for r in reports:
+        parts += _run_section(r)
+    if task_text is not None:
+        parts += ["<h2>Task</h2>", f"<pre id='task'>{html.escape(task_text)}</pre>"]
+    if plan:
+        parts += _plan_section(plan)
+    parts.append(
+        f"<script type='application/json' id='series'>{html.escape(json.dumps(series(reports)), quote=False)}</script>"
+    )
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _run_section(r: RunCostReport) -> list[str]:
+    c = r.cost
+    rows = "".join(
+        f"<tr><td>{sc.segment.segment}</td><td class='l'>{html.escape(sc.segment.place.label)}</td>"
+        f"<td>{sc.segment.duration_s / 3600:.4f}</td><td class='l'>{sc.segment.end}</td><td>{sc.segment.start_step}&rarr;{sc.segment.step}</td>"
+        f"<td>{'-' if sc.price_usd_per_hour is None else f'{sc.price_usd_per_hour:.4f}'}</td><td>${sc.cost_usd:,.4f}</td>"
+        f"<td>{'-' if sc.energy_kwh is None else f'{sc.energy_kwh:.4f}'}</td><td>{'-' if sc.co2e_kg is None else f'{sc.co2e_kg:.4f}'}</td></tr>"
+        for sc in c.segments
+    )
+    energy = (
+        f"{c.energy_kwh:.4f} kWh (GPU boards as metered by the runtime, times the cloud's PUE), {c.co2e_kg:.4f} kg CO2e"
+        if c.energy_kwh is not None
+        else "No energy was metered (CPU, or a GPU without NVML's total-energy counter)."
+    )
+    return [
+        f"<h2>Run {html.escape(c.run_id)}</h2>",
+        f"<p class='total'>Total <b>${c.total_usd:,.4f}</b>: compute ${c.compute_usd:,.4f}, controller ${c.controller_usd:,.4f}, "
+        f"storage ${c.storage_usd:,.4f}. {c.steps} steps"
+        + (f", {c.epochs:.2f} epochs" if c.epochs else "")
+        + f"; {c.preemptions} preemption(s) cost {c.lost_s:.0f} s (${c.lost_usd:,.4f}).</p>",
+        (
+            "<table class='segments'><tr><th>#</th><th class='l'>where</th><th>hours</th><th class='l'>end</th>"
+            f"<th>steps</th><th>$/node-h</th><th>cost</th><th>kWh</th><th>kg CO2e</th></tr>{rows}</table>"
+        ),
+        f"<h3>Energy</h3><p class='energy'>{html.escape(energy)}</p>",
+        "<h3>Assumptions</h3><ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in c.assumptions) + "</ul>",
+    ]
+
+
+def _plan_section(plan: Any) -> list[str]:
+    offers = plan.get("offers", ())
+    rows = "".join(
+        f"<tr><td class='l'>{html.escape(str(o.get('cloud')))}</td><td class='l'>{html.escape(str(o.get('region')))}</td>"
+        f"<td class='l'>{html.escape(str(o.get('instance_type')))}</td><td class='l'>{html.escape(str(o.get('accelerator')))}x{o.get('accelerator_count')}</td>"
+        f"<td class='l'>{'spot' if o.get('spot') else 'on-demand'}</td><td>{float(o.get('price_usd_per_hour', 0)):.4f}</td>"
+        f"<td>{float(o.get('est_hours', 0)):.2f}</td><td>${float(o.get('est_cost_usd', 0)):,.2f}</td></tr>"
+        for o in offers
+    )
+    reason = "".join(f"<p>{html.escape(line)}</p>" for line in plan.get("reason", ()))
+    return [
+        "<h2>The plan it ran on</h2>",
+        reason,
+        (
+            "<table class='plan'><tr><th class='l'>cloud</th><th class='l'>region</th><th class='l'>instance</th>"
+            f"<th class='l'>GPUs</th><th class='l'>kind</th><th>$/h</th><th>est. h</th><th>est. cost</th></tr>{rows}</table>"
+        ),
+    ]
+
+
+def write_report(report: RunCostReport, path: Path) -> Path:
+    """`skygreen report RUN`: the page, with the run's rendered task and its plan."""
+    try:
+        task_text = Path(report.record.task_yaml).read_text(encoding="utf-8")
+    except OSError:
+        task_text = None
+    write_atomic(Path(path), html_page([report], task_text=task_text, plan=report.record.plan_summary))
+    return Path(path)

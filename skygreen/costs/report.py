@@ -1,0 +1,127 @@
+"""Plain-text views of costs for the terminal: `skygreen cost RUN|TASK` and `skygreen compare`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
+
+
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:,.4f}" if 0 < abs(value) < 0.01 else f"${value:,.2f}"
+
+
+def _num(value: float | None, fmt: str = "{:,.3f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _table(rows: Sequence[Sequence[str]], out: TextIO, indent: str = "  ") -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def _when(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(unix_s))
+
+
+def print_run_cost(report: RunCostReport, out: TextIO) -> None:
+    c = report.cost
+    kind = "local run" if c.local else "cloud run"
+    last = report.segments[-1] if report.segments else None
+    state = f"{last.end} at step {c.steps}" if last else "no segments"
+    epochs = f" (epoch {c.epochs:.2f})" if c.epochs is not None else ""
+    out.write(f"run {c.run_id}: {kind}, {len(report.segments)} segment(s), {state}{epochs}\n")
+    rows = [("#", "where", "started (UTC)", "hours", "ended", "steps", "$/node-h", "cost", "energy kWh")]
+    for sc in c.segments:
+        s = sc.segment
+        price = (
+            "-"
+            if sc.price_usd_per_hour is None
+            else f"{sc.price_usd_per_hour:.4f}" + ("*" if sc.price_source == "catalog" else "")
+        )
+        rows.append((str(s.segment), s.place.label, _when(s.started_at), f"{s.duration_s / 3600:.4f}", s.end,
+                     f"{s.start_step}->{s.step}", price, _usd(sc.cost_usd), _num(sc.energy_kwh)))  # fmt: skip
+    _table(rows, out)
+    if any(sc.price_source == "catalog" for sc in c.segments):
+        out.write("  * price looked up in the catalog now (the segment did not carry its launch price)\n")
+    out.write(
+        f"total {_usd(c.total_usd)}: compute {_usd(c.compute_usd)}, controller {_usd(c.controller_usd)}, storage {_usd(c.storage_usd)}\n"
+    )
+    out.write(f"per completed step {_usd(c.cost_per_step_usd)}; per epoch {_usd(c.cost_per_epoch_usd)}\n")
+    energy = "not metered (CPU, or no GPU energy counter)" if c.energy_kwh is None else f"{c.energy_kwh:.4f} kWh"
+    co2 = "-" if c.co2e_kg is None else f"{c.co2e_kg:.4f} kg CO2e"
+    out.write(f"energy {energy}; {co2}\n")
+    out.write(
+        f"preemptions {c.preemptions}: {c.lost_s:.0f} s of work lost to restarts and redone steps ({_usd(c.lost_usd)})\n"
+    )
+    if c.unpriced_segments:
+        out.write(f"warning: {c.unpriced_segments} segment(s) ran on an offer with no known price and count $0\n")
+    out.write("assumptions:\n")
+    for line in c.assumptions:
+        out.write(f"  - {line}\n")
+    if report.estimate_error:
+        out.write(f"\nno estimate on the clouds: {report.estimate_error}\n")
+    if report.cloud_estimate is not None:
+        out.write("\nESTIMATE, not a bill: the same task on each cloud's best offer\n")
+        print_task_estimate(report.cloud_estimate, out, header=False)
+
+
+def _cand(c: Any) -> tuple[str, ...]:
+    if c is None:
+        return ("-", "-", "-", "-")
+    return (
+        f"{c.region} {c.instance_type} ({c.accelerator}x{c.accelerator_count})",
+        f"{c.price_usd_per_hour:.3f}",
+        f"{c.est_hours:.2f}",
+        _usd(c.est_cost_usd),
+    )
+
+
+def print_task_estimate(est: TaskEstimate, out: TextIO, *, header: bool = True) -> None:
+    if header:
+        out.write(f"estimated cost per run of {est.task} (catalog: {est.catalog_source})\n")
+    if est.pick is not None:
+        p = est.pick
+        out.write(f"plan's pick: {p.label}: {_usd(p.est_cost_usd)} in {p.est_hours:.2f} h\n")
+    else:
+        out.write(
+            "plan's pick: none within the task's constraints (budget, max price); per-cloud figures below ignore them\n"
+        )
+    rows: list[tuple[str, ...]] = [
+        ("cloud", "best spot offer", "$/h", "est. h", "est. cost", "best on-demand offer", "$/h", "est. h", "est. cost")
+    ]
+    for ce in est.clouds:
+        rows.append((ce.cloud, *_cand(ce.spot), *_cand(ce.on_demand)))
+    _table(rows, out)
+    speeds = ", ".join(f"{gpu} {kind}" for gpu, kind in est.speeds.items())
+    out.write(f"speeds: {speeds}\n")
+
+
+def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
+    table = [
+        (
+            "run",
+            "clouds (node-h)",
+            "hours",
+            "cost",
+            "energy kWh",
+            "CO2e kg",
+            "metric",
+            "final",
+            "improved",
+            "$ per unit",
+        )
+    ]
+    for r in rows:
+        c = r.cost
+        mix = ", ".join(f"{cloud} {h:.3f}" for cloud, h in sorted(c.clouds.items()))
+        final = c.final_metrics.get(r.metric) if r.metric else None
+        table.append((r.record.run_id, mix, f"{c.span_h:.3f}", _usd(c.total_usd), _num(c.energy_kwh), _num(c.co2e_kg),
+                      r.metric or "-", _num(final, "{:.4f}"), _num(r.improvement, "{:.4f}"), _usd(r.usd_per_improvement)))  # fmt: skip
+    _table(table, out, indent="")
+    out.write("$ per unit: total cost / (first - last reported metric), for min metrics; local runs cost $0\n")

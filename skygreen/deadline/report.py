@@ -1,0 +1,44 @@
+"""`skygreen simulate`'s table: the job, the grid, the prices, then one row per policy."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from skygreen.deadline.compare import Simulation
+from skygreen.deadline.simulate import on_demand_only
+
+
+def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
+    g, job, p = sim.grid, sim.job, sim.prices
+    name = sim.trace.name if len(sim.zones) == 1 else f"{sim.trace.name.rsplit(':', 1)[0]} zones {', '.join(sim.zones)}"
+    out.write(f"trace: {name} (tick {sim.trace.gap_s:g} s, {sim.trace.span_h:.0f} h)\n")
+    if len(sim.zones) > 1:
+        out.write(
+            "zones: spot in any of them; a preemption in one zone moves the job (a new changeover); "
+            "the optimum moves between zones for free (a lower bound)\n"
+        )
+    out.write(
+        f"job: {job.compute_h:g} h of compute on {sim.nodes} node(s), deadline {job.deadline_h:g} h, "
+        f"changeover {job.changeover_h:.3g} h, from {sim.start_h:g} h into the trace\n"
+    )
+    out.write(
+        f"grid: a decision every {g.dt_h * 60:.3g} min; compute {g.job.compute_h:.4g} h, deadline {g.job.deadline_h:.4g} h, "
+        f"changeover {g.job.changeover_h:.3g} h in whole steps\n"
+    )
+    out.write(
+        f"prices per node-hour: spot ${p.spot_usd_per_node_hour:.4g}, on-demand ${p.on_demand_usd_per_node_hour:.4g} "
+        f"({sim.price_source}); spot available {sim.spot_fraction:.0%} of the time until the deadline"
+        f"{' in some zone' if len(sim.zones) > 1 else ''}\n"
+    )
+    base = on_demand_only(g, p).cost_usd
+    header = f"{'policy':<17} {'cost':>10} {'vs OD':>6} {'finish h':>9} {'deadline':>8} {'spot h':>8} {'OD h':>7} {'switches':>8}\n"
+    out.write(header)
+    for o in sim.outcomes:
+        finish = f"{o.finish_h:9.2f}" if o.finish_h is not None else f"{'-':>9}"
+        ratio = f"{o.cost_usd / base:6.2f}" if base > 0 else f"{'-':>6}"
+        met = "met" if o.deadline_met else "MISSED"
+        out.write(
+            f"{o.policy:<17} {'$' + format(o.cost_usd, ',.2f'):>10} {ratio} {finish} {met:>8} "
+            f"{o.spot_h:8.2f} {o.on_demand_h:7.2f} {o.switches:8d}\n"
+        )

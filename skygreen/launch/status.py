@@ -1,0 +1,170 @@
+"""A run's state on this machine: its launcher's view joined with the progress in its bucket.
+
+`skygreen status` and `resume`'s checks read runs through here. Stores, launchers and the
+registry come in through a `Wiring` (`skygreen.launch.wiring`); this module imports no adapter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from skygreen.checkpoint.manifest import Manifest, latest_manifest
+from skygreen.errors import BucketUnreachableError, CheckpointError, LaunchError, StoreError
+from skygreen.launch.bucket import within_deadline
+from skygreen.launch.launcher import JobStatus
+from skygreen.launch.registry import RunRecord
+from skygreen.launch.spend import run_spend
+from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
+
+BUDGET_STATE = "budget"
+"""The runtime's checkpoint state when it stopped at `budget_usd` (shown as BUDGET)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunStatus:
+    """One run's state: the launcher's view joined with the progress in its bucket."""
+
+    run_id: str
+    task: str
+    mode: str
+    state: str
+    detail: str | None
+    job_id: str | None
+    launches: int
+    step: int | None
+    """Step of the latest committed checkpoint."""
+    model_sha256: str | None
+    checkpoint_at: str | None
+    completed: bool
+    """The runtime committed its final checkpoint (manifest meta state "completed")."""
+    preemptions: int | None
+    """Preemptions the runtime counted (SIGTERMs and notices), across launches."""
+    recoveries: int
+    """Relaunches by SkyPilot's job recovery plus `skygreen resume`s."""
+    spend_usd: float | None
+    spend_estimated: bool
+    """True when the price is the plan's best offer, not the offer the job landed on."""
+    energy_kwh: float | None
+    wall_s: float | None
+    checkpoint_interval_s: float | None
+    """The interval the runtime last chose (fixed, or `auto`'s Daly optimum)."""
+    where: str | None
+    checkpoint_url: str
+    progress_error: str | None = None
+    unreachable_bucket: str | None = None
+    """The checkpoint URL, when its bucket did not answer (`progress_error` says how)."""
+    energy: dict[str, Any] | None = None
+    """`skygreen.power.statement.EnergyReport` as JSON: GPU and facility kWh, PUE, CO2e, method, cap."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def status(run_id: str | None = None, *, wiring: Wiring) -> list[RunStatus]:
+    """The named run, or every run on this machine (newest last)."""
+    records = [wiring.registry.load(run_id)] if run_id else wiring.registry.list()
+    unreachable: dict[str, str] = {}  # one wait per bucket that does not answer, not one per run
+    return [run_status(record, wiring=wiring, unreachable=unreachable) for record in records]
+
+
+def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] | None = None) -> RunStatus:
+    """One run's state: its launcher's view joined with the progress in its bucket."""
+    registry = wiring.registry
+    job, job_error = _job_status(record, wiring)
+    unreachable = {} if unreachable is None else unreachable
+    manifest, progress_error = _progress(record, wiring, unreachable)
+    meta = dict(manifest.meta) if manifest else {}
+    state = job.state.value if job else record.state
+    detail = job_error or (job.detail if job else None)
+    if job and job.failure_reason:
+        detail = f"{detail}: {job.failure_reason}" if detail else job.failure_reason
+    if job and job.state.value != record.state:
+        registry.save(dataclasses.replace(record, state=job.state.value))
+    spend, estimated = run_spend(
+        record, job, job_status_of=lambda job_id: _job_status_of(record, job_id, wiring), open_store=wiring.open_store
+    )
+    energy_j = meta.get("energy_j")
+    if meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
+        state, detail = (
+            BUDGET_STATE.upper(),
+            f"stopped at its budget; raise it with `skygreen resume {record.run_id} --budget-usd N`",
+        )
+    return RunStatus(
+        run_id=record.run_id,
+        task=record.task_path,
+        mode=record.mode,
+        state=state,
+        detail=detail,
+        job_id=record.job_id,
+        launches=len(record.launches),
+        step=manifest.step if manifest else None,
+        model_sha256=manifest.model_sha256 if manifest else None,
+        checkpoint_at=manifest.created_at if manifest else None,
+        completed=meta.get("state") == "completed",
+        preemptions=_int_or_none(meta.get("preemptions")),
+        recoveries=(job.recovery_count if job else 0) + max(0, len(record.launches) - 1),
+        spend_usd=spend,
+        spend_estimated=estimated,
+        energy_kwh=None if energy_j is None else float(energy_j) / 3.6e6,
+        wall_s=_float_or_none(meta.get("wall_s")),
+        checkpoint_interval_s=_float_or_none(meta.get("checkpoint_interval_s")),
+        where=_where(job),
+        checkpoint_url=record.checkpoint_url,
+        progress_error=progress_error,
+        unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
+        energy=_energy(meta, job if record.mode != LOCAL else None) if manifest else None,
+    )
+
+
+def _energy(meta: Mapping[str, Any], job: JobStatus | None) -> dict[str, Any]:
+    from skygreen.power.statement import energy_report
+
+    return energy_report(meta, cloud=job.cloud if job else None, region=job.region if job else None).to_json()
+
+
+def _job_status(record: RunRecord, wiring: Wiring) -> tuple[JobStatus | None, str | None]:
+    if record.job_id is None:
+        return None, None
+    try:
+        return launcher_for(record, wiring).status(record.job_id), None
+    except LaunchError as e:
+        return None, str(e).splitlines()[0]
+
+
+def _progress(record: RunRecord, wiring: Wiring, unreachable: dict[str, str]) -> tuple[Manifest | None, str | None]:
+    """The run's latest committed checkpoint (no torch involved), or None and a one-line error.
+    `unreachable` maps the buckets that did not answer to their error, filled in here and
+    skipped after."""
+    if record.bucket in unreachable:
+        return None, unreachable[record.bucket]
+    try:
+        return within_deadline(record.bucket, lambda: latest_manifest(wiring.open_store(record.checkpoint_url))), None
+    except BucketUnreachableError as e:
+        unreachable[record.bucket] = str(e)
+        return None, str(e)
+    except (StoreError, CheckpointError) as e:
+        return None, str(e).splitlines()[0]
+
+
+def _job_status_of(record: RunRecord, job_id: str, wiring: Wiring) -> JobStatus | None:
+    try:
+        return launcher_for(record, wiring).status(job_id)
+    except LaunchError:
+        return None
+
+
+def _where(job: JobStatus | None) -> str | None:
+    if job is None or job.cloud is None:
+        return None
+    return "/".join(p for p in (job.cloud, job.region) if p)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,147 @@
+"""Budgets on the VM: spend so far from the ledger, alerts as it grows, a clean stop at 100%.
+
+Spend so far is `skygreen.ledger.pricing.run_cost` over the earlier segments (read from the
+ledger when this VM started) plus this segment up to now: the same function `skygreen cost`
+and `status` use, so the runtime stops at the figure the user will see. Prices come from the
+segment's own place (the plan's offer rendered into the job), never from SkyPilot.
+
+Alerts fire once each as spend crosses a fraction of the budget (default 50%, 80%, 100%),
+and once per segment when the burn rate (dollars per hour on this VM, controller included)
+exceeds `burn_usd_per_hour`. Each goes to the log and, when configured, as a small JSON POST
+to a webhook (its URL read from an environment variable, so it never sits in a file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from skygreen.ledger.pricing import CONTROLLER_USD_PER_HOUR, run_cost
+from skygreen.ledger.records import Segment
+
+log = logging.getLogger("skygreen.runtime")
+
+DEFAULT_ALERT_FRACTIONS: tuple[float, ...] = (0.5, 0.8, 1.0)
+WEBHOOK_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BudgetPolicy:
+    budget_usd: float | None = None
+    alert_fractions: tuple[float, ...] = DEFAULT_ALERT_FRACTIONS
+    burn_usd_per_hour: float | None = None
+    webhook_url: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget_usd is not None and not self.budget_usd > 0:
+            raise ValueError(f"budget_usd must be > 0, got {self.budget_usd}")
+        if any(not 0 < f <= 1 for f in self.alert_fractions):
+            raise ValueError(f"alert fractions must be in (0, 1], got {self.alert_fractions}")
+
+    @property
+    def active(self) -> bool:
+        return self.budget_usd is not None or self.burn_usd_per_hour is not None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Alert:
+    kind: str
+    """"budget" (a fraction crossed) or "burn" (spend per hour above the threshold)."""
+    run_id: str
+    spent_usd: float
+    budget_usd: float | None
+    fraction: float | None
+    burn_usd_per_hour: float
+    message: str
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "run_id": self.run_id,
+            "spent_usd": round(self.spent_usd, 4),
+            "budget_usd": self.budget_usd,
+            "fraction": self.fraction,
+            "burn_usd_per_hour": round(self.burn_usd_per_hour, 4),
+            "message": self.message,
+        }
+
+
+class BudgetTracker:
+    """Decides alerts and the stop from spend; pure apart from the clock it is handed."""
+
+    def __init__(self, policy: BudgetPolicy, *, earlier: Sequence[Segment], managed: bool = True) -> None:
+        self.policy = policy
+        self.earlier = list(earlier)
+        self.managed = managed
+        self._fired: set[float] = set()
+        self._burn_fired = False
+        self._primed = False
+
+    def spent_usd(self, current: Segment, now_s: float) -> float:
+        live = replace(current, updated_at=max(now_s, current.started_at))
+        return run_cost(current.run_id, [*self.earlier, live], managed=self.managed).total_usd
+
+    def burn_usd_per_hour(self, current: Segment) -> float:
+        place = current.place
+        burn = (place.price_usd_per_hour or 0.0) * place.nodes
+        if self.managed and place.cloud != "local":
+            burn += CONTROLLER_USD_PER_HOUR.get(place.cloud, 0.0)
+        return burn
+
+    def check(self, current: Segment, now_s: float) -> tuple[list[Alert], bool]:
+        """(new alerts, stop now?). Fractions already passed before this VM started are noted
+        once, not sent again: the previous VM sent them."""
+        p = self.policy
+        spent = self.spent_usd(current, now_s)
+        burn = self.burn_usd_per_hour(current)
+        alerts = []
+        if p.burn_usd_per_hour is not None and not self._burn_fired and burn > p.burn_usd_per_hour:
+            self._burn_fired = True
+            alerts.append(Alert(
+                kind="burn", run_id=current.run_id, spent_usd=spent, budget_usd=p.budget_usd, fraction=None, burn_usd_per_hour=burn,
+                message=f"run {current.run_id} burns ${burn:.2f}/h on {current.place.label}, above the alert threshold ${p.burn_usd_per_hour:g}/h",
+            ))  # fmt: skip
+        if p.budget_usd is None:
+            return alerts, False
+        fraction_now = spent / p.budget_usd
+        if not self._primed:
+            self._primed = True
+            prior = self.spent_usd(current, current.started_at) / p.budget_usd
+            self._fired.update(f for f in p.alert_fractions if prior >= f and f < 1.0)
+        for f in sorted(p.alert_fractions):
+            if fraction_now >= f and f not in self._fired:
+                self._fired.add(f)
+                alerts.append(Alert(
+                    kind="budget", run_id=current.run_id, spent_usd=spent, budget_usd=p.budget_usd, fraction=f, burn_usd_per_hour=burn,
+                    message=f"run {current.run_id} has spent ${spent:.2f} of its ${p.budget_usd:g} budget ({f:.0%})",
+                ))  # fmt: skip
+        return alerts, fraction_now >= 1.0
+
+
+def stop_message(run_id: str, spent_usd: float, budget_usd: float) -> str:
+    return (
+        f"run {run_id} reached its budget: ${spent_usd:.2f} of ${budget_usd:g}; checkpoint committed, training stopped\n"
+        f"  fix: raise the budget and continue: `skygreen resume {run_id} --budget-usd {budget_usd * 2:g}` "
+        "(or raise skygreen.budget_usd for new runs)"
+    )
+
+
+def send(alert: Alert, webhook_url: str | None, *, post: Callable[[str, bytes], None] | None = None) -> None:
+    """Log the alert; POST it to the webhook when there is one. A webhook failure is a warning."""
+    log.warning("budget alert: %s", alert.message)
+    if not webhook_url:
+        return
+    try:
+        (post or _post)(webhook_url, json.dumps(alert.to_json()).encode("utf-8"))
+    except (OSError, urllib.error.URLError, ValueError) as e:
+        log.warning("budget alert webhook failed: %s", e)
+
+
+def _post(url: str, body: bytes) -> None:
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:
+        response.read()

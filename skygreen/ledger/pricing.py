@@ -1,0 +1,335 @@
+"""What a run cost, from its ledger: the one function behind `status`, `cost` and `compare`.
+
+    compute    = sum over segments of price_usd_per_hour x duration_h x nodes
+    controller = the managed-jobs controller VM's price x (the run's span + its 10 min autostop)
+    storage    = checkpoint bytes kept x the bucket's $/GB-month x the run's span
+    total      = compute + controller + storage
+
+Assumptions (printed with every cost, `RunCost.assumptions`):
+- A segment's duration is the runtime's lifetime on that VM, from the training process's
+  start to its end (or, for a VM killed without warning, to its last ledger update, at most
+  one checkpoint interval early). Provisioning and `setup` before the process starts are not
+  seen: SkyPilot reports no per-job cost or VM lifetime.
+- The price is the catalog price of the offer the segment ran on: rendered into the job at
+  launch (the plan's offer), else looked up in the catalog now. Real bills differ (the catalog
+  refreshes about every 7 h; disk, egress and requests are not counted).
+- The controller serves this run alone (an upper bound: it is shared by every managed job of
+  the user), on the cloud of the run's first segment, at the list price of SkyPilot's default
+  controller size (4 vCPU, 16 GiB: `sky/jobs/constants.py`), and stops 10 minutes after the run.
+- Storage: the checkpoint bytes in the bucket now, for the whole span, standard class.
+- Energy: what the runtime metered (GPU boards only), times the cloud's PUE; CO2e with the
+  region's grid intensity (`skygreen.carbon`).
+
+Pure: segments, prices and sizes are passed in.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from skygreen.ledger.records import BUDGET, CANCELLED, KILLED, PREEMPTED, Place, Segment
+from skygreen.plan import carbon
+from skygreen.plan.cost import PUE
+
+CONTROLLER_USD_PER_HOUR: Mapping[str, float] = {"aws": 0.192, "gcp": 0.194, "azure": 0.192}
+"""On-demand list prices (us-east-1 m6i.xlarge, us-central1 n2-standard-4, eastus
+Standard_D4s_v5; read 2026-11) of the 4 vCPU / 16 GiB VM SkyPilot picks for its controller."""
+CONTROLLER_AUTOSTOP_S = 600.0
+STORAGE_USD_PER_GB_MONTH: Mapping[str, float] = {"s3": 0.023, "gs": 0.020, "file": 0.0}
+"""Standard class, first tier (S3 us-east-1; GCS us-central1 regional)."""
+HOURS_PER_MONTH = 730.0
+LOCAL_PUE = 1.0
+
+PriceLookup = Callable[[Place], float | None]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SegmentCost:
+    segment: Segment
+    price_usd_per_hour: float | None
+    """Per node; None when neither the ledger nor the catalog knows the offer."""
+    price_source: str
+    cost_usd: float
+    energy_kwh: float | None
+    co2e_kg: float | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunCost:
+    run_id: str
+    local: bool
+    segments: tuple[SegmentCost, ...]
+    compute_usd: float
+    controller_usd: float
+    storage_usd: float
+    total_usd: float
+    span_h: float
+    """From the first segment's start to the last one's end (or last update)."""
+    node_hours: float
+    steps: int
+    """The furthest step the run reached."""
+    epochs: float | None
+    energy_kwh: float | None
+    co2e_kg: float | None
+    preemptions: int
+    lost_s: float
+    """Time the preemptions cost: restarts (process start to first step) plus steps redone."""
+    lost_usd: float
+    unpriced_segments: int
+    assumptions: tuple[str, ...] = ()
+    final_metrics: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def cost_per_step_usd(self) -> float | None:
+        return self.total_usd / self.steps if self.steps else None
+
+    @property
+    def cost_per_epoch_usd(self) -> float | None:
+        return self.total_usd / self.epochs if self.epochs else None
+
+    @property
+    def clouds(self) -> dict[str, float]:
+        """Node hours per cloud."""
+        out: dict[str, float] = {}
+        for sc in self.segments:
+            out[sc.segment.place.cloud] = out.get(sc.segment.place.cloud, 0.0) + sc.segment.node_hours
+        return out
+
+    def to_json(self) -> dict:
+        return {
+            "run_id": self.run_id,
+            "local": self.local,
+            "total_usd": round(self.total_usd, 6),
+            "compute_usd": round(self.compute_usd, 6),
+            "controller_usd": round(self.controller_usd, 6),
+            "storage_usd": round(self.storage_usd, 6),
+            "span_h": self.span_h,
+            "node_hours": self.node_hours,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "cost_per_step_usd": self.cost_per_step_usd,
+            "cost_per_epoch_usd": self.cost_per_epoch_usd,
+            "energy_kwh": self.energy_kwh,
+            "co2e_kg": self.co2e_kg,
+            "preemptions": self.preemptions,
+            "lost_s": self.lost_s,
+            "lost_usd": self.lost_usd,
+            "unpriced_segments": self.unpriced_segments,
+            "clouds_node_hours": self.clouds,
+            "final_metrics": dict(self.final_metrics),
+            "assumptions": list(self.assumptions),
+            "segments": [_segment_json(sc) for sc in self.segments],
+        }
+
+
+def _segment_json(sc: SegmentCost) -> dict:
+    s = sc.segment
+    return {
+        "segment": s.segment,
+        "key": s.key,
+        "place": s.place.label,
+        "cloud": s.place.cloud,
+        "region": s.place.region,
+        "zone": s.place.zone,
+        "instance_type": s.place.instance_type,
+        "spot": s.place.spot,
+        "gpu": s.place.gpu,
+        "gpu_count": s.place.gpu_count,
+        "nodes": s.place.nodes,
+        "started_at": s.started_at,
+        "ended_at": s.last_at,
+        "duration_s": s.duration_s,
+        "end": s.end,
+        "start_step": s.start_step,
+        "step": s.step,
+        "steps_done": s.steps_done,
+        "samples_per_s": s.samples_per_s,
+        "price_usd_per_hour": sc.price_usd_per_hour,
+        "price_source": sc.price_source,
+        "cost_usd": sc.cost_usd,
+        "energy_kwh": sc.energy_kwh,
+        "co2e_kg": sc.co2e_kg,
+    }
+
+
+def segment_price(place: Place, lookup: PriceLookup | None) -> tuple[float | None, str]:
+    """(price per node-hour, where it came from): local is free; the ledger's own price wins."""
+    if place.cloud == "local":
+        return 0.0, "local"
+    if place.price_usd_per_hour is not None:
+        return place.price_usd_per_hour, place.price_source or "ledger"
+    found = lookup(place) if lookup else None
+    return (found, "catalog") if found is not None else (None, "unknown")
+
+
+def price_segment(segment: Segment, lookup: PriceLookup | None = None) -> SegmentCost:
+    place = segment.place
+    price, source = segment_price(place, lookup)
+    cost = 0.0 if price is None else price * segment.duration_s / 3600.0 * place.nodes
+    energy_kwh = None if segment.energy_j is None else segment.energy_j / 3.6e6
+    co2e = None
+    if energy_kwh is not None:
+        pue = LOCAL_PUE if place.cloud == "local" else PUE.get(place.cloud, 1.2)
+        co2e = carbon.co2e_kg(energy_kwh * pue, place.cloud, place.region or "")
+        energy_kwh *= pue
+    return SegmentCost(
+        segment=segment,
+        price_usd_per_hour=price,
+        price_source=source,
+        cost_usd=cost,
+        energy_kwh=energy_kwh,
+        co2e_kg=co2e,
+    )
+
+
+def run_cost(
+    run_id: str,
+    segments: Sequence[Segment],
+    *,
+    lookup: PriceLookup | None = None,
+    storage_bytes: int = 0,
+    storage_scheme: str = "file",
+    managed: bool = True,
+    cancelled: bool = False,
+) -> RunCost:
+    """Price a run's settled segments (`read_ledger` order). `managed`: a SkyPilot managed job
+    (it pays a controller); `cancelled`: the user cancelled the run, so its last segment's
+    SIGTERM was a cancel, not a preemption."""
+    priced = [price_segment(s, lookup) for s in segments]
+    if cancelled and priced and priced[-1].segment.end == PREEMPTED:
+        from dataclasses import replace
+
+        priced[-1] = replace(priced[-1], segment=replace(priced[-1].segment, end=CANCELLED))
+    local = all(s.place.cloud == "local" for s in segments)
+    span_s = (max(s.last_at for s in segments) - min(s.started_at for s in segments)) if segments else 0.0
+    compute = sum(sc.cost_usd for sc in priced)
+    controller = 0.0
+    if segments and managed and not local:
+        running = segments[-1].ended_at is None
+        controller = (
+            CONTROLLER_USD_PER_HOUR.get(segments[0].place.cloud, 0.0)
+            * (span_s + (0.0 if running else CONTROLLER_AUTOSTOP_S))
+            / 3600.0
+        )
+    storage = (
+        storage_bytes / 1e9 * STORAGE_USD_PER_GB_MONTH.get(storage_scheme, 0.0) * span_s / 3600.0 / HOURS_PER_MONTH
+    )
+    lost_s, lost_usd, preemptions = _preemption_loss(priced)
+    energies = [sc.energy_kwh for sc in priced if sc.energy_kwh is not None]
+    co2 = [sc.co2e_kg for sc in priced if sc.co2e_kg is not None]
+    last = max(segments, key=lambda s: s.step) if segments else None
+    epochs = None
+    if last is not None and last.samples_per_epoch:
+        epochs = last.samples / last.samples_per_epoch
+    return RunCost(
+        run_id=run_id,
+        local=local,
+        segments=tuple(priced),
+        compute_usd=compute,
+        controller_usd=controller,
+        storage_usd=storage,
+        total_usd=compute + controller + storage,
+        span_h=span_s / 3600.0,
+        node_hours=sum(s.node_hours for s in segments),
+        steps=last.step if last else 0,
+        epochs=epochs,
+        energy_kwh=sum(energies) if energies else None,
+        co2e_kg=sum(co2) if co2 else None,
+        preemptions=preemptions,
+        lost_s=lost_s,
+        lost_usd=lost_usd,
+        unpriced_segments=sum(1 for sc in priced if sc.price_usd_per_hour is None),
+        assumptions=assumptions(
+            managed=managed and not local, storage_scheme=storage_scheme, storage_bytes=storage_bytes
+        ),
+        final_metrics=final_metrics(segments),
+    )
+
+
+def _preemption_loss(priced: Sequence[SegmentCost]) -> tuple[float, float, int]:
+    """Each segment that ended preempted (or was killed) and was followed by another costs the
+    next one's restart (process start to its first step) plus the steps it had to redo."""
+    lost_s = lost_usd = 0.0
+    count = 0
+    for prev, nxt in itertools.pairwise(priced):
+        if prev.segment.end not in (PREEMPTED, KILLED, BUDGET):
+            continue
+        count += prev.segment.end != BUDGET
+        s = nxt.segment
+        restart_s = s.startup_s
+        redo = max(0, prev.segment.step - s.start_step)
+        rate = prev.segment.steps_per_s
+        seg_lost = restart_s + (redo / rate if rate else 0.0)
+        lost_s += seg_lost
+        lost_usd += (nxt.price_usd_per_hour or 0.0) * seg_lost / 3600.0 * s.place.nodes
+    return lost_s, lost_usd, count
+
+
+def final_metrics(segments: Sequence[Segment]) -> dict[str, float]:
+    """Each metric's last reported value across the run."""
+    out: dict[str, tuple[float, float]] = {}
+    for s in segments:
+        for name, points in s.metrics.items():
+            for _step, at, value in points:
+                if name not in out or at >= out[name][0]:
+                    out[name] = (at, value)
+    return {name: value for name, (_, value) in out.items()}
+
+
+def first_metrics(segments: Sequence[Segment]) -> dict[str, float]:
+    out: dict[str, tuple[float, float]] = {}
+    for s in segments:
+        for name, points in s.metrics.items():
+            for _step, at, value in points:
+                if name not in out or at < out[name][0]:
+                    out[name] = (at, value)
+    return {name: value for name, (_, value) in out.items()}
+
+
+def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tuple[str, ...]:
+    lines = [
+        (
+            "compute: catalog price of each segment's offer x the runtime's lifetime on that VM x nodes "
+            "(provisioning and setup before training starts are not seen; a VM killed without warning "
+            "counts until its last ledger update)"
+        ),
+    ]
+    if managed:
+        lines.append(
+            "controller: SkyPilot's managed-jobs controller (4 vCPU, 16 GiB, on-demand list price) serving this run alone, "
+            f"for the run's span plus its {CONTROLLER_AUTOSTOP_S / 60:g} min autostop (an upper bound: it is shared by all your managed jobs)"
+        )
+    price = STORAGE_USD_PER_GB_MONTH.get(storage_scheme, 0.0)
+    lines.append(
+        f"storage: {storage_bytes / 1e9:.3f} GB of checkpoints in the bucket now, at ${price:g}/GB-month "
+        "(standard class) for the run's span; requests and egress not counted"
+    )
+    lines.append(
+        "energy: GPU boards as metered by the runtime (CPU-only runs meter nothing) x the cloud's PUE; CO2e at the region's grid intensity"
+    )
+    return tuple(lines)
+
+
+def catalog_lookup(catalog) -> PriceLookup:
+    """Prices from a `skygreen.catalog.Catalog` for segments the ledger holds no price for:
+    the offer in the segment's cloud and region with its instance type (or GPU and count);
+    spot unless the segment says on-demand. The region's cheapest zone stands for its zone."""
+
+    def lookup(place: Place) -> float | None:
+        for offer in catalog.offers:
+            if offer.cloud != place.cloud or (place.region and offer.region != place.region):
+                continue
+            if place.instance_type and offer.instance_type != place.instance_type:
+                continue
+            if place.gpu and offer.accelerator != place.gpu:
+                continue
+            if place.gpu_count and offer.accelerator_count != place.gpu_count:
+                continue
+            price = offer.price_usd_per_hour(place.spot is not False)
+            if price is not None:
+                return price
+        return None
+
+    return lookup

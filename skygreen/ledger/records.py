@@ -1,0 +1,225 @@
+"""The run ledger's records: one `Segment` per VM lifetime of a run, as plain data.
+
+A run that is preempted twice lives on three VMs; each VM's stay is a segment. A segment says
+where it ran (cloud, region, zone, instance type, spot, GPUs, nodes), when (start, last
+update, end), what it did (steps and samples, measured throughput, energy, the metric series
+it reported) and how it ended. Cost, plans, budgets and progress watchers all read these.
+
+Pure: no outside library, no I/O. `skygreen.ledger.io` reads and writes them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+LEDGER_DIR = "ledger"
+FORMAT_VERSION = 1
+
+RUNNING = "running"
+COMPLETED = "completed"
+PREEMPTED = "preempted"
+FAILED = "failed"
+EARLY_STOPPED = "early-stopped"
+BUDGET = "budget"
+CANCELLED = "cancelled"
+KILLED = "killed"
+"""Read-side only: a segment that never wrote an end (kill -9, a VM that vanished) and that a
+later segment replaced. Its time ends at its last update."""
+END_REASONS: tuple[str, ...] = (COMPLETED, PREEMPTED, FAILED, EARLY_STOPPED, BUDGET, CANCELLED)
+
+MAX_SERIES_POINTS = 500
+"""Per metric and segment; older points are thinned (every other one dropped) beyond it, so a
+segment object stays a few kilobytes however long the run."""
+
+_KEY = re.compile(r"^ledger/(\d{8}T\d{9}Z)-([0-9a-f]{8})\.json$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Place:
+    """Where a segment runs. `cloud` is "local" off the clouds; unknown parts are None."""
+
+    cloud: str
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    spot: bool | None = None
+    gpu: str | None = None
+    """The catalog's GPU name ("L4", "A100-80GB"), None on CPU."""
+    gpu_count: int = 0
+    """GPUs per node."""
+    nodes: int = 1
+    price_usd_per_hour: float | None = None
+    """Per node, the catalog price of this offer when the run was planned; None when unknown."""
+    price_source: str | None = None
+    """Where the price came from: "plan" (rendered at launch) or "catalog"."""
+
+    def __post_init__(self) -> None:
+        if not self.cloud:
+            raise ValueError("Place.cloud must be a cloud name or 'local'")
+        if self.nodes < 1 or self.gpu_count < 0:
+            raise ValueError(f"Place needs nodes >= 1 and gpu_count >= 0, got {self.nodes}, {self.gpu_count}")
+        if self.price_usd_per_hour is not None and not (
+            math.isfinite(self.price_usd_per_hour) and self.price_usd_per_hour >= 0
+        ):
+            raise ValueError(f"price_usd_per_hour must be a finite number >= 0, got {self.price_usd_per_hour}")
+
+    @property
+    def label(self) -> str:
+        """`gcp/us-central1 g2-standard-4 (L4x1, spot)`, or `local (CPU)`."""
+        where = "/".join(p for p in (self.cloud, self.region) if p)
+        gpus = f"{self.gpu}x{self.gpu_count}" if self.gpu else "CPU"
+        kind = {True: ", spot", False: ", on-demand", None: ""}[self.spot]
+        nodes = f" x{self.nodes} nodes" if self.nodes > 1 else ""
+        itype = f" {self.instance_type}" if self.instance_type else ""
+        return f"{where}{itype} ({gpus}{nodes}{kind})"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Segment:
+    """One VM lifetime of a run. Times are Unix seconds (UTC)."""
+
+    run_id: str
+    key: str
+    """The segment's object key under the run (`ledger/<start>-<random>.json`); its identity."""
+    place: Place
+    started_at: float
+    updated_at: float
+    ended_at: float | None = None
+    """None while running, and forever for a segment killed without warning."""
+    end: str = RUNNING
+    """`running` or one of END_REASONS; `killed` only on the read side."""
+    start_step: int = 0
+    step: int = 0
+    """The last optimizer step this segment reached (at its last update)."""
+    start_samples: int = 0
+    samples: int = 0
+    samples_per_epoch: int | None = None
+    first_step_at: float | None = None
+    """When this segment's first training step began (after loading the checkpoint)."""
+    train_s: float = 0.0
+    """Seconds spent in training steps since the first step of this segment (throughput's denominator)."""
+    energy_j: float | None = None
+    """GPU energy of this segment; None where nothing metered it. Filled by the runtime's
+    energy meter (`skygreen.power.meter`)."""
+    metrics: Mapping[str, Sequence[tuple[int, float, float]]] = field(default_factory=dict)
+    """Reported metrics: name -> [(step, unix seconds, value)], for loss curves."""
+    segment: int = 0
+    """1-based position of this segment in the run, by start time; set by `read_ledger`."""
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.end not in (RUNNING, KILLED, *END_REASONS):
+            raise ValueError(f"unknown segment end {self.end!r}; expected one of {(RUNNING, *END_REASONS)}")
+        if self.updated_at < self.started_at:
+            raise ValueError("a segment cannot be updated before it started")
+
+    # -- derived -----------------------------------------------------------------------------
+
+    @property
+    def last_at(self) -> float:
+        """When the segment's billed time ends as far as anyone knows."""
+        return self.ended_at if self.ended_at is not None else self.updated_at
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.last_at - self.started_at)
+
+    @property
+    def steps_done(self) -> int:
+        return max(0, self.step - self.start_step)
+
+    @property
+    def samples_done(self) -> int:
+        return max(0, self.samples - self.start_samples)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Measured throughput of the whole job (all ranks), or None before a timed step."""
+        return self.samples_done / self.train_s if self.train_s > 0 and self.samples_done else None
+
+    @property
+    def steps_per_s(self) -> float | None:
+        return self.steps_done / self.train_s if self.train_s > 0 and self.steps_done else None
+
+    @property
+    def startup_s(self) -> float:
+        """Process start to first step (checkpoint load, data, compile); all of it if none."""
+        end = self.first_step_at if self.first_step_at is not None else self.last_at
+        return max(0.0, end - self.started_at)
+
+    @property
+    def node_hours(self) -> float:
+        return self.duration_s / 3600.0 * self.place.nodes
+
+    # -- serialisation -----------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["metrics"] = {name: [list(p) for p in points] for name, points in self.metrics.items()}
+        data.pop("segment")
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Segment:
+        values = dict(data)
+        place_fields = {f.name for f in fields(Place)}
+        values["place"] = Place(**{k: v for k, v in dict(values["place"]).items() if k in place_fields})
+        values["metrics"] = {
+            str(name): tuple((int(s), float(t), float(v)) for s, t, v in points)
+            for name, points in dict(values.get("metrics") or {}).items()
+        }
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+# -- keys ------------------------------------------------------------------------------------
+
+
+def new_segment_key(started_at: float, *, token: str | None = None) -> str:
+    """`ledger/<UTC start to the millisecond>-<8 random hex>.json`.
+
+    Why this key: every VM names its own segment without asking anyone, so no two writers
+    ever race for a number. Lexicographic order is start order (a replacement VM starts after
+    the VM it replaces was lost, so it sorts after it), and the random suffix keeps two
+    segments started in the same millisecond apart. The segment number is its position in
+    that order, computed by readers.
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started_at)) + f"{int(started_at * 1000) % 1000:03d}Z"
+    return f"{LEDGER_DIR}/{stamp}-{token or secrets.token_hex(4)}.json"
+
+
+def is_segment_key(key: str) -> bool:
+    return bool(_KEY.match(key))
+
+
+# -- the read side ---------------------------------------------------------------------------
+
+
+def settle(segments: Sequence[Segment]) -> list[Segment]:
+    """Order segments by key, number them from 1, and mark as `killed` each one that never
+    wrote an end but was replaced by a later segment (its VM is gone)."""
+    ordered = sorted(segments, key=lambda s: s.key)
+    out = []
+    for i, seg in enumerate(ordered):
+        replaced = i < len(ordered) - 1
+        end = KILLED if seg.end == RUNNING and replaced else seg.end
+        out.append(replace(seg, segment=i + 1, end=end))
+    return out
+
+
+def add_point(
+    series: Mapping[str, Sequence[tuple[int, float, float]]], name: str, point: tuple[int, float, float]
+) -> dict[str, tuple]:
+    """`series` with one more point for `name`, thinned to MAX_SERIES_POINTS."""
+    out = {k: tuple(v) for k, v in series.items()}
+    points = (*out.get(name, ()), point)
+    if len(points) > MAX_SERIES_POINTS:
+        points = points[: -MAX_SERIES_POINTS // 2 : 2] + points[-MAX_SERIES_POINTS // 2 :]
+    out[name] = points
+    return out

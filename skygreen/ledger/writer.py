@@ -1,0 +1,103 @@
+"""The runtime's side of the ledger: rank 0 keeps its VM's segment object up to date.
+
+The segment is written when training starts (after the resume), at every checkpoint, and at
+exit with how it ended; a VM killed without warning loses at most the time since the last
+checkpoint. A failed write is a warning, never a reason to stop training: the ledger is for
+accounting, the checkpoints are the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from skygreen.checkpoint.store import Store
+from skygreen.errors import StoreError
+from skygreen.ledger.io import read_ledger, write_segment
+from skygreen.ledger.records import KILLED, RUNNING, Place, Segment, add_point, new_segment_key
+
+log = logging.getLogger("skygreen.runtime")
+
+
+class LedgerWriter:
+    """Owns one segment object; the only writer of it."""
+
+    def __init__(
+        self, store: Store, *, run_id: str, place: Place, started_at: float, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.earlier: list[Segment] = []
+        self.segment = Segment(
+            run_id=run_id, key=new_segment_key(started_at), place=place, started_at=started_at, updated_at=started_at
+        )
+        self._energy_base_j: float | None = None
+        self._warned = False
+
+    def begin(self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j_total: float | None) -> None:
+        """Read the earlier segments (for budgets) and write this one at its resume point."""
+        try:
+            # This VM replaces any segment still marked running: its VM is gone.
+            self.earlier = [
+                replace(s, end=KILLED) if s.end == RUNNING else s
+                for s in read_ledger(self.store)
+                if s.key != self.segment.key
+            ]
+        except StoreError as e:
+            self._warn(e)
+        self._energy_base_j = energy_j_total
+        self.segment = replace(
+            self.segment,
+            start_step=step,
+            step=step,
+            start_samples=samples,
+            samples=samples,
+            samples_per_epoch=samples_per_epoch,
+        )
+        self._write()
+
+    def first_step(self) -> None:
+        if self.segment.first_step_at is None:
+            self.segment = replace(self.segment, first_step_at=self.clock())
+
+    def report(self, name: str, step: int, value: float) -> None:
+        """Remember one reported metric value; written with the next update."""
+        self.segment = replace(
+            self.segment, metrics=add_point(self.segment.metrics, name, (step, self.clock(), float(value)))
+        )
+
+    def update(
+        self, *, step: int, samples: int, train_s: float, energy_j_total: float | None, end: str = RUNNING
+    ) -> None:
+        """Progress so far; `end` other than running closes the segment."""
+        now = self.clock()
+        energy = None
+        if energy_j_total is not None and self._energy_base_j is not None:
+            energy = max(0.0, energy_j_total - self._energy_base_j)
+        self.segment = replace(
+            self.segment,
+            step=step,
+            samples=samples,
+            train_s=train_s,
+            energy_j=energy,
+            updated_at=max(now, self.segment.started_at),
+            ended_at=None if end == RUNNING else max(now, self.segment.started_at),
+            end=end,
+        )
+        self._write()
+
+    def _write(self) -> None:
+        try:
+            write_segment(self.store, self.segment)
+        except StoreError as e:
+            self._warn(e)
+
+    def _warn(self, error: Exception) -> None:
+        if not self._warned:
+            log.warning(
+                "run ledger not written (%s); training goes on, cost figures will miss this VM",
+                str(error).splitlines()[0],
+            )
+            self._warned = True

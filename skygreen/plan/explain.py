@@ -1,0 +1,127 @@
+"""The plan's words: each objective's value, why the winner won, what a night start would
+save, and the assumptions under every estimate (`skygreen.plan.rank` puts them in the `Plan`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from skygreen.plan.cost import RunModel
+from skygreen.spec import GreenSpec
+
+if TYPE_CHECKING:
+    from skygreen.plan.rank import Candidate
+
+METRIC: dict[str, Callable[[Candidate], float]] = {
+    "cost": lambda c: c.est_cost_usd,
+    "time": lambda c: c.est_hours,
+    "energy": lambda c: c.energy_kwh,
+    "carbon": lambda c: c.co2e_kg,
+}
+
+
+def objective_value(candidate: Candidate, objective: str) -> float:
+    return METRIC[objective](candidate)
+
+
+def money(usd: float) -> str:
+    """Dollars as the plan prints them: cents below $1000, whole dollars above."""
+    return f"${usd:,.2f}" if usd < 1000 else f"${usd:,.0f}"
+
+
+def _metric_text(c: Candidate, objective: str) -> str:
+    return {
+        "cost": f"{money(c.est_cost_usd)} in {c.est_hours:.1f} h",
+        "time": f"{c.est_hours:.1f} h for {money(c.est_cost_usd)}",
+        "energy": f"{c.energy_kwh:.1f} kWh for {money(c.est_cost_usd)}",
+        "carbon": f"{c.co2e_kg:.1f} kg CO2e for {money(c.est_cost_usd)}",
+    }[objective]
+
+
+def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
+    """Why the winner won: against the runner-up on another GPU or cloud, and against the
+    offer with the lowest price per hour when that is a different one."""
+    best = ranked[0]
+    noun = {
+        "cost": "estimated run cost",
+        "time": "estimated time",
+        "energy": "estimated energy",
+        "carbon": "estimated CO2e",
+    }[objective]
+    lines = [f"{best.label} has the lowest {noun}: {_metric_text(best, objective)}."]
+    rival = next((c for c in ranked[1:] if (c.cloud, c.accelerator) != (best.cloud, best.accelerator)), None)
+    cheapest_hour = min(ranked, key=lambda c: (c.price_usd_per_hour * c.num_nodes, c.est_cost_usd))
+    if cheapest_hour is not best and cheapest_hour.price_usd_per_hour < best.price_usd_per_hour:
+        lines.append(
+            f"The lowest price per hour, {cheapest_hour.label} at {money(cheapest_hour.price_usd_per_hour)}/h, "
+            f"would take {cheapest_hour.est_hours:.1f} h and cost {money(cheapest_hour.est_cost_usd)}."
+        )
+    elif rival is not None:
+        b, r = objective_value(best, objective), objective_value(rival, objective)
+        more = f" (+{(r / b - 1) * 100:.0f}%)" if b > 0 else ""
+        lines.append(f"Next best on another GPU or cloud: {rival.label}, {_metric_text(rival, objective)}{more}.")
+    if (
+        best.spot
+        and best.on_demand_price_usd_per_hour is not None
+        and best.price_usd_per_hour >= best.on_demand_price_usd_per_hour
+    ):
+        lines.append(
+            "Its spot price is not below its on-demand price; `on_demand_fallback: true` lets on-demand compete."
+        )
+    return tuple(lines)
+
+
+NIGHT_SAVING_RANGE = (0.10, 0.33)
+"""Energy saved by running at night or in winter (lower cooling load): the MIT Lincoln Lab
+study (arXiv 2205.09646, seed 004). A range from one site, not a per-region forecast."""
+
+
+def night_hint(best: Candidate) -> str:
+    low, high = NIGHT_SAVING_RANGE
+    kwh = f"{low * best.energy_kwh:.{_decimals(best.energy_kwh)}f}-{high * best.energy_kwh:.{_decimals(best.energy_kwh)}f}"
+    return (
+        f"Can it wait? Started at night in {best.region} it would use {low:.0%}-{high:.0%} less energy "
+        f"(~{kwh} kWh; night and winter runs, arXiv 2205.09646)."
+    )
+
+
+def _decimals(kwh: float) -> int:
+    return 1 if kwh >= 10 else 2 if kwh >= 0.1 else 3
+
+
+def _cap_assumption(green: GreenSpec) -> str:
+    power = green.power
+    if power.mode == "off":
+        return "cap off: 1.0"
+    if power.mode == "auto":
+        return "cap auto: about 0.84, the limit auto keeps on skygreen.power.model"
+    cap = f"{power.cap_w:g} W" if power.mode == "watts" else f"{power.cap_fraction:g} of the default limit"
+    return f"cap {cap}: skygreen.power.model, from 0.863 at 0.6 of a V100's limit, arXiv 2205.09646"
+
+
+def assumptions(
+    model: RunModel, green: GreenSpec, *, measured_speed: Mapping[str, float] | None = None
+) -> tuple[str, ...]:
+    rates = ", ".join(f"{c} {r:g}/h" for c, r in sorted(model.preemption_rate_per_hour.items()))
+    if model.checkpoint_interval_s is not None:
+        interval = f"every {model.checkpoint_interval_s:g} s"
+    elif green.checkpoint.every_steps is not None:
+        interval = f"every {green.checkpoint.every_steps} steps (estimated as Daly's optimum: step time unknown)"
+    else:
+        interval = "auto (Daly's optimum)"
+    measured = ", ".join(f"{gpu} {v:.3g}" for gpu, v in sorted((measured_speed or {}).items()))
+    return (
+        (
+            f"work: {model.work_gpu_hours:g} GPU-hours on {model.work_on}; relative speeds from skygreen.gpus (the shipped prior)"
+            + (" with the task's overrides" if green.speed else "")
+            + (f"; measured by earlier runs of this task: {measured}" if measured else "; none measured yet")
+        ),
+        (
+            f"spot preemptions per node-hour: {rates}; restart {model.restart_s / 60:g} min; "
+            f"checkpoint {interval}, {model.checkpoint_cost_s:g} s blocking per save"
+        ),
+        (
+            f"energy: TDP x 0.8 x PUE x the power cap's ratio ({_cap_assumption(green)}); "
+            "carbon: grid g CO2e/kWh per region (codecarbon data)"
+        ),
+    )

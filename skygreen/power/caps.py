@@ -1,0 +1,146 @@
+"""Setting power limits and putting them back, on every exit path.
+
+`PowerCaps` changes limits through the NVML adapter and remembers the limit each GPU had
+before its first change, in memory and in the `Ledger` (so a later process can restore it
+after a `kill -9`). `restore()` puts every changed GPU back and is safe to call twice. Every
+live `PowerCaps` is known to `restore_all()`, which an `atexit` hook calls and which any code
+that stops a run early (a budget stop, a signal handler) can call itself.
+
+`cap()` is the context manager for inference and evaluation code:
+
+    with skygreen.power.cap(0.6):      # 60% of each GPU's default limit
+        evaluate(model)
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from skygreen.errors import PowerError
+from skygreen.power.ledger import Ledger, Original
+from skygreen.power.policy import Limits, needs_set
+
+if TYPE_CHECKING:
+    from skygreen.power.nvml import Gpu
+
+log = logging.getLogger("skygreen.power")
+
+_LIVE: list[PowerCaps] = []
+_LIVE_LOCK = threading.Lock()
+
+
+def limits_of(gpu: Gpu) -> Limits:
+    low_w, high_w = gpu.limit_range_w()
+    return Limits(default_w=gpu.default_limit_w(), min_w=low_w, max_w=high_w)
+
+
+class PowerCaps:
+    """The limits this process changed, and the originals to restore."""
+
+    def __init__(self, *, ledger: Ledger | None = None, run_id: str | None = None) -> None:
+        self.ledger = ledger
+        self.run_id = run_id
+        self._originals: dict[str, tuple[Gpu, float]] = {}
+        self.active_w: dict[str, float] = {}
+        """uuid -> the limit skygreen set and has not restored."""
+        with _LIVE_LOCK:
+            _LIVE.append(self)
+
+    def adopt(self, gpu: Gpu) -> float | None:
+        """Before touching `gpu`: undo a cap that a killed skygreen process left on it.
+
+        Returns the limit restored, or None when nothing was left. A cap whose owner is still
+        alive (another run on this GPU) is left alone and raises `PowerError`.
+        """
+        if self.ledger is None:
+            return None
+        left = self.ledger.get(gpu.uuid)
+        if left is None or left.pid == os.getpid():
+            return None
+        if left.owner_alive:
+            raise PowerError(
+                f"GPU {gpu.index} ({gpu.name}) is capped by another live skygreen process (pid {left.pid}, run {left.run_id}); "
+                "leaving its limit alone"
+            )
+        current_w = gpu.power_limit_w()
+        if needs_set(current_w, left.original_limit_w):
+            gpu.set_power_limit_w(left.original_limit_w)
+            log.warning(
+                "GPU %d: restored the original power limit %g W (a killed process of run %s left it at %g W)",
+                gpu.index, left.original_limit_w, left.run_id, current_w,
+            )  # fmt: skip
+        self.ledger.clear(gpu.uuid)
+        return left.original_limit_w
+
+    def set(self, gpu: Gpu, target_w: float) -> bool:
+        """Set `gpu` to `target_w` unless it is already there; True when a set happened."""
+        current_w = gpu.power_limit_w()
+        if not needs_set(current_w, target_w):
+            if gpu.uuid in self._originals:
+                self.active_w[gpu.uuid] = target_w
+            return False
+        if gpu.uuid not in self._originals:
+            self._originals[gpu.uuid] = (gpu, current_w)
+            if self.ledger is not None:
+                self.ledger.record(
+                    Original(
+                        uuid=gpu.uuid, gpu=gpu.name, original_limit_w=current_w, run_id=self.run_id, pid=os.getpid()
+                    )
+                )
+        try:
+            gpu.set_power_limit_w(target_w)
+        except PowerError:
+            if gpu.uuid not in self.active_w:  # nothing of ours is on the board
+                self._forget(gpu.uuid)
+            raise
+        self.active_w[gpu.uuid] = target_w
+        return True
+
+    def original_w(self, gpu: Gpu) -> float | None:
+        found = self._originals.get(gpu.uuid)
+        return None if found is None else found[1]
+
+    def restore(self) -> list[tuple[Gpu, float]]:
+        """Put every changed GPU back to its original limit; returns what was restored."""
+        restored = []
+        for uuid, (gpu, original_w) in list(self._originals.items()):
+            try:
+                if needs_set(gpu.power_limit_w(), original_w):
+                    gpu.set_power_limit_w(original_w)
+                restored.append((gpu, original_w))
+                self._forget(uuid)
+            except PowerError as e:
+                log.warning("GPU %d: could not restore its power limit to %g W: %s", gpu.index, original_w, e)
+        if restored:
+            log.info("power limits restored: %s", ", ".join(f"GPU {g.index} {w:g} W" for g, w in restored))
+        return restored
+
+    def _forget(self, uuid: str) -> None:
+        self._originals.pop(uuid, None)
+        self.active_w.pop(uuid, None)
+        if self.ledger is not None:
+            self.ledger.clear(uuid)
+
+    def close(self) -> None:
+        self.restore()
+        with _LIVE_LOCK:
+            if self in _LIVE:
+                _LIVE.remove(self)
+
+
+def restore_all() -> int:
+    """Restore every power limit any live `PowerCaps` of this process changed; returns how many.
+
+    The one call for code that ends a run outside the training loop (a budget stop, a signal
+    handler): idempotent, safe from any thread.
+    """
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    return sum(len(caps.restore()) for caps in live)
+
+
+atexit.register(restore_all)

@@ -1,0 +1,84 @@
+"""The original power limit of each GPU skygreen capped on this machine, kept on disk.
+
+A power limit outlives the process that set it (on a real GPU until reboot or reset), so a
+`kill -9` leaves the cap on the board. Before skygreen's first change to a GPU it writes the
+limit it found to `<data dir>/power/originals/<GPU uuid>.json`, with the run and process that
+own the change; a clean restore deletes the file. The next start on the same machine finds a
+file whose owner is dead and restores that original limit, not the capped one on the board.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from skygreen.files import write_atomic
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Original:
+    uuid: str
+    gpu: str
+    original_limit_w: float
+    run_id: str | None
+    pid: int
+
+    @property
+    def owner_alive(self) -> bool:
+        if self.pid == os.getpid():
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return _not_zombie(self.pid)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return True
+    return fields[0] != "Z"
+
+
+class Ledger:
+    """One JSON file per GPU uuid under `root`."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    @classmethod
+    def default(cls, environ: Mapping[str, str] | None = None) -> Ledger:
+        from skygreen.launch.registry import data_dir
+
+        return cls(data_dir(environ) / "power" / "originals")
+
+    def _path(self, uuid: str) -> Path:
+        return self.root / f"{uuid.replace('/', '_')}.json"
+
+    def get(self, uuid: str) -> Original | None:
+        try:
+            raw = json.loads(self._path(uuid).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return None
+        return Original(**raw)
+
+    def record(self, original: Original) -> None:
+        write_atomic(self._path(original.uuid), json.dumps(asdict(original), indent=1))
+
+    def clear(self, uuid: str) -> None:
+        self._path(uuid).unlink(missing_ok=True)
+
+    def all(self) -> list[Original]:
+        if not self.root.is_dir():
+            return []
+        found = (self.get(p.stem) for p in sorted(self.root.glob("*.json")))
+        return [o for o in found if o is not None]

@@ -1,0 +1,161 @@
+"""The runtime's bookkeeping: its VM's ledger segment and the run's budget, on rank 0.
+
+`Run` calls this at a handful of points (started, first step, metrics reported, checkpoint
+saved, budget check at step boundaries, ended); everything here is rank 0's only, and a
+no-op on other ranks and in the smoke test. Energy comes from the runtime's meter
+(`counters["energy_j"]`, cumulative across restarts); `energy_j` stays None on CPU where
+nothing is metered. No torch here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from skygreen.errors import RuntimeSetupError
+from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS, BudgetPolicy, BudgetTracker, send, stop_message
+from skygreen.ledger.place import current_place, gpu_catalog_name
+from skygreen.ledger.writer import LedgerWriter
+
+log = logging.getLogger("skygreen.runtime")
+
+BUDGET_CHECK_EVERY_S = 1.0
+"""Spend grows with time, not steps: checking once a second is plenty and costs nothing."""
+
+
+def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        return int(environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+def parse_fractions(raw: str | None, name: str = "SKYGREEN_BUDGET_ALERTS") -> tuple[float, ...]:
+    if not raw:
+        return DEFAULT_ALERT_FRACTIONS
+    try:
+        values = tuple(sorted({float(x) for x in raw.split(",") if x.strip()}))
+    except ValueError:
+        raise RuntimeSetupError(f"{name}: expected comma-separated fractions such as 0.5,0.8,1, got {raw!r}") from None
+    if not values or any(not 0 < v <= 1 for v in values):
+        raise RuntimeSetupError(f"{name}: every fraction must be in (0, 1], got {raw!r}")
+    return values
+
+
+class RunBook:
+    """Rank 0's ledger writer and budget tracker for one process."""
+
+    def __init__(
+        self,
+        *,
+        store: Any,
+        settings: Any,
+        device_name: str | None,
+        gpu_count: int,
+        environ: Mapping[str, str],
+        started_at: float,
+        metering: bool = False,
+    ) -> None:
+        gpu = gpu_catalog_name(device_name) if device_name and device_name != "cpu" else None
+        self.place = current_place(environ, gpu=gpu, gpu_count=gpu_count if gpu else 0)
+        self.writer = LedgerWriter(store, run_id=settings.run_id, place=self.place, started_at=started_at)
+        webhook_env = getattr(settings, "budget_webhook_env", None)
+        self.policy = BudgetPolicy(
+            budget_usd=getattr(settings, "budget_usd", None),
+            alert_fractions=parse_fractions(getattr(settings, "budget_alerts", None)),
+            burn_usd_per_hour=getattr(settings, "burn_alert_usd_per_hour", None),
+            webhook_url=environ.get(webhook_env) if webhook_env else None,
+        )
+        if webhook_env and not self.policy.webhook_url:
+            log.warning("budget alert webhook: $%s is not set; alerts go to the log only", webhook_env)
+        self.tracker: BudgetTracker | None = None
+        self._last_check_s = 0.0
+        self.metering = metering
+        """Whether energy is measured (a GPU's counter or a simulated board): else energy_j is None."""
+
+    @classmethod
+    def for_rank(cls, *, rank: int, smoke: bool, **kwargs: Any) -> RunBook | None:
+        return cls(**kwargs) if rank == 0 and not smoke else None
+
+    @classmethod
+    def for_run(cls, run: Any, environ: Mapping[str, str]) -> RunBook | None:
+        """The book of a `skygreen.runtime.Run` (None on ranks other than 0 and in the smoke
+        test). GPUs per node: torchrun's LOCAL_WORLD_SIZE (SkyPilot's count wins in the place)."""
+        cuda = run.device.type == "cuda"
+        return cls.for_rank(
+            rank=run.rank,
+            smoke=run.smoke,
+            store=run.checkpointer.store,
+            settings=run.settings,
+            device_name=run.facts.name if cuda else None,
+            gpu_count=_int_env(environ, "LOCAL_WORLD_SIZE", 1) if cuda else 0,
+            environ=environ,
+            started_at=time.time(),
+            metering=run.power.gpu is not None,
+        )
+
+    def started_from(self, run: Any) -> None:
+        """After the resume: the step, samples and energy the run continues from."""
+        self.started(
+            step=run.step_index,
+            samples=run.samples_seen,
+            samples_per_epoch=run.stream.dataset_len,
+            energy_j=run.counters["energy_j"],
+        )
+
+    def progress_of(self, run: Any, end: str = "running") -> None:
+        self.progress(step=run.step_index, samples=run.samples_seen, energy_j=run.counters["energy_j"], end=end)
+
+    def exited(self, run: Any, exc_type: type[BaseException]) -> None:
+        """The training loop left with an exception: cancelled (Ctrl-C) or failed. SystemExit
+        is the runtime's own exit (preempted, budget), already written."""
+        if not issubclass(exc_type, SystemExit):
+            self.progress_of(run, "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed")
+
+    def started(self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j: float) -> None:
+        self.writer.begin(
+            step=step, samples=samples, samples_per_epoch=samples_per_epoch, energy_j_total=self._energy(energy_j)
+        )
+        if self.policy.active:
+            self.tracker = BudgetTracker(self.policy, earlier=self.writer.earlier, managed=self.place.cloud != "local")
+            if self.place.price_usd_per_hour is None and self.place.cloud != "local":
+                log.warning(
+                    "budget: no price known for %s (not among the plan's offers); this VM's time is not counted",
+                    self.place.label,
+                )
+        log.info("ledger: segment %s on %s", self.writer.segment.key, self.place.label)
+
+    def step_started(self) -> None:
+        self.writer.first_step()
+
+    def reported(self, metrics: Mapping[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            self.writer.report(name, step, value)
+
+    def progress(self, *, step: int, samples: int, energy_j: float, end: str = "running") -> None:
+        seg = self.writer.segment
+        train_s = max(0.0, time.time() - seg.first_step_at) if seg.first_step_at is not None else 0.0
+        self.writer.update(step=step, samples=samples, train_s=train_s, energy_j_total=self._energy(energy_j), end=end)
+
+    def over_budget(self) -> bool:
+        """Alerts due now are sent; True once spend reached the budget."""
+        if self.tracker is None:
+            return False
+        now = time.time()
+        if now - self._last_check_s < BUDGET_CHECK_EVERY_S:
+            return False
+        self._last_check_s = now
+        alerts, stop = self.tracker.check(self.writer.segment, now)
+        for alert in alerts:
+            send(alert, self.policy.webhook_url)
+        return stop
+
+    def stop_message(self) -> str:
+        assert self.tracker is not None and self.policy.budget_usd is not None
+        spent = self.tracker.spent_usd(self.writer.segment, time.time())
+        return stop_message(self.writer.segment.run_id, spent, self.policy.budget_usd)
+
+    def _energy(self, energy_j: float) -> float | None:
+        return energy_j if self.metering else None

@@ -1,0 +1,171 @@
+"""The task file's records: the typed, frozen values `skygreen.spec` reads a task into.
+
+Kept apart from the reading (`skygreen.spec`) so the two stay under one screenful each; import
+them from `skygreen.spec`, the task file's one public face.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
+OBJECTIVES: tuple[str, ...] = ("cost", "time", "energy", "carbon")
+PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
+HALF_PRECISIONS: tuple[str, ...] = ("fp16", "bf16")
+EARLY_STOP_MODES: tuple[str, ...] = ("min", "max")
+RECOVERY_STRATEGIES: tuple[str, ...] = ("EAGER_NEXT_REGION", "FAILOVER")
+BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "file")
+
+# Top-level keys of a SkyPilot 0.14.1 task (sky/utils/schemas.py::get_task_schema), so that a
+# misspelt key (`skygren:`, `rn:`) is caught here with a suggestion, before SkyPilot sees it.
+SKYPILOT_TASK_KEYS: tuple[str, ...] = (
+    "name", "workdir", "event_callback", "num_nodes", "resources", "file_mounts", "service",
+    "pool", "setup", "run", "envs", "secrets", "managed_secrets", "inputs", "outputs",
+    "file_mounts_mapping", "volumes", "volume_mounts", "api_server_access", "config", "_metadata",
+)  # fmt: skip
+
+SECTION = "skygreen"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuChoice:
+    """Which GPUs may run the job: named models, a memory floor, or both (all must hold)."""
+
+    names: tuple[str, ...] | None = None
+    """None means every GPU skygreen knows (`skygreen.gpus.GPUS`)."""
+    min_memory_gb: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Work:
+    """The size of the job: `gpu_hours` of training on one `on` GPU."""
+
+    gpu_hours: float = 1.0
+    on: str = "A100"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Batch:
+    effective: int | None = None
+    """Samples per optimizer step across all ranks; None keeps the training script's own."""
+    micro: int | None = None
+    """Samples per forward pass per rank; None means `auto` (probe the largest that fits)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointSpec:
+    bucket: str | None = None
+    """s3://, gs://, file:// or a local path; None means the local default bucket."""
+    every_steps: int | None = None
+    every_s: float | None = None
+    """With neither set, the interval is `auto` (Daly's optimum from the measured save cost)."""
+    keep: int = 3
+    half_precision: str | None = None
+    """Store weights as fp16 or bf16 (smaller, not bit-exact); None stores them as trained."""
+
+    @property
+    def every_auto(self) -> bool:
+        return self.every_steps is None and self.every_s is None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PowerSpec:
+    mode: str = "auto"
+    """auto | off | watts | fraction."""
+    cap_w: float | None = None
+    cap_fraction: float | None = None
+    required: bool = False
+    """True: an error before training when the cap cannot be applied (no permission, no GPU)."""
+    eta: float | None = None
+    """The `auto` chooser's energy weight (0 = time only, 1 = energy only); None: skygreen.power's default."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EarlyStopConfig:
+    """`early_stopping:` of the task file, carried to the runtime's `EarlyStopper` as is."""
+
+    metric: str
+    mode: str = "min"
+    patience: int = 3
+    min_delta: float = 0.0
+    grace: int = 0
+    """Evaluations at the start that never count against patience (curricula, warm-up)."""
+
+    def __post_init__(self) -> None:
+        problems = {
+            "metric must name the reported metric, e.g. 'val_loss'": not self.metric,
+            f"mode must be one of {EARLY_STOP_MODES}": self.mode not in EARLY_STOP_MODES,
+            "patience must be at least 1": self.patience < 1,
+            "min_delta must be a finite number >= 0": not (self.min_delta >= 0 and math.isfinite(self.min_delta)),
+            "grace must be at least 0": self.grace < 0,
+        }
+        for problem, failed in problems.items():
+            if failed:
+                raise ValueError(f"EarlyStopConfig.{problem}, got {self}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecoverySpec:
+    strategy: str = "EAGER_NEXT_REGION"
+    max_restarts_on_errors: int = 3
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PreemptionSpec:
+    """Overrides of the planner's spot model; None keeps the built-in assumption."""
+
+    rate_per_hour: Mapping[str, float] = field(default_factory=dict)
+    restart_minutes: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BudgetAlertSpec:
+    """When the runtime warns about spend (`budget_usd` itself stops the run at 100%)."""
+
+    at: tuple[float, ...] = ()
+    """Fractions of budget_usd; empty means the default 0.5, 0.8, 1.0."""
+    webhook_env: str | None = None
+    """An environment variable (declare it in `secrets:`) holding the webhook URL to POST alerts to."""
+    burn_usd_per_hour: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GreenSpec:
+    """The `skygreen:` section, validated, with defaults filled in."""
+
+    gpus: GpuChoice = GpuChoice()
+    gpu_count: int = 1
+    clouds: tuple[str, ...] = CLOUDS
+    regions: tuple[str, ...] | None = None
+    spot: bool = True
+    on_demand_fallback: bool = False
+    objective: str = "cost"
+    work: Work = Work()
+    max_price_per_hour: float | None = None
+    budget_usd: float | None = None
+    budget_alerts: BudgetAlertSpec = BudgetAlertSpec()
+    speed: Mapping[str, float] = field(default_factory=dict)
+    """Relative training speed overrides, GPU name -> speed relative to one A100."""
+    preemption: PreemptionSpec = PreemptionSpec()
+    max_candidates: int = 8
+    precision: str = "auto"
+    batch: Batch = Batch()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    power: PowerSpec = PowerSpec()
+    early_stopping: EarlyStopConfig | None = None
+    recovery: RecoverySpec = RecoverySpec()
+    deadline: float | None = None
+    """Hours from launch by which the run must be done (`deadline: 36h`); None: no deadline."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TaskSpec:
+    name: str | None
+    green: GreenSpec
+    sky: Mapping[str, Any]
+    """The task file without its `skygreen:` section: SkyPilot's own keys, untouched."""
+    num_nodes: int = 1
+    source: str | None = None

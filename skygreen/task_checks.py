@@ -1,0 +1,188 @@
+"""Checks on the whole task that no single field can make, run when a task file is loaded.
+
+`skygreen.spec` reads each field on its own; these rules look at several at once (the
+micro-batch against the batch and the number of ranks, the precision against the GPUs, the
+run command against the node layout) and at the SkyPilot keys skygreen owns. They used to
+fire in the renderer or, worse, inside the training process after the VM was paid for.
+`load_task` (`spec.load_spec`, then these) is how every command reads a task file, so `plan`,
+`up`, `up --dryrun`, `smoke` and `resume` stop on the same errors, each prefixed with the task
+file's name, before anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from skygreen.errors import SpecError
+from skygreen.gpus import GPUS
+from skygreen.settings import RuntimeSettings
+from skygreen.spec import TaskSpec, load_spec
+
+_PYTHON = ("python", "python3")
+
+OWNED_RESOURCE_KEYS: dict[str, str] = {
+    "accelerators": "skygreen.gpus and skygreen.gpu_count",
+    "gpus": "skygreen.gpus and skygreen.gpu_count",
+    "instance_type": "skygreen.gpus",
+    "infra": "skygreen.clouds and skygreen.regions",
+    "cloud": "skygreen.clouds",
+    "region": "skygreen.regions",
+    "zone": "skygreen.regions",
+    "any_of": "skygreen.gpus, skygreen.clouds and skygreen.regions",
+    "ordered": "skygreen.gpus, skygreen.clouds and skygreen.regions",
+    "use_spot": "skygreen.spot",
+    "job_recovery": "skygreen.recovery",
+    "spot_recovery": "skygreen.recovery",
+}
+"""`resources:` keys skygreen sets from the plan, and the `skygreen:` field to use instead."""
+
+
+def load_task(path: str | os.PathLike[str]) -> TaskSpec:
+    """Read a task file and check it whole: every command that takes a task file reads it
+    here, so they all refuse the same tasks, each error prefixed with the file's name."""
+    spec = load_spec(path)
+    try:
+        check_task(spec)
+    except SpecError as e:
+        raise e.with_source(str(path)) from None
+    return spec
+
+
+def check_task(spec: TaskSpec) -> None:
+    """Raise the first `SpecError` the task would meet later, in rendering or at run time."""
+    check_run(spec)
+    check_resources(spec)
+    check_envs(spec)
+    check_batch(spec)
+    check_precision(spec)
+
+
+def check_run(spec: TaskSpec) -> None:
+    command = spec.sky.get("run")
+    if command is None or not isinstance(command, str) or not command.strip():
+        raise SpecError(
+            "run", "is required: the command that trains", value=command, hint="add e.g. `run: python train.py`"
+        )
+    if spec.green.gpu_count > 1 or spec.num_nodes > 1:
+        torchrun_program(command.strip(), spec)  # raises when the command cannot be started with torchrun
+
+
+def torchrun_program(command: str, spec: TaskSpec) -> str | None:
+    """What follows `python` in a one-line `python SCRIPT|-m MODULE ARGS` command, for the
+    renderer to start with torchrun; None when the command calls torchrun itself. Anything
+    else cannot be rewritten safely: a `SpecError` on `run`."""
+    lines = [line for line in command.splitlines() if line.strip() and not line.strip().startswith("#")]
+    try:
+        words = shlex.split(lines[0]) if len(lines) == 1 else []
+    except ValueError:
+        words = []
+    if words and words[0] == "torchrun":
+        return None
+    if len(words) < 2 or (Path(words[0]).name not in _PYTHON and not Path(words[0]).name.startswith("python3.")):
+        where = "skygreen.gpu_count" if spec.green.gpu_count > 1 else "num_nodes"
+        raise SpecError(
+            "run",
+            f"with {where} > 1 skygreen starts the command with torchrun, which needs a one-line `python SCRIPT ARGS` command",
+            value=command,
+            hint="write `run: python train.py ...`, or call torchrun yourself",
+        )
+    return shlex.join(words[1:])
+
+
+def check_resources(spec: TaskSpec) -> None:
+    resources = spec.sky.get("resources")
+    if resources is None:
+        return
+    if not isinstance(resources, Mapping):
+        raise SpecError("resources", "expected a mapping (SkyPilot's resources section)", value=resources)
+    for key, owner in OWNED_RESOURCE_KEYS.items():
+        if key in resources:
+            raise SpecError(
+                f"resources.{key}",
+                "is chosen by skygreen from the plan",
+                value=resources[key],
+                hint=f"remove resources.{key}; set {owner} instead",
+            )
+
+
+def check_envs(spec: TaskSpec) -> None:
+    envs = spec.sky.get("envs")
+    if envs is None:
+        return
+    if not isinstance(envs, Mapping):
+        raise SpecError("envs", "expected a mapping of names to values", value=envs)
+
+    ours = {"SKYGREEN_" + f.name.upper() for f in dataclasses.fields(RuntimeSettings)}  # the runtime's contract
+    for key, value in envs.items():
+        if str(key) in ours:
+            raise SpecError(
+                f"envs.{key}",
+                "is set by skygreen for every run",
+                value=value,
+                hint="remove it; set the matching field of the skygreen: section instead",
+            )
+        if value is None:
+            raise SpecError(f"envs.{key}", "has no value", hint=f'give it a value, or an empty string: {key}: ""')
+
+
+def check_batch(spec: TaskSpec) -> None:
+    """The runtime splits `effective` evenly over gpu_count x num_nodes ranks, and each rank's
+    share into micro-batches of `micro`: both divisions must be exact."""
+    batch = spec.green.batch
+    if batch.effective is None:
+        return
+    ranks = spec.green.gpu_count * spec.num_nodes
+    layout = f"gpu_count {spec.green.gpu_count} x num_nodes {spec.num_nodes}"
+    if batch.effective % ranks:
+        raise SpecError(
+            "skygreen.batch.effective",
+            f"does not divide evenly across {ranks} ranks ({layout})",
+            value=batch.effective,
+            hint=f"use a multiple of {ranks}, e.g. {nearest_multiple(batch.effective, ranks)}",
+        )
+    per_rank = batch.effective // ranks
+    if batch.micro is not None and per_rank % batch.micro:
+        raise SpecError(
+            "skygreen.batch.micro",
+            f"does not divide the per-rank batch {per_rank} (effective {batch.effective} / {ranks} ranks, {layout})",
+            value=batch.micro,
+            allowed=_divisor_list(per_rank),
+            hint=f"use micro: {largest_divisor_at_most(per_rank, batch.micro)}, or micro: auto",
+        )
+
+
+def check_precision(spec: TaskSpec) -> None:
+    """bf16 needs bf16 tensor cores (Ampere and newer); a named GPU without them would fail
+    at start-up on the VM. (Without a list, the planner only ranks GPUs that have them.)"""
+    if spec.green.precision != "bf16" or spec.green.gpus.names is None:
+        return
+
+    lacking = [name for name in spec.green.gpus.names if not GPUS[name].bf16]
+    if lacking:
+        raise SpecError(
+            "skygreen.precision",
+            f"bf16 needs bf16 tensor cores (Ampere and newer), which {', '.join(lacking)} lack",
+            value="bf16",
+            hint=f"remove {', '.join(lacking)} from skygreen.gpus, or use precision: auto (bf16 where the GPU has it, fp16 elsewhere)",
+        )
+
+
+def nearest_multiple(value: int, of: int) -> int:
+    return max(of, round(value / of) * of)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _divisor_list(n: int) -> str | None:
+    found = divisors(n)
+    return ", ".join(map(str, found)) + " or auto" if len(found) <= 16 else None
+
+
+def largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in divisors(n) if d <= limit)

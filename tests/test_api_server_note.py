@@ -1,0 +1,83 @@
+"""`skygreen up` through the real SkyPilot client, without cloud credentials, output piped.
+
+SkyPilot's client starts its local API server (here on a private port, in a private HOME) on
+the first call that needs it. The launch then fails (no cloud enabled): skygreen says in one
+line that this command started the server and how to stop it, exits 1, and writes no ANSI
+colour codes into output that is not a terminal. The server is stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from servers import FAKE_AWS_ENV, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_CATALOG = REPO / "tests" / "data" / "catalog" / "v8"
+SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def sky_env(home: Path, port: int, s3_endpoint: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_", "SKYGREEN_"))
+    }
+    env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), SKYPILOT_API_SERVER_LOCAL_PORT=str(port),
+               SKYPILOT_DISABLE_USAGE_COLLECTION="1", XDG_DATA_HOME=str(home / ".local" / "share"))  # fmt: skip
+    # The checkpoint bucket lives on moto; SkyPilot itself finds no AWS credentials file.
+    env.update(FAKE_AWS_ENV, AWS_ENDPOINT_URL_S3=s3_endpoint)
+    catalogs = home / ".sky" / "catalogs" / "v8"  # seeded without checksums: never downloaded
+    shutil.copytree(SMALL_CATALOG, catalogs)
+    (catalogs / "common").mkdir()
+    (catalogs / "common" / "accelerators.csv").write_text(
+        'AcceleratorName,Clouds\nA100,"AWS, GCP, Azure"\nL4,"AWS, GCP"\nT4,"AWS, GCP, Azure"\n'
+    )
+    return env
+
+
+def test_a_failed_launch_names_the_api_server_it_started_and_prints_no_colour(tmp_path, moto_server, s3_bucket):
+    home = tmp_path / "home"
+    home.mkdir()
+    port = free_port()
+    env = sky_env(home, port, moto_server.url)
+    task = tmp_path / "task.yaml"
+    task.write_text(yaml.safe_dump({"name": "demo", "skygreen": {"gpus": ["L4", "T4"], "checkpoint": {"bucket": f"s3://{s3_bucket}/runs"}},
+                                    "run": "python train.py"}))  # fmt: skip
+    assert not listening(port)
+    try:
+        out = subprocess.run([*SKYGREEN, "up", str(task), "--no-smoke", "--catalog", str(SMALL_CATALOG)],
+                             env=env, capture_output=True, text=True, timeout=420, cwd=tmp_path)  # fmt: skip
+        started = listening(port)
+    finally:
+        subprocess.run([sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120)
+    assert not listening(port), "the SkyPilot API server is still running"
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "sky check" in out.stderr and "Traceback" not in out.stderr
+    assert started, "the launch was expected to start SkyPilot's local API server"
+    notes = [line for line in out.stderr.splitlines() if "sky api stop" in line]
+    assert len(notes) == 1 and f"127.0.0.1:{port}" in notes[0] and "started" in notes[0], out.stderr
+    assert "\x1b[" not in out.stdout + out.stderr, repr((out.stdout + out.stderr)[-1500:])
+
+
+def test_a_local_runs_colours_are_dropped_when_piped(private_home, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
+    env.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"))
+    task = tmp_path / "colour.yaml"
+    task.write_text("name: colour\nrun: printf '\\033[1;31mred\\033[0m and plain\\n'\n")
+    out = subprocess.run(
+        [*SKYGREEN, "up", str(task), "--local", "--no-smoke"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "red and plain" in out.stdout
+    assert "\x1b" not in out.stdout + out.stderr

@@ -1,0 +1,222 @@
+"""`skygreen cost TASK`, `cost RUN`, `compare`, measured speeds feeding `plan`, and the new
+budget fields, through the real `skygreen` command. Ledgers here are written with the real
+writer functions into local buckets, with round numbers so the answers can be worked by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skygreen.checkpoint.local_store import LocalStore
+from skygreen.launch.registry import Registry, RunRecord
+from skygreen.ledger import Place, Segment, write_segment
+from skygreen.ledger.pricing import CONTROLLER_AUTOSTOP_S, CONTROLLER_USD_PER_HOUR
+from skygreen.ledger.records import new_segment_key
+
+REPO = Path(__file__).resolve().parents[1]
+CATALOG = REPO / "tests" / "data" / "catalog" / "v8"
+T0 = 1_780_000_000.0
+TASK = """name: demo
+skygreen:
+  gpus: [L4, T4]
+  work: {gpu_hours: 2, on: A100}
+  early_stopping: {metric: val_loss, patience: 3}
+run: python train.py
+"""
+
+
+def skygreen(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", *args], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
+
+
+@pytest.fixture
+def task(private_home, tmp_path) -> Path:
+    path = tmp_path / "task.yaml"
+    path.write_text(TASK)
+    return path
+
+
+def add_run(task: Path, run_id: str, segments: list[dict], *, mode: str = "cloud", bucket: Path) -> None:
+    """A run record plus its ledger: each dict gives place, start offset, hours, steps, samples, losses."""
+    Registry().save(RunRecord(run_id=run_id, task_path=str(task), task_name="demo", mode=mode, launcher="local", bucket=str(bucket),
+                              task_yaml=str(task), spec_snapshot={"skygreen": {"early_stopping": {"metric": "val_loss", "mode": "min"}}},
+                              created_at="2026-01-01T00:00:00Z", state="SUCCEEDED"))  # fmt: skip
+    store = LocalStore(bucket / run_id)
+    for s in segments:
+        start = T0 + s["at_h"] * 3600
+        end = start + s["hours"] * 3600
+        write_segment(store, Segment(
+            run_id=run_id, key=new_segment_key(start), place=s["place"], started_at=start, updated_at=end, ended_at=end,
+            end=s.get("end", "completed"), start_step=s["steps"][0], step=s["steps"][1], start_samples=s["samples"][0],
+            samples=s["samples"][1], samples_per_epoch=1000, first_step_at=start, train_s=s["hours"] * 3600,
+            metrics={"val_loss": tuple((step, start + i, v) for i, (step, v) in enumerate(s.get("losses", ())))},
+        ))  # fmt: skip
+
+
+GCP_L4 = Place(
+    cloud="gcp",
+    region="us-central1",
+    instance_type="g2-standard-4",
+    spot=True,
+    gpu="L4",
+    gpu_count=1,
+    price_usd_per_hour=0.25,
+    price_source="plan",
+)
+AWS_T4 = Place(
+    cloud="aws",
+    region="us-east-1",
+    instance_type="g4dn.xlarge",
+    spot=True,
+    gpu="T4",
+    gpu_count=1,
+    price_usd_per_hour=0.5,
+    price_source="plan",
+)
+
+
+def test_cost_task_lists_each_cloud_spot_and_on_demand_the_pick_first(task):
+    out = skygreen("cost", str(task), "--catalog", str(CATALOG), "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["estimate"] is True
+    clouds = [c["cloud"] for c in data["clouds"]]
+    assert clouds[0] == data["pick"]["cloud"] and sorted(clouds) == ["aws", "azure", "gcp"]
+    for c in data["clouds"]:
+        assert c["spot"]["spot"] is True and c["on_demand"]["spot"] is False
+        assert c["spot"]["est_cost_usd"] == pytest.approx(c["spot"]["price_usd_per_hour"] * c["spot"]["est_hours"])
+    assert set(data["speeds"].values()) == {"prior"}
+    text = skygreen("cost", str(task), "--catalog", str(CATALOG)).stdout
+    assert "plan's pick:" in text and "best on-demand offer" in text
+
+
+def test_cost_and_compare_of_two_runs_by_hand(task, tmp_path):
+    bucket = tmp_path / "bucket"
+    # run a: 1 h on gcp L4 at $0.25, preempted at step 100; 2 h on aws T4 at $0.50, from step 100 to 300
+    add_run(task, "demo-a", [
+        {"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 100), "samples": (0, 3200), "end": "preempted", "losses": [(50, 2.0)]},
+        {"place": AWS_T4, "at_h": 1.5, "hours": 2, "steps": (100, 300), "samples": (3200, 9600), "losses": [(300, 1.0)]},
+    ], bucket=bucket)  # fmt: skip
+    # run b: 1 h on gcp L4, 300 steps, loss 2.0 -> 1.5
+    add_run(
+        task,
+        "demo-b",
+        [
+            {
+                "place": GCP_L4,
+                "at_h": 0,
+                "hours": 1,
+                "steps": (0, 300),
+                "samples": (0, 9600),
+                "losses": [(10, 2.0), (300, 1.5)],
+            }
+        ],
+        bucket=bucket,
+    )
+    ctrl = CONTROLLER_USD_PER_HOUR["gcp"]
+    total_a = (
+        0.25 * 1 + 0.5 * 2 + ctrl * (3.5 + CONTROLLER_AUTOSTOP_S / 3600)
+    )  # no checkpoints in these buckets: storage 0
+    total_b = 0.25 + ctrl * (1 + CONTROLLER_AUTOSTOP_S / 3600)
+    out = skygreen("cost", "demo-a", "--json")
+    assert out.returncode == 0, out.stderr
+    a = json.loads(out.stdout)
+    assert a["total_usd"] == pytest.approx(total_a, abs=1e-6)
+    assert a["cost_per_step_usd"] == pytest.approx(total_a / 300) and a["epochs"] == pytest.approx(9.6)
+    assert a["cost_per_epoch_usd"] == pytest.approx(total_a / 9.6)
+    assert a["preemptions"] == 1 and a["lost_s"] == 0.0  # resumed at the step it stopped, first step at once
+    compare = json.loads(skygreen("compare", "demo-a", "demo-b", "--json").stdout)
+    assert [r["total_usd"] for r in compare] == [pytest.approx(total_a, abs=1e-6), pytest.approx(total_b, abs=1e-6)]
+    assert compare[0]["improvement"] == pytest.approx(1.0) and compare[0]["usd_per_improvement"] == pytest.approx(
+        total_a
+    )
+    assert compare[1]["improvement"] == pytest.approx(0.5) and compare[1]["usd_per_improvement"] == pytest.approx(
+        total_b / 0.5
+    )
+    assert compare[0]["clouds_node_hours"] == {"gcp": 1.0, "aws": 2.0}
+    status = json.loads(skygreen("status", "demo-a", "--json").stdout)
+    assert round(status["spend_usd"], 2) == round(a["total_usd"], 2)
+    text = skygreen("compare", "demo-a", "demo-b").stdout
+    assert "demo-a" in text and f"${total_a:,.2f}" in text
+
+
+def test_measured_throughput_feeds_the_plan(task, tmp_path):
+    """A completed run: 9600 samples on one L4 at 9600 samples per 2 h = 1.3333 samples/s.
+    The task says 2 GPU-hours on an A100 (speed 1.0): speed(L4) = 2 x 1.0 x 3600 x (9600/7200) / 9600 = 1.0."""
+    add_run(
+        task,
+        "demo-m",
+        [{"place": GCP_L4, "at_h": 0, "hours": 2, "steps": (0, 300), "samples": (0, 9600)}],
+        bucket=tmp_path / "b",
+    )
+    before = json.loads(skygreen("plan", str(task), "--catalog", str(CATALOG), "--json").stdout)
+    assert "none measured yet" in before["assumptions"][0]
+    assert skygreen("cost", "demo-m").returncode == 0  # reading the ledger records what it measured
+    after = json.loads(skygreen("plan", str(task), "--catalog", str(CATALOG), "--json").stdout)
+    assert "measured by earlier runs of this task: L4 1" in after["assumptions"][0]
+    l4 = next(c for c in after["candidates"] if c["accelerator"] == "L4")
+    assert l4["compute_hours"] == pytest.approx(2.0)  # 2 GPU-hours of A100 work at L4 speed 1.0
+    est = json.loads(skygreen("cost", str(task), "--catalog", str(CATALOG), "--json").stdout)
+    assert est["speeds"]["L4"] == "measured (1 runs)" and est["speeds"].get("T4", "prior") == "prior"
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "words"),
+    [
+        ("budget_alerts: {at: [0.5, 80]}", "skygreen.budget_alerts.at[1]", "write 0.8 for 80%"),
+        (
+            "budget_alerts: {webhook_env: 'https://hooks.example/T0/XYZZY'}",
+            "skygreen.budget_alerts.webhook_env",
+            "not the URL itself",
+        ),
+        ("budget_alerts: {burn_usd_per_hour: -1}", "skygreen.budget_alerts.burn_usd_per_hour", ""),
+        ("budget_alerts: {at_fractions: [0.5]}", "skygreen.budget_alerts.at_fractions", "unknown key"),
+    ],
+)
+def test_budget_fields_are_validated(tmp_path, private_home, section, field, words):
+    path = tmp_path / "task.yaml"
+    path.write_text(f"skygreen:\n  budget_usd: 10\n  {section}\nrun: python train.py\n")
+    out = skygreen("plan", str(path), "--catalog", str(CATALOG))
+    assert out.returncode == 2 and field in out.stderr and words in out.stderr
+    assert "Traceback" not in out.stderr and "XYZZY" not in out.stderr  # the URL is a credential: never echoed
+
+
+def test_budget_settings_reach_the_runtime_environment(tmp_path):
+    from skygreen.settings import RuntimeSettings
+    from skygreen.spec import parse_spec_text
+
+    spec = parse_spec_text(
+        "skygreen:\n  budget_usd: 25\n  budget_alerts: {at: [0.9, 0.5], webhook_env: HOOK, burn_usd_per_hour: 3}\nrun: x\n"
+    )
+    env = RuntimeSettings.from_spec(spec.green, run_id="r-1", bucket="/tmp/b").to_env()
+    assert env["SKYGREEN_BUDGET_USD"] == "25" and env["SKYGREEN_BUDGET_ALERTS"] == "0.5,0.9"
+    assert env["SKYGREEN_BUDGET_WEBHOOK_ENV"] == "HOOK" and env["SKYGREEN_BURN_ALERT_USD_PER_HOUR"] == "3"
+    back = RuntimeSettings.from_env(env)
+    assert back.budget_usd == 25.0 and back.burn_alert_usd_per_hour == 3.0
+
+
+def test_cost_of_an_unknown_run_exits_2(private_home):
+    out = skygreen("cost", "no-such-run")
+    assert out.returncode == 2 and "no run 'no-such-run'" in out.stderr
+
+
+def test_a_local_run_whose_task_file_is_gone_still_gets_its_cost(task, tmp_path):
+    local = Place(cloud="local", price_usd_per_hour=0.0, price_source="local")
+    add_run(
+        task,
+        "demo-l",
+        [{"place": local, "at_h": 0, "hours": 0.5, "steps": (0, 50), "samples": (0, 1600)}],
+        mode="local",
+        bucket=tmp_path / "b",
+    )
+    task.unlink()
+    out = skygreen("cost", "demo-l")
+    assert out.returncode == 0, out.stderr
+    assert "total $0.00" in out.stdout and "no estimate on the clouds: task file not found" in out.stdout

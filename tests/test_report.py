@@ -1,0 +1,164 @@
+"""Figures and the one-page report: real PNG files, the plotted series read back from the
+figure and from the page, and the page opened in real headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_cost_cli import AWS_T4, GCP_L4, TASK, add_run
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+LOSSES_A = [(50, 2.0), (100, 1.6)], [(150, 1.3), (300, 1.0)]
+
+
+def skygreen(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env or dict(os.environ),
+    )
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture
+def runs(private_home, tmp_path) -> list[str]:
+    task = tmp_path / "task.yaml"
+    task.write_text(TASK)
+    bucket = tmp_path / "bucket"
+    add_run(task, "demo-a", [
+        {"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 100), "samples": (0, 3200), "end": "preempted", "losses": LOSSES_A[0]},
+        {"place": AWS_T4, "at_h": 1.5, "hours": 2, "steps": (100, 300), "samples": (3200, 9600), "losses": LOSSES_A[1]},
+    ], bucket=bucket)  # fmt: skip
+    add_run(
+        task,
+        "demo-b",
+        [
+            {
+                "place": GCP_L4,
+                "at_h": 0,
+                "hours": 1,
+                "steps": (0, 300),
+                "samples": (0, 9600),
+                "losses": [(10, 2.0), (300, 1.5)],
+            }
+        ],
+        bucket=bucket,
+    )
+    return ["demo-a", "demo-b"]
+
+
+def test_the_figure_holds_the_expected_series(runs):
+    from skygreen.checkpoint.stores import open_store
+    from skygreen.costs import costing
+    from skygreen.costs.page import build_figure
+
+    report = costing.cost_of_run("demo-a", open_store=open_store)
+    fig = build_figure([report])
+    ax_cloud, ax_seg, ax_spend, ax_loss = fig.axes
+    assert sorted(round(b.get_height(), 6) for b in ax_cloud.patches) == [0.25, 1.0]  # gcp 1 h x $0.25, aws 2 h x $0.50
+    assert [round(b.get_height(), 6) for b in ax_seg.patches] == [0.25, 1.0]
+    (spend,) = ax_spend.get_lines()
+    assert list(spend.get_xdata()) == pytest.approx([0, 0, 1, 1.5, 3.5]) and list(spend.get_ydata()) == pytest.approx(
+        [0, 0, 0.25, 0.25, 1.25]
+    )
+    loss = next(line for line in ax_loss.get_lines() if "val_loss" in str(line.get_label()))
+    assert list(loss.get_xdata()) == [50, 100, 150, 300] and list(loss.get_ydata()) == [2.0, 1.6, 1.3, 1.0]
+    marks = [line for line in ax_loss.get_lines() if line.get_linestyle() == "--"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [100, 100]  # resumed at step 100 after the preemption
+    for ax in fig.axes:
+        assert ax.get_ylabel() and ax.get_title()
+    assert "USD" in ax_spend.get_ylabel() and "hours" in ax_spend.get_xlabel()
+
+
+def test_cost_plot_png_and_compare_plot_html(runs, tmp_path):
+    png = tmp_path / "cost.png"
+    out = skygreen("cost", "demo-a", "--plot", str(png))
+    assert out.returncode == 0, out.stderr
+    data = png.read_bytes()
+    assert png_size(data) == (1300, 850) and len(data) > 30_000
+    page = tmp_path / "compare.html"
+    out = skygreen("compare", *runs, "--plot", str(page))
+    assert out.returncode == 0, out.stderr
+    text = page.read_text()
+    found = re.search(r"<script type='application/json' id='series'>(.*?)</script>", text, re.DOTALL)
+    assert found is not None
+    series = json.loads(found.group(1))
+    assert [r["run_id"] for r in series["runs"]] == runs
+    assert series["runs"][0]["metrics"]["val_loss"]["value"] == [2.0, 1.6, 1.3, 1.0]
+    assert series["runs"][1]["cost_by_cloud_usd"] == {"gcp": pytest.approx(0.25)}
+    (img,) = re.findall(r"src='data:image/png;base64,([^']+)'", text)
+    assert png_size(base64.b64decode(img)) == (1300, 850)
+    assert not re.search(r"(src|href)=['\"]?https?:", text)  # nothing fetched from the network
+    bad = skygreen("cost", "demo-a", "--plot", str(tmp_path / "cost.svg"))
+    assert bad.returncode == 2 and "end the name in .png or .html" in bad.stderr
+
+
+def test_without_matplotlib_a_one_line_hint(runs, tmp_path):
+    blocker = tmp_path / "block" / "matplotlib"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "block"))
+    out = skygreen("cost", "demo-a", "--plot", str(tmp_path / "x.png"), env=env)
+    assert out.returncode == 2 and "pip install 'skygreen[report]'" in out.stderr and "Traceback" not in out.stderr
+    assert skygreen("cost", "demo-a", env=env).returncode == 0  # the text view needs no matplotlib
+
+
+def test_the_cli_starts_without_matplotlib():
+    probe = "import sys\nfrom skygreen.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\nprint('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+CHROMIUM: str = shutil.which("chromium") or shutil.which("chromium-browser") or ""
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (scripts/install.sh installs it with apt-get where it runs as root)",
+)
+def test_report_page_in_headless_chromium(runs, tmp_path):
+    page = tmp_path / "report.html"
+    out = skygreen("report", "demo-a", "-o", str(page))
+    assert out.returncode == 0, out.stderr
+    text = page.read_text()
+    assert "The plan it ran on" not in text or "<table class='plan'>" in text
+    assert "<table class='segments'>" in text and "id='task'" in text and "class='energy'" in text
+    shot = tmp_path / "shot.png"
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+              "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'id="figure"' in dom.stdout and "Run demo-a" in dom.stdout
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert not console, console
+    grab = subprocess.run([*common, "--hide-scrollbars", "--window-size=1400,1800", f"--screenshot={shot}", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert grab.returncode == 0 and shot.exists(), grab.stderr[-2000:]
+    assert png_size(shot.read_bytes()) == (1400, 1800)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(shot))[:, :, :3]
+    colored = ((pixels.max(axis=2) - pixels.min(axis=2)) > 0.2).mean()
+    assert colored > 0.01  # the figure's coloured bars and lines were drawn, not a blank page
+    if os.environ.get("SKYGREEN_UPDATE_SCREENSHOT") == "1":
+        shutil.copy(shot, REPO / "docs" / "report.png")
