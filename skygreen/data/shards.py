@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from skygreen.errors import InputError, RuntimeSetupError
-from skygreen.store import KeyNotFoundError, Store, join_url, open_store
+from skygreen.checkpoint.store import KeyNotFoundError, Store, join_url, open_store
 
 log = logging.getLogger("skygreen.data")
 

@@ -1,0 +1,98 @@
+"""The shipped tasks: each passes `skygreen smoke` offline on CPU with no extra settings, plans to
+a believable cost, and renders a VM setup that installs its own packages.
+
+(`tests/test_render.py` checks every tasks/*.yaml through SkyPilot's own parser.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = REPO / "tasks"
+SHIPPED = ("bert-mlm", "gpt2", "resnet50", "tiny")
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def test_the_shipped_tasks_are_all_there():
+    assert sorted(p.stem for p in TASKS.glob("*.yaml")) == sorted(SHIPPED)
+
+
+@pytest.mark.parametrize("name", ["bert-mlm", "gpt2", "resnet50"])
+def test_task_passes_the_smoke_test_offline_with_no_settings(name, tmp_path):
+    """`skygreen smoke tasks/X.yaml` as a user runs it: no SKYGREEN_TASK_SIZE, no hub."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
+    env.update(OFFLINE, SKYGREEN_DATA_CACHE=str(tmp_path / "cache"))
+    out = subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", "smoke", str(TASKS / f"{name}.yaml")],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("skygreen smoke: ok: 2 steps, micro-batch 2 x 2 accumulation, fp32"), out.stdout
+    # the data went through skygreen.data: prepared into the smoke run's throw-away bucket
+    assert list((tmp_path / "cache").iterdir()), "nothing was prepared into the data cache"
+
+
+def test_task_size_rejects_a_typo(tmp_path):
+    env = dict(os.environ, SKYGREEN_TASK_SIZE="tiny", SKYGREEN_BUCKET=str(tmp_path))
+    out = subprocess.run([sys.executable, "bert_mlm.py"], cwd=TASKS, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode != 0
+    assert "SKYGREEN_TASK_SIZE='tiny': expected 'full' or 'small'" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "name, low_usd, high_usd",
+    [("bert-mlm", 1, 100), ("gpt2", 3, 300), ("resnet50", 1, 100), ("tiny", 0, 1)],
+)
+def test_plan_prices_each_task_believably(name, low_usd, high_usd):
+    """Work sized from published throughput: dollars to tens of dollars per run on spot, not cents or thousands."""
+    out = subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", "plan", str(TASKS / f"{name}.yaml"), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    best = json.loads(out.stdout)["candidates"][0]
+    assert low_usd <= best["est_cost_usd"] <= high_usd, best
+
+
+@pytest.mark.parametrize("name", ["bert-mlm", "gpt2", "resnet50"])
+def test_rendered_setup_installs_the_tasks_packages_and_is_valid_shell(name, tmp_path):
+    from skygreen.launch.render import RuntimeInstall, render_task
+    from skygreen.settings import RuntimeSettings
+    from skygreen.spec import load_spec
+    from skygreen.api import plan
+
+    spec = load_spec(TASKS / f"{name}.yaml")
+    settings = RuntimeSettings.from_spec(spec.green, run_id="demo-20260101-000000-abcd", bucket="s3://bucket/runs")
+    task = render_task(spec, plan(spec), settings=settings, task_dir=TASKS, install=RuntimeInstall(source_dir=str(REPO)))
+    own_setup = yaml.safe_load((TASKS / f"{name}.yaml").read_text())["setup"]
+    assert "datasets" in own_setup
+    script = tmp_path / "setup.sh"
+    script.write_text(task["setup"])
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    assert "datasets" in task["setup"]  # the task's own setup, run after the runtime's install
+
+
+def test_local_resnet50_is_torchvisions_architecture():
+    sys.path.insert(0, str(TASKS))
+    try:
+        from resnet_local import resnet50
+    finally:
+        sys.path.remove(str(TASKS))
+    model = resnet50()
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032  # torchvision's resnet50()
+    try:
+        import torchvision
+    except Exception:  # noqa: BLE001 - absent, or a build that does not match this torch
+        return
+    reference = torchvision.models.resnet50(weights=None)
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert list(ours) == list(theirs)
+    assert all(ours[k].shape == theirs[k].shape for k in ours)
