@@ -96,3 +96,19 @@ def test_local_resnet50_is_torchvisions_architecture():
     ours, theirs = model.state_dict(), reference.state_dict()
     assert list(ours) == list(theirs)
     assert all(ours[k].shape == theirs[k].shape for k in ours)
+
+
+def test_near_duplicate_removal_runs_when_asked_and_warns(tmp_path):
+    from skygreen.runtime.smoke import run_smoke
+
+    task = tmp_path / "bert-dedup.yaml"
+    task.write_text(
+        f"name: bert-dedup\nworkdir: {TASKS}\nskygreen:\n  batch: {{effective: 8, micro: 2}}\n"
+        "run: python bert_mlm.py --dedup 0.8\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
+    env.update(OFFLINE, SKYGREEN_DATA_CACHE=str(tmp_path / "cache"))
+    result = run_smoke(task, environ=env)
+    assert result.line.startswith("skygreen smoke: ok")
+    assert "curated medical or legal data" in result.output
+    assert "near-duplicates removed:" in result.output

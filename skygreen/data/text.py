@@ -75,8 +75,8 @@ def near_duplicates(
 
     Read the module docstring before using this on curated data.
     """
-    if not 0.0 < threshold <= 1.0:
-        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"near-duplicate threshold must be between 0 and 1 (exclusive), got {threshold}")
     try:
         from datasketch import MinHash, MinHashLSH
     except ModuleNotFoundError as e:
