@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +68,15 @@ def use_sample(size: str) -> bool:
 
 def prepare_text(data: TextData, *, size: str, dedup: float | None) -> tuple[ShardedDataset, object]:
     """The packed blocks (`input_ids` rows of `block_size` tokens) and the tokenizer."""
+    spec, build = text_shards(data, size=size, dedup=dedup)
+    dataset = prepare(spec, build)
+    from tokenizers import Tokenizer
+
+    return dataset, Tokenizer.from_str(dataset.file("tokenizer.json").decode())
+
+
+def text_shards(data: TextData, *, size: str, dedup: float | None) -> tuple[ShardSpec, Callable[[ShardWriter], None]]:
+    """The shard spec (what the cache key covers) and the preprocessing that fills it."""
     sample = use_sample(size)
     if sample and size == "full":
         print("textdata: the hub is switched off here (HF_*_OFFLINE): training on the shipped sample", file=sys.stderr)
@@ -104,10 +113,7 @@ def prepare_text(data: TextData, *, size: str, dedup: float | None) -> tuple[Sha
                 blocks = np.concatenate([np.full((len(blocks), 1), cls_id, dtype=blocks.dtype), blocks], axis=1)
             writer.add({"input_ids": blocks})
 
-    dataset = prepare(spec, build)
-    from tokenizers import Tokenizer
-
-    return dataset, Tokenizer.from_str(dataset.file("tokenizer.json").decode())
+    return spec, build
 
 
 # -- sources -------------------------------------------------------------------------------
