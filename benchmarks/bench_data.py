@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -40,7 +41,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from servers import FAKE_AWS_ENV, make_s3_bucket, moto_process  # noqa: E402
-from skygreen.data.shards import ShardSpec, ShardWriter, prepare  # noqa: E402
+from skygreen.data.shards import ShardSpec, prepare  # noqa: E402
 from skygreen.data.text import token_dtype  # noqa: E402
 
 S3_USD_PER_GB_MONTH = 0.023  # S3 Standard, us-east-1, first 50 TB
@@ -65,8 +66,12 @@ class MemoryWriter:
 def tiny_workload():
     import tiny
 
-    spec = ShardSpec(name="tiny", source={"generator": "tiny.make_sequences", "seed": 1}, config={"rows": tiny.TRAIN_SEQUENCES},
-                     rows_per_shard=512)
+    spec = ShardSpec(
+        name="tiny",
+        source={"generator": "tiny.make_sequences", "seed": 1},
+        config={"rows": tiny.TRAIN_SEQUENCES},
+        rows_per_shard=512,
+    )
 
     def build(writer) -> None:
         tokens = tiny.make_sequences(tiny.TRAIN_SEQUENCES, seed=1).numpy()
@@ -89,7 +94,6 @@ def tokenize_rate(rounds: int) -> tuple[float, float]:
     tokenizer already made: the hub path's per-start work, which downloads its tokenizer."""
     import bert_mlm
     import textdata
-
     from skygreen.data.text import pack_blocks
 
     data = dataclasses.replace(bert_mlm.WIKITEXT_103, block_size=128)
@@ -98,8 +102,13 @@ def tokenize_rate(rounds: int) -> tuple[float, float]:
     text_bytes = sum(len(t.encode()) for t in texts)
     times, tokens = [], 0
     for _ in range(rounds):
-        t, blocks = timed(lambda: list(pack_blocks(textdata._token_lists(tokenizer, texts), block_size=127,
-                                                   separator=3, dtype=np.dtype(np.uint16))))
+        t, blocks = timed(
+            lambda: list(
+                pack_blocks(
+                    textdata._token_lists(tokenizer, texts), block_size=127, separator=3, dtype=np.dtype(np.uint16)
+                )
+            )
+        )
         times.append(t)
         tokens = sum(b.size for b in blocks)
     return text_bytes / statistics.median(times) / 1e6, text_bytes / tokens
@@ -109,20 +118,25 @@ def stream_rate(url: str, tmp: Path, rounds: int) -> float:
     """MB/s for full-size shards: 8 MiB files (32,768 blocks of 128 uint16 tokens), new VM each round."""
     spec = ShardSpec(name="rate", source={"random": 8}, config={}, rows_per_shard=32_768)
     rng = np.random.default_rng(0)
-    prepare(spec, lambda w: w.add({"input_ids": rng.integers(0, 30_522, (4 * 32_768, 128)).astype(np.uint16)}),
-            url=url, cache_dir=tmp / "rate-vm0", prefetch=False)
+    prepare(
+        spec,
+        lambda w: w.add({"input_ids": rng.integers(0, 30_522, (4 * 32_768, 128)).astype(np.uint16)}),
+        url=url,
+        cache_dir=tmp / "rate-vm0",
+        prefetch=False,
+    )
     rates = []
     for r in range(rounds):
-        t, ds = timed(lambda: prepare(spec, None, url=url, cache_dir=tmp / f"rate-vm{r + 1}", prefetch=False))
+        t, ds = timed(prepare, spec, None, url=url, cache_dir=tmp / f"rate-vm{r + 1}", prefetch=False)
         t2, _ = timed(ds.fetch_all)
         rates.append(ds.nbytes / (t + t2) / 1e6)
         shutil.rmtree(tmp / f"rate-vm{r + 1}", ignore_errors=True)
     return statistics.median(rates)
 
 
-def timed(fn) -> tuple[float, object]:
+def timed(fn, *args, **kwargs) -> tuple[float, Any]:
     start = time.perf_counter()
-    value = fn()
+    value = fn(*args, **kwargs)
     return time.perf_counter() - start, value
 
 
@@ -130,8 +144,8 @@ def measure(name: str, spec: ShardSpec, build, raw_bytes: int, *, url: str, roun
     every, first, cold_first_row, cold_all, warm = [], [], [], [], []
     for r in range(rounds):
         round_url = f"{url}/round{r}"
-        every.append(timed(lambda: build(MemoryWriter()))[0])
-        t, built = timed(lambda: prepare(spec, build, url=round_url, cache_dir=tmp / f"{name}-vm0-{r}", prefetch=False))
+        every.append(timed(build, MemoryWriter())[0])
+        t, built = timed(prepare, spec, build, url=round_url, cache_dir=tmp / f"{name}-vm0-{r}", prefetch=False)
         assert built.built
         first.append(t)
         cache = tmp / f"{name}-vm1-{r}"
@@ -142,22 +156,29 @@ def measure(name: str, spec: ShardSpec, build, raw_bytes: int, *, url: str, roun
         cold_first_row.append(time.perf_counter() - t0)
         streamed.fetch_all()
         cold_all.append(time.perf_counter() - t0)
-        t, again = timed(lambda: prepare(spec, build, url=round_url, cache_dir=cache, prefetch=False))
+        t, again = timed(prepare, spec, build, url=round_url, cache_dir=cache, prefetch=False)
         again.fetch_all()
         warm.append(t)
         shutil.rmtree(cache, ignore_errors=True)
     stored = built.nbytes
     return {
-        "name": name, "rows": len(built), "raw_bytes": raw_bytes, "stored_bytes": stored,
+        "name": name,
+        "rows": len(built),
+        "raw_bytes": raw_bytes,
+        "stored_bytes": stored,
         "shards": len(built.manifest["shards"]),
-        "every_s": statistics.median(every), "first_s": statistics.median(first),
-        "cold_first_row_s": statistics.median(cold_first_row), "cold_all_s": statistics.median(cold_all),
+        "every_s": statistics.median(every),
+        "first_s": statistics.median(first),
+        "cold_first_row_s": statistics.median(cold_first_row),
+        "cold_all_s": statistics.median(cold_all),
         "warm_s": statistics.median(warm),
     }
 
 
 def report(results: list[dict], tokenize_mb_s: float, bytes_per_token: float, stream_mb_s: float) -> None:
-    print("| workload | rows | input | shards stored | S3 $/month | preprocess every start, s | first start with shards, s | resume on a new VM: first row / all shards, s | resume, warm cache, s | saved per resume (new VM, all shards) |")
+    print(
+        "| workload | rows | input | shards stored | S3 $/month | preprocess every start, s | first start with shards, s | resume on a new VM: first row / all shards, s | resume, warm cache, s | saved per resume (new VM, all shards) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         saved = r["every_s"] / r["cold_all_s"]
@@ -167,11 +188,15 @@ def report(results: list[dict], tokenize_mb_s: float, bytes_per_token: float, st
             f"| {r['cold_first_row_s']:.3f} / {r['cold_all_s']:.3f} | {r['warm_s']:.4f} "
             f"| {r['every_s'] - r['cold_all_s']:+.3f} s ({saved:.1f}x faster) |"
         )
-    print(f"tokenize + pack alone (tokenizer ready): {tokenize_mb_s:.2f} MB of text/s, {bytes_per_token:.2f} bytes of text per token")
+    print(
+        f"tokenize + pack alone (tokenizer ready): {tokenize_mb_s:.2f} MB of text/s, {bytes_per_token:.2f} bytes of text per token"
+    )
     print(f"streaming full-size shards (8 MiB each) from the bucket into an empty cache: {stream_mb_s:.1f} MB/s")
     for r in results:
-        print(f"{r['name']}: preprocessing {r['raw_bytes'] / r['every_s'] / 1e6:.2f} MB of input/s; "
-              f"streaming shards {r['stored_bytes'] / r['cold_all_s'] / 1e6:.2f} MB/s from the bucket")
+        print(
+            f"{r['name']}: preprocessing {r['raw_bytes'] / r['every_s'] / 1e6:.2f} MB of input/s; "
+            f"streaming shards {r['stored_bytes'] / r['cold_all_s'] / 1e6:.2f} MB/s from the bucket"
+        )
 
 
 def main() -> None:
@@ -187,10 +212,12 @@ def main() -> None:
             make_s3_bucket("bench-data")
             url = "s3://bench-data/runs/skygreen-data"
             workloads = [("tiny", *tiny_workload()), ("bert-mlm small", *bert_small_workload())]
-            for _, spec, build, _raw in workloads:  # warm imports and caches outside the timings
+            for _name, _spec, build, _raw in workloads:  # warm imports and caches outside the timings
                 build(MemoryWriter())
-            results = [measure(name, spec, build, raw, url=f"{url}/{i}", rounds=args.rounds, tmp=tmp)
-                       for i, (name, spec, build, raw) in enumerate(workloads)]
+            results = [
+                measure(name, spec, build, raw, url=f"{url}/{i}", rounds=args.rounds, tmp=tmp)
+                for i, (name, spec, build, raw) in enumerate(workloads)
+            ]
             tokenize_mb_s, bytes_per_token = tokenize_rate(args.rounds)
             stream_mb_s = stream_rate(f"{url}/rate", tmp, args.rounds)
         finally:

@@ -22,12 +22,13 @@ import argparse
 import dataclasses
 import math
 import random
+from typing import Any
 
 import numpy as np
 import torch
-from textdata import Rows, TextData, prepare_text, task_size
 
 import skygreen.runtime as sg
+from textdata import Rows, TextData, prepare_text, task_size
 
 WIKITEXT_103 = TextData(
     name="wikitext103-bert",
@@ -42,20 +43,46 @@ WIKITEXT_103 = TextData(
     cls_token="[CLS]",
     separator_token="[SEP]",
 )
-SIZES = {
+SIZES: dict[str, dict[str, Any]] = {
     # BERT-base (110M parameters); 100k steps of 256 x 128 tokens = 3.3B tokens, ~27 epochs of WikiText-103.
-    "full": dict(hidden=768, layers=12, heads=12, intermediate=3072, block=128, steps=100_000,
-                 lr=5e-4, warmup=10_000, val_rows=2048, eval_every=2000),
-    "small": dict(batch=16, hidden=32, layers=2, heads=2, intermediate=64, block=32, steps=60,
-                  lr=2e-3, warmup=5, val_rows=16, eval_every=20),
+    "full": dict(
+        hidden=768,
+        layers=12,
+        heads=12,
+        intermediate=3072,
+        block=128,
+        steps=100_000,
+        lr=5e-4,
+        warmup=10_000,
+        val_rows=2048,
+        eval_every=2000,
+    ),
+    "small": dict(
+        batch=16,
+        hidden=32,
+        layers=2,
+        heads=2,
+        intermediate=64,
+        block=32,
+        steps=60,
+        lr=2e-3,
+        warmup=5,
+        val_rows=16,
+        eval_every=20,
+    ),
 }
 MASK_FRACTION = 0.15
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dedup", type=float, default=None, metavar="THRESHOLD",
-                        help="drop near-duplicate documents (MinHash Jaccard >= THRESHOLD, e.g. 0.8); off by default")
+    parser.add_argument(
+        "--dedup",
+        type=float,
+        default=None,
+        metavar="THRESHOLD",
+        help="drop near-duplicate documents (MinHash Jaccard >= THRESHOLD, e.g. 0.8); off by default",
+    )
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the size's)")
     return parser.parse_args()
 
@@ -75,8 +102,9 @@ def build_model(vocab_size: int, size: dict):
     return BertForMaskedLM(config)
 
 
-def mask_tokens(ids: torch.Tensor, *, mask_id: int, vocab_size: int, special: torch.Tensor,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    ids: torch.Tensor, *, mask_id: int, vocab_size: int, special: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's 80/10/10 masking: (inputs, labels with -100 where nothing is predicted)."""
 
     def draw(p: float) -> torch.Tensor:
@@ -101,7 +129,9 @@ def evaluate(run: sg.Run, val: Rows, token_ids: dict) -> float:
     losses = []
     for start in range(0, len(ids), 64):
         with run.autocast():
-            out = run.model(input_ids=inputs[start : start + 64].to(run.device), labels=labels[start : start + 64].to(run.device))
+            out = run.model(
+                input_ids=inputs[start : start + 64].to(run.device), labels=labels[start : start + 64].to(run.device)
+            )
         losses.append(out.loss.float().item())
     run.model.train()
     return float(np.mean(losses))
@@ -115,7 +145,9 @@ def main() -> None:
     size_name = task_size()
     size = SIZES[size_name]
     steps = args.steps or size["steps"]
-    data, tokenizer = prepare_text(dataclasses.replace(WIKITEXT_103, block_size=size["block"]), size=size_name, dedup=args.dedup)
+    data, tokenizer = prepare_text(
+        dataclasses.replace(WIKITEXT_103, block_size=size["block"]), size=size_name, dedup=args.dedup
+    )
     vocab_size = tokenizer.get_vocab_size()
     token_ids = {
         "mask_id": tokenizer.token_to_id("[MASK]"),
@@ -128,20 +160,32 @@ def main() -> None:
     model = build_model(vocab_size, size)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=size["lr"], betas=(0.9, 0.98), eps=1e-6)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=size["lr"],
+        betas=(0.9, 0.98),
+        eps=1e-6,
+    )
     warmup = size["warmup"]
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup)))
     )
-    run = sg.Run(model=model, optimizer=optimizer, scheduler=scheduler, dataset=train, extra_state={"data": data},
-                 effective_batch=size.get("batch"))  # small: 16 whatever the task file says
+    run = sg.Run(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        dataset=train,
+        extra_state={"data": data},
+        effective_batch=size.get("batch"),
+    )  # small: 16 whatever the task file says
     special = token_ids["special"].to(run.device)
     with run:
         for step in run.steps(steps):
             with step:
                 for ids in step.micro_batches():
-                    inputs, labels = mask_tokens(ids, mask_id=token_ids["mask_id"], vocab_size=vocab_size, special=special)
+                    inputs, labels = mask_tokens(
+                        ids, mask_id=token_ids["mask_id"], vocab_size=vocab_size, special=special
+                    )
                     with step.autocast():
                         loss = run.model(input_ids=inputs, labels=labels).loss
                     step.backward(loss)
@@ -151,8 +195,11 @@ def main() -> None:
                 val_loss = evaluate(run, val, token_ids)
                 run.report(val_loss=val_loss)
                 if run.rank == 0:
-                    print(f"step {run.step_index} epoch {run.epoch} train_loss {loss.item():.4f} "
-                          f"val_loss {val_loss:.4f} val_ppl {math.exp(min(val_loss, 20)):.1f}", flush=True)
+                    print(
+                        f"step {run.step_index} epoch {run.epoch} train_loss {loss.item():.4f} "
+                        f"val_loss {val_loss:.4f} val_ppl {math.exp(min(val_loss, 20)):.1f}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

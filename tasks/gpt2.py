@@ -22,12 +22,13 @@ import argparse
 import dataclasses
 import math
 import random
+from typing import Any
 
 import numpy as np
 import torch
-from textdata import Rows, TextData, prepare_text, task_size
 
 import skygreen.runtime as sg
+from textdata import Rows, TextData, prepare_text, task_size
 
 FINEWEB_EDU = TextData(
     name="fineweb-edu-10bt-gpt2",
@@ -41,20 +42,46 @@ FINEWEB_EDU = TextData(
     block_size=1024,
     separator_token="<|endoftext|>",
 )
-SIZES = {
+SIZES: dict[str, dict[str, Any]] = {
     # 19,073 steps x 524,288 tokens = 10B tokens; GPT-3 small's learning rate and schedule.
-    "full": dict(embd=768, layers=12, heads=12, block=1024, steps=19_073, lr=6e-4, warmup=715,
-                 val_rows=1024, eval_every=250, vocab_pad=64),
-    "small": dict(batch=16, embd=64, layers=2, heads=2, block=64, steps=60, lr=3e-3, warmup=5,
-                  val_rows=16, eval_every=20, vocab_pad=8),
+    "full": dict(
+        embd=768,
+        layers=12,
+        heads=12,
+        block=1024,
+        steps=19_073,
+        lr=6e-4,
+        warmup=715,
+        val_rows=1024,
+        eval_every=250,
+        vocab_pad=64,
+    ),
+    "small": dict(
+        batch=16,
+        embd=64,
+        layers=2,
+        heads=2,
+        block=64,
+        steps=60,
+        lr=3e-3,
+        warmup=5,
+        val_rows=16,
+        eval_every=20,
+        vocab_pad=8,
+    ),
 }
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dedup", type=float, default=None, metavar="THRESHOLD",
-                        help="drop near-duplicate documents (MinHash Jaccard >= THRESHOLD); off by default "
-                             "(FineWeb-Edu is already deduplicated upstream)")
+    parser.add_argument(
+        "--dedup",
+        type=float,
+        default=None,
+        metavar="THRESHOLD",
+        help="drop near-duplicate documents (MinHash Jaccard >= THRESHOLD); off by default "
+        "(FineWeb-Edu is already deduplicated upstream)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the size's)")
     return parser.parse_args()
 
@@ -93,15 +120,21 @@ def main() -> None:
     size_name = task_size()
     size = SIZES[size_name]
     steps = args.steps or size["steps"]
-    data, tokenizer = prepare_text(dataclasses.replace(FINEWEB_EDU, block_size=size["block"]), size=size_name, dedup=args.dedup)
+    data, tokenizer = prepare_text(
+        dataclasses.replace(FINEWEB_EDU, block_size=size["block"]), size=size_name, dedup=args.dedup
+    )
     val_rows = min(size["val_rows"], len(data) // 4)
     train, val = Rows(data, 0, len(data) - val_rows), Rows(data, len(data) - val_rows, len(data))
 
     model = build_model(tokenizer.get_vocab_size(), size)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=size["lr"], betas=(0.9, 0.95), eps=1e-8)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=size["lr"],
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     warmup = size["warmup"]
 
     def lr_factor(s: int) -> float:  # linear warm-up, cosine decay to 10%
@@ -111,8 +144,14 @@ def main() -> None:
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    run = sg.Run(model=model, optimizer=optimizer, scheduler=scheduler, dataset=train, extra_state={"data": data},
-                 effective_batch=size.get("batch"))  # small: 16 whatever the task file says
+    run = sg.Run(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        dataset=train,
+        extra_state={"data": data},
+        effective_batch=size.get("batch"),
+    )  # small: 16 whatever the task file says
     with run:
         for step in run.steps(steps):
             with step:
@@ -126,8 +165,11 @@ def main() -> None:
                 val_loss = evaluate(run, val)
                 run.report(val_loss=val_loss)
                 if run.rank == 0:
-                    print(f"step {run.step_index} epoch {run.epoch} accumulation {run.accum_steps} "
-                          f"train_loss {loss.item():.4f} val_loss {val_loss:.4f}", flush=True)
+                    print(
+                        f"step {run.step_index} epoch {run.epoch} accumulation {run.accum_steps} "
+                        f"train_loss {loss.item():.4f} val_loss {val_loss:.4f}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

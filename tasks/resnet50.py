@@ -22,21 +22,40 @@ import math
 import os
 import random
 import sys
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from resnet_local import resnet, resnet50
-from textdata import Rows, task_size
 
 import skygreen.runtime as sg
+from resnet_local import resnet, resnet50
 from skygreen.data.shards import ShardSpec, ShardWriter, prepare
+from textdata import Rows, task_size
 
-SIZES = {
-    "full": dict(image=160, classes=1000, steps=90 * 1_281_167 // 1024, lr=1.024, warmup=5 * 1251,
-                 val_rows=10_000, eval_every=1251, label_smoothing=0.1),
-    "small": dict(batch=16, image=32, classes=10, steps=60, lr=0.2, warmup=5, val_rows=64, eval_every=20,
-                  label_smoothing=0.0, rows=512),
+SIZES: dict[str, dict[str, Any]] = {
+    "full": dict(
+        image=160,
+        classes=1000,
+        steps=90 * 1_281_167 // 1024,
+        lr=1.024,
+        warmup=5 * 1251,
+        val_rows=10_000,
+        eval_every=1251,
+        label_smoothing=0.1,
+    ),
+    "small": dict(
+        batch=16,
+        image=32,
+        classes=10,
+        steps=60,
+        lr=0.2,
+        warmup=5,
+        val_rows=64,
+        eval_every=20,
+        label_smoothing=0.0,
+        rows=512,
+    ),
 }
 IMAGENET = {"dataset": "ILSVRC/imagenet-1k", "split": "train", "revision": "main"}
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
@@ -60,11 +79,19 @@ def build_model(size_name: str, classes: int) -> torch.nn.Module:
 
 def prepare_images(size_name: str, size: dict):
     if size_name == "small":
-        spec = ShardSpec(name="synthetic-images", source={"synthetic": "class-coloured noise", "seed": 0, "rows": size["rows"]},
-                         config={"image": size["image"], "classes": size["classes"]}, rows_per_shard=128)
+        spec = ShardSpec(
+            name="synthetic-images",
+            source={"synthetic": "class-coloured noise", "seed": 0, "rows": size["rows"]},
+            config={"image": size["image"], "classes": size["classes"]},
+            rows_per_shard=128,
+        )
         return prepare(spec, lambda writer: _synthetic(writer, size))
-    spec = ShardSpec(name="imagenet1k", source=IMAGENET, config={"resize_short": size["image"], "crop": size["image"]},
-                     rows_per_shard=8192)
+    spec = ShardSpec(
+        name="imagenet1k",
+        source=IMAGENET,
+        config={"resize_short": size["image"], "crop": size["image"]},
+        rows_per_shard=8192,
+    )
     return prepare(spec, lambda writer: _imagenet(writer, size["image"]))
 
 
@@ -89,23 +116,36 @@ def _imagenet(writer: ShardWriter, side: int) -> None:
     except ModuleNotFoundError as e:
         sys.exit(f"error: the full-size task needs '{e.name}': pip install 'skygreen[tasks]' pillow")
     try:
-        corpus = datasets.load_dataset(IMAGENET["dataset"], split=IMAGENET["split"], revision=IMAGENET["revision"],
-                                       token=os.environ.get("HF_TOKEN"))
+        corpus = datasets.load_dataset(
+            IMAGENET["dataset"],
+            split=IMAGENET["split"],
+            revision=IMAGENET["revision"],
+            token=os.environ.get("HF_TOKEN"),
+        )
     except Exception as e:
-        sys.exit(f"error: could not load {IMAGENET['dataset']}: {type(e).__name__}: {e}\n"
-                 "  fix: accept the dataset's terms on the hub and pass HF_TOKEN (secrets: HF_TOKEN), "
-                 "or set SKYGREEN_TASK_SIZE=small")
+        sys.exit(
+            f"error: could not load {IMAGENET['dataset']}: {type(e).__name__}: {e}\n"
+            "  fix: accept the dataset's terms on the hub and pass HF_TOKEN (secrets: HF_TOKEN), "
+            "or set SKYGREEN_TASK_SIZE=small"
+        )
 
     def resize(image: Image.Image) -> np.ndarray:
         image = image.convert("RGB")
         scale = side / min(image.size)
-        image = image.resize((max(side, round(image.width * scale)), max(side, round(image.height * scale))), Image.BILINEAR)
+        image = image.resize(
+            (max(side, round(image.width * scale)), max(side, round(image.height * scale))), Image.BILINEAR
+        )
         left, top = (image.width - side) // 2, (image.height - side) // 2
         return np.asarray(image.crop((left, top, left + side, top + side)), dtype=np.uint8)
 
     for start in range(0, len(corpus), 1024):
         chunk = corpus[start : start + 1024]
-        writer.add({"image": np.stack([resize(im) for im in chunk["image"]]), "label": np.asarray(chunk["label"], dtype=np.int16)})
+        writer.add(
+            {
+                "image": np.stack([resize(im) for im in chunk["image"]]),
+                "label": np.asarray(chunk["label"], dtype=np.int16),
+            }
+        )
 
 
 def augment(images: torch.Tensor) -> torch.Tensor:
@@ -159,17 +199,27 @@ def main() -> None:
     val_rows = min(size["val_rows"], len(data) // 8)
     train, val = Rows(data, 0, len(data) - val_rows), Rows(data, len(data) - val_rows, len(data))
 
-    model = build_model(size_name, size["classes"]).to(memory_format=torch.channels_last)
+    model = build_model(size_name, size["classes"]).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]  # no weight decay on batch-norm and biases
-    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": 5e-5}, {"params": no_decay, "weight_decay": 0.0}],
-                                lr=size["lr"], momentum=0.875, nesterov=False)
+    optimizer = torch.optim.SGD(
+        [{"params": decay, "weight_decay": 5e-5}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=size["lr"],
+        momentum=0.875,
+        nesterov=False,
+    )
     warmup = size["warmup"]
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     )
-    run = sg.Run(model=model, optimizer=optimizer, scheduler=scheduler, dataset=train, extra_state={"data": data},
-                 effective_batch=size.get("batch"))  # small: 16 whatever the task file says
+    run = sg.Run(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        dataset=train,
+        extra_state={"data": data},
+        effective_batch=size.get("batch"),
+    )  # small: 16 whatever the task file says
     with run:
         for step in run.steps(steps):
             with step:
@@ -183,8 +233,11 @@ def main() -> None:
                 val_loss, top1 = evaluate(run, val)
                 run.report(val_loss=val_loss)
                 if run.rank == 0:
-                    print(f"step {run.step_index} epoch {run.epoch} train_loss {loss.item():.4f} "
-                          f"val_loss {val_loss:.4f} top1 {top1:.3f}", flush=True)
+                    print(
+                        f"step {run.step_index} epoch {run.epoch} train_loss {loss.item():.4f} "
+                        f"val_loss {val_loss:.4f} top1 {top1:.3f}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -23,12 +23,14 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from skygreen.data.shards import ShardedDataset, ShardSpec, ShardWriter, prepare
 from skygreen.data.text import DEDUP_WARNING, near_duplicates, pack_blocks, token_dtype
 from skygreen.settings import TASK_SIZE_ENV  # `full` (default) or `small`; `skygreen smoke` sets small
+
 _OFFLINE_ENVS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _TEXT_BATCH = 1000
 
@@ -66,7 +68,7 @@ def use_sample(size: str) -> bool:
     return size == "small" or any(os.environ.get(v, "") not in ("", "0") for v in _OFFLINE_ENVS)
 
 
-def prepare_text(data: TextData, *, size: str, dedup: float | None) -> tuple[ShardedDataset, object]:
+def prepare_text(data: TextData, *, size: str, dedup: float | None) -> tuple[ShardedDataset, Any]:
     """The packed blocks (`input_ids` rows of `block_size` tokens) and the tokenizer."""
     spec, build = text_shards(data, size=size, dedup=dedup)
     dataset = prepare(spec, build)
@@ -81,14 +83,27 @@ def text_shards(data: TextData, *, size: str, dedup: float | None) -> tuple[Shar
     if sample and size == "full":
         print("textdata: the hub is switched off here (HF_*_OFFLINE): training on the shipped sample", file=sys.stderr)
     if sample:
-        source = {"corpus": "pydoc_data.topics", "sha256": hashlib.sha256(_sample_text().encode()).hexdigest()}
+        source: dict[str, Any] = {
+            "corpus": "pydoc_data.topics",
+            "sha256": hashlib.sha256(_sample_text().encode()).hexdigest(),
+        }
         tokenizer_id: object = {"train": data.tokenizer_kind, "vocab_size": data.sample_vocab_size}
     else:
-        source = {"dataset": data.dataset, "config": data.dataset_config, "split": data.split,
-                  "revision": data.revision, "column": data.text_column}
+        source = {
+            "dataset": data.dataset,
+            "config": data.dataset_config,
+            "split": data.split,
+            "revision": data.revision,
+            "column": data.text_column,
+        }
         tokenizer_id = data.tokenizer
-    config = {"tokenizer": tokenizer_id, "block_size": data.block_size, "cls": data.cls_token,
-              "separator": data.separator_token, "dedup": dedup}
+    config = {
+        "tokenizer": tokenizer_id,
+        "block_size": data.block_size,
+        "cls": data.cls_token,
+        "separator": data.separator_token,
+        "dedup": dedup,
+    }
     spec = ShardSpec(name=data.name, source=source, config=config, rows_per_shard=1 << 15 if not sample else 256)
 
     def build(writer: ShardWriter) -> None:
@@ -136,7 +151,9 @@ def _hub_documents(data: TextData) -> Iterator[str]:
     try:
         import datasets
     except ModuleNotFoundError as e:
-        sys.exit(f"error: the full-size task needs '{e.name}': pip install 'skygreen[tasks]' (or set {TASK_SIZE_ENV}=small)")
+        sys.exit(
+            f"error: the full-size task needs '{e.name}': pip install 'skygreen[tasks]' (or set {TASK_SIZE_ENV}=small)"
+        )
     try:
         corpus = datasets.load_dataset(data.dataset, data.dataset_config, split=data.split, revision=data.revision)
     except Exception as e:  # no network, no such dataset: say what to do
@@ -166,6 +183,8 @@ def _hub_tokenizer(data: TextData):
 def _train_tokenizer(data: TextData, texts: list[str] | Iterator[str]):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+    trainer: Any
+
     texts = list(texts)
     if data.tokenizer_kind == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -173,7 +192,8 @@ def _train_tokenizer(data: TextData, texts: list[str] | Iterator[str]):
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(
-            vocab_size=data.sample_vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+            vocab_size=data.sample_vocab_size,
+            special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
             show_progress=False,
         )
     elif data.tokenizer_kind == "bytelevel-bpe":
@@ -181,8 +201,10 @@ def _train_tokenizer(data: TextData, texts: list[str] | Iterator[str]):
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=data.sample_vocab_size, special_tokens=[data.separator_token],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+            vocab_size=data.sample_vocab_size,
+            special_tokens=[data.separator_token],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
         )
     else:
         raise ValueError(f"unknown tokenizer kind {data.tokenizer_kind!r}")

@@ -46,7 +46,9 @@ class Builder:
 
 
 def spec(**config) -> ShardSpec:
-    return ShardSpec(name="toy", source={"generator": "default_rng(7)"}, config={"width": WIDTH, **config}, rows_per_shard=16)
+    return ShardSpec(
+        name="toy", source={"generator": "default_rng(7)"}, config={"width": WIDTH, **config}, rows_per_shard=16
+    )
 
 
 @pytest.fixture(params=["local", "s3", "gcs"])
@@ -161,18 +163,33 @@ class Crash(Exception):
     pass
 
 
-def train(bucket: Path, cache: Path, build: Builder, *, crash_at: tuple[int, int] | None = None,
-          data_spec: ShardSpec | None = None) -> Run:
+def train(
+    bucket: Path,
+    cache: Path,
+    build: Builder,
+    *,
+    crash_at: tuple[int, int] | None = None,
+    data_spec: ShardSpec | None = None,
+) -> Run:
     """A small classifier over the shards; a fresh process each call (new data cache = new VM)."""
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
     data = prepare(data_spec or spec(), build, url=str(bucket / "skygreen-data"), cache_dir=cache)
-    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 8), torch.nn.Flatten(), torch.nn.Dropout(0.1), torch.nn.Linear(8 * WIDTH, 3))
-    settings = RuntimeSettings(run_id="run", bucket=str(bucket), precision="fp32", effective_batch=12, micro_batch=3,
-                               checkpoint_every_steps=2)
-    run = Run(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), dataset=data,
-              extra_state={"data": data}, settings=settings, environ={})
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, 8), torch.nn.Flatten(), torch.nn.Dropout(0.1), torch.nn.Linear(8 * WIDTH, 3)
+    )
+    settings = RuntimeSettings(
+        run_id="run", bucket=str(bucket), precision="fp32", effective_batch=12, micro_batch=3, checkpoint_every_steps=2
+    )
+    run = Run(
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+        dataset=data,
+        extra_state={"data": data},
+        settings=settings,
+        environ={},
+    )
     with run:
         for step in run.steps(10):
             with step:
@@ -221,7 +238,9 @@ def test_resuming_against_differently_prepared_data_stops_with_a_clear_error(tmp
 
 def test_pack_blocks_lays_documents_end_to_end_with_separators():
     docs = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
-    blocks = np.concatenate(list(pack_blocks(docs, block_size=4, separator=0, dtype=np.dtype(np.uint16), blocks_per_batch=1)))
+    blocks = np.concatenate(
+        list(pack_blocks(docs, block_size=4, separator=0, dtype=np.dtype(np.uint16), blocks_per_batch=1))
+    )
     stream = [1, 2, 3, 0, 4, 5, 0, 6, 7, 8, 9, 0, 10, 0]
     assert blocks.dtype == np.uint16
     assert blocks.tolist() == [stream[0:4], stream[4:8], stream[8:12]]  # the 2-token tail is dropped
@@ -229,8 +248,10 @@ def test_pack_blocks_lays_documents_end_to_end_with_separators():
 
 
 def test_near_duplicates_finds_edited_copies_and_keeps_distinct_documents():
-    base = ("The patient was admitted with chest pain and shortness of breath. An electrocardiogram showed "
-            "sinus rhythm without acute changes, and troponin levels were within normal limits on arrival. ")
+    base = (
+        "The patient was admitted with chest pain and shortness of breath. An electrocardiogram showed "
+        "sinus rhythm without acute changes, and troponin levels were within normal limits on arrival. "
+    )
     docs = [
         base * 3,
         (base * 3).replace("arrival", "admission"),  # a one-word edit of the first: a near-duplicate
@@ -254,5 +275,5 @@ def test_text_tasks_leave_deduplication_off_by_default():
     finally:
         sys.path.remove(str(tasks))
     for module in (bert_mlm, gpt2):
-        sys.argv = [module.__file__]
+        sys.argv = [str(module.__file__)]
         assert module.parse_args().dedup is None

@@ -32,7 +32,10 @@ def test_task_passes_the_smoke_test_offline_with_no_settings(name, tmp_path):
     env.update(OFFLINE, SKYGREEN_DATA_CACHE=str(tmp_path / "cache"))
     out = subprocess.run(
         [sys.executable, "-m", "skygreen.cli", "smoke", str(TASKS / f"{name}.yaml")],
-        capture_output=True, text=True, timeout=600, env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("skygreen smoke: ok: 2 steps, micro-batch 2 x 2 accumulation, fp32"), out.stdout
@@ -42,7 +45,9 @@ def test_task_passes_the_smoke_test_offline_with_no_settings(name, tmp_path):
 
 def test_task_size_rejects_a_typo(tmp_path):
     env = dict(os.environ, SKYGREEN_TASK_SIZE="tiny", SKYGREEN_BUCKET=str(tmp_path))
-    out = subprocess.run([sys.executable, "bert_mlm.py"], cwd=TASKS, capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "bert_mlm.py"], cwd=TASKS, capture_output=True, text=True, timeout=300, env=env
+    )
     assert out.returncode != 0
     assert "SKYGREEN_TASK_SIZE='tiny': expected 'full' or 'small'" in out.stderr
 
@@ -55,7 +60,9 @@ def test_plan_prices_each_task_believably(name, low_usd, high_usd):
     """Work sized from published throughput: dollars to tens of dollars per run on spot, not cents or thousands."""
     out = subprocess.run(
         [sys.executable, "-m", "skygreen.cli", "plan", str(TASKS / f"{name}.yaml"), "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     best = json.loads(out.stdout)["candidates"][0]
@@ -64,14 +71,16 @@ def test_plan_prices_each_task_believably(name, low_usd, high_usd):
 
 @pytest.mark.parametrize("name", ["bert-mlm", "gpt2", "resnet50"])
 def test_rendered_setup_installs_the_tasks_packages_and_is_valid_shell(name, tmp_path):
+    from skygreen.api import plan
     from skygreen.launch.render import RuntimeInstall, render_task
     from skygreen.settings import RuntimeSettings
     from skygreen.spec import load_spec
-    from skygreen.api import plan
 
     spec = load_spec(TASKS / f"{name}.yaml")
     settings = RuntimeSettings.from_spec(spec.green, run_id="demo-20260101-000000-abcd", bucket="s3://bucket/runs")
-    task = render_task(spec, plan(spec), settings=settings, task_dir=TASKS, install=RuntimeInstall(source_dir=str(REPO)))
+    task = render_task(
+        spec, plan(spec), settings=settings, task_dir=TASKS, install=RuntimeInstall(source_dir=str(REPO))
+    )
     own_setup = yaml.safe_load((TASKS / f"{name}.yaml").read_text())["setup"]
     assert "datasets" in own_setup
     script = tmp_path / "setup.sh"
@@ -90,7 +99,7 @@ def test_local_resnet50_is_torchvisions_architecture():
     assert sum(p.numel() for p in model.parameters()) == 25_557_032  # torchvision's resnet50()
     try:
         import torchvision
-    except Exception:  # noqa: BLE001 - absent, or a build that does not match this torch
+    except Exception:
         return
     reference = torchvision.models.resnet50(weights=None)
     ours, theirs = model.state_dict(), reference.state_dict()
@@ -99,7 +108,7 @@ def test_local_resnet50_is_torchvisions_architecture():
 
 
 def test_near_duplicate_removal_runs_when_asked_and_warns(tmp_path):
-    from skygreen.runtime.smoke import run_smoke
+    from skygreen.launch.smoke import run_smoke
 
     task = tmp_path / "bert-dedup.yaml"
     task.write_text(
