@@ -112,7 +112,6 @@ def _synthetic(writer: ShardWriter, size: dict) -> None:
 def _imagenet(writer: ShardWriter, side: int) -> None:
     try:
         import datasets
-        from PIL import Image
     except ModuleNotFoundError as e:
         sys.exit(f"error: the full-size task needs '{e.name}': pip install 'skygreen[tasks]' pillow")
     try:
@@ -128,24 +127,49 @@ def _imagenet(writer: ShardWriter, side: int) -> None:
             "  fix: accept the dataset's terms on the hub and pass HF_TOKEN (secrets: HF_TOKEN), "
             "or set SKYGREEN_TASK_SIZE=small"
         )
+    resize_into(writer, corpus, side)
 
-    def resize(image: Image.Image) -> np.ndarray:
-        image = image.convert("RGB")
-        scale = side / min(image.size)
-        image = image.resize(
-            (max(side, round(image.width * scale)), max(side, round(image.height * scale))), Image.BILINEAR
-        )
-        left, top = (image.width - side) // 2, (image.height - side) // 2
-        return np.asarray(image.crop((left, top, left + side, top + side)), dtype=np.uint8)
 
-    for start in range(0, len(corpus), 1024):
-        chunk = corpus[start : start + 1024]
-        writer.add(
-            {
-                "image": np.stack([resize(im) for im in chunk["image"]]),
-                "label": np.asarray(chunk["label"], dtype=np.int16),
-            }
-        )
+_WORK: dict[str, Any] = {}  # the dataset being resized, inherited by the worker processes (fork)
+CHUNK_ROWS = 1024
+
+
+def resize_into(writer: ShardWriter, corpus: Any, side: int, *, workers: int | None = None) -> None:
+    """Decode and resize every image once, on every core, in order (chunks come back in order)."""
+    _WORK["corpus"] = corpus
+    chunks = [(start, min(start + CHUNK_ROWS, len(corpus)), side) for start in range(0, len(corpus), CHUNK_ROWS)]
+    workers = workers or os.cpu_count() or 1
+    try:
+        if workers > 1:
+            import multiprocessing
+
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                for images, labels in pool.imap(_resize_chunk, chunks):
+                    writer.add({"image": images, "label": labels})
+        else:
+            for images, labels in map(_resize_chunk, chunks):
+                writer.add({"image": images, "label": labels})
+    finally:
+        _WORK.clear()
+
+
+def _resize_chunk(chunk: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    start, stop, side = chunk
+    rows = _WORK["corpus"][start:stop]
+    images = np.stack([_resize(image, side) for image in rows["image"]])
+    return images, np.asarray(rows["label"], dtype=np.int16)
+
+
+def _resize(image: Any, side: int) -> np.ndarray:
+    """Short side to `side` pixels, then the centre `side` x `side` crop, as uint8 RGB."""
+    from PIL import Image
+
+    image = image.convert("RGB")
+    scale = side / min(image.size)
+    size = (max(side, round(image.width * scale)), max(side, round(image.height * scale)))
+    image = image.resize(size, Image.BILINEAR)
+    left, top = (image.width - side) // 2, (image.height - side) // 2
+    return np.asarray(image.crop((left, top, left + side, top + side)), dtype=np.uint8)
 
 
 def augment(images: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -121,3 +122,77 @@ def test_near_duplicate_removal_runs_when_asked_and_warns(tmp_path):
     assert result.line.startswith("skygreen smoke: ok")
     assert "curated medical or legal data" in result.output
     assert "near-duplicates removed:" in result.output
+
+
+def test_the_hub_path_runs_here_on_a_local_dataset_and_tokenizer(tmp_path, monkeypatch):
+    """The full-size code (`datasets.load_dataset`, `AutoTokenizer.from_pretrained`) is real code:
+    pointed at a local dataset folder and a local tokenizer folder, it runs offline."""
+    import dataclasses
+
+    from transformers import PreTrainedTokenizerFast
+
+    from skygreen.data.shards import prepare
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.syspath_prepend(str(TASKS))
+    import bert_mlm
+    import textdata
+
+    docs = textdata._sample_documents()[:400]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text("\n".join(" ".join(d.split()) for d in docs))
+    trained = textdata._train_tokenizer(bert_mlm.WIKITEXT_103, docs)
+    PreTrainedTokenizerFast(tokenizer_object=trained, unk_token="[UNK]", mask_token="[MASK]").save_pretrained(
+        tmp_path / "tokenizer"
+    )
+    data = dataclasses.replace(
+        bert_mlm.WIKITEXT_103,
+        dataset=str(corpus),
+        dataset_config=None,
+        tokenizer=str(tmp_path / "tokenizer"),
+        block_size=32,
+    )
+    spec, build = textdata.text_shards(data, size="full", dedup=None)
+    assert spec.source["dataset"] == str(corpus) and spec.config["tokenizer"] == str(tmp_path / "tokenizer")
+    dataset = prepare(spec, build, url=str(tmp_path / "bucket"), cache_dir=tmp_path / "cache")
+    assert len(dataset) > 100
+    cls_id = trained.token_to_id("[CLS]")
+    rows = np.stack([dataset[i] for i in range(len(dataset))])
+    assert rows.shape[1] == 32 and (rows[:, 0] == cls_id).all()
+    assert (rows[:, 1:] != cls_id).all()  # [CLS] only where the packer put it
+
+
+def test_resnet_preprocessing_resizes_a_local_image_dataset_on_several_cores_in_order(tmp_path, monkeypatch):
+    """The full-size image path (decode, resize, centre crop, in parallel) on a small local dataset."""
+    import datasets
+    from PIL import Image
+
+    from skygreen.data.shards import ShardSpec, prepare
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.syspath_prepend(str(TASKS))
+    import resnet50
+
+    rng = np.random.default_rng(0)
+    sizes = [(64, 48), (40, 90), (33, 33)] * 30  # landscape, portrait, square
+    images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
+    corpus = datasets.Dataset.from_dict({"image": images, "label": list(range(len(images)))}).cast_column(
+        "image", datasets.Image()
+    )
+    monkeypatch.setattr(resnet50, "CHUNK_ROWS", 16)
+    spec = ShardSpec(name="local-images", source={"test": 1}, config={"side": 32}, rows_per_shard=40)
+    data = prepare(
+        spec,
+        lambda w: resnet50.resize_into(w, corpus, 32, workers=2),
+        url=str(tmp_path / "b"),
+        cache_dir=tmp_path / "c",
+    )
+    assert len(data) == 90
+    for i in (0, 1, 2, 57, 89):
+        image, label = data[i]
+        assert image.shape == (32, 32, 3) and image.dtype == np.uint8
+        assert int(label) == i  # rows stay in the dataset's order across workers
+        assert np.array_equal(image, resnet50._resize(corpus[i]["image"], 32))
