@@ -167,7 +167,7 @@ def _resize(image: Any, side: int) -> np.ndarray:
     image = image.convert("RGB")
     scale = side / min(image.size)
     size = (max(side, round(image.width * scale)), max(side, round(image.height * scale)))
-    image = image.resize(size, Image.BILINEAR)
+    image = image.resize(size, Image.Resampling.BILINEAR)
     left, top = (image.width - side) // 2, (image.height - side) // 2
     return np.asarray(image.crop((left, top, left + side, top + side)), dtype=np.uint8)
 
