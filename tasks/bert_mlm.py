@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 import skygreen.runtime as sg
-from textdata import Rows, TextData, prepare_text, task_size
+from common import Rows, task_size
+from textdata import TextData, prepare_text
 
 WIKITEXT_103 = TextData(
     name="wikitext103-bert",

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 import skygreen.runtime as sg
-from textdata import Rows, TextData, prepare_text, task_size
+from common import Rows, task_size
+from textdata import TextData, prepare_text
 
 FINEWEB_EDU = TextData(
     name="fineweb-edu-10bt-gpt2",

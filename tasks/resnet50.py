@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 import skygreen.runtime as sg
+from common import Rows, task_size
 from resnet_local import resnet, resnet50
 from skygreen.data.shards import ShardSpec, ShardWriter, prepare
-from textdata import Rows, task_size
 
 SIZES: dict[str, dict[str, Any]] = {
     "full": dict(

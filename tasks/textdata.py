@@ -29,17 +29,10 @@ import numpy as np
 
 from skygreen.data.shards import ShardedDataset, ShardSpec, ShardWriter, prepare
 from skygreen.data.text import DEDUP_WARNING, near_duplicates, pack_blocks, token_dtype
-from skygreen.settings import TASK_SIZE_ENV  # `full` (default) or `small`; `skygreen smoke` sets small
+from skygreen.settings import TASK_SIZE_ENV
 
 _OFFLINE_ENVS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _TEXT_BATCH = 1000
-
-
-def task_size() -> str:
-    size = os.environ.get(TASK_SIZE_ENV, "full").strip().lower() or "full"
-    if size not in ("full", "small"):
-        sys.exit(f"error: {TASK_SIZE_ENV}={size!r}: expected 'full' or 'small'")
-    return size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,16 +214,3 @@ def _token_lists(tokenizer, texts) -> Iterator[list[int]]:
             batch = []
     if batch:
         yield from (e.ids for e in tokenizer.encode_batch(batch, add_special_tokens=False))
-
-
-class Rows:
-    """Rows `[start, stop)` of a prepared dataset, as a dataset of its own (train / validation)."""
-
-    def __init__(self, dataset: ShardedDataset, start: int, stop: int) -> None:
-        self.dataset, self.start, self.stop = dataset, start, stop
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __getitem__(self, index: int):
-        return self.dataset[self.start + index]

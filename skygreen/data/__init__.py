@@ -7,7 +7,10 @@ shards under the run's bucket (keyed by a hash of the source and the preprocessi
 and every later start (a resume, another run of the same task, another rank) downloads and
 memory-maps those shards instead.
 
-- `skygreen.data.shards`: the shard format, the store layout, `prepare` and `ShardedDataset`.
+- `skygreen.data.shards`: `prepare` (build once or stream) and where the data lives.
+- `skygreen.data.layout`: the shard format (NumPy `.npy`) and layout, and why; `ShardSpec`.
+- `skygreen.data.writer` / `skygreen.data.reader`: `ShardWriter`, `ShardedDataset`.
+- `skygreen.data.cache`: the local cache's whole-file writes and hashing.
 - `skygreen.data.text`: packing token streams into fixed blocks, and optional near-duplicate
   removal (MinHash; off by default).
 
