@@ -31,6 +31,10 @@ SMOKE_LINE = "skygreen smoke: ok"
 """The runtime's line on a passed smoke test; the laptop side looks for it in the output."""
 SMOKE_FAILED = "skygreen smoke: failed at"
 """The runtime's line on a failed smoke test, followed by the phase and the error."""
+TASK_SIZE_ENV = "SKYGREEN_TASK_SIZE"
+"""`full` or `small`: the one variable a task script reads to shrink its model and data (the
+shipped tasks do). The smoke test sets `small` unless it is already set; users set it too, e.g.
+to try a task on a laptop."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -82,9 +82,13 @@ ADAPTERS = {
 }
 FACTORIES = {"skygreen.checkpoint.stores", "skygreen.launch.launchers"}
 """Pick an adapter by URL scheme or setting; only composition roots use them."""
-ROOTS = ("skygreen.api", "skygreen.cli", "skygreen.testing", "skygreen.runtime", "skygreen.power.entry")
+ROOTS = (
+    "skygreen.api", "skygreen.cli", "skygreen.testing", "skygreen.runtime", "skygreen.power.entry",
+    "skygreen.data.shards",
+)  # fmt: skip
 """The laptop's composition root (`api`, with `cli` over it), the container's (`runtime`), where
-NVML is opened for `skygreen.power.cap()` and a run's GPU (`power.entry`), and the fakes."""
+NVML is opened for `skygreen.power.cap()` and a run's GPU (`power.entry`), where a task's script
+opens the bucket for its prepared data (`data.shards.prepare`), and the fakes."""
 
 
 def module_name(path: Path) -> str:

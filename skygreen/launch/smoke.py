@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skygreen.errors import SmokeTestError
-from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
+from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, TASK_SIZE_ENV, RuntimeSettings
 from skygreen.spec import TaskSpec
 from skygreen.task_checks import load_task
 
@@ -89,6 +89,7 @@ def _environment(spec: TaskSpec, bucket: str, environ: Mapping[str, str]) -> dic
     env.update(settings.to_env())
     env.pop("SKYGREEN_CLOUD", None)  # no preemption notices to poll on the laptop
     env[SMOKE_ENV] = "1"
+    env.setdefault(TASK_SIZE_ENV, "small")
     # `python` in the run command means the interpreter skygreen runs in (its venv has torch).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["CUDA_VISIBLE_DEVICES"] = ""
