@@ -127,9 +127,7 @@ class RuntimeSettings:
         """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "early_stop"]
-        names += [f"early_stop_{f.name}" for f in dataclasses.fields(EarlyStopConfig)]
-        for field_name in names:
+        for field_name in _flat_field_names():
             name = _env_name(field_name)
             if name in environ and environ[name] != "":
                 values[field_name] = _parse_env(field_name, environ[name], name)
@@ -148,6 +146,18 @@ class RuntimeSettings:
             return cls(**values)
         except TypeError as e:
             raise RuntimeSetupError(f"bad runtime settings: {e}") from e
+
+
+def _flat_field_names() -> list[str]:
+    """Every setting as it travels: the fields, with `early_stop` spread into its own."""
+    names = [f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "early_stop"]
+    return names + [f"early_stop_{f.name}" for f in dataclasses.fields(EarlyStopConfig)]
+
+
+def env_names() -> frozenset[str]:
+    """The `SKYGREEN_*` variables skygreen owns in every run's environment (a task's own
+    `envs:` may not set them)."""
+    return frozenset(_env_name(name) for name in _flat_field_names())
 
 
 def _env_name(field_name: str) -> str:

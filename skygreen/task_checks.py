@@ -11,7 +11,6 @@ file's name, before anything starts.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from skygreen.errors import SpecError
 from skygreen.gpus import GPUS
-from skygreen.settings import RuntimeSettings
+from skygreen.settings import env_names
 from skygreen.spec import TaskSpec, load_spec
 
 _PYTHON = ("python", "python3")
@@ -116,7 +115,7 @@ def check_envs(spec: TaskSpec) -> None:
     if not isinstance(envs, Mapping):
         raise SpecError("envs", "expected a mapping of names to values", value=envs)
 
-    ours = {"SKYGREEN_" + f.name.upper() for f in dataclasses.fields(RuntimeSettings)}  # the runtime's contract
+    ours = env_names()  # the runtime's contract
     for key, value in envs.items():
         if str(key) in ours:
             raise SpecError(

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from skygreen.plan.rank import Plan
 
 from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
-from skygreen.task_checks import OWNED_RESOURCE_KEYS, torchrun_program
+from skygreen.task_checks import OWNED_RESOURCE_KEYS, check_envs, torchrun_program
 
 TORCHRUN_MASTER_PORT = 29500
 SOURCE_MOUNT = "~/.skygreen/src"
@@ -239,21 +239,9 @@ def _ordered(plan: Plan, limit: int) -> list[dict[str, Any]]:
 
 
 def _envs(spec: TaskSpec, settings: RuntimeSettings, user_envs: Any) -> dict[str, str]:
-    ours = settings.to_env()
-    envs: dict[str, str] = {}
-    for key, value in dict(user_envs or {}).items():
-        key = str(key)
-        if key in ours:
-            raise SpecError(
-                f"envs.{key}",
-                "is set by skygreen for every run",
-                value=value,
-                hint="remove it; set the matching field of the skygreen: section instead",
-            )
-        if value is None:
-            raise SpecError(f"envs.{key}", "has no value", hint=f'give it a value, or an empty string: {key}: ""')
-        envs[key] = str(value)
-    envs.update(ours)
+    check_envs(spec)  # none of skygreen's own, every one with a value
+    envs = {str(key): str(value) for key, value in dict(user_envs or {}).items()}
+    envs.update(settings.to_env())
     return envs
 
 
