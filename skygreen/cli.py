@@ -25,7 +25,27 @@ from skygreen.errors import SkygreenError
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+class SentenceGroup(click.Group):
+    """A command group whose `--help` lists each command's whole first sentence, wrapped.
+
+    click cuts the short help to what fits on one line ("Stop a run; it commits a
+    checkpoint first, so `skygreen..."), which leaves half a sentence that says nothing;
+    each command's docstring starts with a sentence that stands alone, so show all of it.
+    """
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 @click.group(
+    cls=SentenceGroup,
     context_settings=CONTEXT,
     help="Cheap, green cloud GPU training: cheapest spot GPUs, mixed precision, power caps, "
     "and runs that survive preemption. Built on SkyPilot.",
@@ -35,9 +55,9 @@ def app() -> None:
     pass
 
 
-@app.group("catalog", context_settings=CONTEXT)
+@app.group("catalog", cls=SentenceGroup, context_settings=CONTEXT)
 def catalog_app() -> None:
-    """The GPU price catalog (SkyPilot's own, schema v8)."""
+    """Update the GPU price catalog that `plan` reads (SkyPilot's own, schema v8)."""
 
 
 def task_argument(f):
@@ -222,7 +242,7 @@ def _exit_with_outcome(final) -> None:
 @json_option
 @click.option("--statement", is_flag=True, help="Print the run's energy statement (a paragraph for a paper).")
 def status(run: str | None, json_output: bool, statement: bool) -> None:
-    """Runs with their state, step, model digest, preemptions, spend, energy and CO2e so far.
+    """Show runs with their state, step, model digest, preemptions, spend, energy and CO2e so far.
 
     RUN: a run id; default: every run on this machine.
     """
