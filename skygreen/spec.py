@@ -13,7 +13,7 @@ Example:
       clouds: [aws, gcp, azure]
       spot: true
       objective: cost                  # cost | time | energy | carbon
-      work: {gpu_hours: 12, on: A100}  # job size, in hours on `on`
+      work: {gpu_hours: 12, gpu: A100} # job size, in hours on one `gpu`
       max_price_per_hour: 4.0
       budget_usd: 60
       precision: auto                  # auto | bf16 | fp16 | fp32
@@ -33,8 +33,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from skygreen.errors import InputError, SpecError, suggestion
 from skygreen.fields import (
@@ -87,10 +85,10 @@ class GpuChoice:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Work:
-    """The size of the job: `gpu_hours` of training on one `on` GPU."""
+    """The size of the job: `gpu_hours` of training on one `gpu`."""
 
     gpu_hours: float = 1.0
-    on: str = "A100"
+    gpu: str = "A100"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -201,42 +199,13 @@ class TaskSpec:
     """The task file without its `skygreen:` section: SkyPilot's own keys, untouched."""
     num_nodes: int = 1
     source: str | None = None
+    work_given: bool = False
+    """The task says how big the job is (`skygreen.work`); without it estimates are for 1 GPU-hour."""
+    notices: tuple[str, ...] = ()
+    """One-line remarks for the user about the task file itself (a deprecated key)."""
 
 
 # ---------------------------------------------------------------- loading
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (as SkyPilot's `Task.from_yaml_str` does) and reads
-    booleans the YAML 1.2 way: only true/false. Under YAML 1.1 `on`, `off`, `yes` and `no` are
-    booleans, which would turn `work: {on: A100}` into a key `True` and `cap: off` into False.
-    """
-
-
-_UniqueKeyLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-        except TypeError:  # an unhashable key; construct_mapping reports it
-            break
-        if duplicate:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
 def load_spec(path: str | Path) -> TaskSpec:
@@ -255,22 +224,17 @@ def load_spec(path: str | Path) -> TaskSpec:
     try:
         return parse_spec_text(text, source=str(path))
     except SpecError as e:
-        raise e.with_source(str(path)) from None
+        from skygreen.yaml12 import line_of
+
+        line = None if e.field == "(file)" or e.field.startswith("line ") else line_of(text, e.field)
+        raise e.with_source(str(path), line=line) from None
 
 
 def parse_spec_text(text: str, *, source: str | None = None) -> TaskSpec:
-    """Parse YAML text into a `TaskSpec`."""
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        problem = getattr(e, "problem", None) or str(e)
-        raise SpecError(where, f"invalid YAML: {problem}", hint="fix the YAML syntax at that place") from None
-    except (ValueError, TypeError, OverflowError, RecursionError) as e:
-        # SafeLoader can still fail on odd scalars (timestamps out of range, deep nesting).
-        raise SpecError("(file)", f"invalid YAML: {e}", hint="fix the YAML syntax") from None
-    return parse_spec(data, source=source)
+    """Parse YAML 1.2 text into a `TaskSpec` (see `skygreen.yaml12` for why 1.2 and how)."""
+    from skygreen.yaml12 import load_yaml12
+
+    return parse_spec(load_yaml12(text), source=source)
 
 
 def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
@@ -289,7 +253,12 @@ def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
     num_nodes = 1 if data.get("num_nodes") is None else read_int(data["num_nodes"], "num_nodes", minimum=1)
     green = _parse_green(data.get(SECTION) or {}, SECTION)
     sky = {k: v for k, v in data.items() if k != SECTION}
-    return TaskSpec(name=name, green=green, sky=sky, num_nodes=num_nodes, source=source)
+    section = data.get(SECTION) or {}
+    work_given = isinstance(section, Mapping) and section.get("work") is not None
+    notices = _work_notices(section["work"], green.work) if work_given else ()
+    return TaskSpec(
+        name=name, green=green, sky=sky, num_nodes=num_nodes, source=source, work_given=work_given, notices=notices
+    )
 
 
 # ---------------------------------------------------------------- sections
@@ -391,13 +360,23 @@ def _parse_clouds(raw: Any, path: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(clouds))
 
 
+WORK_KEYS: tuple[str, ...] = ("gpu_hours", "gpu")
+_WORK_OLD_KEY = "on"
+"""The reference GPU's key until 0.1: `on` is a boolean in YAML 1.1, which PyYAML and
+SkyPilot's own loader speak, so any tool that loads and re-dumps the task file with PyYAML
+turns `on:` into `true:`. Still read, with a notice; so is that `true` key, when it stands
+alone (nothing else in `work:` can have produced it)."""
+
+
 def _parse_work(raw: Any, path: str) -> Work:
-    raw = read_mapping(raw, path)
-    check_keys(raw, ("gpu_hours", "on"), path)
+    written_as = _WORK_OLD_KEY if isinstance(raw, Mapping) and _WORK_OLD_KEY in raw else "true" if isinstance(raw, Mapping) and any(k is True for k in raw) else "gpu"
+    raw = _work_with_gpu_key(raw, path)
+    check_keys(raw, WORK_KEYS, path)
     values: dict[str, Any] = {}
     get = _getter(raw, path)
     get(values, "gpu_hours", lambda v, p: read_number(v, p, positive=True, maximum=1e7))
-    get(values, "on", _gpu_name)
+    if raw.get("gpu") is not None:  # errors name the key as the file spells it
+        values["gpu"] = _gpu_name(raw["gpu"], f"{path}.{written_as}")
     return Work(**values)
 
 
@@ -435,6 +414,38 @@ def _parse_budget_alerts(raw: Any, path: str) -> BudgetAlertSpec:
     if raw.get("burn_usd_per_hour") is not None:
         values["burn_usd_per_hour"] = read_number(raw["burn_usd_per_hour"], f"{path}.burn_usd_per_hour", positive=True)
     return BudgetAlertSpec(**values)
+
+
+def _work_with_gpu_key(raw: Any, path: str) -> Mapping[str, Any]:
+    """`work:` with its reference GPU under `gpu`, whichever of the old spellings it used."""
+    if isinstance(raw, Mapping) and any(key is True for key in raw):
+        rest = {k: v for k, v in raw.items() if k is not True}
+        if "gpu" in rest or _WORK_OLD_KEY in rest:
+            raise SpecError(
+                f"{path}.true",
+                "a key `true` beside the GPU's key",
+                value=raw[True],
+                hint="keep only `gpu: NAME` (`true:` is what YAML 1.1 tools make of the old `on:`)",
+            )
+        raw = {**rest, "gpu": raw[True]}
+    raw = read_mapping(raw, path)
+    if _WORK_OLD_KEY in raw:
+        if "gpu" in raw:
+            raise SpecError(f"{path}.on", "both `on` and `gpu` name the reference GPU", value=raw["on"], hint="keep only `gpu`")
+        raw = {("gpu" if k == _WORK_OLD_KEY else k): v for k, v in raw.items()}
+    return raw
+
+
+def _work_notices(raw: Any, work: Work) -> tuple[str, ...]:
+    """Say when `work:` names its GPU with an old key."""
+    if isinstance(raw, Mapping) and any(key is True for key in raw):
+        return (
+            f"skygreen.work: read `true: {work.gpu}` as `gpu: {work.gpu}` (a YAML 1.1 tool turned the old key `on:` into "
+            f"`true:`); write gpu: {work.gpu}",
+        )
+    if isinstance(raw, Mapping) and _WORK_OLD_KEY in raw:
+        return (f"skygreen.work.on is deprecated (YAML 1.1 tools read `on` as true): write gpu: {work.gpu}",)
+    return ()
 
 
 def _parse_speed(raw: Any, path: str) -> dict[str, float]:
