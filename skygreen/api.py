@@ -77,7 +77,8 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None)
 
 
 def cancel(run_id: str):
-    """Stop a run; the runtime commits a checkpoint first, so `resume` can continue it."""
+    """Stop a run; the runtime commits a checkpoint first, so `resume` can continue it.
+    Returns `runs.CancelResult` (`already_ended`: the run had ended; nothing changed)."""
     from skygreen.launch import runs
 
     return runs.cancel(run_id)

@@ -8,10 +8,12 @@ from typing import TextIO
 from skygreen.launch.runs import RunStatus, UpResult
 
 
-def _money(usd: float | None, estimated: bool = False) -> str:
-    if usd is None:
+def _money(value_usd: float | None, estimated: bool = False) -> str:
+    from skygreen.figures import usd
+
+    if value_usd is None:
         return "-"
-    return f"{'~' if estimated else ''}${usd:,.2f}"
+    return f"{'~' if estimated else ''}${usd(value_usd)}"
 
 
 def _energy(kwh: float | None) -> str:

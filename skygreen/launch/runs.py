@@ -384,6 +384,7 @@ def resume(
     environ = os.environ if environ is None else environ
     registry = registry or Registry()
     record = registry.load(run_id)
+    run_id = record.run_id
     _check_bucket_before_resume(record)
     current = run_status(record, registry=registry)
     if current.completed:
@@ -416,6 +417,7 @@ def resume(
         write_atomic(Path(record.task_yaml), to_yaml(task))
     launcher = _local_launcher(environ) if to_local else launcher_for(record)
     record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
+    _clear_cancel(record)
     return _launch(registry, record, launcher, task, _resume_secrets(record, environ))
 
 
@@ -463,15 +465,49 @@ def _resume_secrets(record: RunRecord, environ: Mapping[str, str]) -> dict[str, 
         return {name: environ[name] for name in record.secret_names if environ.get(name)}
 
 
-def cancel(run_id: str, *, registry: Registry | None = None) -> RunStatus:
-    """Stop a run: SIGTERM (the runtime commits a checkpoint), then its launcher's cancel."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CancelResult:
+    status: RunStatus
+    already_ended: bool
+    """The run had ended before the cancel: nothing was signalled or changed."""
+
+
+def cancel(run_id: str, *, registry: Registry | None = None) -> CancelResult:
+    """Stop a run: mark the cancel in its bucket (so the runtime does not count it as a
+    preemption), SIGTERM (the runtime commits a checkpoint), then its launcher's cancel.
+    A run that already ended is left exactly as it is."""
     registry = registry or Registry()
     record = registry.load(run_id)
     if record.job_id is None:
-        raise InputError(f"run {run_id} was never launched; nothing to cancel")
+        raise InputError(f"run {record.run_id} was never launched; nothing to cancel")
+    current = run_status(record, registry=registry)
+    if current.state in JobState.__members__ and JobState(current.state).terminal:
+        return CancelResult(status=current, already_ended=True)
+    _mark_cancel(record)
     launcher_for(record).cancel(record.job_id)
     registry.save(dataclasses.replace(record, cancelled=True))
-    return run_status(registry.load(run_id), registry=registry)
+    return CancelResult(status=run_status(registry.load(record.run_id), registry=registry), already_ended=False)
+
+
+def _mark_cancel(record: RunRecord) -> None:
+    from skygreen.checkpoint.cancellation import request_cancel
+    from skygreen.checkpoint.store import open_store
+
+    try:
+        request_cancel(open_store(record.checkpoint_url))
+    except StoreError as e:  # the cancel itself must still happen
+        sys.stderr.write(f"note: could not mark the cancel in {record.checkpoint_url} ({str(e).splitlines()[0]}); "
+                         "the runtime may count it as a preemption\n")
+
+
+def _clear_cancel(record: RunRecord) -> None:
+    from skygreen.checkpoint.cancellation import clear_cancel
+    from skygreen.checkpoint.store import open_store
+
+    try:
+        clear_cancel(open_store(record.checkpoint_url))
+    except StoreError:
+        pass  # resume checks the bucket itself; an old marker only makes one SIGTERM read as a cancel
 
 
 def logs(
@@ -480,7 +516,7 @@ def logs(
     registry = registry or Registry()
     record = registry.load(run_id)
     if record.job_id is None:
-        raise InputError(f"run {run_id} was never launched; it has no logs")
+        raise InputError(f"run {record.run_id} was never launched; it has no logs")
     return launcher_for(record).logs(record.job_id, follow=follow, out=out or sys.stdout)
 
 

@@ -358,22 +358,28 @@ def check_regions(spec: TaskSpec, catalog: Catalog) -> None:
 # ---------------------------------------------------------------- explanations
 
 
-def _money(usd: float) -> str:
-    return f"${usd:,.2f}" if usd < 1000 else f"${usd:,.0f}"
+def _money(value_usd: float) -> str:
+    from skygreen.figures import usd
+
+    return f"${usd(value_usd)}"
 
 
 def _metric_text(c: Candidate, objective: str) -> str:
+    from skygreen.figures import amount, duration_h
+
     return {
-        "cost": f"{_money(c.est_cost_usd)} in {c.est_hours:.1f} h",
-        "time": f"{c.est_hours:.1f} h for {_money(c.est_cost_usd)}",
-        "energy": f"{c.energy_kwh:.1f} kWh for {_money(c.est_cost_usd)}",
-        "carbon": f"{c.co2e_kg:.1f} kg CO2e for {_money(c.est_cost_usd)}",
+        "cost": f"{_money(c.est_cost_usd)} in {duration_h(c.est_hours)}",
+        "time": f"{duration_h(c.est_hours)} for {_money(c.est_cost_usd)}",
+        "energy": f"{amount(c.energy_kwh)} kWh for {_money(c.est_cost_usd)}",
+        "carbon": f"{amount(c.co2e_kg)} kg CO2e for {_money(c.est_cost_usd)}",
     }[objective]
 
 
 def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
     """Why the winner won: against the runner-up on another GPU or cloud, and against the
     offer with the lowest price per hour when that is a different one."""
+    from skygreen.figures import duration_h, usd_per_hour
+
     best = ranked[0]
     noun = {
         "cost": "estimated run cost",
@@ -386,8 +392,8 @@ def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
     cheapest_hour = min(ranked, key=lambda c: (c.price_usd_per_hour * c.num_nodes, c.est_cost_usd))
     if cheapest_hour is not best and cheapest_hour.price_usd_per_hour < best.price_usd_per_hour:
         lines.append(
-            f"The lowest price per hour, {cheapest_hour.label} at {_money(cheapest_hour.price_usd_per_hour)}/h, "
-            f"would take {cheapest_hour.est_hours:.1f} h and cost {_money(cheapest_hour.est_cost_usd)}."
+            f"The lowest price per hour, {cheapest_hour.label} at ${usd_per_hour(cheapest_hour.price_usd_per_hour)}/h, "
+            f"would take {duration_h(cheapest_hour.est_hours)} and cost {_money(cheapest_hour.est_cost_usd)}."
         )
     elif rival is not None:
         b, r = objective_value(best, objective), objective_value(rival, objective)

@@ -255,8 +255,12 @@ class Run:
             log.warning("%s", self._book.stop_message() if self._book else "budget reached")
             raise SystemExit(0)
         if sigterm:
-            self.counters["preemptions"] += 1
-            self._save(state="preempted", wait=True)
+            from skygreen.checkpoint.cancellation import cancel_requested
+
+            cancelled = cancel_requested(self.checkpointer.store)  # a user's cancel is no preemption
+            if not cancelled:
+                self.counters["preemptions"] += 1
+            self._save(state="cancelled" if cancelled else "preempted", wait=True)
             self.close()
             log.warning(
                 "checkpoint committed at step %d after SIGTERM; exiting %d", self.step_index, PREEMPTED_EXIT_CODE
