@@ -190,16 +190,17 @@ def _render(spec: TaskSpec, plan: Any | None, *, run_id: str, bucket: str, task_
     from skygreen.launch.render import render_task
     from skygreen.settings import RuntimeSettings
 
-    rate = offers = None
-    if plan is not None:  # the planner's assumption for the cloud it ranked first
+    rates = offers = None
+    if plan is not None:  # the planner's assumption for every cloud among the offers handed over
         from skygreen.ledger.place import offers_env
         from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
 
-        cloud = plan.best.cloud
-        rate = spec.green.preemption.rate_per_hour.get(cloud, DEFAULT_PREEMPTION_RATE_PER_HOUR.get(cloud))
-        offers = offers_env(plan.candidates[: spec.green.max_candidates])  # prices for the VM's ledger
+        handed_over = plan.candidates[: spec.green.max_candidates]
+        table = {**DEFAULT_PREEMPTION_RATE_PER_HOUR, **spec.green.preemption.rate_per_hour}
+        rates = {cloud: table[cloud] for cloud in sorted({c.cloud for c in handed_over}) if cloud in table}
+        offers = offers_env(handed_over)  # prices for the VM's ledger
     settings = RuntimeSettings.from_spec(
-        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate, offers=offers
+        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour_by_cloud=rates, offers=offers
     )
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
 

@@ -417,14 +417,11 @@ class Run:
             self._restore(loaded)
         elif self.micro_auto:
             self._probe_steps_left = OOM_PROBE_STEPS
+        rate = self.settings.preemption_rate_on(landed_cloud(self.settings.cloud, self._environ))
         policy = IntervalPolicy(
             every_steps=self.settings.checkpoint_every_steps,
             every_s=self.settings.checkpoint_every_s,
-            **(
-                {"preemptions_per_hour": self.settings.preemptions_per_hour}
-                if self.settings.preemptions_per_hour
-                else {}
-            ),
+            **({"preemptions_per_hour": rate} if rate else {}),
         )
         self._started_s = time.monotonic()
         if self._book and not self.completed:
