@@ -13,6 +13,7 @@ retried as a whole operation by skygreen's `RetryPolicy`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
 
@@ -130,6 +131,10 @@ class S3Store:
             lambda: self.client.upload_fileobj(stream, self.bucket, name, Config=_TRANSFER),
             on_retry=rewind(data),
         )
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        name = self.root.key(key)
+        self._run(f"upload {key} to", lambda: self.client.upload_file(os.fspath(path), self.bucket, name, Config=_TRANSFER))
 
     def get(self, key: str) -> bytes:
         name = self.root.key(key)

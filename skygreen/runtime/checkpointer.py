@@ -330,8 +330,7 @@ class Checkpointer:
             writer = HashingWriter(raw)
             torch.save(obj, writer)
             writer.flush()
-        with open(path, "rb") as src:
-            self.store.put(blob_key(step, name), src)
+        self.store.put_file(blob_key(step, name), path)
         return writer.info()
 
     def _collect_rank_notes(self, step: int) -> dict[str, BlobInfo]:
