@@ -56,11 +56,13 @@ def bench_stall(model: torch.nn.Module, rounds: int, tmp: Path) -> tuple[float, 
     return statistics.median(plain), statistics.median(ours)
 
 
-def bench_upload(kind: str, blob: Path, rounds: int) -> dict[str, float]:
-    """MB/s (median of rounds) of the library's own file upload, skygreen's `put_file` (what
-    the checkpointer calls) and `put` of an open stream, one after another in each round, the
-    order rotated from round to round so that no variant always goes first (the servers keep
-    every object in memory and slow down as they fill up)."""
+def bench_upload(kind: str, blob: Path, rounds: int) -> dict[str, tuple[float, float]]:
+    """Per variant: (median MB/s, median of the per-round throughput ratios to the library's
+    own file upload). The variants: the library's upload, skygreen's `put_file` (what the
+    checkpointer calls) and `put` of an open stream. Each round runs each variant once, back
+    to back, the order rotated from round to round so that none always goes first: the servers
+    keep every object in memory and slow down as they fill, and the shared machine's load
+    drifts, so a ratio is taken within a round, never across rounds."""
     from skygreen.checkpoint.store import open_store
 
     bucket = f"bench-{kind}-{os.getpid()}"
@@ -82,21 +84,30 @@ def bench_upload(kind: str, blob: Path, rounds: int) -> dict[str, float]:
             store.put(f"stream/{i}", f)
 
     variants = {"library": baseline, "put_file": lambda i: store.put_file(f"file/{i}", blob), "put stream": stream}
-    size_mb = blob.stat().st_size / 1e6
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
     for i in range(rounds):
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            seconds[name].append(timed(lambda: variants[name](i)))
-    return {name: size_mb / statistics.median(s) for name, s in seconds.items()}
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            seconds[name].append(timed(lambda name=name, i=i: variants[name](i)))
+    size_mb = blob.stat().st_size / 1e6
+    return {
+        name: (
+            size_mb / statistics.median(seconds[name]),
+            statistics.median(base / ours for base, ours in zip(seconds["library"], seconds[name], strict=True)),
+        )
+        for name in names
+    }
 
 
-def print_upload(label: str, library: str, mb_s: dict[str, float]) -> None:
-    base = mb_s["library"]
+def print_upload(label: str, library: str, result: dict[str, tuple[float, float]]) -> None:
+    (base, _), (file_mb_s, file_ratio), (stream_mb_s, stream_ratio) = (
+        result["library"],
+        result["put_file"],
+        result["put stream"],
+    )
     print(
-        f"{label}: {library} {base:.0f} MB/s, skygreen put_file {mb_s['put_file']:.0f} MB/s (ratio "
-        f"{mb_s['put_file'] / base:.2f}, target >= 0.95), put of a stream {mb_s['put stream']:.0f} MB/s "
-        f"(ratio {mb_s['put stream'] / base:.2f})"
+        f"{label}: {library} {base:.0f} MB/s; skygreen put_file {file_mb_s:.0f} MB/s, ratio {file_ratio:.2f} "
+        f"(target >= 0.95); put of an open stream {stream_mb_s:.0f} MB/s, ratio {stream_ratio:.2f}"
     )
 
 

@@ -300,7 +300,9 @@ def cancel(run: str) -> None:
     final = result.status
     step = final.step if final.step is not None else "-"
     if result.already_ended:
-        sys.stdout.write(f"run {final.run_id} already ended ({final.state}, last checkpoint at step {step}); nothing to cancel\n")
+        sys.stdout.write(
+            f"run {final.run_id} already ended ({final.state}, last checkpoint at step {step}); nothing to cancel\n"
+        )
         return
     sys.stdout.write(f"cancelled run {final.run_id}: {final.state}, last checkpoint at step {step}\n")
 

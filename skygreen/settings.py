@@ -129,7 +129,9 @@ class RuntimeSettings:
             early_stop_min_delta=stop.min_delta if stop else 0.0,
             early_stop_grace=stop.grace if stop else 0,
             preemptions_per_hour=preemptions_per_hour,
-            preemptions_per_hour_by_cloud=dict(preemptions_per_hour_by_cloud) if preemptions_per_hour_by_cloud else None,
+            preemptions_per_hour_by_cloud=dict(preemptions_per_hour_by_cloud)
+            if preemptions_per_hour_by_cloud
+            else None,
             cloud=cloud,
             budget_usd=spec.budget_usd,
             budget_alerts=",".join(f"{f:g}" for f in spec.budget_alerts.at) if spec.budget_alerts.at else None,
@@ -215,7 +217,9 @@ def _parse_rates(raw: str, env_name: str) -> dict[str, float]:
         except ValueError:
             value = None
         if not sep or not cloud.strip() or value is None:
-            raise SpecError(env_name, "expected CLOUD=RATE pairs separated by commas", value=raw, allowed="aws=0.47,gcp=0.24")
+            raise SpecError(
+                env_name, "expected CLOUD=RATE pairs separated by commas", value=raw, allowed="aws=0.47,gcp=0.24"
+            )
         rates[cloud.strip().lower()] = read_number(value, f"{env_name} ({cloud.strip()})", minimum=0.0)
     return rates
 

@@ -369,7 +369,13 @@ alone (nothing else in `work:` can have produced it)."""
 
 
 def _parse_work(raw: Any, path: str) -> Work:
-    written_as = _WORK_OLD_KEY if isinstance(raw, Mapping) and _WORK_OLD_KEY in raw else "true" if isinstance(raw, Mapping) and any(k is True for k in raw) else "gpu"
+    written_as = (
+        _WORK_OLD_KEY
+        if isinstance(raw, Mapping) and _WORK_OLD_KEY in raw
+        else "true"
+        if isinstance(raw, Mapping) and any(k is True for k in raw)
+        else "gpu"
+    )
     raw = _work_with_gpu_key(raw, path)
     check_keys(raw, WORK_KEYS, path)
     values: dict[str, Any] = {}
@@ -431,7 +437,9 @@ def _work_with_gpu_key(raw: Any, path: str) -> Mapping[str, Any]:
     raw = read_mapping(raw, path)
     if _WORK_OLD_KEY in raw:
         if "gpu" in raw:
-            raise SpecError(f"{path}.on", "both `on` and `gpu` name the reference GPU", value=raw["on"], hint="keep only `gpu`")
+            raise SpecError(
+                f"{path}.on", "both `on` and `gpu` name the reference GPU", value=raw["on"], hint="keep only `gpu`"
+            )
         raw = {("gpu" if k == _WORK_OLD_KEY else k): v for k, v in raw.items()}
     return raw
 
@@ -439,10 +447,11 @@ def _work_with_gpu_key(raw: Any, path: str) -> Mapping[str, Any]:
 def _work_notices(raw: Any, work: Work) -> tuple[str, ...]:
     """Say when `work:` names its GPU with an old key."""
     if isinstance(raw, Mapping) and any(key is True for key in raw):
-        return (
-            f"skygreen.work: read `true: {work.gpu}` as `gpu: {work.gpu}` (a YAML 1.1 tool turned the old key `on:` into "
-            f"`true:`); write gpu: {work.gpu}",
+        notice = (
+            f"skygreen.work: read `true: {work.gpu}` as `gpu: {work.gpu}` (a YAML 1.1 tool turned the old key `on:` "
+            f"into `true:`); write gpu: {work.gpu}"
         )
+        return (notice,)
     if isinstance(raw, Mapping) and _WORK_OLD_KEY in raw:
         return (f"skygreen.work.on is deprecated (YAML 1.1 tools read `on` as true): write gpu: {work.gpu}",)
     return ()

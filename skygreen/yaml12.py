@@ -36,7 +36,6 @@ _DUPLICATE = re.compile(r'found duplicate key "(.*)" with value')
 
 def _yaml():
     from ruamel.yaml import YAML
-
     from ruamel.yaml.resolver import implicit_resolvers
 
     yaml = YAML(typ="safe", pure=True)
@@ -76,7 +75,7 @@ def line_of(text: str, field: str) -> int | None:
     its value, or of the deepest part of the path that exists. None when nothing matches."""
     try:
         node = _yaml().compose(text)
-    except Exception:  # noqa: BLE001 - best effort, only for the message of an error already raised
+    except Exception:
         return None
     line = None
     for key, index in _PATH_PART.findall(field):

@@ -6,9 +6,9 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
+import click
 import pytest
 
 from skygreen.cli import app
@@ -40,8 +40,8 @@ def listed_commands(text: str) -> dict[str, str]:
     return commands
 
 
-def first_sentence(doc: str) -> str:
-    return " ".join(doc.strip().split("\n\n")[0].split())
+def first_sentence(doc: str | None) -> str:
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
 @pytest.mark.parametrize("columns", [80, 120])
@@ -49,6 +49,7 @@ def first_sentence(doc: str) -> str:
 def test_help_shows_each_commands_whole_first_sentence(columns, group):
     listed = listed_commands(help_text(*group, columns=columns))
     command_group = app if not group else app.commands[group[0]]
+    assert isinstance(command_group, click.Group)
     assert set(listed) == set(command_group.commands)
     for name, shown in listed.items():
         assert "..." not in shown, (name, shown)
@@ -58,7 +59,9 @@ def test_help_shows_each_commands_whole_first_sentence(columns, group):
 
 def test_each_first_sentence_starts_with_a_verb_and_stands_alone():
     """A first line such as "Runs with their state" reads as a noun phrase, not a command."""
-    for group in (app, app.commands["catalog"]):
+    catalog = app.commands["catalog"]
+    assert isinstance(catalog, click.Group)
+    for group in (app, catalog):
         for name, command in group.commands.items():
             first = first_sentence(command.help)
             word = first.split()[0].lower().rstrip(",;:")
@@ -71,6 +74,7 @@ VERBS = {"rank", "update", "download", "smoke-test", "show", "relaunch", "stop",
 def test_license_is_an_spdx_string():
     """pip warns that `project.license` as a TOML table is deprecated; the SPDX string form
     needs setuptools 77 or newer to build."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert project["project"]["license"] == "Apache-2.0"
     requires = project["build-system"]["requires"]

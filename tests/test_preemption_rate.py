@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
 from skygreen.errors import RuntimeSetupError
+from skygreen.plan.cost import DEFAULT_PREEMPTION_RATE_PER_HOUR
 from skygreen.runtime.preemption import landed_cloud
 from skygreen.settings import RuntimeSettings
 
@@ -67,7 +67,10 @@ def test_the_runtime_takes_the_row_of_the_cloud_it_landed_on(rendered):
     clouds = {o["infra"].split("/")[0] for o in rendered["resources"]["ordered"]}
     rates = set()
     for cloud in clouds:
-        environ = {**envs, "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": SKY_NAME[cloud], "region": "r", "num_nodes": 1})}
+        environ = {
+            **envs,
+            "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": SKY_NAME[cloud], "region": "r", "num_nodes": 1}),
+        }
         settings = RuntimeSettings.from_env(environ)
         rate = settings.preemption_rate_on(landed_cloud(settings.cloud, environ))
         assert rate == (0.05 if cloud == "gcp" else DEFAULT_PREEMPTION_RATE_PER_HOUR[cloud])
@@ -76,7 +79,11 @@ def test_the_runtime_takes_the_row_of_the_cloud_it_landed_on(rendered):
 
 
 def test_an_unknown_cloud_assumes_the_highest_rate_and_a_fixed_rate_wins():
-    environ = {"SKYGREEN_RUN_ID": "r", "SKYGREEN_BUCKET": "/tmp/b", "SKYGREEN_PREEMPTIONS_PER_HOUR_BY_CLOUD": "aws=0.47,gcp=0.24"}
+    environ = {
+        "SKYGREEN_RUN_ID": "r",
+        "SKYGREEN_BUCKET": "/tmp/b",
+        "SKYGREEN_PREEMPTIONS_PER_HOUR_BY_CLOUD": "aws=0.47,gcp=0.24",
+    }
     assert RuntimeSettings.from_env(environ).preemption_rate_on(None) == 0.47
     fixed = {**environ, "SKYGREEN_PREEMPTIONS_PER_HOUR": "0.1"}
     assert RuntimeSettings.from_env(fixed).preemption_rate_on("gcp") == 0.1

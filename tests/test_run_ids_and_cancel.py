@@ -38,7 +38,9 @@ def env(tmp_path) -> dict[str, str]:
 
 
 def skygreen(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "skygreen.cli", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def registry(env) -> Registry:
@@ -70,7 +72,9 @@ def three_runs(env, tmp_path):
         cloud_run(env, tmp_path, run_id)
 
 
-@pytest.mark.parametrize("prefix, full", [(C, C), ("other", C), ("demo-20261201-060000-1", A), ("demo-20261201-060000-9f", B)])
+@pytest.mark.parametrize(
+    "prefix, full", [(C, C), ("other", C), ("demo-20261201-060000-1", A), ("demo-20261201-060000-9f", B)]
+)
 def test_status_takes_any_unique_prefix(env, three_runs, prefix, full):
     out = skygreen(env, "status", prefix, "--json")
     assert out.returncode == 0, out.stderr
@@ -108,6 +112,7 @@ def test_an_unknown_prefix_is_still_no_such_run(env, three_runs):
 @pytest.mark.parametrize("ended", [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
 def test_cancel_of_an_ended_cloud_run_says_so_and_changes_nothing(env, tmp_path, ended):
     record = cloud_run(env, tmp_path, A)
+    assert record.job_id is not None
     fake = FakeLauncher(env["SKYGREEN_FAKE_LAUNCHER_DIR"])
     fake.set_state(record.job_id, ended)
     assert skygreen(env, "status", A).returncode == 0  # the record learns the end, as any status would

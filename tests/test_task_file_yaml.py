@@ -21,7 +21,9 @@ from skygreen.spec import load_spec, parse_spec_text
 FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
 
 
-def skygreen(cwd: Path, *args: str, env: dict[str, str] | None = None, merge: bool = False) -> subprocess.CompletedProcess:
+def skygreen(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, merge: bool = False
+) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SKY_", "SKYPILOT_", "SKYGREEN_"))}
     base.update(HOME=str(cwd), XDG_DATA_HOME=str(cwd / ".local" / "share"), COLUMNS="200")
     base.update(env or {})
@@ -38,7 +40,9 @@ def skygreen(cwd: Path, *args: str, env: dict[str, str] | None = None, merge: bo
 
 def write_task(folder: Path, section: str) -> Path:
     path = folder / "task.yaml"
-    path.write_text(f"name: t\nskygreen:\n{textwrap.indent(textwrap.dedent(section).strip(), '  ')}\nrun: python train.py\n")
+    path.write_text(
+        f"name: t\nskygreen:\n{textwrap.indent(textwrap.dedent(section).strip(), '  ')}\nrun: python train.py\n"
+    )
     return path
 
 
@@ -51,7 +55,15 @@ _MANTISSA = st.one_of(
     st.builds(lambda a, b: f"{a}.{b}", _DIGITS, st.text("0123456789", max_size=4)),
     st.builds(lambda b: f".{b}", _DIGITS),
 )
-_EXPONENT = st.one_of(st.just(""), st.builds(lambda e, s, d: f"{e}{s}{d}", st.sampled_from("eE"), st.sampled_from(["", "+", "-"]), st.text("0123456789", min_size=1, max_size=3)))
+_EXPONENT = st.one_of(
+    st.just(""),
+    st.builds(
+        lambda e, s, d: f"{e}{s}{d}",
+        st.sampled_from("eE"),
+        st.sampled_from(["", "+", "-"]),
+        st.text("0123456789", min_size=1, max_size=3),
+    ),
+)
 NUMBERS = st.builds(lambda s, m, e: f"{s}{m}{e}", st.sampled_from(["", "+", "-"]), _MANTISSA, _EXPONENT)
 
 
@@ -69,7 +81,9 @@ def test_every_yaml12_number_spelling_is_read_as_that_number(spelling):
         assert spec.green.budget_usd == float(spelling)
 
 
-@pytest.mark.parametrize("spelling, value", [("1e3", 1000.0), ("1E3", 1000.0), ("1.5e+2", 150.0), ("2.", 2.0), (".5", 0.5), ("1e308", 1e308)])
+@pytest.mark.parametrize(
+    "spelling, value", [("1e3", 1000.0), ("1E3", 1000.0), ("1.5e+2", 150.0), ("2.", 2.0), (".5", 0.5), ("1e308", 1e308)]
+)
 def test_exponents_without_a_dot_are_numbers(spelling, value):
     assert parse_spec_text(f"skygreen: {{budget_usd: {spelling}}}\n").green.budget_usd == value
 

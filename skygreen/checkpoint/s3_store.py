@@ -134,7 +134,9 @@ class S3Store:
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         name = self.root.key(key)
-        self._run(f"upload {key} to", lambda: self.client.upload_file(os.fspath(path), self.bucket, name, Config=_TRANSFER))
+        self._run(
+            f"upload {key} to", lambda: self.client.upload_file(os.fspath(path), self.bucket, name, Config=_TRANSFER)
+        )
 
     def get(self, key: str) -> bytes:
         name = self.root.key(key)

@@ -151,7 +151,9 @@ class Registry:
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
-            shown = "\n".join(f"    {m}" for m in matches[:20]) + (f"\n    ... and {len(matches) - 20} more" if len(matches) > 20 else "")
+            shown = "\n".join(f"    {m}" for m in matches[:20]) + (
+                f"\n    ... and {len(matches) - 20} more" if len(matches) > 20 else ""
+            )
             raise InputError(
                 f"run id prefix {run_id!r} matches {len(matches)} runs:\n{shown}\n  fix: type more of the id"
             )

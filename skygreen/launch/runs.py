@@ -8,6 +8,7 @@ took a test write. `skygreen.api` exposes these functions; the CLI prints what t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -497,18 +498,19 @@ def _mark_cancel(record: RunRecord) -> None:
     try:
         request_cancel(open_store(record.checkpoint_url))
     except StoreError as e:  # the cancel itself must still happen
-        sys.stderr.write(f"note: could not mark the cancel in {record.checkpoint_url} ({str(e).splitlines()[0]}); "
-                         "the runtime may count it as a preemption\n")
+        sys.stderr.write(
+            f"note: could not mark the cancel in {record.checkpoint_url} ({str(e).splitlines()[0]}); "
+            "the runtime may count it as a preemption\n"
+        )
 
 
 def _clear_cancel(record: RunRecord) -> None:
     from skygreen.checkpoint.cancellation import clear_cancel
     from skygreen.checkpoint.store import open_store
 
-    try:
+    # resume checks the bucket itself; an old marker only makes one SIGTERM read as a cancel
+    with contextlib.suppress(StoreError):
         clear_cancel(open_store(record.checkpoint_url))
-    except StoreError:
-        pass  # resume checks the bucket itself; an old marker only makes one SIGTERM read as a cancel
 
 
 def logs(

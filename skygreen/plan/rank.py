@@ -330,10 +330,11 @@ def work_notice(spec: TaskSpec) -> tuple[str, ...]:
     if spec.work_given:
         return ()
     work = spec.green.work
-    return (
+    notice = (
         f"no skygreen.work in the task: every estimate is for {work.gpu_hours:g} GPU-hour on one {work.gpu}; "
-        f"set work: {{gpu_hours: N, gpu: {work.gpu}}} to size your job",
+        f"set work: {{gpu_hours: N, gpu: {work.gpu}}} to size your job"
     )
+    return (notice,)
 
 
 def check_regions(spec: TaskSpec, catalog: Catalog) -> None:

@@ -51,7 +51,9 @@ COLUMNS: tuple[_Column, ...] = (
     _Column(key="gpus", header="GPUs", justify="left", cell=_gpus),
     _Column(key="spot", header="spot", justify="left", cell=lambda c: "yes" if c.spot else "no"),
     _Column(key="price", header="$/h", justify="right", cell=lambda c: usd_per_hour(c.price_usd_per_hour)),
-    _Column(key="on_demand", header="on-demand\n$/h", justify="right", cell=lambda c: _price(c.on_demand_price_usd_per_hour)),
+    _Column(
+        key="on_demand", header="on-demand\n$/h", justify="right", cell=lambda c: _price(c.on_demand_price_usd_per_hour)
+    ),
     _Column(key="time", header="est.\ntime", justify="right", cell=lambda c: duration_h(c.est_hours)),
     _Column(key="cost", header="est.\ncost $", justify="right", cell=lambda c: usd(c.est_cost_usd)),
     _Column(key="energy", header="energy\nkWh", justify="right", cell=lambda c: amount(c.energy_kwh)),
@@ -115,7 +117,9 @@ def _stacked(title: str, rows: Sequence[tuple[str, Candidate]], console: Console
         console.print(f"    {offer}; {estimate}", highlight=False)
 
 
-def _print_offers(title: str, rows: Sequence[tuple[str, Candidate]], console: Console, objective: str) -> tuple[_Column, ...]:
+def _print_offers(
+    title: str, rows: Sequence[tuple[str, Candidate]], console: Console, objective: str
+) -> tuple[_Column, ...]:
     fit = fitting_columns(rows, width=console.width, objective=objective)
     if fit is None:
         _stacked(title, rows, console)
@@ -144,7 +148,9 @@ def print_plan(plan: Plan, *, top: int = 10, console: Console | None = None) -> 
     dropped += [c for c in _print_offers("Best per cloud", per_cloud, console, plan.objective) if c not in dropped]
     if dropped:
         names = ", ".join(_header_text(c) for c in dropped)
-        console.print(f"Not shown at {console.width} columns: {names} (a wider terminal or --json shows them).", highlight=False)
+        console.print(
+            f"Not shown at {console.width} columns: {names} (a wider terminal or --json shows them).", highlight=False
+        )
     for line in plan.reason:
         console.print(line, highlight=False)
     if plan.night_hint:
