@@ -163,13 +163,12 @@ def up(
     from skygreen import api
 
     result = api.up(task, local=local, dryrun=dryrun, output=output, smoke=not no_smoke, catalog_dir=catalog)
-    if result.plan is not None:
-        for line in result.plan.notices:
-            print_notice(line)
-        if dryrun:
-            from skygreen.plan.report import print_plan
+    for line in result.notices:
+        print_notice(line)
+    if result.plan is not None and dryrun:
+        from skygreen.plan.report import print_plan
 
-            print_plan(result.plan, top=10)
+        print_plan(result.plan, top=10)
     if dryrun:
         _print_dryrun_checks(result, smoke=not no_smoke)
         sys.stdout.write(f"wrote {result.yaml_path} (dry run: nothing launched)\n")

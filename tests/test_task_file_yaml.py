@@ -194,3 +194,12 @@ def test_missing_work_is_a_notice_in_json(tmp_path):
     with_work = write_task(tmp_path, "gpus: [T4]\nwork: {gpu_hours: 1, gpu: A100}")
     doc = json.loads(skygreen(tmp_path, "plan", str(with_work), "--catalog", str(FIXTURE_CATALOG), "--json").stdout)
     assert not any("skygreen.work" in n for n in doc["notices"])
+
+
+def test_deprecation_reaches_the_user_of_a_local_up(tmp_path):
+    """No plan is made for --local; the task file's own notices still reach the user."""
+    path = tmp_path / "task.yaml"
+    path.write_text("name: t\nskygreen: {work: {gpu_hours: 3, on: A100}}\nrun: python -c 'print(1)'\n")
+    out = skygreen(tmp_path, "up", str(path), "--local", "--no-smoke", "--detach")
+    assert out.returncode == 0, out.stderr
+    assert "note: skygreen.work.on is deprecated" in out.stderr

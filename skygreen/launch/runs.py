@@ -53,6 +53,9 @@ class UpResult:
     bucket: str | None = None
     bucket_unchecked: str | None = None
     """A dry run that could not check the bucket from this machine says why (no credentials)."""
+    notices: tuple[str, ...] = ()
+    """One-line remarks for the user: the plan's (which include the task file's), or for a
+    local run, the task file's own (a deprecated key)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,7 +130,7 @@ def up(
         path = Path(output) if output else data_dir(environ) / "dryrun" / f"{run_id}.yaml"
         write_atomic(path, yaml_text)
         return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None, smoke=smoke_result,
-                        bucket=bucket, bucket_unchecked=unchecked)  # fmt: skip
+                        bucket=bucket, bucket_unchecked=unchecked, notices=_notices(spec, plan))  # fmt: skip
     preflight_bucket(bucket, run_id)
     launcher = _local_launcher(environ) if local else cloud_launcher()
     yaml_path = registry.run_dir(run_id) / "task.yaml"
@@ -152,7 +155,13 @@ def up(
     from skygreen.launch.render import secret_values
 
     record = _launch(registry, record, launcher, task, secret_values(spec, environ))
-    return UpResult(yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result)
+    return UpResult(
+        yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result, notices=_notices(spec, plan)
+    )
+
+
+def _notices(spec: TaskSpec, plan: Any | None) -> tuple[str, ...]:
+    return tuple(plan.notices) if plan is not None else spec.notices
 
 
 def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
