@@ -60,9 +60,10 @@ def bench_upload(kind: str, blob: Path, rounds: int) -> dict[str, tuple[float, f
     """Per variant: (median MB/s, median of the per-round throughput ratios to the library's
     own file upload). The variants: the library's upload, skygreen's `put_file` (what the
     checkpointer calls) and `put` of an open stream. Each round runs each variant once, back
-    to back, the order rotated from round to round so that none always goes first: the servers
-    keep every object in memory and slow down as they fill, and the shared machine's load
-    drifts, so a ratio is taken within a round, never across rounds."""
+    to back, the order rotated from round to round so that none always goes first, and each
+    upload deleted again (untimed) before the next: the servers keep every object in memory and
+    slow down as they fill, and the shared machine's load drifts, so a ratio is taken within a
+    round, never across rounds."""
     from skygreen.checkpoint.store import open_store
 
     bucket = f"bench-{kind}-{os.getpid()}"
@@ -79,6 +80,15 @@ def bench_upload(kind: str, blob: Path, rounds: int) -> dict[str, tuple[float, f
         baseline = lambda i: gcs_bucket.blob(f"baseline/{i}").upload_from_filename(str(blob))  # noqa: E731
     store = open_store(f"{'s3' if kind == 's3' else 'gs'}://{bucket}/ours")
 
+    def drop_uploads() -> None:
+        """Untimed: delete what was uploaded, so the server holds the same bytes before each upload."""
+        if kind == "s3":
+            for obj in client.list_objects_v2(Bucket=bucket).get("Contents", []):
+                client.delete_object(Bucket=bucket, Key=obj["Key"])
+        else:
+            for item in gcs_bucket.list_blobs():
+                item.delete()
+
     def stream(i: int) -> None:
         with open(blob, "rb") as f:
             store.put(f"stream/{i}", f)
@@ -89,6 +99,7 @@ def bench_upload(kind: str, blob: Path, rounds: int) -> dict[str, tuple[float, f
     for i in range(rounds):
         for name in names[i % len(names) :] + names[: i % len(names)]:
             seconds[name].append(timed(lambda name=name, i=i: variants[name](i)))
+            drop_uploads()
     size_mb = blob.stat().st_size / 1e6
     return {
         name: (
