@@ -84,10 +84,14 @@ def test_large_objects_stream_in_parts_and_come_back_identical(bucket_url, tmp_p
     assert out.read_bytes() == payload
 
 
-def test_no_such_bucket_fails_fast_naming_the_bucket_and_the_fix(cloud, bucket_url):
+@pytest.mark.parametrize("via", ["bytes", "path"])
+def test_no_such_bucket_fails_fast_naming_the_bucket_and_the_fix(cloud, bucket_url, tmp_path, via):
     missing = f"{cloud}://sg-missing-bucket-7d1/runs"
+    source = tmp_path / "blob"
+    source.write_bytes(b"1")
     with pytest.raises(StoreError) as info:
-        open_store(missing).put("x", b"1")
+        store = open_store(missing)
+        store.put("x", b"1") if via == "bytes" else store.put_file("x", source)
     assert not isinstance(info.value, TransientStoreError)
     assert "'sg-missing-bucket-7d1' does not exist" in str(info.value)
     assert "fix:" in str(info.value)
@@ -110,10 +114,15 @@ def test_access_denied_from_a_server_that_checks_keys(tmp_path, monkeypatch):
     assert "access to bucket 'sg-locked' denied" in message and "fix:" in message
 
 
-def test_access_denied_is_not_retried(cloud, proxy, bucket_url):
+@pytest.mark.parametrize("via", ["bytes", "path"])
+def test_access_denied_is_not_retried(cloud, proxy, bucket_url, tmp_path, via):
+    """`upload_file` wraps S3's AccessDenied in S3UploadFailedError: still denied, not retried."""
+    source = tmp_path / "blob"
+    source.write_bytes(b"1")
     proxy.inject("403", times=10)
     with pytest.raises(StoreError, match=r"denied[\s\S]*fix:") as info:
-        open_store(bucket_url, retry=FAST_RETRY).put("x", b"1")
+        store = open_store(bucket_url, retry=FAST_RETRY)
+        store.put("x", b"1") if via == "bytes" else store.put_file("x", source)
     assert not isinstance(info.value, TransientStoreError)
     uploads = [entry for entry in proxy.log if entry[0] in ("PUT", "POST") and entry[2] == "403"]
     assert len(uploads) == 1, f"a permanent error fails on the first answer: {proxy.log}"

@@ -232,9 +232,7 @@ def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:
     try:
         return operation()
     except botocore.exceptions.ClientError as e:
-        error = e.response.get("Error", {})
-        code = str(error.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-        raise _from_code(bucket, what, code, error.get("Message") or str(e)) from e
+        raise _from_client_error(bucket, what, e) from e
     except _CREDENTIAL_EXCEPTIONS as e:
         raise NoCredentialsError(
             f"{what}: no usable AWS credentials for bucket {bucket!r}\n"
@@ -245,7 +243,18 @@ def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:
     except boto3.exceptions.RetriesExceededError as e:
         raise TransientStoreError(f"{what}: {e}") from e
     except boto3.exceptions.S3UploadFailedError as e:
+        # `upload_file` wraps the S3 error it met (access denied, no such bucket) in this one;
+        # the original is its context, and decides whether retrying can help.
+        original = e.__cause__ or e.__context__
+        if isinstance(original, botocore.exceptions.ClientError):
+            raise _from_client_error(bucket, what, original) from e
         raise TransientStoreError(f"{what}: {e}") from e
+
+
+def _from_client_error(bucket: str, what: str, e: botocore.exceptions.ClientError) -> StoreError:
+    error = e.response.get("Error", {})
+    code = str(error.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    return _from_code(bucket, what, code, error.get("Message") or str(e))
 
 
 def _from_code(bucket: str, what: str, code: str, message: str) -> StoreError:
