@@ -68,7 +68,20 @@ def test_each_first_sentence_starts_with_a_verb_and_stands_alone():
             assert word in VERBS, (name, first)
 
 
-VERBS = {"rank", "update", "download", "smoke-test", "show", "relaunch", "stop", "print", "move", "run"}
+VERBS = {
+    "rank",
+    "update",
+    "download",
+    "smoke-test",
+    "show",
+    "relaunch",
+    "stop",
+    "print",
+    "move",
+    "run",
+    "compare",
+    "write",
+}
 
 
 def test_license_is_an_spdx_string():

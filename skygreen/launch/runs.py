@@ -500,12 +500,17 @@ def cancel(run_id: str, *, registry: Registry | None = None) -> CancelResult:
     return CancelResult(status=run_status(registry.load(record.run_id), registry=registry), already_ended=False)
 
 
+CANCEL_MARK_DEADLINE_S = 15.0
+"""How long `cancel` and `resume` wait for the bucket to take or drop the cancel marker: the
+marker only keeps one SIGTERM out of the preemption count, so a bucket that does not answer
+must not hold the command up."""
+
+
 def _mark_cancel(record: RunRecord) -> None:
     from skygreen.checkpoint.cancellation import request_cancel
-    from skygreen.checkpoint.store import open_store
 
     try:
-        request_cancel(open_store(record.checkpoint_url))
+        _with_run_store(record, request_cancel)
     except StoreError as e:  # the cancel itself must still happen
         sys.stderr.write(
             f"note: could not mark the cancel in {record.checkpoint_url} ({str(e).splitlines()[0]}); "
@@ -515,11 +520,19 @@ def _mark_cancel(record: RunRecord) -> None:
 
 def _clear_cancel(record: RunRecord) -> None:
     from skygreen.checkpoint.cancellation import clear_cancel
-    from skygreen.checkpoint.store import open_store
 
     # resume checks the bucket itself; an old marker only makes one SIGTERM read as a cancel
     with contextlib.suppress(StoreError):
-        clear_cancel(open_store(record.checkpoint_url))
+        _with_run_store(record, clear_cancel)
+
+
+def _with_run_store(record: RunRecord, action) -> None:
+    """`action(store)` on the run's checkpoint folder, bounded as every laptop bucket call is."""
+    from skygreen.checkpoint.store import open_store
+    from skygreen.launch.bucket import within_deadline
+
+    url = record.checkpoint_url
+    within_deadline(record.bucket, lambda: action(open_store(url)), deadline_s=CANCEL_MARK_DEADLINE_S)
 
 
 def logs(

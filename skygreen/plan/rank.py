@@ -417,16 +417,14 @@ study (arXiv 2205.09646, seed 004). A range from one site, not a per-region fore
 
 
 def night_hint(best: Candidate) -> str:
+    from skygreen.figures import amount
+
     low, high = NIGHT_SAVING_RANGE
-    kwh = f"{low * best.energy_kwh:.{_decimals(best.energy_kwh)}f}-{high * best.energy_kwh:.{_decimals(best.energy_kwh)}f}"
+    kwh = f"{amount(low * best.energy_kwh)}-{amount(high * best.energy_kwh)}"  # never 0.000 for a small job
     return (
         f"Can it wait? Started at night in {best.region} it would use {low:.0%}-{high:.0%} less energy "
         f"(~{kwh} kWh; night and winter runs, arXiv 2205.09646)."
     )
-
-
-def _decimals(kwh: float) -> int:
-    return 1 if kwh >= 10 else 2 if kwh >= 0.1 else 3
 
 
 def _cap_assumption(green: GreenSpec) -> str:
