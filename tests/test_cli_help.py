@@ -81,7 +81,9 @@ VERBS = {
     "run",
     "compare",
     "write",
+    "replay",
 }
+"""Imperative first words in use; a new command whose first line starts with another verb adds it here."""
 
 
 def test_license_is_an_spdx_string():
