@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _sky import REPO, SHARED_CATALOG, clean_env, run_python, seeded_home
 
-TASK = "name: bench\nskygreen: {work: {gpu_hours: 24, on: A100}}\nrun: python train.py\n"
+TASK = "name: bench\nskygreen: {work: {gpu_hours: 24, gpu: A100}}\nrun: python train.py\n"
 
 SKY_QUERY = """
 import json, time

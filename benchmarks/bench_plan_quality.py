@@ -30,12 +30,12 @@ from skygreen.plan.rank import make_candidate, make_plan, run_model
 from skygreen.spec import TaskSpec, parse_spec_text
 
 JOBS: dict[str, str] = {
-    "fine-tune, 2 GPU-h": "{work: {gpu_hours: 2, on: A100}}",
-    "train, 24 GPU-h": "{work: {gpu_hours: 24, on: A100}}",
-    "train, 24 GPU-h, spot or on-demand": "{work: {gpu_hours: 24, on: A100}, on_demand_fallback: true}",
-    "needs 40 GB, 50 GPU-h": "{work: {gpu_hours: 50, on: A100}, gpus: {min_memory_gb: 40}}",
-    "8-GPU node, 400 GPU-h": "{work: {gpu_hours: 400, on: A100}, gpu_count: 8}",
-    "US only, 100 GPU-h": "{work: {gpu_hours: 100, on: A100}, regions: [us-east-1, us-east-2, us-west-2, us-central1, us-east4, us-west1, eastus, eastus2, westus2, westus3]}",
+    "fine-tune, 2 GPU-h": "{work: {gpu_hours: 2, gpu: A100}}",
+    "train, 24 GPU-h": "{work: {gpu_hours: 24, gpu: A100}}",
+    "train, 24 GPU-h, spot or on-demand": "{work: {gpu_hours: 24, gpu: A100}, on_demand_fallback: true}",
+    "needs 40 GB, 50 GPU-h": "{work: {gpu_hours: 50, gpu: A100}, gpus: {min_memory_gb: 40}}",
+    "8-GPU node, 400 GPU-h": "{work: {gpu_hours: 400, gpu: A100}, gpu_count: 8}",
+    "US only, 100 GPU-h": "{work: {gpu_hours: 100, gpu: A100}, regions: [us-east-1, us-east-2, us-west-2, us-central1, us-east4, us-west1, eastus, eastus2, westus2, westus3]}",
 }
 NAMED_GPUS = ("A100", "H100", "L4", "A10G", "T4", "V100")
 

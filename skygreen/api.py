@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
     from skygreen.deadline.compare import Simulation
     from skygreen.launch.registry import RunRecord
-    from skygreen.launch.runs import UpResult
+    from skygreen.launch.runs import CancelResult, UpResult
     from skygreen.launch.smoke import SmokeResult
     from skygreen.launch.status import RunStatus
     from skygreen.launch.wiring import Wiring
@@ -161,8 +161,9 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None)
     return runs.resume(run_id, local=local, budget_usd=budget_usd, wiring=wiring())
 
 
-def cancel(run_id: str) -> RunStatus:
-    """Stop a run after it commits a checkpoint; `resume` continues it."""
+def cancel(run_id: str) -> CancelResult:
+    """Stop a run; the runtime commits a checkpoint first, so `resume` can continue it
+    (`already_ended`: the run had ended; nothing changed)."""
     from skygreen.launch import runs
 
     return runs.cancel(run_id, wiring=wiring())

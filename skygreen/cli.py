@@ -30,7 +30,27 @@ from skygreen.cli_options import (
 from skygreen.errors import SkygreenError
 
 
+class SentenceGroup(click.Group):
+    """A command group whose `--help` lists each command's whole first sentence, wrapped.
+
+    click cuts the short help to what fits on one line ("Stop a run; it commits a
+    checkpoint first, so `skygreen..."), which leaves half a sentence that says nothing;
+    each command's docstring starts with a sentence that stands alone, so show all of it.
+    """
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 @click.group(
+    cls=SentenceGroup,
     context_settings=CONTEXT,
     help="Cheap, green cloud GPU training: cheapest spot GPUs, mixed precision, power caps, "
     "and runs that survive preemption. Built on SkyPilot.",
@@ -40,9 +60,9 @@ def app() -> None:
     pass
 
 
-@app.group("catalog", context_settings=CONTEXT)
+@app.group("catalog", cls=SentenceGroup, context_settings=CONTEXT)
 def catalog_app() -> None:
-    """The GPU price catalog (SkyPilot's own, schema v8)."""
+    """Update the GPU price catalog that `plan` reads (SkyPilot's own, schema v8)."""
 
 
 @app.command()
@@ -98,13 +118,12 @@ def up(
     from skygreen import api
 
     result = api.up(task, local=local, dryrun=dryrun, output=output, smoke=not no_smoke, catalog_dir=catalog)
-    if result.plan is not None:
-        for line in result.plan.notices:
-            print_notice(line)
-        if dryrun:
-            from skygreen.plan.report import print_plan
+    for line in result.notices:
+        print_notice(line)
+    if result.plan is not None and dryrun:
+        from skygreen.plan.report import print_plan
 
-            print_plan(result.plan, top=10)
+        print_plan(result.plan, top=10)
     if dryrun:
         _print_dryrun_checks(result, smoke=not no_smoke)
         sys.stdout.write(f"wrote {result.yaml_path} (dry run: nothing launched)\n")
@@ -177,7 +196,7 @@ def _exit_with_outcome(final) -> None:
 @json_option
 @click.option("--statement", is_flag=True, help="Print the run's energy statement (a paragraph for a paper).")
 def status(run: str | None, json_output: bool, statement: bool) -> None:
-    """Runs with their state, step, model digest, preemptions, spend, energy and CO2e so far.
+    """Show runs with their state, step, model digest, preemptions, spend, energy and CO2e so far.
 
     RUN: a run id; default: every run on this machine.
     """
@@ -231,8 +250,14 @@ def cancel(run: str) -> None:
     """Stop a run; it commits a checkpoint first, so `skygreen resume` can continue it."""
     from skygreen import api
 
-    final = api.cancel(run)
+    result = api.cancel(run)
+    final = result.status
     step = final.step if final.step is not None else "-"
+    if result.already_ended:
+        sys.stdout.write(
+            f"run {final.run_id} already ended ({final.state}, last checkpoint at step {step}); nothing to cancel\n"
+        )
+        return
     sys.stdout.write(f"cancelled run {final.run_id}: {final.state}, last checkpoint at step {step}\n")
 
 

@@ -20,7 +20,7 @@ from skygreen.cli_options import catalog_option, json_option, plot_option, print
 @json_option
 @plot_option
 def cost(target: str, catalog: Path | None, json_output: bool, plot: Path | None) -> None:
-    """What a run cost (from its ledger), or what a task would cost on each cloud.
+    """Show what a run cost (from its ledger), or what a task would cost on each cloud.
 
     RUN: a run id: actual cost per segment, controller and storage, energy, CO2e, per step and
     per epoch, preemptions (a --local run also gets the clouds' estimate). TASK: a task file:
@@ -57,7 +57,7 @@ def cost(target: str, catalog: Path | None, json_output: bool, plot: Path | None
 @json_option
 @plot_option
 def compare(runs: tuple[str, ...], catalog: Path | None, json_output: bool, plot: Path | None) -> None:
-    """Runs side by side: cloud mix, hours, cost, energy, CO2e, final metric, cost per unit of improvement."""
+    """Compare runs side by side: cloud mix, hours, cost, energy, CO2e, final metric, cost per unit of improvement."""
     from skygreen import api
 
     rows = api.compare(list(runs), catalog_dir=catalog)
@@ -154,7 +154,7 @@ def simulate(
 @click.command()
 @json_option
 def power(json_output: bool) -> None:
-    """The GPUs here: current, default, min and max power limits, and skygreen's caps on them."""
+    """Show the GPUs here: current, default, min and max power limits, and skygreen's caps on them."""
     from skygreen import api
     from skygreen.power.report import print_gpus
 

@@ -48,6 +48,7 @@ class SpecError(InputError):
         allowed: str | None = None,
         hint: str | None = None,
         source: str | None = None,
+        line: int | None = None,
     ) -> None:
         self.field = field
         self.problem = problem
@@ -55,11 +56,15 @@ class SpecError(InputError):
         self.allowed = allowed
         self.hint = hint
         self.source = source
+        self.line = line
+        """1-based line in `source`, where known; shown after the problem, so that every error
+        still starts with `file.yaml: field.path:`."""
         super().__init__(self._format())
 
     def _format(self) -> str:
         where = f"{self.source}: " if self.source else ""
-        lines = [f"{where}{self.field}: {self.problem}"]
+        at_line = f" (line {self.line})" if self.line else ""
+        lines = [f"{where}{self.field}: {self.problem}{at_line}"]
         if self.value is not None:
             lines.append(f"  got: {self.value!r}")
         if self.allowed:
@@ -68,8 +73,8 @@ class SpecError(InputError):
             lines.append(f"  fix: {self.hint}")
         return "\n".join(lines)
 
-    def with_source(self, source: str) -> SpecError:
-        """The same error, naming the file it came from."""
+    def with_source(self, source: str, *, line: int | None = None) -> SpecError:
+        """The same error, naming the file it came from (and the line, where known)."""
         return SpecError(
             self.field,
             self.problem,
@@ -77,6 +82,7 @@ class SpecError(InputError):
             allowed=self.allowed,
             hint=self.hint,
             source=source,
+            line=line,
         )
 
 

@@ -61,7 +61,13 @@ class RuntimeSettings:
     early_stop: EarlyStopConfig | None = None
     """Travels as `SKYGREEN_EARLY_STOP_METRIC`, `_MODE`, `_PATIENCE`, `_MIN_DELTA`, `_GRACE`."""
     preemptions_per_hour: float | None = None
-    """Assumed spot preemption rate where the run lands, for the `auto` checkpoint interval."""
+    """A fixed spot preemption rate for the `auto` checkpoint interval; when set it wins over
+    the per-cloud table (a cluster's own measurement, a test)."""
+    preemptions_per_hour_by_cloud: Mapping[str, float] | None = None
+    """Assumed spot preemption rate per node-hour on each cloud the run may land on (the
+    planner's table, with the task's `preemption.rate_per_hour`). A managed job's fallbacks
+    span clouds, so `up` cannot know the rate; the runtime picks its cloud's row once it
+    knows where it landed (`SKYPILOT_CLUSTER_INFO`). Rendered as `aws=0.47,gcp=0.24`."""
     cloud: str | None = None
     budget_usd: float | None = None
     """Stop cleanly (checkpoint, state `budget`) when the run's spend reaches it."""
@@ -73,6 +79,17 @@ class RuntimeSettings:
     offers: str | None = None
     """The plan's offers with prices (`skygreen.ledger.place.offers_env`), for the ledger."""
 
+    def preemption_rate_on(self, cloud: str | None) -> float | None:
+        """The rate to assume on `cloud`: the fixed rate, else the cloud's row of the table,
+        else (cloud unknown) the highest row, since too many checkpoints cost less than a
+        lost interval; None when nothing is known."""
+        if self.preemptions_per_hour is not None:
+            return self.preemptions_per_hour
+        table = self.preemptions_per_hour_by_cloud or {}
+        if cloud is not None and cloud in table:
+            return table[cloud]
+        return max(table.values()) if table else None
+
     @classmethod
     def from_spec(
         cls,
@@ -83,6 +100,7 @@ class RuntimeSettings:
         cloud: str | None = None,
         preemptions_per_hour: float | None = None,
         offers: str | None = None,
+        preemptions_per_hour_by_cloud: Mapping[str, float] | None = None,
     ) -> RuntimeSettings:
         """Settings for a run of a task; `bucket` is the resolved base URL."""
         power = spec.power
@@ -103,6 +121,9 @@ class RuntimeSettings:
             power_eta=power.eta,
             early_stop=spec.early_stopping,
             preemptions_per_hour=preemptions_per_hour,
+            preemptions_per_hour_by_cloud=dict(preemptions_per_hour_by_cloud)
+            if preemptions_per_hour_by_cloud
+            else None,
             cloud=cloud,
             budget_usd=spec.budget_usd,
             budget_alerts=",".join(f"{f:g}" for f in spec.budget_alerts.at) if spec.budget_alerts.at else None,
@@ -117,6 +138,9 @@ class RuntimeSettings:
         stop = flat.pop("early_stop")
         if stop is not None:
             flat.update({f"early_stop_{f.name}": getattr(stop, f.name) for f in dataclasses.fields(stop)})
+        for name, value in flat.items():
+            if isinstance(value, Mapping):  # `aws=0.47,gcp=0.24`; an empty table is left out
+                flat[name] = ",".join(f"{k}={v:g}" for k, v in sorted(value.items())) or None
         return {_env_name(name): _env_value(value) for name, value in flat.items() if value is not None}
 
     @classmethod
@@ -191,8 +215,27 @@ _BOOLS = {"power_required"}
 _CHOICES = {"precision": PRECISIONS, "checkpoint_half_precision": HALF_PRECISIONS, "early_stop_mode": EARLY_STOP_MODES}
 
 
+def _parse_rates(raw: str, env_name: str) -> dict[str, float]:
+    """`aws=0.47,gcp=0.24` -> {"aws": 0.47, "gcp": 0.24}."""
+    rates = {}
+    for item in raw.split(","):
+        cloud, sep, rate = item.strip().partition("=")
+        try:
+            value = float(rate)
+        except ValueError:
+            value = None
+        if not sep or not cloud.strip() or value is None:
+            raise SpecError(
+                env_name, "expected CLOUD=RATE pairs separated by commas", value=raw, allowed="aws=0.47,gcp=0.24"
+            )
+        rates[cloud.strip().lower()] = read_number(value, f"{env_name} ({cloud.strip()})", minimum=0.0)
+    return rates
+
+
 def _parse_env(field_name: str, raw: str, env_name: str) -> Any:
     try:
+        if field_name == "preemptions_per_hour_by_cloud":
+            return _parse_rates(raw, env_name)
         if field_name in _INTS:
             try:
                 number = int(raw)

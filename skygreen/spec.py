@@ -13,7 +13,7 @@ Example:
       clouds: [aws, gcp, azure]
       spot: true
       objective: cost                  # cost | time | energy | carbon
-      work: {gpu_hours: 12, on: A100}  # job size, in hours on `on`
+      work: {gpu_hours: 12, gpu: A100} # job size, in hours on one `gpu`
       max_price_per_hour: 4.0
       budget_usd: 60
       precision: auto                  # auto | bf16 | fp16 | fp32
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.checkpoint.keep import check_keep
-from skygreen.errors import InputError, SpecError, suggestion
+from skygreen.errors import InputError, SpecError
 from skygreen.fields import (
     check_keys,
     parse_duration_s,
@@ -49,7 +49,7 @@ from skygreen.fields import (
     read_str,
     type_name,
 )
-from skygreen.gpus import GPU_NAMES, canonical_gpu_name
+from skygreen.spec_gpus import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
 from skygreen.spec_model import (
     BUCKET_SCHEMES,
     CLOUDS,
@@ -72,7 +72,7 @@ from skygreen.spec_model import (
     TaskSpec,
     Work,
 )
-from skygreen.task_yaml import read_yaml
+from skygreen.task_yaml import line_of, read_yaml
 
 __all__ = [
     "BUCKET_SCHEMES",
@@ -121,11 +121,12 @@ def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
     try:
         return parse_spec_text(text, source=str(path))
     except SpecError as e:
-        raise e.with_source(str(path)) from None
+        line = None if e.field == "(file)" or e.field.startswith("line ") else line_of(text, e.field)
+        raise e.with_source(str(path), line=line) from None
 
 
 def parse_spec_text(text: str, *, source: str | None = None) -> TaskSpec:
-    """Parse YAML text into a `TaskSpec`."""
+    """Parse YAML 1.2 text into a `TaskSpec` (see `skygreen.task_yaml` for why 1.2 and how)."""
     return parse_spec(read_yaml(text), source=source)
 
 
@@ -145,7 +146,12 @@ def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
     num_nodes = 1 if data.get("num_nodes") is None else read_int(data["num_nodes"], "num_nodes", minimum=1)
     green = _parse_green(data.get(SECTION) or {}, SECTION)
     sky = {k: v for k, v in data.items() if k != SECTION}
-    return TaskSpec(name=name, green=green, sky=sky, num_nodes=num_nodes, source=source)
+    section = data.get(SECTION) or {}
+    work_given = isinstance(section, Mapping) and section.get("work") is not None
+    notices = work_notices(section["work"], green.work) if work_given else ()
+    return TaskSpec(
+        name=name, green=green, sky=sky, num_nodes=num_nodes, source=source, work_given=work_given, notices=notices
+    )
 
 
 # ---------------------------------------------------------------- sections
@@ -156,18 +162,18 @@ def _parse_green(raw: Any, path: str) -> GreenSpec:
     check_keys(raw, GreenSpec.__dataclass_fields__, path)
     get = _getter(raw, path)
     values: dict[str, Any] = {}
-    get(values, "gpus", _parse_gpus)
+    get(values, "gpus", parse_gpus)
     get(values, "gpu_count", lambda v, p: read_int(v, p, minimum=1, maximum=64))
-    get(values, "clouds", _parse_clouds)
+    get(values, "clouds", parse_clouds)
     get(values, "regions", lambda v, p: tuple(read_str(r, f"{p}[{i}]") for i, r in enumerate(read_list(v, p))))
     get(values, "spot", read_bool)
     get(values, "on_demand_fallback", read_bool)
     get(values, "objective", lambda v, p: read_choice(v, p, OBJECTIVES))
-    get(values, "work", _parse_work)
+    get(values, "work", parse_work)
     get(values, "max_price_per_hour", lambda v, p: read_number(v, p, positive=True))
     get(values, "budget_usd", lambda v, p: read_number(v, p, positive=True))
     get(values, "budget_alerts", _parse_budget_alerts)
-    get(values, "speed", _parse_speed)
+    get(values, "speed", parse_speed)
     get(values, "preemption", _parse_preemption)
     get(values, "max_candidates", lambda v, p: read_int(v, p, minimum=1, maximum=64))
     get(values, "precision", lambda v, p: read_choice(v, p, PRECISIONS))
@@ -196,65 +202,6 @@ def _getter(raw: Mapping[str, Any], path: str):
             values[key] = reader(raw[key], f"{path}.{key}")
 
     return get
-
-
-def _gpu_name(value: Any, path: str) -> str:
-    name = read_str(value, path)
-    base, _, count = name.partition(":")
-    canonical = canonical_gpu_name(base.strip())
-    if canonical is None:
-        raise SpecError(
-            path,
-            f"unknown GPU {name!r}",
-            allowed=", ".join(GPU_NAMES),
-            hint=_gpu_hint(base),
-        )
-    if count:
-        raise SpecError(
-            path,
-            "give the GPU count in gpu_count, not in the name",
-            value=name,
-            hint=f"write {canonical!r} and gpu_count: {count}",
-        )
-    return canonical
-
-
-def _gpu_hint(name: str) -> str:
-    return suggestion(name, GPU_NAMES) or "use one of the allowed names, or a constraint such as {min_memory_gb: 24}"
-
-
-def _parse_gpus(raw: Any, path: str) -> GpuChoice:
-    if isinstance(raw, Mapping):
-        raw = read_mapping(raw, path)
-        check_keys(raw, ("names", "min_memory_gb"), path)
-        names = None
-        if raw.get("names") is not None:
-            names = _gpu_names(raw["names"], f"{path}.names")
-        floor = None
-        if raw.get("min_memory_gb") is not None:
-            floor = read_number(raw["min_memory_gb"], f"{path}.min_memory_gb", positive=True)
-        return GpuChoice(names=names, min_memory_gb=floor)
-    return GpuChoice(names=_gpu_names(raw, path))
-
-
-def _gpu_names(raw: Any, path: str) -> tuple[str, ...]:
-    names = [_gpu_name(v, f"{path}[{i}]") for i, v in enumerate(read_list(raw, path))]
-    return tuple(dict.fromkeys(names))
-
-
-def _parse_clouds(raw: Any, path: str) -> tuple[str, ...]:
-    clouds = [read_choice(v, f"{path}[{i}]", CLOUDS) for i, v in enumerate(read_list(raw, path))]
-    return tuple(dict.fromkeys(clouds))
-
-
-def _parse_work(raw: Any, path: str) -> Work:
-    raw = read_mapping(raw, path)
-    check_keys(raw, ("gpu_hours", "on"), path)
-    values: dict[str, Any] = {}
-    get = _getter(raw, path)
-    get(values, "gpu_hours", lambda v, p: read_number(v, p, positive=True, maximum=1e7))
-    get(values, "on", _gpu_name)
-    return Work(**values)
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -291,14 +238,6 @@ def _parse_budget_alerts(raw: Any, path: str) -> BudgetAlertSpec:
     if raw.get("burn_usd_per_hour") is not None:
         values["burn_usd_per_hour"] = read_number(raw["burn_usd_per_hour"], f"{path}.burn_usd_per_hour", positive=True)
     return BudgetAlertSpec(**values)
-
-
-def _parse_speed(raw: Any, path: str) -> dict[str, float]:
-    raw = read_mapping(raw, path)
-    return {
-        _gpu_name(name, f"{path}.{name}"): read_number(speed, f"{path}.{name}", positive=True, maximum=1000)
-        for name, speed in raw.items()
-    }
 
 
 def _parse_preemption(raw: Any, path: str) -> PreemptionSpec:

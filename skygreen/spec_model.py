@@ -41,10 +41,10 @@ class GpuChoice:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Work:
-    """The size of the job: `gpu_hours` of training on one `on` GPU."""
+    """The size of the job: `gpu_hours` of training on one `gpu`."""
 
     gpu_hours: float = 1.0
-    on: str = "A100"
+    gpu: str = "A100"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -169,3 +169,7 @@ class TaskSpec:
     """The task file without its `skygreen:` section: SkyPilot's own keys, untouched."""
     num_nodes: int = 1
     source: str | None = None
+    work_given: bool = False
+    """The task says how big the job is (`skygreen.work`); without it estimates are for 1 GPU-hour."""
+    notices: tuple[str, ...] = ()
+    """One-line remarks for the user about the task file itself (a deprecated key)."""

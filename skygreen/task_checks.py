@@ -47,8 +47,18 @@ def load_task(path: str | os.PathLike[str]) -> TaskSpec:
     try:
         check_task(spec)
     except SpecError as e:
-        raise e.with_source(str(path)) from None
+        raise e.with_source(str(path), line=_line_of(path, e.field)) from None
     return spec
+
+
+def _line_of(path: str | os.PathLike[str], field: str) -> int | None:
+    """The line the field sits on, for the message; None when the file cannot be read again."""
+    from skygreen.task_yaml import line_of
+
+    try:
+        return line_of(Path(path).read_text(encoding="utf-8"), field)
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def check_task(spec: TaskSpec) -> None:

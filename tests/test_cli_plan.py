@@ -58,7 +58,7 @@ def task(workdir: Path, section: str, name: str = "task.yaml") -> str:
 
 
 def test_json_lists_candidates_best_first_with_the_required_fields(workdir):
-    path = task(workdir, "{work: {gpu_hours: 12, on: A100}, on_demand_fallback: true}")
+    path = task(workdir, "{work: {gpu_hours: 12, gpu: A100}, on_demand_fallback: true}")
     before = files_under(workdir)
     out = skygreen(workdir, "plan", path, "--catalog", str(FIXTURE_CATALOG), "--json")
     assert out.returncode == 0, out.stderr
@@ -89,7 +89,7 @@ def test_environment_variable_names_the_catalog(workdir):
 
 
 def test_no_catalog_uses_the_embedded_table_with_a_one_line_notice(workdir):
-    out = skygreen(workdir, "plan", task(workdir, "{}"), "--json")
+    out = skygreen(workdir, "plan", task(workdir, "{work: {gpu_hours: 2, gpu: A100}}"), "--json")
     assert out.returncode == 0, out.stderr
     notes = [line for line in out.stderr.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and "embedded price table" in notes[0]
@@ -141,7 +141,7 @@ def test_plan_over_the_real_snapshot(workdir, shared_catalog_dir):
     out = skygreen(
         workdir,
         "plan",
-        task(workdir, "{work: {gpu_hours: 100, on: A100}}"),
+        task(workdir, "{work: {gpu_hours: 100, gpu: A100}}"),
         "--catalog",
         str(shared_catalog_dir),
         "--json",

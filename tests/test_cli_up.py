@@ -46,7 +46,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 def write_task(
     tmp_path: Path, *, bucket: str | None, run: str = "python train.py", extra: dict | None = None, name: str = "demo"
 ) -> Path:
-    green = {"gpus": ["L4", "T4", "A100"], "work": {"gpu_hours": 1, "on": "A100"}, "max_candidates": 3}
+    green = {"gpus": ["L4", "T4", "A100"], "work": {"gpu_hours": 1, "gpu": "A100"}, "max_candidates": 3}
     if bucket is not None:
         green["checkpoint"] = {"bucket": bucket}
     task = {"name": name, "skygreen": green, "run": run, **(extra or {})}

@@ -24,7 +24,7 @@ T0 = 1_780_000_000.0
 TASK = """name: demo
 skygreen:
   gpus: [L4, T4]
-  work: {gpu_hours: 2, on: A100}
+  work: {gpu_hours: 2, gpu: A100}
   early_stopping: {metric: val_loss, patience: 3}
 run: python train.py
 """

@@ -96,7 +96,7 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     work.mkdir()
     shutil.copy(REPO / "tasks" / "tiny.py", work / "tiny.py")
     (work / "task.yaml").write_text(
-        "name: tiny\nskygreen:\n  gpus: [L4]\n  clouds: [gcp, aws]\n  work: {gpu_hours: 0.05, on: T4}\n"
+        "name: tiny\nskygreen:\n  gpus: [L4]\n  clouds: [gcp, aws]\n  work: {gpu_hours: 0.05, gpu: T4}\n"
         "  batch: {effective: 32, micro: 16}\n  precision: fp32\n"
         f"  checkpoint: {{bucket: 's3://{s3_bucket}/runs', every: 10, keep: 3}}\n"
         "  early_stopping: {metric: val_loss, mode: min, patience: 3, min_delta: 0.001, grace: 2}\nrun: python tiny.py\n"
@@ -195,7 +195,7 @@ def test_a_run_stops_at_its_budget_and_resumes_with_a_higher_one(s3_bucket, cata
     work.mkdir()
     shutil.copy(REPO / "tasks" / "tiny.py", work / "tiny.py")
     (work / "task.yaml").write_text(
-        "name: tiny\nskygreen:\n  gpus: [L4]\n  clouds: [gcp]\n  work: {gpu_hours: 0.0001, on: L4}\n  budget_usd: 0.0005\n"
+        "name: tiny\nskygreen:\n  gpus: [L4]\n  clouds: [gcp]\n  work: {gpu_hours: 0.0001, gpu: L4}\n  budget_usd: 0.0005\n"
         "  batch: {effective: 32, micro: 16}\n  precision: fp32\n"
         f"  checkpoint: {{bucket: 's3://{s3_bucket}/runs', every: 20, keep: 3}}\nrun: python tiny.py\n"
     )

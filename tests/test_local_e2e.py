@@ -160,8 +160,12 @@ def test_cancel_stops_a_local_run_after_a_checkpoint_and_resume_continues(env, t
     assert cancelled.returncode == 0, cancelled.stderr
     after = status(env, run_id)
     assert after["state"] == "CANCELLED" and not after["completed"]
+    assert after["preemptions"] == 0  # the user's cancel is no preemption
+    ended = skygreen(env, "cancel", run_id[:12])  # again, by a prefix: it says so and changes nothing
+    assert ended.returncode == 0 and "already ended (CANCELLED" in ended.stdout
     logs = skygreen(env, "logs", run_id)
     assert logs.returncode == 0 and "step" in logs.stdout
     resumed = skygreen(env, "resume", run_id)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    assert status(env, run_id)["completed"]
+    done = status(env, run_id)
+    assert done["completed"] and done["preemptions"] == 0

@@ -16,7 +16,7 @@ from skygreen.plan.deadline import DeadlineCost, Share, share_at, trace_shares, 
 from skygreen.spec import parse_spec_text
 
 FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
-TASK = "skygreen:\n  gpus: [V100, L4, H100]\n  work: {gpu_hours: 20, on: A100}\n{extra}run: python train.py\n"
+TASK = "skygreen:\n  gpus: [V100, L4, H100]\n  work: {gpu_hours: 20, gpu: A100}\n{extra}run: python train.py\n"
 
 
 def skygreen(cwd: Path, *args: str) -> subprocess.CompletedProcess:

@@ -48,7 +48,7 @@ def test_full_section_is_read_and_removed_from_the_skypilot_part():
           gpu_count: 4
           clouds: [AWS, gcp]
           objective: carbon
-          work: {gpu_hours: 12, on: a100}
+          work: {gpu_hours: 12, gpu: a100}
           max_price_per_hour: 4
           budget_usd: 60
           precision: BF16
@@ -64,7 +64,7 @@ def test_full_section_is_read_and_removed_from_the_skypilot_part():
     g = spec.green
     assert g.gpus.names == ("A100", "H100", "L4")
     assert g.clouds == ("aws", "gcp")
-    assert g.work.on == "A100" and g.work.gpu_hours == 12.0
+    assert g.work.gpu == "A100" and g.work.gpu_hours == 12.0
     assert g.precision == "bf16"
     assert g.batch.effective == 64 and g.batch.micro is None
     assert g.checkpoint.bucket == "s3://bkt/runs" and g.checkpoint.every_s == 300.0
@@ -114,7 +114,9 @@ def test_memory_constraint_instead_of_names():
         ("skygreen: {early_stopping: {patience: 3}}", "skygreen.early_stopping.metric", ["required"]),
         ("skygreen: {recovery: {strategy: EAGER}}", "skygreen.recovery.strategy", ["EAGER_NEXT_REGION"]),
         ("skygreen: {spot: false, on_demand_fallback: true}", "skygreen.on_demand_fallback", ["spot: true"]),
+        ("skygreen: {work: {gpu: B200X}}", "skygreen.work.gpu", ["unknown GPU"]),
         ("skygreen: {work: {on: B200X}}", "skygreen.work.on", ["unknown GPU"]),
+        ("skygreen: {work: {gpu: A100, on: A100}}", "skygreen.work.on", ["both", "keep only `gpu`"]),
         ("skygreen: [A100]", "skygreen", ["expected a mapping"]),
         ("num_nodes: 0", "num_nodes", ["at least 1"]),
     ],
@@ -158,11 +160,12 @@ def test_errors_from_a_file_name_the_file(tmp_path):
     with pytest.raises(SpecError) as info:
         load_spec(path)
     assert str(info.value).startswith(f"{path}: skygreen.gpu_count")
+    assert "(line 1)" in str(info.value).splitlines()[0]
 
 
 # Any YAML-shaped value, nested a few levels, under the keys the loader knows and a few it does not.
 _KEYS = st.sampled_from(
-    ["gpus", "gpu_count", "clouds", "spot", "objective", "work", "gpu_hours", "on", "budget_usd",
+    ["gpus", "gpu_count", "clouds", "spot", "objective", "work", "gpu_hours", "gpu", "on", "budget_usd",
      "batch", "effective", "micro", "checkpoint", "bucket", "every", "keep", "power", "cap",
      "early_stopping", "metric", "patience", "min_memory_gb", "names", "recovery", "speed", "A100", "zzz"]
 )  # fmt: skip

@@ -62,13 +62,22 @@ def test_contract_on_real_servers(bucket_url):
     assert sibling.list() == [], "a run's prefix isolates it from its neighbours"
 
 
-def test_large_objects_stream_in_parts_and_come_back_identical(bucket_url, tmp_path):
+def upload(store, key: str, source, via: str) -> None:
+    """`put` of an open stream, or `put_file` of the path (what the checkpointer calls)."""
+    if via == "path":
+        store.put_file(key, source)
+        return
+    with open(source, "rb") as f:
+        store.put(key, f)
+
+
+@pytest.mark.parametrize("via", ["stream", "path"])
+def test_large_objects_stream_in_parts_and_come_back_identical(bucket_url, tmp_path, via):
     payload = os.urandom(70 * MIB)  # above S3's 16 MiB part size and GCS's 64 MiB chunk
     source = tmp_path / "blob"
     source.write_bytes(payload)
     store = open_store(bucket_url)
-    with open(source, "rb") as f:
-        store.put("big.pt", f)
+    upload(store, "big.pt", source, via)
     assert store.size("big.pt") == len(payload)
     out = tmp_path / "back"
     with open(out, "wb") as f:
@@ -76,10 +85,14 @@ def test_large_objects_stream_in_parts_and_come_back_identical(bucket_url, tmp_p
     assert out.read_bytes() == payload
 
 
-def test_no_such_bucket_fails_fast_naming_the_bucket_and_the_fix(cloud, bucket_url):
+@pytest.mark.parametrize("via", ["bytes", "path"])
+def test_no_such_bucket_fails_fast_naming_the_bucket_and_the_fix(cloud, bucket_url, tmp_path, via):
     missing = f"{cloud}://sg-missing-bucket-7d1/runs"
+    source = tmp_path / "blob"
+    source.write_bytes(b"1")
     with pytest.raises(StoreError) as info:
-        open_store(missing).put("x", b"1")
+        store = open_store(missing)
+        store.put("x", b"1") if via == "bytes" else store.put_file("x", source)
     assert not isinstance(info.value, TransientStoreError)
     assert "'sg-missing-bucket-7d1' does not exist" in str(info.value)
     assert "fix:" in str(info.value)
@@ -102,10 +115,15 @@ def test_access_denied_from_a_server_that_checks_keys(tmp_path, monkeypatch):
     assert "access to bucket 'sg-locked' denied" in message and "fix:" in message
 
 
-def test_access_denied_is_not_retried(cloud, proxy, bucket_url):
+@pytest.mark.parametrize("via", ["bytes", "path"])
+def test_access_denied_is_not_retried(cloud, proxy, bucket_url, tmp_path, via):
+    """`upload_file` wraps S3's AccessDenied in S3UploadFailedError: still denied, not retried."""
+    source = tmp_path / "blob"
+    source.write_bytes(b"1")
     proxy.inject("403", times=10)
     with pytest.raises(StoreError, match=r"denied[\s\S]*fix:") as info:
-        open_store(bucket_url, retry=FAST_RETRY).put("x", b"1")
+        store = open_store(bucket_url, retry=FAST_RETRY)
+        store.put("x", b"1") if via == "bytes" else store.put_file("x", source)
     assert not isinstance(info.value, TransientStoreError)
     uploads = [entry for entry in proxy.log if entry[0] in ("PUT", "POST") and entry[2] == "403"]
     assert len(uploads) == 1, f"a permanent error fails on the first answer: {proxy.log}"
@@ -121,7 +139,8 @@ def test_transient_faults_are_retried_and_the_object_arrives_whole(proxy, bucket
     assert proxy.outcomes(fault) == 4 and proxy.pending() == 0
 
 
-def test_faults_during_a_multipart_upload_are_survived(proxy, bucket_url, tmp_path):
+@pytest.mark.parametrize("via", ["stream", "path"])
+def test_faults_during_a_multipart_upload_are_survived(proxy, bucket_url, tmp_path, via):
     payload = os.urandom(40 * MIB)
     source = tmp_path / "blob"
     source.write_bytes(payload)
@@ -129,8 +148,7 @@ def test_faults_during_a_multipart_upload_are_survived(proxy, bucket_url, tmp_pa
     proxy.inject("drop", times=1, method="PUT")
     proxy.inject("503", times=2, method="PUT")
     proxy.inject("500", times=1, method="POST")
-    with open(source, "rb") as f:
-        store.put("big.pt", f)
+    upload(store, "big.pt", source, via)
     out = tmp_path / "back"
     with open(out, "wb") as f:
         proxy.inject("drop", times=1, method="GET")

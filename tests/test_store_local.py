@@ -101,3 +101,14 @@ def test_local_store_has_no_storage_classes(tmp_path):
     assert store.storage_class("x") is None
     with pytest.raises(StoreError, match="cold storage does not apply"):
         store.set_storage_class("x", "GLACIER")
+
+
+def test_put_file_copies_a_local_file_atomically(tmp_path):
+    store = open_store(str(tmp_path / "bucket"))
+    source = tmp_path / "blob"
+    source.write_bytes(b"x" * 3_000_000)
+    store.put_file("ckpt/000000000001/shared.pt", source)
+    assert store.get("ckpt/000000000001/shared.pt") == source.read_bytes()
+    assert source.exists()  # copied, not moved: the caller owns its temporary file
+    with pytest.raises(StoreError):
+        store.put_file("ckpt/x", tmp_path / "missing")

@@ -112,6 +112,14 @@ class GcsStore:
             writing=True,
         )
 
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        blob = self._blob(key)
+        self._run(
+            f"upload {key} to",
+            lambda: blob.upload_from_filename(os.fspath(path), retry=None, timeout=_TIMEOUT_S),
+            writing=True,
+        )
+
     def get(self, key: str) -> bytes:
         blob = self._blob(key)
         return self._run(f"get {key} from", lambda: blob.download_as_bytes(retry=None, timeout=_TIMEOUT_S))

@@ -47,6 +47,15 @@ class LocalStore:
         target = self._path(key)
         self._run(f"write {target}", lambda: write_atomic(target, data))
 
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        target = self._path(key)
+
+        def copy() -> None:
+            with open(path, "rb") as src:
+                write_atomic(target, src)
+
+        self._run(f"write {target}", copy)
+
     def get(self, key: str) -> bytes:
         path = self._path(key)
         return self._run(f"read {path}", lambda: _read_existing(path, key).read_bytes())

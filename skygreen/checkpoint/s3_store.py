@@ -13,6 +13,7 @@ retried as a whole operation by skygreen's `RetryPolicy`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
 
@@ -122,6 +123,12 @@ class S3Store:
             on_retry=rewind(data),
         )
 
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        name = self.root.key(key)
+        self._run(
+            f"upload {key} to", lambda: self.client.upload_file(os.fspath(path), self.bucket, name, Config=_TRANSFER)
+        )
+
     def get(self, key: str) -> bytes:
         name = self.root.key(key)
         return self._run(f"get {key} from", lambda: self.client.get_object(Bucket=self.bucket, Key=name)["Body"].read())
@@ -216,9 +223,7 @@ def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:
     try:
         return operation()
     except botocore.exceptions.ClientError as e:
-        error = e.response.get("Error", {})
-        code = str(error.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-        raise _from_code(bucket, what, code, error.get("Message") or str(e)) from e
+        raise _from_client_error(bucket, what, e) from e
     except _CREDENTIAL_EXCEPTIONS as e:
         raise NoCredentialsError(
             f"{what}: no usable AWS credentials for bucket {bucket!r}\n"
@@ -229,7 +234,18 @@ def _mapped(bucket: str, what: str, operation: Callable[[], T]) -> T:
     except boto3.exceptions.RetriesExceededError as e:
         raise TransientStoreError(f"{what}: {e}") from e
     except boto3.exceptions.S3UploadFailedError as e:
+        # `upload_file` wraps the S3 error it met (access denied, no such bucket) in this one;
+        # the original is its context, and decides whether retrying can help.
+        original = e.__cause__ or e.__context__
+        if isinstance(original, botocore.exceptions.ClientError):
+            raise _from_client_error(bucket, what, original) from e
         raise TransientStoreError(f"{what}: {e}") from e
+
+
+def _from_client_error(bucket: str, what: str, e: botocore.exceptions.ClientError) -> StoreError:
+    error = e.response.get("Error", {})
+    code = str(error.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    return _from_code(bucket, what, code, error.get("Message") or str(e))
 
 
 def _from_code(bucket: str, what: str, code: str, message: str) -> StoreError:

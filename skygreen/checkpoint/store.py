@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,13 @@ class Store(Protocol):
     url: str
 
     def put(self, key: str, data: bytes | BinaryIO) -> None: ...
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Upload a local file. The cloud libraries upload from a path faster than from a
+        stream (parts are read from disk by the worker threads, in parallel, with no copy
+        through the caller's buffer), so the checkpointer, which writes each blob to a
+        temporary file anyway, hands over the path."""
+        ...
 
     def get(self, key: str) -> bytes: ...
 

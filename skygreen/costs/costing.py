@@ -272,7 +272,9 @@ def measured_speeds(
         return {}
     total = sorted(totals)[len(totals) // 2]
     work = spec.green.work
-    on_speed = RunModel(work_gpu_hours=work.gpu_hours, work_on=work.on, speed=spec.green.speed).relative_speed(work.on)
+    on_speed = RunModel(work_gpu_hours=work.gpu_hours, work_on=work.gpu, speed=spec.green.speed).relative_speed(
+        work.gpu
+    )
     return {gpu: (work.gpu_hours * on_speed * 3600.0 * (sum(v) / len(v)) / total, len(v)) for gpu, v in rates.items()}
 
 

@@ -130,10 +130,10 @@ class LocalLauncher:
     def cancel(self, job_id: str) -> None:
         folder = self._folder(job_id)
         info = _read_json(folder / "job.json")
-        (folder / "cancelled").write_text("cancelled\n", encoding="utf-8")
         pid, ticks = info.get("pid"), info.get("start_ticks")
         if pid is None or not self._alive(job_id, pid, ticks):
-            return
+            return  # it ended on its own: it stays as it ended (stopped, failed, succeeded)
+        (folder / "cancelled").write_text("cancelled\n", encoding="utf-8")
         _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.cancel_grace_s
         while time.monotonic() < deadline and self._alive(job_id, pid, ticks):

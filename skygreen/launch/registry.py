@@ -142,7 +142,27 @@ class Registry:
         write_atomic(folder / "run.json", json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
         return record
 
+    def resolve(self, run_id: str) -> str:
+        """The full id of the one run whose id is `run_id` or starts with it (as git and docker
+        take any unique prefix); an ambiguous prefix lists the runs it matches (exit 2)."""
+        check_run_id(run_id)
+        if (self.run_dir(run_id) / "run.json").exists():
+            return run_id
+        matches = sorted(p.parent.name for p in self.root.glob(f"{run_id}*/run.json")) if self.root.is_dir() else []
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            shown = "\n".join(f"    {m}" for m in matches[:20]) + (
+                f"\n    ... and {len(matches) - 20} more" if len(matches) > 20 else ""
+            )
+            raise InputError(
+                f"run id prefix {run_id!r} matches {len(matches)} runs:\n{shown}\n  fix: type more of the id"
+            )
+        return run_id
+
     def load(self, run_id: str) -> RunRecord:
+        """The record of run `run_id`, or of the one run whose id starts with it."""
+        run_id = self.resolve(run_id)
         path = self.run_dir(run_id) / "run.json"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

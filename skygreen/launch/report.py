@@ -9,10 +9,12 @@ from skygreen.launch.runs import UpResult
 from skygreen.launch.status import RunStatus
 
 
-def _money(usd: float | None, estimated: bool = False) -> str:
-    if usd is None:
+def _money(value_usd: float | None, estimated: bool = False) -> str:
+    from skygreen.figures import usd
+
+    if value_usd is None:
         return "-"
-    return f"{'~' if estimated else ''}${usd:,.2f}"
+    return f"{'~' if estimated else ''}${usd(value_usd)}"
 
 
 def _energy(kwh: float | None) -> str:

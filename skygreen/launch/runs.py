@@ -9,19 +9,22 @@ adapter. The CLI prints what `skygreen.api` returns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
+from skygreen.checkpoint.cancellation import clear_cancel, request_cancel
 from skygreen.checkpoint.interval import preemption_rate_per_hour
+from skygreen.checkpoint.store import Store
 from skygreen.errors import BucketUnreachableError, InputError, NoCredentialsError, SkygreenError, StoreError
 from skygreen.files import write_atomic
-from skygreen.launch.bucket import check_writable
+from skygreen.launch.bucket import check_writable, within_deadline
 from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
@@ -54,6 +57,18 @@ class UpResult:
     bucket: str | None = None
     bucket_unchecked: str | None = None
     """A dry run that could not check the bucket from this machine says why (no credentials)."""
+    notices: tuple[str, ...] = ()
+    """One-line remarks for the user: the plan's (which include the task file's), or for a
+    local run, the task file's own (a deprecated key)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CancelResult:
+    """What `cancel` found and did."""
+
+    status: RunStatus
+    already_ended: bool
+    """The run had ended before the cancel: nothing was signalled or changed."""
 
 
 # ---------------------------------------------------------------- up
@@ -83,7 +98,7 @@ def up(
         path = Path(output) if output else data_dir(environ) / "dryrun" / f"{run_id}.yaml"
         write_atomic(path, yaml_text)
         return UpResult(yaml_path=path, run_id=run_id, plan=plan, record=None, smoke=smoke_result,
-                        bucket=bucket, bucket_unchecked=unchecked)  # fmt: skip
+                        bucket=bucket, bucket_unchecked=unchecked, notices=_notices(spec, plan))  # fmt: skip
     preflight_bucket(wiring, bucket, run_id)
     launcher = wiring.local_launcher() if local else wiring.cloud_launcher()
     yaml_path = registry.run_dir(run_id) / "task.yaml"
@@ -106,7 +121,13 @@ def up(
     )
     record = registry.save(record)
     record = _launch(registry, record, launcher, task, secret_values(spec, environ))
-    return UpResult(yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result)
+    return UpResult(
+        yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result, notices=_notices(spec, plan)
+    )
+
+
+def _notices(spec: TaskSpec, plan: Plan | None) -> tuple[str, ...]:
+    return tuple(plan.notices) if plan is not None else spec.notices
 
 
 def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
@@ -132,14 +153,17 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
 
 
 def _render(spec: TaskSpec, plan: Plan | None, *, run_id: str, bucket: str, task_dir: Path) -> dict[str, Any]:
-    rate = offers = None
-    if plan is not None:  # the planner's assumption for the cloud it ranked first
+    rates = offers = None
+    if plan is not None:  # the planner's assumption for every cloud among the offers handed over
         from skygreen.ledger.place import offers_env
 
-        rate = preemption_rate_per_hour(plan.best.cloud, spec.green.preemption.rate_per_hour)
-        offers = offers_env(plan.candidates[: spec.green.max_candidates])  # prices for the VM's ledger
+        handed_over = plan.candidates[: spec.green.max_candidates]
+        overrides = spec.green.preemption.rate_per_hour
+        clouds = sorted({c.cloud for c in handed_over})
+        rates = {cloud: rate for cloud in clouds if (rate := preemption_rate_per_hour(cloud, overrides)) is not None}
+        offers = offers_env(handed_over)  # prices for the VM's ledger
     settings = RuntimeSettings.from_spec(
-        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour=rate, offers=offers
+        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour_by_cloud=rates, offers=offers
     )
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
 
@@ -200,6 +224,7 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None,
     `budget_usd` sets a new budget (a run stopped at its budget needs a higher one)."""
     environ, registry = wiring.environ, wiring.registry
     record = registry.load(run_id)
+    run_id = record.run_id
     _check_bucket_before_resume(record, wiring)
     current = run_status(record, wiring=wiring)
     if current.completed:
@@ -230,6 +255,7 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None,
         write_atomic(Path(record.task_yaml), to_yaml(task))
     launcher = wiring.local_launcher() if to_local else launcher_for(record, wiring)
     record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
+    _clear_cancel(record, wiring)
     return _launch(registry, record, launcher, task, _resume_secrets(record, environ))
 
 
@@ -270,22 +296,56 @@ def _resume_secrets(record: RunRecord, environ: Mapping[str, str]) -> dict[str, 
         return {name: environ[name] for name in record.secret_names if environ.get(name)}
 
 
-def cancel(run_id: str, *, wiring: Wiring) -> RunStatus:
-    """Stop a run: SIGTERM (the runtime commits a checkpoint), then its launcher's cancel."""
+def cancel(run_id: str, *, wiring: Wiring) -> CancelResult:
+    """Stop a run: mark the cancel in its bucket (so the runtime does not count it as a
+    preemption), SIGTERM (the runtime commits a checkpoint), then its launcher's cancel.
+    A run that already ended is left exactly as it is."""
     registry = wiring.registry
     record = registry.load(run_id)
     if record.job_id is None:
-        raise InputError(f"run {run_id} was never launched; nothing to cancel")
+        raise InputError(f"run {record.run_id} was never launched; nothing to cancel")
+    current = run_status(record, wiring=wiring)
+    if current.state in JobState.__members__ and JobState(current.state).terminal:
+        return CancelResult(status=current, already_ended=True)
+    _mark_cancel(record, wiring)
     launcher_for(record, wiring).cancel(record.job_id)
     registry.save(dataclasses.replace(record, cancelled=True))
-    return run_status(registry.load(run_id), wiring=wiring)
+    return CancelResult(status=run_status(registry.load(record.run_id), wiring=wiring), already_ended=False)
+
+
+CANCEL_MARK_DEADLINE_S = 15.0
+"""How long `cancel` and `resume` wait for the bucket to take or drop the cancel marker: the
+marker only keeps one SIGTERM out of the preemption count, so a bucket that does not answer
+must not hold the command up."""
+
+
+def _mark_cancel(record: RunRecord, wiring: Wiring) -> None:
+    try:
+        _with_run_store(record, wiring, request_cancel)
+    except StoreError as e:  # the cancel itself must still happen
+        sys.stderr.write(
+            f"note: could not mark the cancel in {record.checkpoint_url} ({str(e).splitlines()[0]}); "
+            "the runtime may count it as a preemption\n"
+        )
+
+
+def _clear_cancel(record: RunRecord, wiring: Wiring) -> None:
+    # resume checks the bucket itself; an old marker only makes one SIGTERM read as a cancel
+    with contextlib.suppress(StoreError):
+        _with_run_store(record, wiring, clear_cancel)
+
+
+def _with_run_store(record: RunRecord, wiring: Wiring, action: Callable[[Store], None]) -> None:
+    """`action(store)` on the run's checkpoint folder, bounded as every laptop bucket call is."""
+    url = record.checkpoint_url
+    within_deadline(record.bucket, lambda: action(wiring.open_store(url)), deadline_s=CANCEL_MARK_DEADLINE_S)
 
 
 def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None, wiring: Wiring) -> int | None:
     """Write a run's output to `out` (stdout); with `follow`, until it ends."""
     record = wiring.registry.load(run_id)
     if record.job_id is None:
-        raise InputError(f"run {run_id} was never launched; it has no logs")
+        raise InputError(f"run {record.run_id} was never launched; it has no logs")
     return launcher_for(record, wiring).logs(record.job_id, follow=follow, out=out or sys.stdout)
 
 

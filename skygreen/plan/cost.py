@@ -1,6 +1,6 @@
 """How long and how much: the estimate model that turns an offer into the cost of one whole run.
 
-    compute_h   = work_gpu_hours x speed(work.on) / (speed(gpu) x gpus x efficiency(gpus))
+    compute_h   = work_gpu_hours x speed(work.gpu) / (speed(gpu) x gpus x efficiency(gpus))
     wall_h      = compute_h x (1 + C/tau) / (1 - lambda x (R + tau/2))      (spot)
     wall_h      = compute_h x (1 + C/tau)                                   (on-demand, lambda = 0)
     cost_usd    = price_usd_per_hour x wall_h x num_nodes

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from skygreen.figures import amount, duration_h, usd, usd_per_hour
 from skygreen.plan.cost import RunModel
 from skygreen.spec import GreenSpec
 
@@ -24,17 +25,17 @@ def objective_value(candidate: Candidate, objective: str) -> float:
     return METRIC[objective](candidate)
 
 
-def money(usd: float) -> str:
-    """Dollars as the plan prints them: cents below $1000, whole dollars above."""
-    return f"${usd:,.2f}" if usd < 1000 else f"${usd:,.0f}"
+def money(value_usd: float) -> str:
+    """Dollars as the plan prints them: significant digits, never `$0.00` for a small job."""
+    return f"${usd(value_usd)}"
 
 
 def _metric_text(c: Candidate, objective: str) -> str:
     return {
-        "cost": f"{money(c.est_cost_usd)} in {c.est_hours:.1f} h",
-        "time": f"{c.est_hours:.1f} h for {money(c.est_cost_usd)}",
-        "energy": f"{c.energy_kwh:.1f} kWh for {money(c.est_cost_usd)}",
-        "carbon": f"{c.co2e_kg:.1f} kg CO2e for {money(c.est_cost_usd)}",
+        "cost": f"{money(c.est_cost_usd)} in {duration_h(c.est_hours)}",
+        "time": f"{duration_h(c.est_hours)} for {money(c.est_cost_usd)}",
+        "energy": f"{amount(c.energy_kwh)} kWh for {money(c.est_cost_usd)}",
+        "carbon": f"{amount(c.co2e_kg)} kg CO2e for {money(c.est_cost_usd)}",
     }[objective]
 
 
@@ -53,8 +54,8 @@ def explain(ranked: list[Candidate], objective: str) -> tuple[str, ...]:
     cheapest_hour = min(ranked, key=lambda c: (c.price_usd_per_hour * c.num_nodes, c.est_cost_usd))
     if cheapest_hour is not best and cheapest_hour.price_usd_per_hour < best.price_usd_per_hour:
         lines.append(
-            f"The lowest price per hour, {cheapest_hour.label} at {money(cheapest_hour.price_usd_per_hour)}/h, "
-            f"would take {cheapest_hour.est_hours:.1f} h and cost {money(cheapest_hour.est_cost_usd)}."
+            f"The lowest price per hour, {cheapest_hour.label} at ${usd_per_hour(cheapest_hour.price_usd_per_hour)}/h, "
+            f"would take {duration_h(cheapest_hour.est_hours)} and cost {money(cheapest_hour.est_cost_usd)}."
         )
     elif rival is not None:
         b, r = objective_value(best, objective), objective_value(rival, objective)
@@ -78,15 +79,11 @@ study (arXiv 2205.09646, seed 004). A range from one site, not a per-region fore
 
 def night_hint(best: Candidate) -> str:
     low, high = NIGHT_SAVING_RANGE
-    kwh = f"{low * best.energy_kwh:.{_decimals(best.energy_kwh)}f}-{high * best.energy_kwh:.{_decimals(best.energy_kwh)}f}"
+    kwh = f"{amount(low * best.energy_kwh)}-{amount(high * best.energy_kwh)}"  # never 0.000 for a small job
     return (
         f"Can it wait? Started at night in {best.region} it would use {low:.0%}-{high:.0%} less energy "
         f"(~{kwh} kWh; night and winter runs, arXiv 2205.09646)."
     )
-
-
-def _decimals(kwh: float) -> int:
-    return 1 if kwh >= 10 else 2 if kwh >= 0.1 else 3
 
 
 def _cap_assumption(green: GreenSpec) -> str:

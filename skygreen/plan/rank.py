@@ -187,7 +187,7 @@ def run_model(spec: TaskSpec, *, measured_speed: Mapping[str, float] | None = No
     restart_min = green.preemption.restart_minutes
     return RunModel(
         work_gpu_hours=green.work.gpu_hours,
-        work_on=green.work.on,
+        work_on=green.work.gpu,
         speed={**green.speed, **(measured_speed or {})},
         num_nodes=spec.num_nodes,
         preemption_rate_per_hour=rates,
@@ -308,10 +308,23 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
         reason=explain(ranked, green.objective),
         assumptions=assumptions(model, green, measured_speed=measured_speed) + extra,
         night_hint=night_hint(ranked[0]),
-        notices=catalog.notices,
+        notices=(*spec.notices, *work_notice(spec), *catalog.notices),
         catalog_source=catalog.source,
         offers_considered=len(catalog.offers),
     )
+
+
+def work_notice(spec: TaskSpec) -> tuple[str, ...]:
+    """Without `skygreen.work` every estimate is for a default job size: say so, since the
+    cost figures otherwise look like figures about the user's job."""
+    if spec.work_given:
+        return ()
+    work = spec.green.work
+    notice = (
+        f"no skygreen.work in the task: every estimate is for {work.gpu_hours:g} GPU-hour on one {work.gpu}; "
+        f"set work: {{gpu_hours: N, gpu: {work.gpu}}} to size your job"
+    )
+    return (notice,)
 
 
 def check_regions(spec: TaskSpec, catalog: Catalog) -> None:

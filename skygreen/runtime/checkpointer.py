@@ -280,8 +280,7 @@ class Checkpointer:
             writer = HashingWriter(raw)
             torch.save(obj, cast(BinaryIO, writer))  # a file-like that hashes what passes through
             writer.flush()
-        with open(path, "rb") as src:
-            self.store.put(blob_key(step, name), src)
+        self.store.put_file(blob_key(step, name), path)
         return writer.info()
 
     def _collect_rank_notes(self, step: int) -> dict[str, BlobInfo]:

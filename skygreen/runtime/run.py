@@ -245,8 +245,12 @@ class Run:
             log.warning("%s", self._book.stop_message() if self._book else "budget reached")
             raise SystemExit(0)
         if sigterm:
-            self.counters["preemptions"] += 1
-            self._save(state="preempted", wait=True)
+            from skygreen.checkpoint.cancellation import cancel_requested
+
+            cancelled = cancel_requested(self.checkpointer.store)  # a user's cancel is no preemption
+            if not cancelled:
+                self.counters["preemptions"] += 1
+            self._save(state="cancelled" if cancelled else "preempted", wait=True)
             self.close()
             log.warning(
                 "checkpoint committed at step %d after SIGTERM; exiting %d", self.step_index, PREEMPTED_EXIT_CODE
@@ -406,14 +410,11 @@ class Run:
             self._restore(loaded)
         elif self.micro_auto:
             self._probe_steps_left = OOM_PROBE_STEPS
+        rate = self.settings.preemption_rate_on(landed_cloud(self.settings.cloud, self._environ))
         policy = IntervalPolicy(
             every_steps=self.settings.checkpoint_every_steps,
             every_s=self.settings.checkpoint_every_s,
-            **(
-                {"preemptions_per_hour": self.settings.preemptions_per_hour}
-                if self.settings.preemptions_per_hour
-                else {}
-            ),
+            **({"preemptions_per_hour": rate} if rate else {}),
         )
         self._started_s = time.monotonic()
         if self._book and not self.completed:

@@ -1,0 +1,145 @@
+"""Run ids by any unique prefix (as git and docker take them), in every command that takes a
+RUN, and `cancel` on a run that already ended: it says so and changes nothing.
+
+The cloud edge is `skygreen.testing.FakeLauncher` (selected by environment, as in
+test_cli_up.py); the registry, the commands and local runs are real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from skygreen.checkpoint.cancellation import CANCEL_KEY
+from skygreen.launch.launcher import JobState
+from skygreen.launch.registry import Registry, RunRecord
+from skygreen.testing import FakeLauncher
+
+
+@pytest.fixture
+def env(tmp_path) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SKY_", "SKYPILOT_", "SKYGREEN_"))}
+    environ.update(
+        HOME=str(home),
+        XDG_DATA_HOME=str(home / ".local" / "share"),
+        SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher",
+        SKYGREEN_FAKE_LAUNCHER_DIR=str(tmp_path / "fake-sky"),
+        OMP_NUM_THREADS="1",
+    )
+    return environ
+
+
+def skygreen(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def registry(env) -> Registry:
+    return Registry(root=Path(env["XDG_DATA_HOME"]) / "skygreen" / "runs")
+
+
+def cloud_run(env, tmp_path: Path, run_id: str) -> RunRecord:
+    """A launched cloud run as `skygreen up` records it (its job in the fake SkyPilot queue)."""
+    job_id = FakeLauncher(env["SKYGREEN_FAKE_LAUNCHER_DIR"]).launch({"run": "python train.py"}, name=run_id)
+    bucket = tmp_path / "bucket"
+    bucket.mkdir(exist_ok=True)
+    (tmp_path / "rendered.yaml").write_text("run: python train.py\n")
+    record = RunRecord(
+        run_id=run_id, task_path=str(tmp_path / "task.yaml"), task_name="demo", mode="cloud", launcher="fake",
+        bucket=str(bucket), task_yaml=str(tmp_path / "rendered.yaml"), spec_snapshot={}, created_at="2026-12-01T00:00:00Z",
+        state="PENDING",
+    ).with_launch(job_id)  # fmt: skip
+    return registry(env).save(record)
+
+
+A = "demo-20261201-060000-1a2b"
+B = "demo-20261201-060000-9f8e"
+C = "other-20261201-070000-0c0c"
+
+
+@pytest.fixture
+def three_runs(env, tmp_path):
+    for run_id in (A, B, C):
+        cloud_run(env, tmp_path, run_id)
+
+
+@pytest.mark.parametrize(
+    "prefix, full", [(C, C), ("other", C), ("demo-20261201-060000-1", A), ("demo-20261201-060000-9f", B)]
+)
+def test_status_takes_any_unique_prefix(env, three_runs, prefix, full):
+    out = skygreen(env, "status", prefix, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["run_id"] == full
+
+
+@pytest.mark.parametrize("command", [["status"], ["logs"], ["cancel"], ["resume"], ["gc"]])
+def test_an_ambiguous_prefix_lists_the_matches_and_exits_2(env, three_runs, command):
+    out = skygreen(env, *command, "demo-2026")
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "run id prefix 'demo-2026' matches 2 runs" in out.stderr
+    assert A in out.stderr and B in out.stderr and C not in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_every_command_that_takes_a_run_resolves_a_prefix(env, three_runs, tmp_path):
+    logs = skygreen(env, "logs", "other")
+    assert logs.returncode == 0 and f"({C}) submitted" in logs.stdout
+    gc = skygreen(env, "gc", "other")
+    assert gc.returncode == 0, gc.stderr
+    assert f"{tmp_path / 'bucket'}/{C} is a local directory" in gc.stdout
+    cancelled = skygreen(env, "cancel", "other")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.startswith(f"cancelled run {C}: CANCELLED")
+    resumed = skygreen(env, "resume", "other")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith(f"resumed run {C} ")
+
+
+def test_an_unknown_prefix_is_still_no_such_run(env, three_runs):
+    out = skygreen(env, "status", "nothing-like-it")
+    assert out.returncode == 2 and "no run 'nothing-like-it'" in out.stderr
+
+
+@pytest.mark.parametrize("ended", [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
+def test_cancel_of_an_ended_cloud_run_says_so_and_changes_nothing(env, tmp_path, ended):
+    record = cloud_run(env, tmp_path, A)
+    assert record.job_id is not None
+    fake = FakeLauncher(env["SKYGREEN_FAKE_LAUNCHER_DIR"])
+    fake.set_state(record.job_id, ended)
+    assert skygreen(env, "status", A).returncode == 0  # the record learns the end, as any status would
+    run_json = registry(env).run_dir(A) / "run.json"
+    before = (run_json.read_bytes(), json.dumps(fake.job(record.job_id)))
+    out = skygreen(env, "cancel", A)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"run {A} already ended ({ended.value}, last checkpoint at step -); nothing to cancel\n"
+    assert (run_json.read_bytes(), json.dumps(fake.job(record.job_id))) == before
+    assert not (tmp_path / "bucket" / A / CANCEL_KEY).exists()
+
+
+def test_cancel_of_a_stopped_local_run_leaves_it_stopped(env, tmp_path):
+    """A local run that stopped (exit 75: preempted after a checkpoint) must stay resumable as
+    STOPPED; a cancel used to mark it cancelled after the fact."""
+    task = tmp_path / "task.yaml"
+    task.write_text("name: stops\nrun: python -c 'import sys; sys.exit(75)'\n")
+    env = {k: v for k, v in env.items() if k != "SKYGREEN_LAUNCHER"}
+    up = skygreen(env, "up", str(task), "--local", "--no-smoke", "--detach")
+    assert up.returncode == 0, up.stderr
+    run_id = up.stdout.split("launched run ")[1].split()[0]
+    deadline = time.monotonic() + 60
+    while (state := json.loads(skygreen(env, "status", run_id, "--json").stdout)["state"]) != "STOPPED":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.3)
+    out = skygreen(env, "cancel", run_id[:-2])
+    assert out.returncode == 0, out.stderr
+    assert "already ended (STOPPED" in out.stdout and "nothing to cancel" in out.stdout
+    assert json.loads(skygreen(env, "status", run_id, "--json").stdout)["state"] == "STOPPED"
+    assert registry(env).load(run_id).cancelled is False
