@@ -271,6 +271,31 @@ def simulate(
     )
 
 
+# ---------------------------------------------------------------- demo
+
+
+def demo(
+    view,
+    *,
+    folder: Path | None = None,
+    gpu: str | None = None,
+    steps: int | None = None,
+    catalog_dir: Path | None = None,
+):
+    """Run `tasks/tiny.yaml` through every stage on this machine (`skygreen.demo.run_demo`):
+    plan, smoke test, training on a simulated GPU, a SIGKILL preemption and the resume, energy,
+    cost, plot and report, all under `folder`. Returns `demo.DemoResult`."""
+    from skygreen import demo as demo_module
+
+    return demo_module.run_demo(
+        view,
+        folder=folder,
+        gpu=gpu or demo_module.SIMULATED_GPU,
+        steps=steps or demo_module.STEPS,
+        catalog_dir=catalog_dir,
+    )
+
+
 # ---------------------------------------------------------------- gc
 
 

@@ -305,6 +305,30 @@ def gc(target: str, older_than: str, storage_class: str | None, yes: bool) -> No
 
 
 @app.command()
+@click.option(
+    "--dir",
+    "folder",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Folder for everything the demo writes (default: the data dir's demo/).",
+)
+@click.option("--gpu", default=None, help="The simulated GPU (default T4).")
+@click.option("--steps", type=click.IntRange(min=200), default=None, help="Training steps (default 300).")
+@catalog_option
+def demo(folder: Path | None, gpu: str | None, steps: int | None, catalog: Path | None) -> None:
+    """Run tasks/tiny.yaml through every stage on this machine, no cloud account needed."""
+    from skygreen import api
+    from skygreen.demo_view import print_summary, view_for
+
+    view = view_for(sys.stdout)
+    try:
+        result = api.demo(view, folder=folder, gpu=gpu, steps=steps, catalog_dir=catalog)
+    finally:
+        view.close()
+    print_summary(result, sys.stdout)
+
+
+@app.command()
 @task_argument
 def smoke(task: Path) -> None:
     """Run the task's training script for two steps on CPU, with a checkpoint round trip."""
