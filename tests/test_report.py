@@ -4,6 +4,7 @@ figure and from the page, and the page opened in real headless Chromium."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import os
 import re
@@ -162,3 +163,30 @@ def test_report_page_in_headless_chromium(runs, tmp_path):
     assert colored > 0.01  # the figure's coloured bars and lines were drawn, not a blank page
     if os.environ.get("SKYGREEN_UPDATE_SCREENSHOT") == "1":
         shutil.copy(shot, REPO / "docs" / "report.png")
+
+
+def test_report_page_carries_the_energy_statement(runs, tmp_path):
+    from skygreen.launch.registry import Registry
+    from test_cli_up import commit_checkpoint
+
+    record = Registry().load("demo-a")
+    meta = {"state": "completed", "energy_j": 7.2e6, "wall_s": 7200.0,
+            "power": {"method": "simulated", "cap_w": 45.0, "default_limit_w": 70.0, "gpus": 1}}  # fmt: skip
+    commit_checkpoint(record.checkpoint_url, 300, meta=meta)
+    page = tmp_path / "report.html"
+    out = skygreen("report", "demo-a", "-o", str(page))
+    assert out.returncode == 0, out.stderr
+    text = page.read_text()
+    statement = skygreen("status", "demo-a", "--statement")
+    assert statement.returncode == 0, statement.stderr
+    paragraph = statement.stdout.strip()
+    assert paragraph.startswith("Energy statement: training run demo-a") and "2.00 kWh on the GPUs" in paragraph
+    assert f"<p class='statement'>{html.escape(paragraph)}</p>" in text
+    assert "a power cap of 45 W" in text
+
+
+def test_report_page_of_a_run_without_a_checkpoint_says_so(runs, tmp_path):
+    page = tmp_path / "report.html"
+    out = skygreen("report", "demo-b", "-o", str(page))
+    assert out.returncode == 0, out.stderr
+    assert "<p class='statement'>run demo-b has no committed checkpoint yet: no energy to state</p>" in page.read_text()

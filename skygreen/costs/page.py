@@ -14,7 +14,7 @@ import io
 import itertools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,8 +185,15 @@ def write_plot(path: Path, reports: Sequence[RunCostReport]) -> None:
         raise InputError(f"--plot {path}: unknown file type {suffix or '(none)'}\n  fix: end the name in .png or .html")
 
 
-def html_page(reports: Sequence[RunCostReport], *, task_text: str | None = None, plan: Any = None) -> str:
-    """One self-contained page: the figure, the segment table, energy, the task and its plan."""
+def html_page(
+    reports: Sequence[RunCostReport],
+    *,
+    task_text: str | None = None,
+    plan: Any = None,
+    statements: Mapping[str, str] | None = None,
+) -> str:
+    """One self-contained page: the figure, the segment table, energy, the task and its plan.
+    `statements`: each run's energy statement paragraph (`skygreen.power.statement`), by run id."""
     png = base64.b64encode(figure_png(reports)).decode("ascii")
     title = "skygreen report: " + ", ".join(r.cost.run_id for r in reports)
     parts = [
@@ -198,7 +205,7 @@ def html_page(reports: Sequence[RunCostReport], *, task_text: str | None = None,
         f"<img id='figure' alt='cost by cloud, cost by segment, spend over time, loss with preemptions' src='data:image/png;base64,{png}'>",
     ]
     for r in reports:
-        parts += _run_section(r)
+        parts += _run_section(r, (statements or {}).get(r.cost.run_id))
     if task_text is not None:
         parts += ["<h2>Task</h2>", f"<pre id='task'>{html.escape(task_text)}</pre>"]
     if plan:
@@ -210,7 +217,7 @@ def html_page(reports: Sequence[RunCostReport], *, task_text: str | None = None,
     return "\n".join(parts)
 
 
-def _run_section(r: RunCostReport) -> list[str]:
+def _run_section(r: RunCostReport, statement: str | None = None) -> list[str]:
     c = r.cost
     rows = "".join(
         f"<tr><td>{sc.segment.segment}</td><td class='l'>{html.escape(sc.segment.place.label)}</td>"
@@ -235,6 +242,7 @@ def _run_section(r: RunCostReport) -> list[str]:
             f"<th>steps</th><th>$/node-h</th><th>cost</th><th>kWh</th><th>kg CO2e</th></tr>{rows}</table>"
         ),
         f"<h3>Energy</h3><p class='energy'>{html.escape(energy)}</p>",
+        *([f"<p class='statement'>{html.escape(statement)}</p>"] if statement else []),
         "<h3>Assumptions</h3><ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in c.assumptions) + "</ul>",
     ]
 
@@ -265,5 +273,18 @@ def write_report(report: RunCostReport, path: Path) -> Path:
         task_text = Path(report.record.task_yaml).read_text(encoding="utf-8")
     except OSError:
         task_text = None
-    write_atomic(Path(path), html_page([report], task_text=task_text, plan=report.record.plan_summary))
+    statements = {report.cost.run_id: energy_statement(report.record)}
+    write_atomic(
+        Path(path), html_page([report], task_text=task_text, plan=report.record.plan_summary, statements=statements)
+    )
     return Path(path)
+
+
+def energy_statement(record: Any) -> str:
+    """The run's energy statement paragraph, as `skygreen status RUN --statement` prints it."""
+    from skygreen.launch.report import print_statement
+    from skygreen.launch.runs import run_status
+
+    text = io.StringIO()
+    print_statement(run_status(record), text)
+    return text.getvalue().strip()
