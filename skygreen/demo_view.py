@@ -105,5 +105,6 @@ def print_summary(result: Any, out: TextIO) -> None:
         "  skygreen plan YOUR_TASK.yaml           rank spot GPUs for your own task (see tasks/ for examples)\n"
         "  skygreen up YOUR_TASK.yaml --local     run it here; without --local, on the cloud (needs `sky check`)\n"
         "  skygreen simulate TRACE --hours 48h --deadline 72h --changeover 0.3h --policy all\n"
-        "                                         replay a spot trace against deadline policies\n"
+        "                                         replay a spot availability trace against deadline policies\n"
+        "                                         (README, Deadlines: where traces come from)\n"
     )
