@@ -269,7 +269,7 @@ def _energy(view: DemoView, status: Any) -> None:
     view.stage("energy")
     text = io.StringIO()
     print_statement(status, text)
-    view.line("energy: " + text.getvalue().strip())
+    view.line(text.getvalue().strip())
 
 
 def _cost(view: DemoView, run_id: str, folder: Path, *, steps: int, catalog_dir: Path | None):
@@ -282,7 +282,9 @@ def _cost(view: DemoView, run_id: str, folder: Path, *, steps: int, catalog_dir:
     if early:
         view.line(f"early stopping: fired at step {report.cost.steps} of {steps} (val_loss stopped improving)")
     else:
-        view.line(f"early stopping: did not fire; val_loss kept improving to step {report.cost.steps} of {steps}")
+        view.line(
+            f"early stopping: did not fire (val_loss improved within its patience) by step {report.cost.steps} of {steps}"
+        )
     text = io.StringIO()
     print_run_cost(report, text)
     for line in text.getvalue().splitlines():
