@@ -9,6 +9,7 @@ level; each function imports what it needs when called.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -217,9 +218,18 @@ def plot_runs(path: Path, run_ids: list[str], *, catalog_dir: Path | None = None
 
 def write_report(run_id: str, output: Path | None = None, *, catalog_dir: Path | None = None) -> Path:
     """One self-contained HTML page about a run (default `RUN-report.html` here); returns its path."""
-    from skygreen.costs.page import write_report as write_page
+    import io
 
-    return write_page(run_cost(run_id, catalog_dir=catalog_dir), output or Path(f"{run_id}-report.html"))
+    from skygreen.costs.page import write_report as write_page
+    from skygreen.launch.report import print_statement
+
+    statement = io.StringIO()
+    print_statement(status(run_id)[0], statement)
+    return write_page(
+        run_cost(run_id, catalog_dir=catalog_dir),
+        output or Path(f"{run_id}-report.html"),
+        statement=statement.getvalue().strip(),
+    )
 
 
 # ---------------------------------------------------------------- deadlines
@@ -289,6 +299,7 @@ def demo(
 
     return demo_module.run_demo(
         view,
+        sys.modules[__name__],
         folder=folder,
         gpu=gpu or demo_module.SIMULATED_GPU,
         steps=steps or demo_module.STEPS,

@@ -92,6 +92,7 @@ def tiny_task() -> Path:
 
 def run_demo(
     view: DemoView,
+    api: Any,
     *,
     folder: Path | None = None,
     gpu: str = SIMULATED_GPU,
@@ -99,7 +100,10 @@ def run_demo(
     kill_at_step: int = KILL_AT_STEP,
     catalog_dir: Path | None = None,
 ) -> DemoResult:
-    """Run every stage on `tasks/tiny.yaml`; raises a `SkygreenError` naming the stage that failed."""
+    """Run every stage on `tasks/tiny.yaml`; raises a `SkygreenError` naming the stage that failed.
+
+    `api` is `skygreen.api` (passed in by `skygreen.api.demo`): the demo drives the same public
+    functions as the commands, and this module imports nothing that imports it back."""
     if not 0 < kill_at_step < steps:
         raise InputError(
             f"--steps: {steps} leaves no room for the preemption at step {kill_at_step}\n  fix: --steps 300"
@@ -110,7 +114,7 @@ def run_demo(
     release = folder / "hold-release"
     release.mkdir(exist_ok=True)
     (release / str(kill_at_step)).unlink(missing_ok=True)
-    from skygreen.power.nvml import SIMULATED_GPU_ENV
+    from skygreen.power.simulated import SIMULATED_GPU_ENV
     from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 
     env = {
@@ -122,15 +126,13 @@ def run_demo(
     }
     task = tiny_task()
     with _environment(env):
-        _show_plan(view, task, catalog_dir)
-        _smoke(view, task)
-        run_id = _train_until_killed(view, task, steps=steps, kill_at_step=kill_at_step, release=release)
-        status = _resume(view, run_id, steps=steps)
+        _show_plan(view, api, task, catalog_dir)
+        _smoke(view, api, task)
+        run_id = _train_until_killed(view, api, task, steps=steps, kill_at_step=kill_at_step, release=release)
+        status = _resume(view, api, run_id, steps=steps)
         _energy(view, status)
-        report, early_stopped, plot, hint = _cost(view, run_id, folder, steps=steps, catalog_dir=catalog_dir)
-        page = _report(view, run_id, folder, catalog_dir, plot_hint=hint)
-        from skygreen import api
-
+        report, early_stopped, plot, hint = _cost(view, api, run_id, folder, steps=steps, catalog_dir=catalog_dir)
+        page = _report(view, api, run_id, folder, catalog_dir, plot_hint=hint)
         record = _record(run_id)
         logs = tuple(Path(folder) / "local-jobs" / launch.job_id / "output.log" for launch in record.launches)
         (final,) = api.status(run_id)
@@ -169,8 +171,7 @@ def _environment(env: Mapping[str, str]) -> Iterator[None]:
 # ---------------------------------------------------------------- stages
 
 
-def _show_plan(view: DemoView, task: Path, catalog_dir: Path | None) -> None:
-    from skygreen import api
+def _show_plan(view: DemoView, api: Any, task: Path, catalog_dir: Path | None) -> None:
     from skygreen.task_checks import load_task
 
     view.stage("plan")
@@ -212,24 +213,25 @@ def plan_gpus(task: Path) -> tuple[str, ...]:
     return load_task(task).green.gpus.names or ("any GPU",)
 
 
-def _smoke(view: DemoView, task: Path) -> None:
-    from skygreen.launch.smoke import run_smoke
-
+def _smoke(view: DemoView, api: Any, task: Path) -> None:
     view.stage("smoke test")
-    result = run_smoke(task)
+    result = api.smoke(task)
     view.line(f"smoke test: {result.line} ({result.duration_s:.1f} s, two steps on CPU with a checkpoint round trip)")
 
 
-def _train_until_killed(view: DemoView, task: Path, *, steps: int, kill_at_step: int, release: Path) -> str:
-    from skygreen import api
-
+def _train_until_killed(view: DemoView, api: Any, task: Path, *, steps: int, kill_at_step: int, release: Path) -> str:
     view.stage("training")
     result = api.up(task, local=True, smoke=False)
     run_id = result.run_id
     gpu = os.environ.get("SKYGREEN_SIMULATED_GPU", SIMULATED_GPU)
     view.line(f"training: run {run_id} on this machine, on a simulated {gpu} (training on the CPU), {steps} steps")
     _wait(
-        view, run_id, until=lambda s: s.step == kill_at_step, total=steps, what=f"a checkpoint at step {kill_at_step}"
+        view,
+        api,
+        run_id,
+        until=lambda s: s.step == kill_at_step,
+        total=steps,
+        what=f"a checkpoint at step {kill_at_step}",
     )
     view.stage("preemption")
     record = _record(run_id)
@@ -239,7 +241,7 @@ def _train_until_killed(view: DemoView, task: Path, *, steps: int, kill_at_step:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)  # what losing a spot VM does to the process: no warning, no cleanup
     (release / str(kill_at_step)).touch()  # the next launch passes the step it starts at
-    stopped = _wait(view, run_id, until=lambda s: s.state == "STOPPED", total=steps, what="the killed run to stop")
+    stopped = _wait(view, api, run_id, until=lambda s: s.state == "STOPPED", total=steps, what="the killed run to stop")
     view.line(
         f"preemption: killed the training process group with SIGKILL at step {stopped.step} "
         f"(its last committed checkpoint); the run reads {stopped.state}"
@@ -247,13 +249,11 @@ def _train_until_killed(view: DemoView, task: Path, *, steps: int, kill_at_step:
     return run_id
 
 
-def _resume(view: DemoView, run_id: str, *, steps: int) -> Any:
-    from skygreen import api
-
+def _resume(view: DemoView, api: Any, run_id: str, *, steps: int) -> Any:
     view.stage("resume")
     record = api.resume(run_id, local=True)
     view.line(f"resume: run {run_id} relaunched (launch {len(record.launches)}), continuing from its checkpoint")
-    final = _wait(view, run_id, until=lambda s: _terminal(s.state), total=steps, what="the resumed run to end")
+    final = _wait(view, api, run_id, until=lambda s: _terminal(s.state), total=steps, what="the resumed run to end")
     view.line(
         f"resume: run {run_id} ended {final.state} at step {final.step}; "
         f"{final.recoveries} recovery, {final.launches} launches"
@@ -272,8 +272,7 @@ def _energy(view: DemoView, status: Any) -> None:
     view.line(text.getvalue().strip())
 
 
-def _cost(view: DemoView, run_id: str, folder: Path, *, steps: int, catalog_dir: Path | None):
-    from skygreen import api
+def _cost(view: DemoView, api: Any, run_id: str, folder: Path, *, steps: int, catalog_dir: Path | None):
     from skygreen.costs.report import print_run_cost
 
     view.stage("cost")
@@ -292,10 +291,8 @@ def _cost(view: DemoView, run_id: str, folder: Path, *, steps: int, catalog_dir:
     plot: Path | None = folder / f"{run_id}-cost.png"
     hint = _matplotlib_missing()
     if hint is None:
-        from skygreen.costs.page import write_plot
-
         assert plot is not None
-        write_plot(plot, [report])
+        api.plot_runs(plot, [run_id], catalog_dir=catalog_dir)
         view.line(f"plot: {plot}")
     else:
         plot = None
@@ -304,17 +301,13 @@ def _cost(view: DemoView, run_id: str, folder: Path, *, steps: int, catalog_dir:
 
 
 def _report(
-    view: DemoView, run_id: str, folder: Path, catalog_dir: Path | None, *, plot_hint: str | None
+    view: DemoView, api: Any, run_id: str, folder: Path, catalog_dir: Path | None, *, plot_hint: str | None
 ) -> Path | None:
-    from skygreen import api
-
     view.stage("report")
     if plot_hint is not None:
         view.line("report: skipped (the HTML page draws its figure with matplotlib)")
         return None
-    from skygreen.costs.page import write_report
-
-    path = write_report(api.run_cost(run_id, catalog_dir=catalog_dir), folder / f"{run_id}-report.html")
+    path = api.write_report(run_id, folder / f"{run_id}-report.html", catalog_dir=catalog_dir)
     view.line(f"report: {path}")
     return path
 
@@ -340,10 +333,8 @@ def _record(run_id: str):
     return Registry().load(run_id)
 
 
-def _wait(view: DemoView, run_id: str, *, until, total: int, what: str):
+def _wait(view: DemoView, api: Any, run_id: str, *, until, total: int, what: str):
     """Poll the run's status until `until(status)`, showing its step; fail if it ends first."""
-    from skygreen import api
-
     deadline = time.monotonic() + WAIT_S
     while True:
         (status,) = api.status(run_id)

@@ -267,24 +267,15 @@ def _plan_section(plan: Any) -> list[str]:
     ]
 
 
-def write_report(report: RunCostReport, path: Path) -> Path:
-    """`skygreen report RUN`: the page, with the run's rendered task and its plan."""
+def write_report(report: RunCostReport, path: Path, *, statement: str | None = None) -> Path:
+    """`skygreen report RUN`: the page, with the run's rendered task, its plan and its energy
+    statement (the paragraph `skygreen status RUN --statement` prints)."""
     try:
         task_text = Path(report.record.task_yaml).read_text(encoding="utf-8")
     except OSError:
         task_text = None
-    statements = {report.cost.run_id: energy_statement(report.record)}
+    statements = {report.cost.run_id: statement} if statement else None
     write_atomic(
         Path(path), html_page([report], task_text=task_text, plan=report.record.plan_summary, statements=statements)
     )
     return Path(path)
-
-
-def energy_statement(record: Any) -> str:
-    """The run's energy statement paragraph, as `skygreen status RUN --statement` prints it."""
-    from skygreen.launch.report import print_statement
-    from skygreen.launch.runs import run_status
-
-    text = io.StringIO()
-    print_statement(run_status(record), text)
-    return text.getvalue().strip()
