@@ -128,8 +128,17 @@ def run_demo(
     with _environment(env):
         _show_plan(view, api, task, catalog_dir)
         _smoke(view, api, task)
-        run_id = _train_until_killed(view, api, task, steps=steps, kill_at_step=kill_at_step, release=release)
-        status = _resume(view, api, run_id, steps=steps)
+        launched: list[str] = []
+        try:
+            run_id = _train_until_killed(
+                view, api, task, steps=steps, kill_at_step=kill_at_step, release=release, launched=launched
+            )
+            status = _resume(view, api, run_id, steps=steps)
+        except BaseException:  # Ctrl-C or a failure: leave no training process held at its step
+            for started_run in launched:
+                with contextlib.suppress(Exception):
+                    api.cancel(started_run)
+            raise
         _energy(view, status)
         report, early_stopped, plot, hint = _cost(view, api, run_id, folder, steps=steps, catalog_dir=catalog_dir)
         page = _report(view, api, run_id, folder, catalog_dir, plot_hint=hint)
@@ -219,10 +228,15 @@ def _smoke(view: DemoView, api: Any, task: Path) -> None:
     view.line(f"smoke test: {result.line} ({result.duration_s:.1f} s, two steps on CPU with a checkpoint round trip)")
 
 
-def _train_until_killed(view: DemoView, api: Any, task: Path, *, steps: int, kill_at_step: int, release: Path) -> str:
+def _train_until_killed(
+    view: DemoView, api: Any, task: Path, *, steps: int, kill_at_step: int, release: Path, launched: list[str]
+) -> str:
+    """Launch the run, wait for its checkpoint at the held step, and SIGKILL its process group.
+    `launched` gets the run id at once, so a caller can stop the run if anything fails later."""
     view.stage("training")
     result = api.up(task, local=True, smoke=False)
     run_id = result.run_id
+    launched.append(run_id)
     gpu = os.environ.get("SKYGREEN_SIMULATED_GPU", SIMULATED_GPU)
     view.line(f"training: run {run_id} on this machine, on a simulated {gpu} (training on the CPU), {steps} steps")
     _wait(
