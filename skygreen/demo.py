@@ -108,6 +108,15 @@ def run_demo(
         raise InputError(
             f"--steps: {steps} leaves no room for the preemption at step {kill_at_step}\n  fix: --steps 300"
         )
+    from skygreen.gpus import GPU_NAMES, canonical_gpu_name
+
+    board = canonical_gpu_name(gpu)
+    if board is None:
+        from skygreen.errors import SpecError, suggestion
+
+        raise SpecError("--gpu", "not a GPU skygreen can simulate", value=gpu, allowed=", ".join(GPU_NAMES),
+                        hint=suggestion(gpu, GPU_NAMES) or "e.g. --gpu T4 or --gpu L4")  # fmt: skip
+    gpu = board
     started = time.monotonic()
     folder = (folder or default_folder()).expanduser().resolve()
     folder.mkdir(parents=True, exist_ok=True)

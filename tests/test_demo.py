@@ -21,8 +21,6 @@ from skygreen.terminal import ANSI_ESCAPE
 REPO = Path(__file__).resolve().parents[1]
 SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture
 def env(private_home):
@@ -33,6 +31,7 @@ def env(private_home):
     return environ
 
 
+@pytest.mark.slow
 def test_demo_runs_every_stage_and_leaves_a_plot_and_a_report(env, tmp_path):
     folder = tmp_path / "demo"
     out = subprocess.run(
@@ -83,3 +82,13 @@ def test_demo_runs_every_stage_and_leaves_a_plot_and_a_report(env, tmp_path):
         assert f"  log          {log}\n" in text
     assert f"export SKYGREEN_DATA_DIR={folder}" in text
     assert "skygreen plan YOUR_TASK.yaml" in text and "skygreen simulate" in text
+
+
+def test_an_unknown_gpu_is_a_clear_error_before_anything_is_written(env, tmp_path):
+    folder = tmp_path / "demo"
+    out = subprocess.run([*SKYGREEN, "demo", "--gpu", "T5", "--dir", str(folder)], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: --gpu: not a GPU skygreen can simulate") and "'T5'" in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("  fix: ") and "T4" in out.stderr.splitlines()[-1]
+    assert "Traceback" not in out.stderr and not folder.exists()
