@@ -4,8 +4,9 @@ On a loaded machine a short run can finish before a test's kill lands. With
 `SKYGREEN_TEST_HOLD_AT_STEPS=120,240` the runtime, on reaching step 120, commits a checkpoint
 and then waits there until it is killed, sent SIGTERM, or released: a test that waits for the
 run's status to read step 120 knows exactly where the run is when it acts. With
-`SKYGREEN_TEST_HOLD_RELEASE=DIR`, the file `DIR/120` releases the hold at step 120. Never set
-in production; `skygreen up` never renders either variable.
+`SKYGREEN_TEST_HOLD_RELEASE=DIR`, the file `DIR/120` releases the hold at step 120. Set by
+tests and by `skygreen demo` (its simulated preemption lands at a known step); `skygreen up`
+never renders either variable.
 """
 
 from __future__ import annotations
