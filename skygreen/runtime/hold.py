@@ -1,4 +1,4 @@
-"""A test-only gate that holds a run at chosen steps, so tests that kill a run never race it.
+"""A gate that holds a run at chosen steps, so whatever kills a run (a test, the demo) never races it.
 
 On a loaded machine a short run can finish before a test's kill lands. With
 `SKYGREEN_TEST_HOLD_AT_STEPS=120,240` the runtime, on reaching step 120, commits a checkpoint
