@@ -35,6 +35,10 @@ SIMULATED_GPU = "T4"
 STEPS = 300
 """`TINY_STEPS` for the demo: half of tiny's default, so the demo takes about a minute."""
 KILL_AT_STEP = 150
+EVAL_EVERY = 10
+"""`TINY_EVAL_EVERY` for the demo: an evaluation every 10 steps, so early stopping can fire."""
+DEMO_MIN_DELTA = "min_delta: 0.01"
+"""The demo's early-stopping threshold: tiny's own 0.001 rarely fires within 300 steps."""
 POLL_S = 0.3
 WAIT_S = 600.0
 """Longest wait for one stage of the run (a checkpoint, the kill, the end) before failing."""
@@ -90,6 +94,21 @@ def tiny_task() -> Path:
     return path
 
 
+def demo_task(folder: Path) -> Path:
+    """`tasks/tiny.yaml` with a coarser early-stopping threshold, written into the demo's folder.
+
+    The demo shows early stopping firing (after the resume, from state the checkpoint carried),
+    which tiny's own `min_delta: 0.001` rarely does in 300 steps. `workdir:` points back at
+    `tasks/`, where the training script is."""
+    source = tiny_task()
+    text = source.read_text()
+    if "min_delta: 0.001" not in text:
+        raise LaunchError(f"{source}: no `min_delta: 0.001` to coarsen for the demo\n  fix: update skygreen.demo")
+    path = folder / "tiny-demo.yaml"
+    path.write_text(f"workdir: {source.parent}\n" + text.replace("min_delta: 0.001", DEMO_MIN_DELTA))
+    return path
+
+
 def run_demo(
     view: DemoView,
     api: Any,
@@ -130,10 +149,11 @@ def run_demo(
         "SKYGREEN_DATA_DIR": str(folder),
         SIMULATED_GPU_ENV: gpu,
         "TINY_STEPS": str(steps),
+        "TINY_EVAL_EVERY": str(EVAL_EVERY),
         HOLD_ENV: str(kill_at_step),
         RELEASE_ENV: str(release),
     }
-    task = tiny_task()
+    task = demo_task(folder)
     with _environment(env):
         _show_plan(view, api, task, catalog_dir)
         _smoke(view, api, task)
