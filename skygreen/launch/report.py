@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TextIO
 
+from skygreen.figures import amount
 from skygreen.launch.runs import UpResult
 from skygreen.launch.status import RunStatus
 
@@ -91,7 +92,7 @@ def _energy_lines(r: RunStatus) -> list[tuple[str, str]]:
     report = EnergyReport(**r.energy)
     lines = [("energy so far", energy_line(report))]
     if report.method != "none":
-        lines.append(("CO2e so far", f"{report.co2e_kg:.4f} kg"))
+        lines.append(("CO2e so far", f"{amount(report.co2e_kg)} kg"))
         lines.append(("power cap", cap_text(report)))
     return lines
 

@@ -16,11 +16,11 @@ cap and its measured saving, and the cost.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from skygreen.figures import amount, significant
 from skygreen.plan import carbon
 from skygreen.plan.cost import PUE
 
@@ -105,8 +105,8 @@ def energy_line(r: EnergyReport) -> str:
         return f"none: {r.reason}"
     simulated = " (simulated GPU)" if r.method == "simulated" else ""
     return (
-        f"{r.gpu_kwh:.4f} kWh GPU x PUE {r.pue:.2f} = {r.facility_kwh:.4f} kWh facility, "
-        f"{r.co2e_kg:.4f} kg CO2e ({r.g_co2e_per_kwh:.0f} g/kWh, {r.carbon_basis}); by {r.method}{simulated}"
+        f"{amount(r.gpu_kwh)} kWh GPU x PUE {r.pue:.2f} = {amount(r.facility_kwh)} kWh facility, "
+        f"{amount(r.co2e_kg)} kg CO2e ({r.g_co2e_per_kwh:.0f} g/kWh, {r.carbon_basis}); by {r.method}{simulated}"
     )
 
 
@@ -137,9 +137,7 @@ def statement(r: EnergyReport, *, run_id: str, cost_usd: float | None, cost_esti
 
 def _q(value: float) -> str:
     """Three significant digits without exponents: 1,234, 12.3, 0.00123."""
-    if value == 0 or value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.{max(0, 2 - math.floor(math.log10(abs(value))))}f}"
+    return significant(value, 3)
 
 
 _BASIS = {
