@@ -259,19 +259,32 @@ def test_a_real_skypilot_api_server_without_credentials(tmp_path):
     task = render_task(spec, plan(spec, catalog_dir=SMALL_CATALOG), settings=settings, task_dir=tmp_path)
     task_path = tmp_path / "task.json"
     task_path.write_text(json.dumps(task))
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", SERVER_SCRIPT, str(task_path)], env=env, capture_output=True, text=True, timeout=420
-        )
-    finally:
-        subprocess.run([sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120)
-    assert not _listening(port), "the SkyPilot API server is still running"
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, out.stdout[-2000:] + out.stderr[-3000:]
-    result = json.loads(lines[-1][len("RESULT ") :])
-    launch = result["launch"]
+    for attempt in (1, 2):
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", SERVER_SCRIPT, str(task_path)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=420,
+            )
+        finally:
+            subprocess.run(
+                [sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120
+            )
+        assert not _listening(port), "the SkyPilot API server is still running"
+        lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+        assert lines, out.stdout[-2000:] + out.stderr[-3000:]
+        result = json.loads(lines[-1][len("RESULT ") :])
+        launch = result["launch"]
+        # SkyPilot's own server process sometimes dies while starting on a loaded machine (seen
+        # once in a full run, never alone): start it once more, and show its log if it dies again.
+        if attempt == 1 and "API server process exited unexpectedly" in launch.get("error", ""):
+            continue
+        break
+    server_logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in home.rglob("*.log"))
     assert "error" in launch, launch
-    assert launch["cause"] == "NoCloudAccessError", launch["error"]
+    assert launch["cause"] == "NoCloudAccessError", launch["error"] + "\n" + server_logs
     assert "no cloud enabled" in launch["error"] and "sky check" in launch["error"] and "--local" in launch["error"]
     status = result["status"]  # no jobs controller exists: SkyPilot says so, skygreen says what to do
     assert status.get("cause") == "ClusterNotUpError", status
