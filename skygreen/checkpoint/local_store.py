@@ -44,10 +44,16 @@ class LocalStore:
         return call_with_retries(lambda: _mapped(self.root, what, operation), what=what, policy=self.retry)
 
     def put(self, key: str, data: bytes | BinaryIO) -> None:
+        """Write atomically (temporary file, fsync, rename), making folders as needed.
+
+        A key with an empty, "." or ".." part, or a leading "/", is a `StoreError`; so are a
+        full disk and a permission error.
+        """
         target = self._path(key)
         self._run(f"write {target}", lambda: write_atomic(target, data))
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Copy the file at `path` in, atomically as `put` writes."""
         target = self._path(key)
 
         def copy() -> None:
@@ -57,10 +63,13 @@ class LocalStore:
         self._run(f"write {target}", copy)
 
     def get(self, key: str) -> bytes:
+        """The file's bytes; `KeyNotFoundError` where no file is at the key."""
         path = self._path(key)
         return self._run(f"read {path}", lambda: _read_existing(path, key).read_bytes())
 
     def get_to(self, key: str, fileobj: BinaryIO) -> None:
+        """Copy the file into `fileobj` in `COPY_CHUNK_BYTES` chunks; `KeyNotFoundError` where
+        no file is at the key."""
         path = self._path(key)
 
         def copy() -> None:
@@ -70,6 +79,8 @@ class LocalStore:
         self._run(f"read {path}", copy)
 
     def list(self, prefix: str = "") -> list[str]:
+        """Keys of the files under the root that start with `prefix`, sorted; the temporary files
+        of a killed writer are left out, and a root that does not exist yet lists as empty."""
         if not self.root.is_dir():
             return []
         keys = []
@@ -85,21 +96,27 @@ class LocalStore:
         return sorted(keys)
 
     def delete(self, key: str) -> None:
+        """Remove the file, then the folders it leaves empty, up to the root (which stays); a
+        missing file is not an error."""
         path = self._path(key)
         self._run(f"delete {path}", lambda: path.unlink(missing_ok=True))
         _prune_empty_parents(path.parent, self.root)
 
     def exists(self, key: str) -> bool:
+        """Whether a regular file is at the key's path."""
         return self._path(key).is_file()
 
     def size(self, key: str) -> int:
+        """The file's length in bytes; `KeyNotFoundError` where no file is at the key."""
         path = self._path(key)
         return self._run(f"stat {path}", lambda: _read_existing(path, key).stat().st_size)
 
     def storage_class(self, key: str) -> str | None:
+        """Always None: a local directory has no storage classes."""
         return None
 
     def set_storage_class(self, key: str, storage_class: str) -> None:
+        """Always raises `StoreError`: a local directory has no storage classes to move to."""
         raise StoreError(f"{self.root}: a local directory has no storage classes; cold storage does not apply")
 
 
