@@ -97,6 +97,9 @@ class GcsStore:
         return self.bucket.blob(self.root.key(key), chunk_size=CHUNK_BYTES)
 
     def put(self, key: str, data: bytes | BinaryIO) -> None:
+        """Up to 8 MiB goes up in one request, more (or a stream of unknown size) as a resumable
+        upload in `CHUNK_BYTES` chunks. A stream is read from where it stands and rewound there if
+        the upload is retried. A 404 means the bucket is missing: `StoreError`."""
         blob = self._blob(key)
         if isinstance(data, (bytes, bytearray, memoryview)):
             payload = bytes(data)
@@ -113,6 +116,8 @@ class GcsStore:
         )
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Upload from the path (resumable, in `CHUNK_BYTES` chunks, above 8 MiB); a 404 means the
+        bucket is missing: `StoreError`."""
         blob = self._blob(key)
         self._run(
             f"upload {key} to",
@@ -121,10 +126,13 @@ class GcsStore:
         )
 
     def get(self, key: str) -> bytes:
+        """The whole object, in memory; `KeyNotFoundError` where there is none."""
         blob = self._blob(key)
         return self._run(f"get {key} from", lambda: blob.download_as_bytes(retry=None, timeout=_TIMEOUT_S))
 
     def get_to(self, key: str, fileobj: BinaryIO) -> None:
+        """Download into `fileobj`; before a retry `fileobj` is cut back to where it stood, so no
+        part is written twice. `KeyNotFoundError` where there is no object."""
         blob = self._blob(key)
         start = fileobj.tell()
 
@@ -139,6 +147,8 @@ class GcsStore:
         )
 
     def list(self, prefix: str = "") -> list[str]:
+        """Keys that start with `prefix`, relative to the store's root, sorted; a 404 means the
+        bucket is missing: `StoreError`."""
         full = self.root.key(prefix) if self.root.prefix else prefix
         strip = len(self.root.prefix) + 1 if self.root.prefix else 0
 
@@ -149,6 +159,7 @@ class GcsStore:
         return self._run(f"list {prefix or '/'} in", listing, writing=True)
 
     def delete(self, key: str) -> None:
+        """Delete the object; one that is already gone is not an error."""
         blob = self._blob(key)
         with contextlib.suppress(KeyNotFoundError):
             self._run(f"delete {key} from", lambda: blob.delete(retry=None, timeout=_TIMEOUT_S))
@@ -159,6 +170,7 @@ class GcsStore:
         return blob
 
     def exists(self, key: str) -> bool:
+        """Whether the object's metadata loads; any other failure (access denied) still raises."""
         try:
             self._reloaded(key)
         except KeyNotFoundError:
@@ -166,9 +178,12 @@ class GcsStore:
         return True
 
     def size(self, key: str) -> int:
+        """The object's length in bytes, from its metadata; `KeyNotFoundError` where there is none."""
         return int(self._reloaded(key).size)
 
     def storage_class(self, key: str) -> str | None:
+        """The class in the object's metadata, as GCS spells it ("STANDARD", "NEARLINE",
+        "COLDLINE", "ARCHIVE")."""
         return self._reloaded(key).storage_class
 
     def set_storage_class(self, key: str, storage_class: str) -> None:

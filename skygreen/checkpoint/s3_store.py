@@ -112,6 +112,9 @@ class S3Store:
         )
 
     def put(self, key: str, data: bytes | BinaryIO) -> None:
+        """Bytes go up in one PutObject; a stream goes up from where it stands through boto3's
+        managed transfer (multipart above 16 MiB) and is rewound there if the upload is retried.
+        A stream that cannot be rewound makes a retry a `StoreError` instead."""
         name = self.root.key(key)
         if isinstance(data, (bytes, bytearray, memoryview)):
             self._run(f"put {key} to", lambda: self.client.put_object(Bucket=self.bucket, Key=name, Body=bytes(data)))
@@ -124,16 +127,23 @@ class S3Store:
         )
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Upload from the path through boto3's managed transfer: multipart above 16 MiB, up to 8
+        parts at once."""
         name = self.root.key(key)
         self._run(
             f"upload {key} to", lambda: self.client.upload_file(os.fspath(path), self.bucket, name, Config=_TRANSFER)
         )
 
     def get(self, key: str) -> bytes:
+        """The whole object, in memory; `KeyNotFoundError` where there is none, and
+        `ArchivedObjectError` where it sits in a cold class that needs a restore first."""
         name = self.root.key(key)
         return self._run(f"get {key} from", lambda: self.client.get_object(Bucket=self.bucket, Key=name)["Body"].read())
 
     def get_to(self, key: str, fileobj: BinaryIO) -> None:
+        """Download into `fileobj` through the managed transfer; before a retry `fileobj` is cut
+        back to where it stood, so no part is written twice. `KeyNotFoundError` where there is
+        no object."""
         name = self.root.key(key)
         start = fileobj.tell()
 
@@ -148,6 +158,8 @@ class S3Store:
         )
 
     def list(self, prefix: str = "") -> list[str]:
+        """Keys that start with `prefix`, relative to the store's root, sorted, read across every
+        page of the listing."""
         full = self.root.key(prefix) if self.root.prefix else prefix
         strip = len(self.root.prefix) + 1 if self.root.prefix else 0
 
@@ -160,6 +172,7 @@ class S3Store:
         return self._run(f"list {prefix or '/'} in", listing)
 
     def delete(self, key: str) -> None:
+        """DeleteObject; S3 answers a missing key with success, so that is no error."""
         name = self.root.key(key)
         self._run(f"delete {key} from", lambda: self.client.delete_object(Bucket=self.bucket, Key=name))
 
@@ -168,6 +181,8 @@ class S3Store:
         return self._run(f"stat {key} in", lambda: self.client.head_object(Bucket=self.bucket, Key=name))
 
     def exists(self, key: str) -> bool:
+        """Whether HeadObject finds the object; any other failure (access denied, no bucket)
+        still raises."""
         try:
             self._head(key)
         except KeyNotFoundError:
@@ -175,9 +190,12 @@ class S3Store:
         return True
 
     def size(self, key: str) -> int:
+        """ContentLength from HeadObject, in bytes; `KeyNotFoundError` where there is no object."""
         return int(self._head(key)["ContentLength"])
 
     def storage_class(self, key: str) -> str | None:
+        """The class HeadObject reports; S3 leaves it out for STANDARD objects, so this says
+        "STANDARD" then and is never None."""
         return self._head(key).get("StorageClass", "STANDARD")
 
     def set_storage_class(self, key: str, storage_class: str) -> None:
