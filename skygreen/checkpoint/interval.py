@@ -90,15 +90,23 @@ class IntervalPolicy:
 
     @property
     def mode(self) -> str:
+        """The schedule's kind: "steps" when `every_steps` is set, "seconds" when `every_s` is, else "auto"."""
         if self.every_steps is not None:
             return "steps"
         return "seconds" if self.every_s is not None else "auto"
 
     @property
     def mtbf_s(self) -> float:
+        """Mean time between preemptions, in seconds, from `preemptions_per_hour`."""
         return 3600.0 / self.preemptions_per_hour
 
     def auto_interval_s(self, save_cost_s: float | None, upload_s: float | None = None) -> float:
+        """The auto interval in seconds for a save that blocked training for `save_cost_s`.
+
+        With no measured cost yet, `first_auto_s` as it stands. Otherwise Daly's optimum, raised
+        to `upload_s` (the last upload's duration) where that is longer, then clamped to
+        [`min_interval_s`, `max_interval_s`]; the clamp wins over the upload floor.
+        """
         if save_cost_s is None:
             return self.first_auto_s
         interval_s = max(optimal_interval_s(save_cost_s, self.mtbf_s), upload_s or 0.0)
@@ -118,6 +126,9 @@ class CheckpointSchedule:
         log.info("checkpoint interval: %s", self.describe())
 
     def due(self, step: int, now_s: float) -> bool:
+        """Whether to checkpoint at `step`: `every_steps` steps, or the current interval in
+        seconds, since the last save (or the start). `now_s` must come from the same clock as
+        `start_s`; the runtime passes `time.monotonic()`."""
         if self.policy.every_steps is not None:
             return step - self.last_step >= self.policy.every_steps
         return self.interval_s is not None and now_s - self.last_s >= self.interval_s
@@ -137,6 +148,8 @@ class CheckpointSchedule:
                 self.interval_s = new_s
 
     def describe(self) -> str:
+        """The interval in words for the log: "every 500 steps", "every 600 s", or the auto
+        interval with the preemption rate it assumes."""
         if self.policy.mode == "steps":
             return f"every {self.policy.every_steps} steps"
         if self.policy.mode == "seconds":
