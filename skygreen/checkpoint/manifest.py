@@ -54,22 +54,27 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def step_prefix(step: int) -> str:
+    """The folder of a step's files, with its trailing slash: `ckpt/000000000042/`."""
     return f"{CKPT_DIR}/{step:012d}/"
 
 
 def blob_key(step: int, name: str) -> str:
+    """The key of the file `name` in the folder of `step`."""
     return step_prefix(step) + name
 
 
 def manifest_key(step: int) -> str:
+    """The key of the manifest that commits `step`."""
     return blob_key(step, MANIFEST_NAME)
 
 
 def rank_blob_name(rank: int) -> str:
+    """The file name of a rank's own state in a step folder: `rank00003.pt`."""
     return f"rank{rank:05d}.pt"
 
 
 def rank_note_name(rank: int) -> str:
+    """The file name of a rank's note (its blob's size and sha256) in a step folder: `rank00003.json`."""
     return f"rank{rank:05d}.json"
 
 
@@ -95,6 +100,9 @@ def step_folders(keys: Sequence[str]) -> dict[int, set[str]]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BlobInfo:
+    """One blob's size in bytes and sha256 (64 lowercase hex digits), as manifests and rank notes
+    record it; anything else is a `ValueError`."""
+
     size: int
     sha256: str
 
@@ -105,6 +113,7 @@ class BlobInfo:
             raise ValueError(f"blob sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
 
     def to_json(self) -> dict[str, Any]:
+        """The form written into manifests and rank notes: `{"size": ..., "sha256": ...}`."""
         return {"size": self.size, "sha256": self.sha256}
 
 
@@ -143,6 +152,7 @@ class Manifest:
 
     @property
     def created_at_s(self) -> float:
+        """`created_at` in seconds since the epoch."""
         return parse_iso_s(self.created_at)
 
     @property
@@ -151,6 +161,7 @@ class Manifest:
         return f"checkpoint step {self.step} ({step_prefix(self.step)})"
 
     def to_json(self) -> dict[str, Any]:
+        """The manifest as a dict for `json.dumps`, blobs sorted by name; `loads` reads it back."""
         return {
             "format_version": self.format_version,
             "step": self.step,
@@ -165,6 +176,8 @@ class Manifest:
         }
 
     def dumps(self) -> bytes:
+        """The bytes stored as `manifest.json`: indented JSON with sorted keys and a final newline.
+        A NaN or infinity in `meta` is a `ValueError`: strict JSON has no such numbers."""
         return (json.dumps(self.to_json(), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
     @classmethod
@@ -215,18 +228,22 @@ class HashingWriter:
         self.size = 0
 
     def write(self, data: bytes) -> int:
+        """Hash and count `data`, then write it to `out`; returns what `out.write` returns."""
         self._hash.update(data)
         self.size += len(data)
         return self._out.write(data)
 
     def flush(self) -> None:
+        """Flush `out`."""
         self._out.flush()
 
     def info(self) -> BlobInfo:
+        """Size and sha256 of everything written so far."""
         return BlobInfo(size=self.size, sha256=self._hash.hexdigest())
 
 
 def blob_info(data: bytes) -> BlobInfo:
+    """Size and sha256 of `data`, for a blob already in memory."""
     return BlobInfo(size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
@@ -241,6 +258,8 @@ def committed_steps(store: Store) -> list[int]:
 
 
 def read_manifest(store: Store, step: int) -> Manifest:
+    """The manifest of `step`: `KeyNotFoundError` where the step has none, `CheckpointError` where
+    it is malformed or names another step."""
     key = manifest_key(step)
     manifest = Manifest.loads(store.get(key), where=f"{store.url}/{key}")
     if manifest.step != step:
