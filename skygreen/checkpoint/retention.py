@@ -164,5 +164,7 @@ def _copy(store: Store, source: str, target: str) -> None:
 
 
 def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of the error's message, for a one-line log or reason: cut to `limit`
+    characters (ending in "..."), or the error's class name where the message is empty."""
     text = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return text if len(text) <= limit else text[: limit - 3] + "..."
