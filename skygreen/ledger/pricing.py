@@ -47,6 +47,9 @@ PriceLookup = Callable[[Place], float | None]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SegmentCost:
+    """One segment priced: its compute dollars (0 where no price is known), its energy in kWh with
+    the cloud's PUE applied and that energy's CO2e in kg, both None where nothing metered it."""
+
     segment: Segment
     price_usd_per_hour: float | None
     """Per node; None when neither the ledger nor the catalog knows the offer."""
@@ -58,6 +61,9 @@ class SegmentCost:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunCost:
+    """What a run cost and did, from its ledger: the figures `status`, `cost` and `compare` show.
+    Money in dollars, energy in kWh (PUE included), CO2e in kg."""
+
     run_id: str
     local: bool
     segments: tuple[SegmentCost, ...]
@@ -83,10 +89,12 @@ class RunCost:
 
     @property
     def cost_per_step_usd(self) -> float | None:
+        """Total dollars over the furthest step reached; None while that is step 0."""
         return self.total_usd / self.steps if self.steps else None
 
     @property
     def cost_per_epoch_usd(self) -> float | None:
+        """Total dollars per epoch; None where the epoch size is unknown or no sample was seen."""
         return self.total_usd / self.epochs if self.epochs else None
 
     @property
@@ -98,6 +106,8 @@ class RunCost:
         return out
 
     def to_json(self) -> dict:
+        """The JSON behind `skygreen cost RUN --json`: dollars rounded to 6 decimals, per-step and
+        per-epoch costs, node hours per cloud, and one entry per segment."""
         return {
             "run_id": self.run_id,
             "local": self.local,
@@ -165,6 +175,9 @@ def segment_price(place: Place, lookup: PriceLookup | None) -> tuple[float | Non
 
 
 def price_segment(segment: Segment, lookup: PriceLookup | None = None) -> SegmentCost:
+    """Price one segment: `segment_price` per node-hour x its duration x nodes. Its metered GPU
+    energy is multiplied by the cloud's PUE (1.0 for local, 1.2 for a cloud the PUE table lacks)
+    and turned into CO2e at the region's grid intensity."""
     place = segment.place
     price, source = segment_price(place, lookup)
     cost = 0.0 if price is None else price * segment.duration_s / 3600.0 * place.nodes
@@ -279,6 +292,7 @@ def final_metrics(segments: Sequence[Segment]) -> dict[str, float]:
 
 
 def first_metrics(segments: Sequence[Segment]) -> dict[str, float]:
+    """Each metric's first reported value across the run, by report time."""
     out: dict[str, tuple[float, float]] = {}
     for s in segments:
         for name, points in s.metrics.items():
@@ -289,6 +303,8 @@ def first_metrics(segments: Sequence[Segment]) -> dict[str, float]:
 
 
 def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tuple[str, ...]:
+    """The lines printed with every cost saying what it counts and leaves out: compute, the
+    controller (only when `managed`), storage at the scheme's price, and energy."""
     lines = [
         (
             "compute: catalog price of each segment's offer x the runtime's lifetime on that VM x nodes "
