@@ -31,6 +31,10 @@ WEBHOOK_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BudgetPolicy:
+    """A run's budget settings: the cap in dollars (None: no cap), the fractions of it that alert,
+    the dollars per hour above which the burn alert fires (None: no burn alert), and the webhook
+    URL alerts are POSTed to (None: log only)."""
+
     budget_usd: float | None = None
     alert_fractions: tuple[float, ...] = DEFAULT_ALERT_FRACTIONS
     burn_usd_per_hour: float | None = None
@@ -44,11 +48,14 @@ class BudgetPolicy:
 
     @property
     def active(self) -> bool:
+        """Whether there is anything to track: a budget or a burn-rate threshold."""
         return self.budget_usd is not None or self.burn_usd_per_hour is not None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Alert:
+    """One budget or burn-rate alert, as logged and POSTed to the webhook."""
+
     kind: str
     """"budget" (a fraction crossed) or "burn" (spend per hour above the threshold)."""
     run_id: str
@@ -59,6 +66,7 @@ class Alert:
     message: str
 
     def to_json(self) -> dict:
+        """The webhook's JSON body; spend and burn rate rounded to 4 decimals."""
         return {
             "kind": self.kind,
             "run_id": self.run_id,
@@ -82,10 +90,15 @@ class BudgetTracker:
         self._primed = False
 
     def spent_usd(self, current: Segment, now_s: float) -> float:
+        """Dollars spent so far: the earlier segments plus `current` running until `now_s` (Unix
+        seconds) unless it has ended, by `run_cost`: compute and, for a managed run, the
+        controller; storage is not counted, and a segment with no known price counts as free."""
         live = replace(current, updated_at=max(now_s, current.started_at))
         return run_cost(current.run_id, [*self.earlier, live], managed=self.managed).total_usd
 
     def burn_usd_per_hour(self, current: Segment) -> float:
+        """Dollars per hour the run costs on `current`'s VM: its price per node x nodes (0 where
+        no price is known), plus the controller's price for a managed run on a cloud."""
         place = current.place
         burn = (place.price_usd_per_hour or 0.0) * place.nodes
         if self.managed and place.cloud != "local":
@@ -123,6 +136,8 @@ class BudgetTracker:
 
 
 def stop_message(run_id: str, spent_usd: float, budget_usd: float) -> str:
+    """What the runtime logs when a run stops at its budget, with the `skygreen resume` command
+    that continues it with twice the budget."""
     return (
         f"run {run_id} reached its budget: ${spent_usd:.2f} of ${budget_usd:g}; checkpoint committed, training stopped\n"
         f"  fix: raise the budget and continue: `skygreen resume {run_id} --budget-usd {budget_usd * 2:g}` "
