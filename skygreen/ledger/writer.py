@@ -59,6 +59,8 @@ class LedgerWriter:
         self._write()
 
     def first_step(self) -> None:
+        """Note when this segment's first training step began, once (later calls keep the first
+        time); written with the next update."""
         if self.segment.first_step_at is None:
             self.segment = replace(self.segment, first_step_at=self.clock())
 
