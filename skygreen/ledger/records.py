@@ -128,14 +128,17 @@ class Segment:
 
     @property
     def duration_s(self) -> float:
+        """Seconds from the start to `last_at` (the end, else the last update); never negative."""
         return max(0.0, self.last_at - self.started_at)
 
     @property
     def steps_done(self) -> int:
+        """Optimizer steps this segment took (`step - start_step`); never negative."""
         return max(0, self.step - self.start_step)
 
     @property
     def samples_done(self) -> int:
+        """Samples this segment trained on (`samples - start_samples`); never negative."""
         return max(0, self.samples - self.start_samples)
 
     @property
@@ -145,6 +148,7 @@ class Segment:
 
     @property
     def steps_per_s(self) -> float | None:
+        """Steps per second of training time (`train_s`), or None before a timed step."""
         return self.steps_done / self.train_s if self.train_s > 0 and self.steps_done else None
 
     @property
@@ -155,11 +159,13 @@ class Segment:
 
     @property
     def node_hours(self) -> float:
+        """Hours of `duration_s` times nodes: what a per-node hourly price multiplies."""
         return self.duration_s / 3600.0 * self.place.nodes
 
     # -- serialisation -----------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
+        """The stored form: every field but `segment` (numbered by readers), metric points as lists."""
         data = asdict(self)
         data["metrics"] = {name: [list(p) for p in points] for name, points in self.metrics.items()}
         data.pop("segment")
@@ -167,6 +173,9 @@ class Segment:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Segment:
+        """A segment from its stored form. Fields this version does not know, in the segment or
+        its place, are ignored; malformed data raises `ValueError`, `TypeError` or `KeyError`
+        (`read_ledger` skips such an object)."""
         values = dict(data)
         place_fields = {f.name for f in fields(Place)}
         values["place"] = Place(**{k: v for k, v in dict(values["place"]).items() if k in place_fields})
@@ -195,6 +204,7 @@ def new_segment_key(started_at: float, *, token: str | None = None) -> str:
 
 
 def is_segment_key(key: str) -> bool:
+    """Whether a key, relative to the run, names a segment object as `new_segment_key` makes them."""
     return bool(_KEY.match(key))
 
 
