@@ -170,7 +170,8 @@ class GcsStore:
         return blob
 
     def exists(self, key: str) -> bool:
-        """Whether the object's metadata loads; any other failure (access denied) still raises."""
+        """Whether the object's metadata loads (a 404 is False); other failures, such as access
+        denied, still raise."""
         try:
             self._reloaded(key)
         except KeyNotFoundError:

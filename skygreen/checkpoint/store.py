@@ -65,7 +65,7 @@ class Store(Protocol):
         ...
 
     def get_to(self, key: str, fileobj: BinaryIO) -> None:
-        """Copy the object into `fileobj` from its current position, without holding it all in
+        """Write the object into `fileobj` (an empty file, at its start) without holding it all in
         memory; `KeyNotFoundError` where there is none."""
         ...
 
