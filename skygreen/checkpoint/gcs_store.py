@@ -170,8 +170,8 @@ class GcsStore:
         return blob
 
     def exists(self, key: str) -> bool:
-        """Whether the object's metadata loads (a 404 is False); other failures, such as access
-        denied, still raise."""
+        """Whether the object's metadata loads (a missing object is False); other failures, such
+        as access denied or a missing bucket, still raise."""
         try:
             self._reloaded(key)
         except KeyNotFoundError:
