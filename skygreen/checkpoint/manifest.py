@@ -161,7 +161,7 @@ class Manifest:
         return f"checkpoint step {self.step} ({step_prefix(self.step)})"
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest as a dict for `json.dumps`, blobs sorted by name; `loads` reads it back."""
+        """The manifest as a dict for `json.dumps`, blobs sorted by name; `loads` parses its JSON back."""
         return {
             "format_version": self.format_version,
             "step": self.step,

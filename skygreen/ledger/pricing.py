@@ -89,7 +89,7 @@ class RunCost:
 
     @property
     def cost_per_step_usd(self) -> float | None:
-        """Total dollars over the furthest step reached; None while that is step 0."""
+        """Total dollars divided by the furthest step reached; None while that is step 0."""
         return self.total_usd / self.steps if self.steps else None
 
     @property
@@ -175,9 +175,9 @@ def segment_price(place: Place, lookup: PriceLookup | None) -> tuple[float | Non
 
 
 def price_segment(segment: Segment, lookup: PriceLookup | None = None) -> SegmentCost:
-    """Price one segment: `segment_price` per node-hour x its duration x nodes. Its metered GPU
-    energy is multiplied by the cloud's PUE (1.0 for local, 1.2 for a cloud the PUE table lacks)
-    and turned into CO2e at the region's grid intensity."""
+    """Price one segment: `segment_price` per node-hour x its duration x nodes, 0 where no price
+    is known. Its metered GPU energy is multiplied by the cloud's PUE (1.0 for local, 1.2 for a
+    cloud the PUE table lacks) and turned into CO2e at the region's grid intensity."""
     place = segment.place
     price, source = segment_price(place, lookup)
     cost = 0.0 if price is None else price * segment.duration_s / 3600.0 * place.nodes
