@@ -181,8 +181,8 @@ class S3Store:
         return self._run(f"stat {key} in", lambda: self.client.head_object(Bucket=self.bucket, Key=name))
 
     def exists(self, key: str) -> bool:
-        """Whether HeadObject finds the object; any other failure (access denied, no bucket)
-        still raises."""
+        """Whether HeadObject finds the object. Any 404 is False, a missing bucket's included (a
+        HEAD answer has no body to tell them apart); access denied still raises."""
         try:
             self._head(key)
         except KeyNotFoundError:
