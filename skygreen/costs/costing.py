@@ -125,9 +125,11 @@ def cost_of_run(
 ) -> RunCostReport:
     """The cost of run `run_id` (or the one run whose id starts with it) from its ledger.
 
-    A `--local` run also gets its task priced on each cloud; when that fails, the report keeps
-    the reason in `estimate_error` instead. Refreshes the run's measured throughput, as
-    `load_run_cost` does. Raises `InputError` for an unknown run or one without a ledger yet.
+    A run whose segments all ran locally (`--local`) also gets its task priced on each cloud;
+    when that raises a `SkygreenError`, the report keeps its first line in `estimate_error`
+    instead. Refreshes the run's measured throughput, as `load_run_cost` does. Raises
+    `InputError` for an unknown run or one without a ledger yet, and `StoreError` when its
+    bucket cannot be read.
     """
     registry = registry or Registry()
     record = registry.load(run_id)

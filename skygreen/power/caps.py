@@ -133,8 +133,8 @@ class PowerCaps:
     def close(self) -> None:
         """Restore every changed GPU and leave the set that `restore_all()` covers.
 
-        A limit that cannot be restored is logged, not raised, and stays in the ledger for
-        the next start on that GPU to restore.
+        A `PowerError` while restoring is logged, not raised; that GPU's record then stays in
+        the ledger, if there is one, for the next start on that GPU to restore.
         """
         self.restore()
         with _LIVE_LOCK:
