@@ -41,6 +41,7 @@ class RunCostReport:
     """Why a local run got no estimate (its task file moved, no offer fits)."""
 
     def to_json(self) -> dict[str, Any]:
+        """The run's cost as JSON values, with its task path and mode, and the cloud estimate or why there is none."""
         data = self.cost.to_json()
         data["task"] = self.record.task_path
         data["mode"] = self.record.mode
@@ -74,6 +75,11 @@ def load_run_cost(
 
 
 def read_segments(record: RunRecord, open_store: OpenStore) -> list[Segment]:
+    """The segments of the run's ledger, oldest first; empty when it has none yet.
+
+    Unreadable ledger objects are skipped with a warning. Raises `StoreError`, naming the run,
+    when its bucket cannot be read.
+    """
     from skygreen.ledger.io import read_ledger
 
     try:
@@ -117,6 +123,14 @@ def _lazy_lookup(catalog_dir: Path | None):
 def cost_of_run(
     run_id: str, *, open_store: OpenStore, catalog_dir: Path | None = None, registry: Registry | None = None
 ) -> RunCostReport:
+    """The cost of run `run_id` (or the one run whose id starts with it) from its ledger.
+
+    A run whose segments all ran locally (`--local`) also gets its task priced on each cloud;
+    when that raises a `SkygreenError`, the report keeps its first line in `estimate_error`
+    instead. Refreshes the run's measured throughput, as `load_run_cost` does. Raises
+    `InputError` for an unknown run or one without a ledger yet, and `StoreError` when its
+    bucket cannot be read.
+    """
     registry = registry or Registry()
     record = registry.load(run_id)
     cost = load_run_cost(record, open_store=open_store, catalog_dir=catalog_dir, registry=registry)
@@ -141,14 +155,19 @@ def cost_of_run(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CloudEstimate:
+    """One cloud's cheapest offers for a task: the best spot and the best on-demand candidate."""
+
     cloud: str
     spot: Any | None
     """The cloud's best spot `plan.Candidate` (cheapest run), or None."""
     on_demand: Any | None
+    """The cloud's best on-demand `plan.Candidate`, or None."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TaskEstimate:
+    """What a task would cost per run: the plan's pick, then each cloud's best offers."""
+
     task: str
     pick: Any | None
     """The plan's own pick for the task as written (its constraints), or None when none fits."""
@@ -159,6 +178,8 @@ class TaskEstimate:
     notices: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        """The estimate as JSON values, marked `"estimate": true`; the catalog notices are left out."""
+
         def cand(c):
             return None if c is None else c.to_json()
 
@@ -283,6 +304,8 @@ def measured_speeds(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CompareRow:
+    """One run in `skygreen compare`: its cost, the metric compared and how much it improved."""
+
     record: RunRecord
     cost: RunCost
     metric: str | None
@@ -291,9 +314,14 @@ class CompareRow:
 
     @property
     def usd_per_improvement(self) -> float | None:
+        """Dollars per unit of metric improvement; None without an improvement or when it is zero.
+
+        Negative when the metric got worse.
+        """
         return self.cost.total_usd / self.improvement if self.improvement else None
 
     def to_json(self) -> dict[str, Any]:
+        """The row as JSON values, with the metric's last reported value as `final_metric`."""
         return {
             "run_id": self.record.run_id,
             "task": self.record.task_path,
@@ -319,6 +347,12 @@ def compare_runs(
     catalog_dir: Path | None = None,
     registry: Registry | None = None,
 ) -> list[CompareRow]:
+    """One row per run, in the order given, each priced as `cost_of_run` prices it.
+
+    The metric is the run's early-stopping metric and mode, else the first in name order of
+    those it reported, taken as lower-is-better. Raises what `cost_of_run` raises for any of
+    the runs.
+    """
     registry = registry or Registry()
     rows = []
     for run_id in run_ids:

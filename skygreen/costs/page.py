@@ -166,6 +166,7 @@ def _loss(ax, data) -> None:
 
 
 def figure_png(reports: Sequence[RunCostReport]) -> bytes:
+    """The four-panel figure as PNG bytes; raises `InputError` when matplotlib is not installed."""
     buf = io.BytesIO()
     build_figure(reports).savefig(buf, format="png")
     return buf.getvalue()

@@ -30,6 +30,11 @@ def _when(unix_s: float) -> str:
 
 
 def print_run_cost(report: RunCostReport, out: TextIO) -> None:
+    """Write `skygreen cost RUN`'s text to `out`: a row per segment, the totals, energy and assumptions.
+
+    Times are UTC. A price marked `*` was looked up in the catalog now; a local run's cloud
+    estimate, or why it has none, follows.
+    """
     c = report.cost
     kind = "local run" if c.local else "cloud run"
     last = report.segments[-1] if report.segments else None
@@ -83,6 +88,11 @@ def _cand(c: Any) -> tuple[str, ...]:
 
 
 def print_task_estimate(est: TaskEstimate, out: TextIO, *, header: bool = True) -> None:
+    """Write the plan's pick, then a row per cloud with its best spot and on-demand offer, and the speeds used.
+
+    `header=False` leaves out the first line (the task and catalog), as under a run's cost.
+    The catalog notices are not written here.
+    """
     if header:
         out.write(f"estimated cost per run of {est.task} (catalog: {est.catalog_source})\n")
     if est.pick is not None:
@@ -103,6 +113,7 @@ def print_task_estimate(est: TaskEstimate, out: TextIO, *, header: bool = True) 
 
 
 def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
+    """Write `skygreen compare`'s table to `out`, one row per run, '-' where a figure is unknown."""
     table = [
         (
             "run",

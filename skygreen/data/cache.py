@@ -17,6 +17,7 @@ _HASH_CHUNK = 1 << 20
 
 
 def sha256_file(path: Path) -> str:
+    """The file's sha256 as 64 hex digits, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_HASH_CHUNK):
@@ -25,6 +26,11 @@ def sha256_file(path: Path) -> str:
 
 
 def write_local(path: Path, data: bytes) -> None:
+    """Write `data` to `path` whole: into a temporary file beside it, then renamed onto it.
+
+    Creates the parent folders. A reader never sees a half-written file; a failed write
+    leaves the old file, if any, in place.
+    """
     with temp_beside(path) as tmp:
         Path(tmp).write_bytes(data)
 

@@ -76,6 +76,7 @@ class ShardSpec:
 
     @property
     def folder(self) -> str:
+        """The folder name under the data URL and the cache: `<name>-<key>`."""
         return f"{self.name}-{self.key}"
 
 

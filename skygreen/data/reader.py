@@ -79,9 +79,15 @@ class ShardedDataset:
             self._open(shard)
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint records of the data: its key and row count, not the rows."""
         return {"key": self.key, "rows": len(self)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Check that a checkpoint was trained on this data; nothing is loaded.
+
+        Raises `RuntimeSetupError` when the saved key or row count differs from this
+        dataset's, since the saved sample position would then point at other rows.
+        """
         if state.get("key") != self.key or int(state.get("rows", -1)) != len(self):
             raise RuntimeSetupError(
                 f"the checkpoint was trained on prepared data {state.get('key')} ({state.get('rows')} rows), "
@@ -91,6 +97,13 @@ class ShardedDataset:
             )
 
     def start_prefetch(self) -> None:
+        """Start one daemon thread that brings every shard into the local cache.
+
+        Does nothing when the dataset was made with `prefetch=False` (always so in an
+        unpickled copy, such as a DataLoader worker's), when the thread already runs, or when
+        every shard is already open. The thread logs a failure and stops; rows it did not
+        fetch are fetched on demand, which raises there.
+        """
         if self._prefetch and self._thread is None and len(self._maps) < len(self._locks):
             self._thread = threading.Thread(target=self._prefetch_all, name="skygreen-data-prefetch", daemon=True)
             self._thread.start()

@@ -36,6 +36,13 @@ class ShardWriter:
         self._pending_rows = 0
 
     def add(self, batch: Mapping[str, Any]) -> None:
+        """Append a batch of rows: field name to an array whose first axis is the rows.
+
+        The first batch fixes the fields, their dtypes and row shapes. Every full shard
+        (`rows_per_shard` rows) is written to the local cache and uploaded before this returns.
+        An empty mapping is ignored. Raises `ValueError` when the fields' row counts differ, or
+        the fields, a dtype or a row shape differ from the first batch's.
+        """
         arrays = {name: np.asarray(value) for name, value in batch.items()}
         if not arrays:
             return
@@ -61,6 +68,11 @@ class ShardWriter:
             self._flush(self.spec.rows_per_shard)
 
     def add_file(self, name: str, data: bytes) -> None:
+        """Store an extra file as `files/<name>`: written to the local cache and uploaded now.
+
+        Adding the same name again replaces it. Raises `ValueError` for a name that does not
+        match the data name pattern (letters, digits, '.', '_', '-', at most 81 characters).
+        """
         if not NAME_PATTERN.match(name):
             raise ValueError(f"extra file name {name!r}: letters, digits, '.', '_' or '-' only")
         key = f"files/{name}"
@@ -71,6 +83,12 @@ class ShardWriter:
         self.files[name] = {"key": key, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
     def finish(self, *, preprocess_s: float) -> dict[str, Any]:
+        """Upload the last, partial shard and then the manifest, which commits the data.
+
+        `preprocess_s` (seconds the build took) is recorded in the manifest, rounded to
+        milliseconds. The manifest is also written to the local cache, and returned. Raises
+        `RuntimeSetupError` when the build added no rows.
+        """
         if self._pending_rows:
             self._flush(self._pending_rows)
         if not self.rows:

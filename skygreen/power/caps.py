@@ -34,6 +34,7 @@ _LIVE_LOCK = threading.Lock()
 
 
 def limits_of(gpu: Gpu) -> Limits:
+    """The GPU's default power limit and the range it accepts, in watts, read through NVML."""
     low_w, high_w = gpu.limit_range_w()
     return Limits(default_w=gpu.default_limit_w(), min_w=low_w, max_w=high_w)
 
@@ -101,6 +102,10 @@ class PowerCaps:
         return True
 
     def original_w(self, gpu: Gpu) -> float | None:
+        """The limit `gpu` had before this `PowerCaps` first changed it, in watts.
+
+        None when this `PowerCaps` has not changed it, or has restored it since.
+        """
         found = self._originals.get(gpu.uuid)
         return None if found is None else found[1]
 
@@ -126,6 +131,11 @@ class PowerCaps:
             self.ledger.clear(uuid)
 
     def close(self) -> None:
+        """Restore every changed GPU and leave the set that `restore_all()` covers.
+
+        A `PowerError` while restoring is logged, not raised; that GPU's record then stays in
+        the ledger, if there is one, for the next start on that GPU to restore.
+        """
         self.restore()
         with _LIVE_LOCK:
             if self in _LIVE:

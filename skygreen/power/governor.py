@@ -54,6 +54,12 @@ Reduce = Callable[[float, float], tuple[float, float]]
 
 
 class PowerGovernor:
+    """The power side of one training process: the cap on its GPU and the meter of its energy.
+
+    Made with `gpu=None` (this process has no GPU), it sets nothing and reports method `none`
+    with `reason`; `start()` then raises only when `required` asks for a cap.
+    """
+
     def __init__(
         self,
         gpu: Gpu | None,
@@ -239,9 +245,15 @@ class PowerGovernor:
 
     @property
     def method(self) -> str:
+        """How energy is measured: the meter's method, or `none` while there is no meter.
+
+        There is none before `start()`, without a GPU, or when `start()` met an NVML error
+        before it could make one.
+        """
         return self.meter.method if self.meter is not None else "none"
 
     def energy_j(self) -> float:
+        """Joules this process's GPU used since `start()` made the meter; 0.0 without a meter."""
         return self.meter.read_j() if self.meter is not None else 0.0
 
     def take_j(self) -> float:
@@ -279,10 +291,12 @@ class PowerGovernor:
         return summary
 
     def restore(self) -> None:
+        """Put the GPU's original limit back without closing: the meter keeps running."""
         if self.caps is not None:
             self.caps.restore()
 
     def close(self) -> None:
+        """Restore the GPU's original limit and stop the meter; a second call does nothing."""
         if self._closed:
             return
         self._closed = True
@@ -293,4 +307,5 @@ class PowerGovernor:
 
 
 def vars_of(point: ProfilePoint) -> dict[str, float]:
+    """A profiled rung as the plain dict the checkpoint keeps: limit in W, energy in J, time in s."""
     return {"limit_w": point.limit_w, "energy_j": point.energy_j, "time_s": point.time_s}

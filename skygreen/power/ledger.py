@@ -20,6 +20,8 @@ from skygreen.files import write_atomic
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Original:
+    """One GPU's limit before skygreen first changed it, in watts, and the run and process that own the change."""
+
     uuid: str
     gpu: str
     original_limit_w: float
@@ -28,6 +30,10 @@ class Original:
 
     @property
     def owner_alive(self) -> bool:
+        """Whether the process `pid` still runs: this process, or one that exists and is no zombie.
+
+        A process this user may not signal counts as alive.
+        """
         if self.pid == os.getpid():
             return True
         try:
@@ -55,6 +61,7 @@ class Ledger:
 
     @classmethod
     def default(cls, environ: Mapping[str, str] | None = None) -> Ledger:
+        """The ledger under skygreen's data folder on this machine: `<data dir>/power/originals`."""
         from skygreen.launch.registry import data_dir
 
         return cls(data_dir(environ) / "power" / "originals")
@@ -63,6 +70,7 @@ class Ledger:
         return self.root / f"{uuid.replace('/', '_')}.json"
 
     def get(self, uuid: str) -> Original | None:
+        """The record for the GPU `uuid`, or None when there is none, or its file cannot be read or is not JSON."""
         try:
             raw = json.loads(self._path(uuid).read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -72,12 +80,15 @@ class Ledger:
         return Original(**raw)
 
     def record(self, original: Original) -> None:
+        """Write the record for `original.uuid` atomically, replacing any earlier one."""
         write_atomic(self._path(original.uuid), json.dumps(asdict(original), indent=1))
 
     def clear(self, uuid: str) -> None:
+        """Delete the record for the GPU `uuid`; no error when there is none."""
         self._path(uuid).unlink(missing_ok=True)
 
     def all(self) -> list[Original]:
+        """Every readable record, in file name order; empty when the folder does not exist."""
         if not self.root.is_dir():
             return []
         found = (self.get(p.stem) for p in sorted(self.root.glob("*.json")))

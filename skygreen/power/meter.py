@@ -53,6 +53,11 @@ class GpuEnergyMeter:
         return "simulated" if self.gpu.simulated else self.measured_by
 
     def read_j(self) -> float:
+        """Joules the GPU used since the meter started.
+
+        With the counter, a fresh NVML read (an NVML error is raised as a `PowerError`); with
+        power sampling, the integral so far after one more sample (a failed sample is skipped).
+        """
         if self._start_j is not None:
             return max(self.gpu.energy_j() - self._start_j, 0.0)
         self._sample()
@@ -74,6 +79,7 @@ class GpuEnergyMeter:
             self._sample()
 
     def close(self) -> None:
+        """Stop the power-sampling thread, waiting up to 2 s for it; nothing to stop with the counter."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)

@@ -94,18 +94,22 @@ class Nvml:
             raise
 
     def device_count(self) -> int:
+        """How many GPUs NVML sees."""
         return int(self._call("counting GPUs", self.lib.nvmlDeviceGetCount))
 
     def device(self, index: int) -> Gpu:
+        """The GPU at NVML index `index`, with its name and UUID read."""
         handle = self._call(f"opening GPU {index}", self.lib.nvmlDeviceGetHandleByIndex, index)
         return self._gpu(index, handle)
 
     def device_by_uuid(self, uuid: str) -> Gpu:
+        """The GPU with this UUID, with its NVML index, name and UUID read."""
         handle = self._call(f"opening GPU {uuid}", self.lib.nvmlDeviceGetHandleByUUID, uuid)
         index = int(self._call(f"reading the index of GPU {uuid}", self.lib.nvmlDeviceGetIndex, handle))
         return self._gpu(index, handle)
 
     def devices(self) -> list[Gpu]:
+        """Every GPU NVML sees, in index order."""
         return [self.device(i) for i in range(self.device_count())]
 
     def _gpu(self, index: int, handle: Any) -> Gpu:
@@ -136,9 +140,11 @@ class Gpu:
         return self.nvml._call(f"{action} of GPU {self.index}", getattr(self.nvml.lib, fn_name), self.handle, *args)
 
     def power_limit_w(self) -> float:
+        """The power limit in force now, in watts."""
         return self._call("reading the power limit", "nvmlDeviceGetPowerManagementLimit") / 1000.0
 
     def default_limit_w(self) -> float:
+        """The board's default power limit, in watts: what it runs at when nobody caps it."""
         return self._call("reading the default power limit", "nvmlDeviceGetPowerManagementDefaultLimit") / 1000.0
 
     def limit_range_w(self) -> tuple[float, float]:
@@ -159,6 +165,7 @@ class Gpu:
         return self._call("reading the total energy counter", "nvmlDeviceGetTotalEnergyConsumption") / 1000.0
 
     def power_w(self) -> float:
+        """The power the board draws now, in watts."""
         return self._call("reading the power draw", "nvmlDeviceGetPowerUsage") / 1000.0
 
     def synchronize(self) -> None:

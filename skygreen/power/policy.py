@@ -79,6 +79,7 @@ class CapRequest:
         return cls(mode="fraction" if value <= 1.0 else "watts", value=value)
 
     def describe(self) -> str:
+        """The request in words for logs and checkpoints: `150 W`, `0.6 of the default limit`, `auto` or `off`."""
         if self.mode == "watts":
             return f"{self.value:g} W"
         if self.mode == "fraction":
@@ -145,10 +146,12 @@ class ProfilePoint:
 
     @property
     def power_w(self) -> float:
+        """Mean power over the measured steps, in watts; 0.0 when their time is not positive."""
         return self.energy_j / self.time_s if self.time_s > 0 else 0.0
 
 
 def zeus_cost(point: ProfilePoint, *, eta: float, max_power_w: float) -> float:
+    """Zeus's cost of one step at this rung, in joules: eta x energy + (1 - eta) x max power x time."""
     return eta * point.energy_j + (1 - eta) * max_power_w * point.time_s
 
 
@@ -173,13 +176,19 @@ class PowerProfile:
 
     @classmethod
     def from_points(cls, gpu: str, points: Sequence[ProfilePoint], *, eta: float) -> PowerProfile:
+        """The profile of these measured rungs, with the limit `choose()` picks at `eta`.
+
+        Raises `ValueError` when there are no points or `eta` is outside 0..1.
+        """
         return cls(gpu=gpu, eta=eta, points=tuple(points), chosen_w=choose(points, eta=eta).limit_w)
 
     def point(self, limit_w: float) -> ProfilePoint:
+        """The rung profiled at exactly `limit_w`; raises `StopIteration` when there is none."""
         return next(p for p in self.points if p.limit_w == limit_w)
 
     @property
     def uncapped(self) -> ProfilePoint:
+        """The rung at the highest limit profiled: the baseline the savings are measured against."""
         return max(self.points, key=lambda p: p.limit_w)
 
     @property
@@ -190,14 +199,17 @@ class PowerProfile:
 
     @property
     def slowdown_vs_uncapped(self) -> float:
+        """Time per step the chosen limit adds against the highest one profiled (0.068 = 6.8% slower)."""
         base = self.uncapped.time_s
         return 0.0 if base <= 0 else self.point(self.chosen_w).time_s / base - 1.0
 
     def to_dict(self) -> dict[str, Any]:
+        """The profile as JSON values, as the checkpoint keeps it; `from_dict()` reads it back."""
         return {"gpu": self.gpu, "eta": self.eta, "chosen_w": self.chosen_w, "points": [asdict(p) for p in self.points]}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> PowerProfile:
+        """The profile `to_dict()` wrote, its numbers as floats."""
         points = tuple(ProfilePoint(**{k: float(v) for k, v in p.items()}) for p in raw["points"])
         return cls(gpu=str(raw["gpu"]), eta=float(raw["eta"]), points=points, chosen_w=float(raw["chosen_w"]))
 
@@ -230,10 +242,12 @@ class LadderProfiler:
 
     @property
     def done(self) -> bool:
+        """Whether every rung of the ladder is measured; `profile` then holds the result."""
         return self.profile is not None
 
     @property
     def limit_w(self) -> float | None:
+        """The limit the next step should run at, in watts; None once done."""
         return None if self.done else self.ladder[len(self.points)]
 
     def step_done(self, energy_j: float, time_s: float) -> None:

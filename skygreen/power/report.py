@@ -9,6 +9,11 @@ from skygreen.power.simulated import SIMULATED_GPU_ENV
 
 
 def print_gpus(report: Mapping[str, Any], out: TextIO) -> None:
+    """Write the table of a `local_gpus()` report to `out`, one row per GPU, limits in watts.
+
+    A limit NVML could not read, or a GPU skygreen has not capped, shows as '-'. With no GPU,
+    writes the report's reason and how to try a simulated GPU instead.
+    """
     if not report["gpus"]:
         out.write(f"no GPU power limits to show: {report['reason']}\n")
         out.write(f"  (set {SIMULATED_GPU_ENV}=<GPU name> to try skygreen's power caps on a simulated GPU)\n")

@@ -96,37 +96,52 @@ class SimulatedNvml:
     # -- library --------------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
+        """Initialise the library; before it, the calls that read or set a board raise code 1.
+
+        Raises `NVMLError` code 12 (library not found) under the `no-library` fault. The call
+        is recorded in `calls`.
+        """
         self.calls.append(("nvmlInit", ()))
         if "no-library" in self.faults:
             raise _error(12, "NVML Shared Library Not Found")
         self._initialised = True
 
     def nvmlShutdown(self) -> None:
+        """Record the call; nothing is released and the library stays usable."""
         self.calls.append(("nvmlShutdown", ()))
 
     def nvmlDeviceGetCount(self) -> int:
+        """How many simulated boards there are (`count`)."""
         return self.count
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        """A new handle on board `index`; the board counts as busy, drawing energy, from now.
+
+        Raises `NVMLError` code 2 (invalid argument) for an index out of range.
+        """
         if not 0 <= index < self.count:
             raise _error(2, f"Invalid Argument: no simulated GPU {index}")
         now = self._clock()
         return _Handle(index=index, opened_s=now, accrued_to_s=now, synced_to_s=now)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> _Handle:
+        """A new handle on the board with this UUID; code 2 (invalid argument) when none has it."""
         for i in range(self.count):
             if self._uuid(i) == uuid:
                 return self.nvmlDeviceGetHandleByIndex(i)
         raise _error(2, f"Invalid Argument: no simulated GPU {uuid}")
 
     def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
+        """The board's index."""
         return handle.index
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
+        """`<GPU name> (simulated)`; answers under the `gpu-lost` fault too, as a driver's cached identity does."""
         self._check(handle, identity=True)
         return f"{self.gpu} (simulated)"
 
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+        """`GPU-simulated-<gpu name, lower case>-<index>`; answers under the `gpu-lost` fault too."""
         self._check(handle, identity=True)
         return self._uuid(handle.index)
 
@@ -136,18 +151,28 @@ class SimulatedNvml:
     # -- power limits ---------------------------------------------------------------------
 
     def nvmlDeviceGetPowerManagementLimit(self, handle: _Handle) -> int:
+        """The board's limit now, in milliwatts, as any process left it; the TDP until one is set."""
         self._check(handle)
         return self._read(handle.index)["power_limit_mw"]
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: _Handle) -> int:
+        """The board's TDP, in milliwatts."""
         self._check(handle)
         return self.tdp_mw
 
     def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: _Handle) -> list[int]:
+        """[min, max] limit in milliwatts: 40% of the TDP in whole watts, and the TDP."""
         self._check(handle)
         return [self.min_mw, self.tdp_mw]
 
     def nvmlDeviceSetPowerManagementLimit(self, handle: _Handle, limit_mw: int) -> None:
+        """Set the board's limit, in whole milliwatts, in its state file for every process to see.
+
+        Every attempt is recorded in `calls`; a set that succeeds also in the state file's
+        `set_calls`, after the energy this handle drew at the old limit is booked. Raises
+        `NVMLError` code 4 (no permission) under the `no-permission` fault, code 2 (invalid
+        argument) for a value that is not an int or is outside the range.
+        """
         self.calls.append(("nvmlDeviceSetPowerManagementLimit", (handle.index, limit_mw)))
         self._check(handle)
         if "no-permission" in self.faults:
@@ -162,6 +187,11 @@ class SimulatedNvml:
     # -- power and energy -----------------------------------------------------------------
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: _Handle) -> int:
+        """The board's energy counter in millijoules, after booking this handle's draw up to now.
+
+        The counter is shared by every process that opened the board and only grows. Raises
+        `NVMLError` code 3 (not supported) under the `no-energy-counter` fault.
+        """
         self._check(handle)
         if "no-energy-counter" in self.faults:
             raise _error(3, "Not Supported")
@@ -170,6 +200,7 @@ class SimulatedNvml:
             return int(state["energy_mj"])
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
+        """The modelled draw at the board's current limit, in milliwatts (steady while the limit is)."""
         self._check(handle)
         limit_mw = self._read(handle.index)["power_limit_mw"]
         return int(model_draw_fraction(limit_mw / self.tdp_mw) * self.tdp_mw)
@@ -199,6 +230,7 @@ class SimulatedNvml:
         handle.accrued_to_s = now
 
     def state_path(self, index: int) -> Path:
+        """The JSON file of board `index`: its limit, its energy counter and every limit set on it."""
         return self.state_dir / f"{self.gpu}-{index}.json"
 
     def _read(self, index: int) -> dict[str, Any]:
@@ -237,6 +269,7 @@ def parse_env(value: str) -> tuple[str, int]:
 
 
 def state_dir(environ: Mapping[str, str]) -> Path:
+    """Where the simulated boards' state files live: `<data dir>/simulated-gpu`."""
     from skygreen.launch.registry import data_dir
 
     return data_dir(environ) / "simulated-gpu"

@@ -30,6 +30,11 @@ J_PER_KWH = 3.6e6
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EnergyReport:
+    """A run's GPU and facility kWh, CO2e, cap and GPU-hours, as `skygreen status` shows them.
+
+    `gpu_hours` is 0.0 when no GPU energy was metered (method `none`).
+    """
+
     gpu_kwh: float
     facility_kwh: float
     pue: float
@@ -49,6 +54,7 @@ class EnergyReport:
     region: str | None
 
     def to_json(self) -> dict[str, Any]:
+        """Every field as a JSON value; `EnergyReport(**data)` makes the report again."""
         return asdict(self)
 
 
@@ -85,6 +91,10 @@ def energy_report(meta: Mapping[str, Any], *, cloud: str | None, region: str | N
 
 
 def cap_text(r: EnergyReport) -> str:
+    """The cap in words: `150 W of 250 W default`, with the measured saving when `auto` profiled one.
+
+    Without a cap: `none`, followed by the default limit when the run metered a GPU and it is known.
+    """
     if r.cap_w is None:
         return (
             "none"
