@@ -245,7 +245,8 @@ class SigtermLatch:
     @classmethod
     def from_env(cls, *, exit_code: int, environ: Mapping[str, str] | None = None) -> SigtermLatch:
         """A latch whose deadline is `SKYGREEN_SIGTERM_DEADLINE_S` in `environ` (os.environ when None),
-        25 s by default; not installed. Raises `RuntimeSetupError` when it is not a positive number.
+        25 s by default; not installed. Raises `RuntimeSetupError` when it is set to anything but a
+        positive number.
         """
         environ = os.environ if environ is None else environ
         return cls(deadline_s=_env_seconds(DEADLINE_ENV, DEFAULT_SIGTERM_DEADLINE_S, environ), exit_code=exit_code)

@@ -51,7 +51,7 @@ def tensors(obj: Any) -> Iterator[torch.Tensor]:
 
 def smoke_fail(phase: str, error: BaseException) -> None:
     """Print the smoke-failure line on stderr (the phase, the error's type and the first line of its
-    message) and exit with status 1; with SKYGREEN_DEBUG=1, raise `error` itself instead.
+    message) and exit with status 1; with SKYGREEN_DEBUG=1, raise `error` itself instead of exiting.
     """
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     sys.stderr.write(f"{SMOKE_FAILED} {phase}: {type(error).__name__}: {message}\n")
