@@ -24,6 +24,10 @@ CHOICES: tuple[str, ...] = (*POLICY_NAMES, "all")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Simulation:
+    """What `skygreen simulate` ran and found: the trace and its zones, the gang size, the prices and
+    where they came from, the grid, the job and the start, and one outcome per policy asked for.
+    """
+
     trace: SpotTrace
     """The (first) zone's trace."""
     zones: tuple[str, ...]
@@ -39,6 +43,9 @@ class Simulation:
 
     @property
     def spot_fraction(self) -> float:
+        """The share of the grid's intervals before the deadline in which spot is available (in any zone
+        when there are several); 0.0 when the deadline is shorter than one interval.
+        """
         window = self.grid.available[: self.grid.deadline_steps]
         return sum(window) / len(window) if window else 0.0
 
@@ -57,6 +64,16 @@ def run(
     start_h: float = 0.0,
     catalog_dir: Path | None = None,
 ) -> Simulation:
+    """Replay the trace at `trace_path` from `start_h` hours in, for `policy` (one of `CHOICES`;
+    `all` runs every one, the on-demand baseline and the optimum included). Durations in hours.
+
+    The gang is `nodes`, else the trace's own node count (1 when it has none). Prices, in USD per
+    node-hour, are the flags', else the trace's mean spot price, else the catalog's offer for the
+    instance the trace probed. Raises `InputError` (a `SpecError` naming the flag where there is
+    one) for a missing or unreadable trace, a missing or unknown zone, more nodes than the trace
+    ever shows, a price nobody knows or a negative one, a start outside the trace, and a deadline
+    shorter than the compute plus one changeover.
+    """
     traces = _read_traces(trace_path, zone)
     trace = traces[0]
     gang = min(_gang(t, nodes) for t in traces)

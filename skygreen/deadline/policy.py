@@ -29,6 +29,8 @@ _EPS_H = 1e-9
 
 
 class Mode(str, Enum):
+    """Where the job runs during a decision interval: nowhere (no instances), on spot, or on on-demand."""
+
     IDLE = "idle"
     SPOT = "spot"
     ON_DEMAND = "on_demand"
@@ -65,9 +67,11 @@ class Observation:
     """How long spot has been available without a break, up to now (0 when it is not)."""
 
     def remaining_h(self, job: Job) -> float:
+        """C(t): the compute hours still to do, never below 0."""
         return max(job.compute_h - self.progress_h, 0.0)
 
     def time_left_h(self, job: Job) -> float:
+        """R(t): the hours until the deadline, negative once it has passed."""
         return job.deadline_h - self.elapsed_h
 
     def slack_h(self, job: Job) -> float:
@@ -76,10 +80,20 @@ class Observation:
 
 
 class Policy(Protocol):
-    @property
-    def name(self) -> str: ...
+    """A deadline policy, as the simulator calls it: a name and a decision per interval."""
 
-    def decide(self, job: Job, obs: Observation) -> Mode: ...
+    @property
+    def name(self) -> str:
+        """The policy's name in the report and the JSON (`Outcome.policy`)."""
+        ...
+
+    def decide(self, job: Job, obs: Observation) -> Mode:
+        """The mode for the next decision interval, from the job and what is known now.
+
+        Implementations pass their wish through `safety_net`, and never ask for spot while
+        `obs.spot_available` is false (`safety_net` raises ValueError for that).
+        """
+        ...
 
 
 def safety_net(job: Job, obs: Observation, wanted: Mode) -> Mode:
@@ -100,6 +114,7 @@ class Greedy:
     name: str = "greedy"
 
     def decide(self, job: Job, obs: Observation) -> Mode:
+        """Spot when it is available, else idle; through the safety net."""
         return safety_net(job, obs, Mode.SPOT if obs.spot_available else Mode.IDLE)
 
 
@@ -116,6 +131,7 @@ class UniformProgress:
     name: str = "uniform_progress"
 
     def decide(self, job: Job, obs: Observation) -> Mode:
+        """Rules (1) to (3) above, through the safety net."""
         rate = job.compute_h / job.deadline_h
         cp = obs.progress_h
         held = obs.mode is Mode.ON_DEMAND and cp < (obs.elapsed_h + 2 * job.changeover_h) * rate
@@ -190,6 +206,8 @@ class ExpectedSpot:
         return max(avail * (1.0 - job.changeover_h / stretch_h), 0.0) * (1.0 - self.margin), stretch_h
 
     def decide(self, job: Job, obs: Observation) -> Mode:
+        """The rules above (spot kept until preempted, on-demand bought for the expected shortfall),
+        through the safety net."""
         rate, stretch_h = self.spot_rate(job, obs)
         d = job.changeover_h
         left_h = obs.time_left_h(job)

@@ -10,6 +10,10 @@ from skygreen.deadline.simulate import on_demand_only
 
 
 def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
+    """Write the simulation to `out` as text: the trace, job, grid and price lines, then a table with
+    one row per outcome (cost, its ratio to all on-demand, finish hour, deadline met or MISSED,
+    spot and on-demand hours per node, changeovers).
+    """
     g, job, p = sim.grid, sim.job, sim.prices
     name = sim.trace.name if len(sim.zones) == 1 else f"{sim.trace.name.rsplit(':', 1)[0]} zones {', '.join(sim.zones)}"
     out.write(f"trace: {name} (tick {sim.trace.gap_s:g} s, {sim.trace.span_h:.0f} h)\n")

@@ -24,6 +24,11 @@ ROUNDING = 1.1
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Prices:
+    """What the simulator charges: USD per node-hour on spot and on on-demand, and the gang's node
+    count that every hour is billed for. Raises ValueError for a negative or non-finite price, or
+    fewer than one node.
+    """
+
     spot_usd_per_node_hour: float
     on_demand_usd_per_node_hour: float
     nodes: int = 1
@@ -55,11 +60,17 @@ class Grid:
 
     @property
     def horizon_steps(self) -> int:
+        """The intervals the grid covers: past the deadline, long enough to finish on on-demand after it."""
         return len(self.available)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Outcome:
+    """What one policy did on the grid: the cost in USD for all nodes, the finish and whether it met
+    the deadline (hours from the job's start), hours per node on spot and on on-demand, and the
+    changeovers paid.
+    """
+
     policy: str
     cost_usd: float
     finish_h: float | None
@@ -72,6 +83,7 @@ class Outcome:
     """Changeovers paid: every start of a spot or on-demand stretch, the first one included."""
 
     def to_json(self) -> dict:
+        """The outcome for `skygreen simulate --json`, hours and cost rounded to 4 decimals."""
         return {
             "policy": self.policy,
             "cost_usd": round(self.cost_usd, 4),

@@ -39,6 +39,7 @@ class JobState(str, enum.Enum):
 
     @property
     def terminal(self) -> bool:
+        """The job has ended: succeeded, cancelled, failed, stopped, or no longer known to the launcher."""
         return self in _TERMINAL
 
     @property
@@ -73,6 +74,7 @@ class JobStatus:
             raise ValueError("recovery_count must be >= 0")
 
     def to_json(self) -> dict[str, Any]:
+        """The status as plain JSON values: the state by its value, accelerators as a dict (None when none)."""
         return {
             "job_id": self.job_id,
             "state": self.state.value,
@@ -100,9 +102,13 @@ class Launcher(Protocol):
         secret names, handed over in memory only."""
         ...
 
-    def status(self, job_id: str) -> JobStatus: ...
+    def status(self, job_id: str) -> JobStatus:
+        """The job's state now, as the backend sees it."""
+        ...
 
-    def cancel(self, job_id: str) -> None: ...
+    def cancel(self, job_id: str) -> None:
+        """Stop the job; returns once the backend has taken the request."""
+        ...
 
     def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
         """Write the job's output to `out`; with `follow`, until it ends (returns its exit

@@ -50,6 +50,12 @@ class LocalLauncher:
     # ------------------------------------------------------------ Launcher
 
     def launch(self, task: Mapping[str, Any], *, name: str, secrets: Mapping[str, str] | None = None) -> str:
+        """Start the task's `run` script, detached, in the task's workdir; returns the job id `<name>-<n>`
+        (the first n from 1 without a folder). Output is appended to the job folder's output.log.
+
+        Raises `InputError` when the task has no `run` or its workdir is not a folder, `LaunchError`
+        when the process cannot be started.
+        """
         run_script = task.get("run")
         if not run_script:
             raise InputError("the task has no `run` command\n  fix: add e.g. `run: python train.py` to the task file")
@@ -93,6 +99,11 @@ class LocalLauncher:
         return job_id
 
     def status(self, job_id: str) -> JobStatus:
+        """The job's state from its folder. While the process lives: RUNNING, or CANCELLING once
+        cancelled. After it, the first that applies: SUCCEEDED on exit code 0; CANCELLED when it was
+        cancelled; STOPPED on the preempted exit code or with no exit code at all (killed); else
+        FAILED, with the log's failure line. Raises `InputError` for a job id with no folder.
+        """
         folder = self._folder(job_id)
         info = _read_json(folder / "job.json")
         pid = info.get("pid")
@@ -128,6 +139,10 @@ class LocalLauncher:
         )
 
     def cancel(self, job_id: str) -> None:
+        """Mark the job cancelled and send SIGTERM to its process group, then SIGKILL if it still runs
+        `cancel_grace_s` later (the time it has for its final checkpoint); waits for it until then.
+        A job that already ended is left as it ended. Raises `InputError` for a job id with no folder.
+        """
         folder = self._folder(job_id)
         info = _read_json(folder / "job.json")
         pid, ticks = info.get("pid"), info.get("start_ticks")
@@ -142,6 +157,10 @@ class LocalLauncher:
             _signal_group(pid, signal.SIGKILL)
 
     def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
+        """Copy the job's output.log to `out`; with `follow`, keep copying until the job has ended.
+        Returns its exit code, None while it runs or when it was killed. Raises `InputError` for a
+        job id with no folder.
+        """
         path = self._folder(job_id) / "output.log"
         with path.open("r", encoding="utf-8", errors="replace") as f:
             while True:
@@ -161,6 +180,8 @@ class LocalLauncher:
     # ------------------------------------------------------------ helpers
 
     def pid(self, job_id: str) -> int | None:
+        """The job's process id as recorded at launch; None when job.json cannot be read. Raises
+        `InputError` for a job id with no folder."""
         return _read_json(self._folder(job_id) / "job.json").get("pid")
 
     def _new_job_id(self, name: str) -> str:

@@ -52,6 +52,9 @@ def new_run_id(task_name: str | None, *, now_s: float | None = None) -> str:
 
 
 def check_run_id(run_id: str) -> str:
+    """`run_id` itself when it is a run id: a lowercase letter, then up to 62 lowercase letters,
+    digits and dashes (so it is always one safe folder name); else `InputError`.
+    """
     if not _RUN_ID.match(run_id or ""):
         raise InputError(f"not a run id: {run_id!r}\n  fix: use an id from `skygreen status`")
     return run_id
@@ -69,6 +72,11 @@ class Launch:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunRecord:
+    """What this machine keeps about one run: its task, how and where it runs, its bucket, its
+    launches and its last known state. Raises `InputError` for a malformed run id and ValueError
+    for a mode other than cloud or local.
+    """
+
     run_id: str
     task_path: str
     task_name: str | None
@@ -101,17 +109,21 @@ class RunRecord:
 
     @property
     def job_id(self) -> str | None:
+        """The job id of the latest launch; None before the first."""
         return self.launches[-1].job_id if self.launches else None
 
     @property
     def checkpoint_url(self) -> str:
+        """Where the run's checkpoints are: `<bucket>/<run_id>`."""
         return f"{self.bucket.rstrip('/')}/{self.run_id}"
 
     def with_launch(self, job_id: str, *, pid: int | None = None, state: str = "PENDING") -> RunRecord:
+        """A copy with one more launch, stamped now (UTC), in `state`, and no longer marked cancelled; not saved."""
         launch = Launch(at=utc_now_iso(), job_id=job_id, pid=pid)
         return replace(self, launches=(*self.launches, launch), state=state, cancelled=False)
 
     def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON values, as run.json holds it."""
         data = asdict(self)
         data["launches"] = [asdict(launch) for launch in self.launches]
         data["secret_names"] = list(self.secret_names)
@@ -119,6 +131,8 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
+        """The record from run.json's data; keys it does not know are ignored, and a missing required
+        one raises TypeError."""
         values = dict(data)
         values["launches"] = tuple(Launch(**launch) for launch in values.get("launches", ()))
         values["secret_names"] = tuple(values.get("secret_names", ()))
@@ -133,9 +147,12 @@ class Registry:
     root: Path = field(default_factory=lambda: data_dir() / "runs")
 
     def run_dir(self, run_id: str) -> Path:
+        """The run's folder under `root`, whether or not it exists; `InputError` for a malformed run id."""
         return self.root / check_run_id(run_id)
 
     def save(self, record: RunRecord) -> RunRecord:
+        """Write the record, stamped `updated_at` now, to `<root>/<run_id>/run.json` atomically;
+        returns the stamped record."""
         record = replace(record, updated_at=utc_now_iso())
         folder = self.run_dir(record.run_id)
         folder.mkdir(parents=True, exist_ok=True)
@@ -188,5 +205,6 @@ class Registry:
         return sorted(records, key=lambda r: (r.created_at, r.run_id))
 
     def latest(self) -> RunRecord | None:
+        """The run created last; None when there are none."""
         records = self.list()
         return records[-1] if records else None

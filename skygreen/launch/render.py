@@ -66,6 +66,7 @@ class RuntimeInstall:
 
     @classmethod
     def default(cls) -> RuntimeInstall:
+        """A pip requirement for the skygreen version running here (`skygreen==<version>`)."""
         return cls(requirement=f"skygreen=={__version__}")
 
 

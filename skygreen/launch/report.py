@@ -111,6 +111,9 @@ def print_statement(r: RunStatus, out: TextIO) -> None:
 
 
 def print_launched(result: UpResult, out: TextIO) -> None:
+    """Where the launched run is: its id and job, the task YAML, the checkpoint URL, and the commands
+    that follow it. Writes nothing for a dry run (no record).
+    """
     record = result.record
     if record is None:
         return

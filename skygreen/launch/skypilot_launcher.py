@@ -164,6 +164,8 @@ class LocalServerWatch:
         return None
 
     def annotate(self, error: LaunchError) -> LaunchError:
+        """`error` with the note about the local API server added (its cause kept) when there is one
+        to give; else `error` itself."""
         line = self.note()
         if line is None:
             return error
@@ -202,6 +204,11 @@ class SkyPilotLauncher:
             raise launch_error(e, "building the SkyPilot task") from e
 
     def launch(self, task: Mapping[str, Any], *, name: str, secrets: Mapping[str, str] | None = None) -> str:
+        """Submit the task as a managed job (`sky.jobs.launch`, streamed to the end of the request);
+        returns SkyPilot's job id. Raises `LaunchError` with the fix when the task cannot be built,
+        SkyPilot refuses, or it returns no job id; a refusal also says when this call started the
+        local API server.
+        """
         sky_task = self.build_task(task, secrets)
         sky = _sky()
         watch = LocalServerWatch()
@@ -216,6 +223,9 @@ class SkyPilotLauncher:
         return str(job_ids[0])
 
     def status(self, job_id: str) -> JobStatus:
+        """The managed job's state from `sky jobs queue` (not refreshed); UNKNOWN when the queue no longer
+        lists it. Raises `LaunchError` when the queue cannot be read.
+        """
         sky = _sky()
         try:
             request = sky.jobs.queue_v2(
@@ -230,6 +240,8 @@ class SkyPilotLauncher:
         return status_from_record(job_id, mine)
 
     def cancel(self, job_id: str) -> None:
+        """Cancel the managed job (`sky.jobs.cancel`) and wait for SkyPilot's answer. Raises
+        `LaunchError` when it refuses."""
         sky = _sky()
         watch = LocalServerWatch()
         try:
@@ -238,6 +250,10 @@ class SkyPilotLauncher:
             raise watch.annotate(launch_error(e, f"cancelling managed job {job_id}")) from e
 
     def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
+        """Stream the managed job's logs to `out` (`sky.jobs.tail_logs`); with `follow`, until it ends.
+        Returns SkyPilot's return value: the code it gives for how the job ended, where it gives
+        one. Raises `LaunchError` when SkyPilot fails.
+        """
         sky = _sky()
         watch = LocalServerWatch()
         try:

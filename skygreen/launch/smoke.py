@@ -40,6 +40,8 @@ _SKYPILOT_SINGLE_NODE = {
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SmokeResult:
+    """A smoke test that passed: the runtime's result line, the script's wall time in seconds, and its output."""
+
     line: str
     """The runtime's one-line result, e.g. 'skygreen smoke: ok: 2 steps, ...'."""
     duration_s: float

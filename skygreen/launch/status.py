@@ -60,6 +60,7 @@ class RunStatus:
     """`skygreen.power.statement.EnergyReport` as JSON: GPU and facility kWh, PUE, CO2e, method, cap."""
 
     def to_json(self) -> dict[str, Any]:
+        """Every field as plain JSON values, for `skygreen status --json`."""
         return dataclasses.asdict(self)
 
 

@@ -85,6 +85,9 @@ _HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Loaded:
+    """A checkpoint that loaded with every blob verified: its step, the state shared by all ranks,
+    this rank's own state and the manifest."""
+
     step: int
     state: dict
     rank_state: dict | None
@@ -149,6 +152,7 @@ class Checkpointer:
 
     @property
     def in_flight(self) -> bool:
+        """Whether a background save is still running."""
         return self._thread is not None and self._thread.is_alive()
 
     def save(

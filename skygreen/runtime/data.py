@@ -29,6 +29,9 @@ class SampleStream:
         self._perms: dict[int, list[int]] = {}
 
     def epoch_order(self, epoch: int) -> list[int]:
+        """The sample indices of `epoch` in order: a permutation drawn from `seed + epoch`, or the
+        dataset's own order without shuffling. Only the two most recent epochs stay cached.
+        """
         perm = self._perms.get(epoch)
         if perm is None:
             if self.shuffle:

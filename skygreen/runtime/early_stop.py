@@ -55,6 +55,7 @@ class EarlyStopper:
         return value > self.best + self.config.min_delta
 
     def state_dict(self) -> dict[str, Any]:
+        """The stopper's whole state as plain numbers, for a checkpoint (the config is not part of it)."""
         return {
             "evaluations": self.evaluations,
             "best": self.best,
@@ -63,6 +64,7 @@ class EarlyStopper:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state `state_dict` returned."""
         self.evaluations = int(state["evaluations"])
         self.best = None if state["best"] is None else float(state["best"])
         self.bad_evaluations = int(state["bad_evaluations"])

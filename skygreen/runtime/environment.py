@@ -49,6 +49,8 @@ def world(environ: Mapping[str, str]) -> tuple[int, int, int]:
 
 
 def device_facts(device: torch.device) -> DeviceFacts:
+    """What the precision choice needs to know about `device`: a CUDA device's name and compute
+    capability (the current device when it has no index), or the CPU's facts."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return cuda_facts(torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index))
@@ -56,6 +58,9 @@ def device_facts(device: torch.device) -> DeviceFacts:
 
 
 def autocast_factory(device_type: str, precision: PrecisionChoice):
+    """A callable with no arguments that opens the autocast context for one forward: a null context
+    for fp32, else `torch.autocast` on `device_type` in bf16 or fp16.
+    """
     if precision.precision == "fp32":
         return contextlib.nullcontext
     dtype = _AUTOCAST_DTYPES[precision.precision]
@@ -63,6 +68,9 @@ def autocast_factory(device_type: str, precision: PrecisionChoice):
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
+    """`batch` on `device`: tensors moved without blocking, also inside mappings (which come back as
+    dicts), lists and tuples; other values as they are. On CPU the batch comes back untouched.
+    """
     if device.type == "cpu":
         return batch
     if isinstance(batch, torch.Tensor):

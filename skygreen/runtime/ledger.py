@@ -33,6 +33,11 @@ def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
 
 
 def parse_fractions(raw: str | None, name: str = "SKYGREEN_BUDGET_ALERTS") -> tuple[float, ...]:
+    """The budget alert fractions in `raw` (comma-separated, such as `0.5,0.8,1`), sorted, each once.
+
+    Empty or None gives the defaults (0.5, 0.8, 1.0). A value that is not a number, or not in
+    (0, 1], raises `RuntimeSetupError` naming the variable `name`.
+    """
     if not raw:
         return DEFAULT_ALERT_FRACTIONS
     try:
@@ -77,6 +82,7 @@ class RunBook:
 
     @classmethod
     def for_rank(cls, *, rank: int, smoke: bool, **kwargs: Any) -> RunBook | None:
+        """A book on rank 0 outside the smoke test; None on other ranks and in the smoke test."""
         return cls(**kwargs) if rank == 0 and not smoke else None
 
     @classmethod
@@ -106,6 +112,9 @@ class RunBook:
         )
 
     def progress_of(self, run: Any, end: str = "running") -> None:
+        """Write the run's step, samples and energy so far; `end` other than `running` closes the
+        segment with that ending (completed, preempted, budget, ...).
+        """
         self.progress(step=run.step_index, samples=run.samples_seen, energy_j=run.counters["energy_j"], end=end)
 
     def exited(self, run: Any, exc_type: type[BaseException]) -> None:
@@ -115,6 +124,12 @@ class RunBook:
             self.progress_of(run, "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed")
 
     def started(self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j: float) -> None:
+        """Write this VM's segment at its resume point, after reading the earlier ones.
+
+        `energy_j` is the meter's cumulative joules, the base this segment's energy is counted
+        from. With a budget or a burn alert set, spend tracking starts here; a VM whose price is
+        unknown gets a warning and its time is not counted.
+        """
         self.writer.begin(
             step=step, samples=samples, samples_per_epoch=samples_per_epoch, energy_j_total=self._energy(energy_j)
         )
@@ -128,13 +143,19 @@ class RunBook:
         log.info("ledger: segment %s on %s", self.writer.segment.key, self.place.label)
 
     def step_started(self) -> None:
+        """Training begins now: its time counts from here (only the first call stamps it)."""
         self.writer.first_step()
 
     def reported(self, metrics: Mapping[str, float], step: int) -> None:
+        """Add metric values reported at `step` to the segment; they are written with the next progress."""
         for name, value in metrics.items():
             self.writer.report(name, step, value)
 
     def progress(self, *, step: int, samples: int, energy_j: float, end: str = "running") -> None:
+        """Write the segment's progress: train time in seconds since the first step (0 before it) and
+        energy in joules since the segment began (None when not metering). `end` other than
+        `running` closes the segment.
+        """
         seg = self.writer.segment
         train_s = max(0.0, time.time() - seg.first_step_at) if seg.first_step_at is not None else 0.0
         self.writer.update(step=step, samples=samples, train_s=train_s, energy_j_total=self._energy(energy_j), end=end)
@@ -153,6 +174,9 @@ class RunBook:
         return stop
 
     def stop_message(self) -> str:
+        """The warning for a run stopped by its budget: spend so far, the budget, and the command that
+        resumes it with a higher one. Only after `over_budget` returned True with a budget set.
+        """
         assert self.tracker is not None and self.policy.budget_usd is not None
         spent = self.tracker.spent_usd(self.writer.segment, time.time())
         return stop_message(self.writer.segment.run_id, spent, self.policy.budget_usd)

@@ -30,6 +30,13 @@ PROFILE_STEPS_ENV = "SKYGREEN_POWER_PROFILE_STEPS"
 
 
 def make_governor(run: Run) -> PowerGovernor:
+    """This rank's power governor: its GPU opened through NVML (none in the smoke test or where none
+    is found, with the reason), the settings' cap request and eta, and the `auto` ladder's steps.
+
+    Under DDP the ranks agree first whether every one has a GPU (a collective every rank must
+    join); only then are `auto` profile readings combined across ranks. Raises
+    `RuntimeSetupError` for a bad SKYGREEN_POWER_CAP or SKYGREEN_POWER_PROFILE_STEPS.
+    """
     environ = run._environ
     gpu: Gpu | None
     reason: str | None

@@ -41,6 +41,7 @@ class DeviceFacts:
 
 
 def cpu_facts() -> DeviceFacts:
+    """The facts of a CPU: kind `cpu`, neither bf16 nor tensor cores."""
     return DeviceFacts(kind="cpu", name="cpu")
 
 
@@ -61,6 +62,8 @@ def catalog_facts(gpu: str) -> DeviceFacts:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PrecisionChoice:
+    """The number format a rank trains in, whether it needs a GradScaler, and what was asked for."""
+
     precision: str
     """bf16 | fp16 | fp32: the autocast dtype, or none for fp32."""
     grad_scaler: bool

@@ -52,6 +52,8 @@ REQUEST_TIMEOUT_S = 2.0
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Notice:
+    """A preemption notice: the cloud that gave it and what it said, for the log."""
+
     cloud: str
     detail: str
 
@@ -85,6 +87,7 @@ def check_aws(base_url: str) -> Notice | None:
 
 
 def check_gcp(base_url: str) -> Notice | None:
+    """GCP's preemption notice: `instance/preempted` answers TRUE; else None."""
     status, body = _request(f"{base_url}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"})
     if status == 200 and body.strip().upper() == "TRUE":
         return Notice(cloud="gcp", detail="instance/preempted is TRUE")
@@ -92,6 +95,9 @@ def check_gcp(base_url: str) -> Notice | None:
 
 
 def check_azure(base_url: str) -> Notice | None:
+    """Azure's preemption notice: the first scheduled event of type Preempt; None when there is
+    none or the answer is not a JSON object.
+    """
     status, body = _request(f"{base_url}/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"})
     if status != 200:
         return None
@@ -112,6 +118,7 @@ CHECKS: dict[str, Callable[[str], Notice | None]] = {"aws": check_aws, "gcp": ch
 
 
 def metadata_url(cloud: str, environ: Mapping[str, str] | None = None) -> str:
+    """The base URL of `cloud`'s metadata server: its SKYGREEN_<CLOUD>_METADATA_URL, else the cloud's own."""
     environ = os.environ if environ is None else environ
     return environ.get(METADATA_URL_ENV[cloud]) or DEFAULT_METADATA_URLS[cloud]
 
@@ -172,10 +179,15 @@ class NoticeWatcher:
 
     @classmethod
     def from_env(cls, cloud: str, environ: Mapping[str, str] | None = None) -> NoticeWatcher:
+        """A watcher of `cloud` with its endpoint and poll interval (`SKYGREEN_NOTICE_POLL_S`, 5 s by
+        default) from `environ` (os.environ when None); not started. Raises `RuntimeSetupError` for a
+        poll interval that is not a positive number of seconds.
+        """
         environ = os.environ if environ is None else environ
         return cls(cloud, base_url=metadata_url(cloud, environ), poll_s=_env_seconds(POLL_ENV, DEFAULT_POLL_S, environ))
 
     def start(self) -> NoticeWatcher:
+        """Start polling in the background thread; returns the watcher. Once only."""
         self._thread.start()
         return self
 
@@ -208,6 +220,7 @@ class NoticeWatcher:
             return None
 
     def stop(self) -> None:
+        """Stop polling, waiting a few seconds at most for a request in progress to end."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=REQUEST_TIMEOUT_S * 2 + 1)
@@ -231,10 +244,17 @@ class SigtermLatch:
 
     @classmethod
     def from_env(cls, *, exit_code: int, environ: Mapping[str, str] | None = None) -> SigtermLatch:
+        """A latch whose deadline is `SKYGREEN_SIGTERM_DEADLINE_S` in `environ` (os.environ when None),
+        25 s by default; not installed. Raises `RuntimeSetupError` when it is set to anything but a
+        positive number.
+        """
         environ = os.environ if environ is None else environ
         return cls(deadline_s=_env_seconds(DEADLINE_ENV, DEFAULT_SIGTERM_DEADLINE_S, environ), exit_code=exit_code)
 
     def install(self) -> SigtermLatch:
+        """Catch SIGTERM from now on; returns the latch. Python sets signal handlers in the main thread
+        only: from another thread this logs a warning and installs nothing.
+        """
         if threading.current_thread() is not threading.main_thread():
             log.warning("not in the main thread; SIGTERM will not trigger a checkpoint")
             return self
@@ -264,9 +284,12 @@ class SigtermLatch:
 
     @property
     def fired(self) -> bool:
+        """Whether SIGTERM has arrived."""
         return self.received_at is not None
 
     def uninstall(self) -> None:
+        """Cancel the deadline, if running, and put back the SIGTERM handler there was before (the
+        default one when the previous handler was not set from Python)."""
         if self._timer is not None:
             self._timer.cancel()
         if self.installed:

@@ -173,10 +173,12 @@ class Run:
 
     @property
     def accum_steps(self) -> int:
+        """Micro-batches per optimizer step on each rank: the effective batch over micro-batch times ranks."""
         return self.effective_batch // (self.micro_batch * self.world_size)
 
     @property
     def epoch(self) -> int:
+        """The epoch the run's position is in, counting from 0."""
         return self.samples_seen // self.stream.dataset_len
 
     # -- the loop -------------------------------------------------------------------------
@@ -280,6 +282,9 @@ class Run:
     # -- micro-batches --------------------------------------------------------------------
 
     def next_micro_batch(self) -> Any:
+        """This rank's next micro-batch, on the run's device. A new loader starts at the run's position
+        on the first call and after an out-of-memory probe halved the micro-batch.
+        """
         if self._loader_iter is None:
             self._loader_iter = iter(self._make_loader())
         return to_device(next(self._loader_iter), self.device)

@@ -25,6 +25,9 @@ SMOKE_ACCUM_STEPS = 2
 
 
 def host_copy(obj: Any) -> Any:
+    """`obj` with every tensor detached and on the CPU, also inside mappings (which come back as
+    dicts), lists and tuples. A tensor already on the CPU keeps its storage: nothing is copied.
+    """
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, Mapping):
@@ -35,6 +38,7 @@ def host_copy(obj: Any) -> Any:
 
 
 def tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in `obj`, found through mappings, lists and tuples."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, Mapping):
@@ -46,6 +50,9 @@ def tensors(obj: Any) -> Iterator[torch.Tensor]:
 
 
 def smoke_fail(phase: str, error: BaseException) -> None:
+    """Print the smoke-failure line on stderr (the phase, the error's type and the first line of its
+    message) and exit with status 1; with SKYGREEN_DEBUG=1, raise `error` itself instead of exiting.
+    """
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     sys.stderr.write(f"{SMOKE_FAILED} {phase}: {type(error).__name__}: {message}\n")
     sys.stderr.flush()

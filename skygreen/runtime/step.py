@@ -49,10 +49,13 @@ class Step:
 
     @property
     def epoch(self) -> int:
+        """The run's epoch, counting from 0: until `optimizer_step`, the one this step's samples start in."""
         return self.run.epoch
 
     @property
     def accum_steps(self) -> int:
+        """Micro-batches this step has on this rank: `micro_batches` yields that many, and `backward`
+        divides the loss by it."""
         return self.run.accum_steps
 
     def micro_batches(self) -> Iterator[Any]:
