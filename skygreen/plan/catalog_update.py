@@ -30,6 +30,9 @@ _FIX_OFFLINE = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CloudUpdate:
+    """What `update_catalog` did for one cloud: its `vms.csv` (the copy in `catalog_dir`, when it
+    made one) and whether the file is fresh."""
+
     cloud: str
     path: Path
     status: str
