@@ -78,7 +78,8 @@ class CheckpointSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PowerSpec:
-    """`power:` of the task: the GPU power cap, in watts (`cap_w`) or as a fraction of the default limit."""
+    """`power:` of the task: the GPU power cap (`mode`: auto, off, watts in `cap_w`, or a fraction of
+    the default limit in `cap_fraction`) and whether failing to apply it is an error."""
 
     mode: str = "auto"
     """auto | off | watts | fraction."""

@@ -106,7 +106,8 @@ def torchrun_program(command: str, spec: TaskSpec) -> str | None:
 
 def check_resources(spec: TaskSpec) -> None:
     """`resources:`, when given, must be a mapping that sets none of the keys skygreen chooses
-    from the plan (`OWNED_RESOURCE_KEYS`); a `SpecError` naming the `skygreen:` field to use instead."""
+    from the plan (`OWNED_RESOURCE_KEYS`); a `SpecError` otherwise, for an owned key naming the
+    `skygreen:` field to set instead."""
     resources = spec.sky.get("resources")
     if resources is None:
         return
