@@ -39,6 +39,7 @@ class SentenceGroup(click.Group):
     """
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The Commands section: each visible command with its short help uncut."""
         rows = []
         for name in self.list_commands(ctx):
             command = self.get_command(ctx, name)
@@ -57,7 +58,7 @@ class SentenceGroup(click.Group):
 )
 @click.version_option(package_name="skygreen", message="%(prog)s %(version)s")
 def app() -> None:
-    pass
+    """The root command group; it does nothing before a command runs (its `--help` text is the `help=` above)."""
 
 
 @app.group("catalog", cls=SentenceGroup, context_settings=CONTEXT)

@@ -14,10 +14,12 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def task_argument(f):
+    """The TASK argument: a task file's path, passed as a `Path` (whether it exists is checked on reading)."""
     return click.argument("task", type=click.Path(path_type=Path), metavar="TASK")(f)
 
 
 def catalog_option(f):
+    """`--catalog DIR`, passed as a `Path`, or None for the default the help names."""
     return click.option(
         "--catalog",
         type=click.Path(path_type=Path),
@@ -28,10 +30,12 @@ def catalog_option(f):
 
 
 def json_option(f):
+    """`--json`, passed as the flag `json_output`."""
     return click.option("--json", "json_output", is_flag=True, help="Print machine-readable JSON.")(f)
 
 
 def run_argument(f):
+    """The RUN argument: a run id or a unique prefix of one, passed as typed (the registry resolves it)."""
     return click.argument("run", metavar="RUN")(f)
 
 
@@ -46,6 +50,7 @@ def print_notice(line: str) -> None:
 
 
 def plot_option(f):
+    """`--plot FILE`, passed as the `Path` `plot`, or None when not given."""
     return click.option(
         "--plot", "plot", type=click.Path(path_type=Path), default=None,
         help="Also draw the figures to FILE (.png, or .html for one page); needs skygreen[report].",

@@ -49,15 +49,23 @@ STAGES = ("plan", "smoke test", "training", "preemption", "resume", "energy", "c
 class DemoView(Protocol):
     """Where the demo reports: a stage starting, progress inside it, a line of output."""
 
-    def stage(self, name: str) -> None: ...
+    def stage(self, name: str) -> None:
+        """Show that the stage `name` (one of `STAGES`, in order) has begun."""
+        ...
 
-    def progress(self, done: int, total: int) -> None: ...
+    def progress(self, done: int, total: int) -> None:
+        """Show the run at step `done` (0 before its first report) of `total`; called on every poll."""
+        ...
 
-    def line(self, text: str) -> None: ...
+    def line(self, text: str) -> None:
+        """Show one line of output; `text` carries no newline of its own."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DemoResult:
+    """What the demo did and where it left everything, for `demo_view.print_summary`."""
+
     run_id: str
     folder: Path
     """The demo's data folder (`SKYGREEN_DATA_DIR` during the demo)."""
@@ -78,6 +86,7 @@ class DemoResult:
 
 
 def default_folder() -> Path:
+    """`demo/` in skygreen's data folder (`registry.data_dir`): the demo's folder when none is given."""
     from skygreen.launch.registry import data_dir
 
     return data_dir() / "demo"
@@ -246,6 +255,7 @@ def catalog_label(source: str) -> str:
 
 
 def plan_gpus(task: Path) -> tuple[str, ...]:
+    """The GPUs the task names, or `("any GPU",)` when it names none, for the plan's "no offer" line."""
     from skygreen.task_checks import load_task
 
     return load_task(task).green.gpus.names or ("any GPU",)

@@ -19,18 +19,20 @@ class PlainView:
         self.out = out
 
     def stage(self, name: str) -> None:
+        """Write the stage's `[i/N] name` line."""
         self.out.write(f"[{STAGES.index(name) + 1}/{len(STAGES)}] {name}\n")
         self.out.flush()
 
     def progress(self, done: int, total: int) -> None:
-        pass
+        """Nothing: plain output draws no step bar."""
 
     def line(self, text: str) -> None:
+        """Write `text` as a line, flushed at once so a log shows it while the demo runs."""
         self.out.write(text + "\n")
         self.out.flush()
 
     def close(self) -> None:
-        pass
+        """Nothing: there is no bar to take down."""
 
 
 class BarView:
@@ -54,19 +56,24 @@ class BarView:
         self.bar.start()
 
     def stage(self, name: str) -> None:
+        """Move the stages bar to this stage and print its `[i/N] name` heading above the bars."""
         index = STAGES.index(name)
         self.bar.update(self.stages, completed=index, description=f"[{index + 1}/{len(STAGES)}] {name}")
         self.console.print(f"[bold][{index + 1}/{len(STAGES)}] {name}[/bold]")
 
     def progress(self, done: int, total: int) -> None:
+        """Set the steps bar to `done` of `total`, adding the bar on the first call."""
         if self.steps is None:
             self.steps = self.bar.add_task("training steps", total=total)
         self.bar.update(self.steps, completed=done, total=total)
 
     def line(self, text: str) -> None:
+        """Print `text` above the bars as written (square brackets are not read as rich markup)."""
         self.console.print(text, markup=False)
 
     def close(self) -> None:
+        """Fill the stages bar and stop; the bars are transient, so they leave the screen and the printed
+        lines stay."""
         self.bar.update(self.stages, completed=len(STAGES))
         self.bar.stop()
 

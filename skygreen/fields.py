@@ -58,6 +58,7 @@ def check_keys(mapping: Mapping[str, Any], allowed: Iterable[str], path: str) ->
 
 
 def read_bool(value: Any, path: str) -> bool:
+    """A YAML boolean; a string such as `"true"` or a 0/1 is refused."""
     if not isinstance(value, bool):
         raise SpecError(path, f"expected true or false, got a {type_name(value)}", value=value)
     return value
@@ -101,6 +102,7 @@ def _check_range(value: float, path: str, minimum: float | None, maximum: float 
 
 
 def read_str(value: Any, path: str, *, nonempty: bool = True) -> str:
+    """A string, returned as written; with `nonempty` one that is not blank."""
     if not isinstance(value, str):
         raise SpecError(path, f"expected a string, got a {type_name(value)}", value=value)
     if nonempty and not value.strip():

@@ -39,6 +39,9 @@ def _gpu_hint(name: str) -> str:
 
 
 def parse_gpus(raw: Any, path: str) -> GpuChoice:
+    """`gpus:` as a GPU name or a list of them, or as a mapping with `names` and/or `min_memory_gb`.
+    Names are made canonical (`a100` -> `A100`) and repeats dropped; a `SpecError` on an unknown
+    name or key."""
     if isinstance(raw, Mapping):
         raw = read_mapping(raw, path)
         check_keys(raw, ("names", "min_memory_gb"), path)
@@ -58,11 +61,14 @@ def _gpu_names(raw: Any, path: str) -> tuple[str, ...]:
 
 
 def parse_clouds(raw: Any, path: str) -> tuple[str, ...]:
+    """`clouds:` as one cloud or a list of them, each one of `CLOUDS` in any case, repeats dropped."""
     clouds = [read_choice(v, f"{path}[{i}]", CLOUDS) for i, v in enumerate(read_list(raw, path))]
     return tuple(dict.fromkeys(clouds))
 
 
 def parse_speed(raw: Any, path: str) -> dict[str, float]:
+    """`speed:` as GPU name -> speed relative to one A100, keyed by the canonical name; each speed
+    above 0 and at most 1000."""
     raw = read_mapping(raw, path)
     return {
         gpu_name(name, f"{path}.{name}"): read_number(speed, f"{path}.{name}", positive=True, maximum=1000)
@@ -81,6 +87,9 @@ alone (nothing else in `work:` can have produced it)."""
 
 
 def parse_work(raw: Any, path: str) -> Work:
+    """`work:` as `gpu_hours` (above 0, at most 1e7) on the reference `gpu`; either may be left out
+    for `Work`'s default. The old keys `on:` and a lone `true:` are read as `gpu:`
+    (`work_notices` says so), and an error in the GPU names the key as the file spells it."""
     written_as = (
         _WORK_OLD_KEY
         if isinstance(raw, Mapping) and _WORK_OLD_KEY in raw

@@ -49,6 +49,8 @@ class Work:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Batch:
+    """`batch:` of the task: the effective batch and the micro-batch each rank runs at once."""
+
     effective: int | None = None
     """Samples per optimizer step across all ranks; None keeps the training script's own."""
     micro: int | None = None
@@ -57,6 +59,8 @@ class Batch:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointSpec:
+    """`checkpoint:` of the task: where checkpoints go, how often, and how many are kept."""
+
     bucket: str | None = None
     """s3://, gs://, file:// or a local path; None means the local default bucket."""
     every_steps: int | None = None
@@ -68,11 +72,15 @@ class CheckpointSpec:
 
     @property
     def every_auto(self) -> bool:
+        """True when `every:` was `auto` or left out: neither a step nor a time interval is set."""
         return self.every_steps is None and self.every_s is None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PowerSpec:
+    """`power:` of the task: the GPU power cap (`mode`: auto, off, watts in `cap_w`, or a fraction of
+    the default limit in `cap_fraction`) and whether failing to apply it is an error."""
+
     mode: str = "auto"
     """auto | off | watts | fraction."""
     cap_w: float | None = None
@@ -109,6 +117,8 @@ class EarlyStopConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RecoverySpec:
+    """`recovery:` of the task, rendered into SkyPilot's `job_recovery` as is."""
+
     strategy: str = "EAGER_NEXT_REGION"
     max_restarts_on_errors: int = 3
 
@@ -163,6 +173,8 @@ class GreenSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TaskSpec:
+    """A task file as read: its `skygreen:` section parsed, everything else kept for SkyPilot."""
+
     name: str | None
     green: GreenSpec
     sky: Mapping[str, Any]

@@ -71,6 +71,8 @@ def check_task(spec: TaskSpec) -> None:
 
 
 def check_run(spec: TaskSpec) -> None:
+    """`run` must be a non-blank command; with more than one rank (gpu_count or num_nodes above 1)
+    it must also be one torchrun can start (`torchrun_program`). A `SpecError` on `run` otherwise."""
     command = spec.sky.get("run")
     if command is None or not isinstance(command, str) or not command.strip():
         raise SpecError(
@@ -103,6 +105,9 @@ def torchrun_program(command: str, spec: TaskSpec) -> str | None:
 
 
 def check_resources(spec: TaskSpec) -> None:
+    """`resources:`, when given, must be a mapping that sets none of the keys skygreen chooses
+    from the plan (`OWNED_RESOURCE_KEYS`); a `SpecError` otherwise, for an owned key naming the
+    `skygreen:` field to set instead."""
     resources = spec.sky.get("resources")
     if resources is None:
         return
@@ -119,6 +124,9 @@ def check_resources(spec: TaskSpec) -> None:
 
 
 def check_envs(spec: TaskSpec) -> None:
+    """`envs:`, when given, must be a mapping that sets none of the variables skygreen sets for
+    every run (`settings.env_names`) and gives every variable a value (an empty string counts);
+    a `SpecError` otherwise. The renderer runs it again on the task it is about to render."""
     envs = spec.sky.get("envs")
     if envs is None:
         return
@@ -181,10 +189,12 @@ def check_precision(spec: TaskSpec) -> None:
 
 
 def nearest_multiple(value: int, of: int) -> int:
+    """The multiple of `of` nearest to `value`, and never below `of` itself: the hint's example."""
     return max(of, round(value / of) * of)
 
 
 def divisors(n: int) -> list[int]:
+    """Every divisor of `n`, smallest first; empty for `n` below 1."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -194,4 +204,5 @@ def _divisor_list(n: int) -> str | None:
 
 
 def largest_divisor_at_most(n: int, limit: int) -> int:
+    """The largest divisor of `n` that is no more than `limit` (1 at worst, for any `limit` of 1 or more)."""
     return max(d for d in divisors(n) if d <= limit)

@@ -16,6 +16,7 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1
 
 
 def strip_ansi(text: str) -> str:
+    """`text` without the escape sequences `ANSI_ESCAPE` matches."""
     return ANSI_ESCAPE.sub("", text)
 
 
@@ -26,14 +27,18 @@ class PlainText:
         self.wrapped = stream
 
     def write(self, text: str) -> int:
+        """Write `text` without escapes; returns the length of `text` as given, so a caller that
+        checks the count sees everything it wrote taken."""
         self.wrapped.write(strip_ansi(text))
         return len(text)
 
     def writelines(self, lines) -> None:
+        """Each line through `write`, so none keeps its escapes."""
         for line in lines:
             self.write(line)
 
     def isatty(self) -> bool:
+        """Always False, so libraries that colour only on a terminal do not colour at all."""
         return False
 
     def __getattr__(self, name: str):

@@ -49,6 +49,9 @@ class FakeLauncher:
     # ------------------------------------------------------------ Launcher
 
     def launch(self, task: Mapping[str, Any], *, name: str, secrets: Mapping[str, str] | None = None) -> str:
+        """Store the task as a new PENDING job and return its id (one more than the highest so far).
+        Raises the `LaunchError` that `SKYGREEN_FAKE_LAUNCHER_FAIL` asks for, or the one SkyPilot's
+        client would for a task it rejects; of `secrets` only the names are kept."""
         self._maybe_fail("launch", "")
         _check_task(task)
         jobs = self._jobs()
@@ -70,6 +73,7 @@ class FakeLauncher:
         return job_id
 
     def status(self, job_id: str) -> JobStatus:
+        """The job as stored; an UNKNOWN status, not an error, for an id the table does not hold."""
         self._maybe_fail("status", job_id)
         job = self._jobs().get(str(job_id))
         if job is None:
@@ -87,6 +91,7 @@ class FakeLauncher:
         )
 
     def cancel(self, job_id: str) -> None:
+        """Mark the job CANCELLED unless it has already ended; an unknown id is ignored, as SkyPilot does."""
         self._maybe_fail("cancel", job_id)
         jobs = self._jobs()
         job = jobs.get(str(job_id))
@@ -98,6 +103,9 @@ class FakeLauncher:
         self._save(jobs)
 
     def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
+        """Write the job's log lines so far to `out` and return at once, `follow` or not: 0 for a
+        SUCCEEDED job, 100 for FAILED, 103 for CANCELLED, None in any other state. A `LaunchError`
+        for an unknown id."""
         self._maybe_fail("logs", job_id)
         job = self._jobs().get(str(job_id))
         if job is None:

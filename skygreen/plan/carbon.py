@@ -20,6 +20,8 @@ TABLE = Path(__file__).resolve().parents[1] / "data" / "carbon_intensity.csv"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Intensity:
+    """A region's grid carbon intensity, in grams of CO2e per kWh, and how it was found."""
+
     g_co2e_per_kwh: float
     basis: str
     """"region" (the provider's figure), "country" (the country's grid average) or
@@ -51,4 +53,6 @@ def intensity(cloud: str, region: str) -> Intensity:
 
 
 def co2e_kg(energy_kwh: float, cloud: str, region: str) -> float:
+    """Kilograms of CO2e for `energy_kwh` drawn in the region, at its `intensity` (the cloud's
+    median for a region not in the table)."""
     return energy_kwh * intensity(cloud, region).g_co2e_per_kwh / 1000.0

@@ -103,9 +103,12 @@ class Offer:
                 raise ValueError(f"price must be a finite number >= 0, got {price}")
 
     def price_usd_per_hour(self, spot: bool) -> float | None:
+        """The spot or on-demand price, in USD per node-hour; None when the catalog lists none."""
         return self.spot_price_usd_per_hour if spot else self.on_demand_price_usd_per_hour
 
     def zone(self, spot: bool) -> str | None:
+        """The zone `price_usd_per_hour(spot)` was found in (the cheapest); None when the catalog
+        names no zone for it (Azure) or has no such price."""
         return self.spot_zone if spot else self.on_demand_zone
 
 

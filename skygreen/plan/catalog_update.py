@@ -30,6 +30,9 @@ _FIX_OFFLINE = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CloudUpdate:
+    """What `update_catalog` did for one cloud: where its `vms.csv` is now (the copy in
+    `catalog_dir`, when it made one) and whether SkyPilot downloaded, kept or could not refresh it."""
+
     cloud: str
     path: Path
     status: str

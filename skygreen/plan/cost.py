@@ -89,6 +89,8 @@ class RunModel:
         self.relative_speed(self.work_on)  # fail early on an unknown reference GPU
 
     def relative_speed(self, gpu: str) -> float:
+        """The GPU's training speed relative to one A100: the task's `speed` override, else
+        `skygreen.gpus`'s figure; a `ValueError` for a GPU in neither."""
         if gpu in self.speed:
             return self.speed[gpu]
         if gpu not in GPUS:
@@ -108,6 +110,8 @@ class Estimate:
 
 
 def scaling_efficiency(total_gpus: int) -> float:
+    """The fraction of linear speed-up kept on `total_gpus` data-parallel GPUs: 0.95 per doubling
+    (1.0 on one GPU, 0.9025 on four), continuous in between."""
     return SCALING_EFFICIENCY_PER_DOUBLING ** math.log2(total_gpus)
 
 

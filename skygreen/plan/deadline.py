@@ -82,6 +82,9 @@ def share_at(rows: Sequence[Share], *, slack: float, changeover_h: float) -> Sha
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeadlineCost:
+    """One offer priced under the deadline policy: its expected wall hours, its USD cost for all
+    nodes, and the hours each node is expected to spend on spot and on on-demand."""
+
     est_hours: float
     est_cost_usd: float
     spot_hours: float
@@ -154,23 +157,51 @@ class Priced(Protocol):
     """What `assess` reads of a ranked candidate (`skygreen.plan.rank.Candidate`)."""
 
     @property
-    def cloud(self) -> str: ...
+    def cloud(self) -> str:
+        """The offer's cloud ("aws", "gcp", "azure"), a key of the share table."""
+        ...
+
     @property
-    def accelerator(self) -> str: ...
+    def accelerator(self) -> str:
+        """The GPU model as skygreen names it ("V100"), a key of the share table."""
+        ...
+
     @property
-    def spot(self) -> bool: ...
+    def spot(self) -> bool:
+        """True for a spot offer, False for an on-demand one."""
+        ...
+
     @property
-    def compute_hours(self) -> float: ...
+    def compute_hours(self) -> float:
+        """Hours of uninterrupted training the job needs on this offer."""
+        ...
+
     @property
-    def est_hours(self) -> float: ...
+    def est_hours(self) -> float:
+        """Expected wall hours from the estimate model (preemption overhead included on spot),
+        before deadline pricing."""
+        ...
+
     @property
-    def checkpoint_interval_s(self) -> float | None: ...
+    def checkpoint_interval_s(self) -> float | None:
+        """Seconds between checkpoints the estimate assumed; None where it assumed none
+        (`every: auto` with no preemption expected)."""
+        ...
+
     @property
-    def spot_price_usd_per_hour(self) -> float | None: ...
+    def spot_price_usd_per_hour(self) -> float | None:
+        """USD per node-hour on spot; None when the catalog lists no spot price."""
+        ...
+
     @property
-    def on_demand_price_usd_per_hour(self) -> float | None: ...
+    def on_demand_price_usd_per_hour(self) -> float | None:
+        """USD per node-hour on demand; None when the catalog lists no on-demand price."""
+        ...
+
     @property
-    def num_nodes(self) -> int: ...
+    def num_nodes(self) -> int:
+        """Nodes the job runs on; the shares measured on traces hold for one node only."""
+        ...
 
 
 def assess(c: Priced, *, deadline_h: float, restart_s: float) -> DeadlineCost | tuple[float, str]:
@@ -203,6 +234,9 @@ def no_offer_message(deadline_h: float, dropped: Mapping[str, tuple[float, str]]
 
 
 def assumption(deadline_h: float, traced: Sequence[str], dropped: Mapping[str, tuple[float, str]]) -> str:
+    """The plan's line on deadline pricing: the offers priced from real traces (`traced`, "cloud GPU"
+    each, shown once), the preemption model for the rest, how many offers were dropped as too slow,
+    and that `skygreen up` does not yet move a running job to on-demand."""
     sources = sorted(set(traced))
     traced = f"real spot traces for {', '.join(sources)}" if sources else "no real trace for these GPUs"
     return (

@@ -22,6 +22,8 @@ METRIC: dict[str, Callable[[Candidate], float]] = {
 
 
 def objective_value(candidate: Candidate, objective: str) -> float:
+    """The candidate's figure for the objective, lower is better: USD for cost, wall hours for time,
+    kWh for energy, kg CO2e for carbon."""
     return METRIC[objective](candidate)
 
 
@@ -78,6 +80,8 @@ study (arXiv 2205.09646, seed 004). A range from one site, not a per-region fore
 
 
 def night_hint(best: Candidate) -> str:
+    """The plan's line on a night start in the winner's region: `NIGHT_SAVING_RANGE` of its
+    estimated energy, in kWh. Given for every plan; the range is one study's, not the region's."""
     low, high = NIGHT_SAVING_RANGE
     kwh = f"{amount(low * best.energy_kwh)}-{amount(high * best.energy_kwh)}"  # never 0.000 for a small job
     return (
@@ -99,6 +103,8 @@ def _cap_assumption(green: GreenSpec) -> str:
 def assumptions(
     model: RunModel, green: GreenSpec, *, measured_speed: Mapping[str, float] | None = None
 ) -> tuple[str, ...]:
+    """The three lines under every estimate: the work and where the speeds came from; preemption
+    rates, restart time and checkpoint interval; the energy and carbon model with the power cap."""
     rates = ", ".join(f"{c} {r:g}/h" for c, r in sorted(model.preemption_rate_per_hour.items()))
     if model.checkpoint_interval_s is not None:
         interval = f"every {model.checkpoint_interval_s:g} s"

@@ -82,6 +82,7 @@ class Candidate:
         return f"{self.cloud} {self.region} {self.instance_type} ({self.accelerator}x{self.accelerator_count}{nodes}, {kind})"
 
     def to_json(self) -> dict:
+        """Every field under its own name, values as they are (all plain JSON values); no `label`."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -109,9 +110,12 @@ class Plan:
 
     @property
     def best(self) -> Candidate:
+        """The winner: the first candidate (a plan always has one)."""
         return self.candidates[0]
 
     def to_json(self) -> dict:
+        """The plan for `skygreen plan --json`: every field but `offers_considered`, the catalog's
+        source under the key `catalog`."""
         return {
             "candidates": [c.to_json() for c in self.candidates],
             "objective": self.objective,
@@ -144,6 +148,8 @@ class Constraints:
 
     @classmethod
     def from_spec(cls, green: GreenSpec) -> Constraints:
+        """The section's filters; with `precision: bf16` and no GPU list, only GPUs with bf16 tensor
+        cores. On-demand is allowed when `spot` is off or `on_demand_fallback` is on."""
         names = green.gpus.names
         if names is None and green.precision == "bf16":  # the runtime refuses bf16 on older GPUs
             names = tuple(name for name, info in GPUS.items() if info.bf16)
@@ -172,6 +178,7 @@ class Constraints:
         return self.regions is None or offer.region in self.regions
 
     def spot_options(self) -> tuple[bool, ...]:
+        """The markets to price each offer on: True for spot, False for on-demand, spot first."""
         return tuple(s for s, allowed in ((True, self.spot), (False, self.on_demand)) if allowed)
 
 
@@ -265,10 +272,13 @@ def sort_key(objective: str) -> Callable[[Candidate], tuple]:
 
 
 def rank(candidates: Iterable[Candidate], objective: str) -> list[Candidate]:
+    """The candidates best first by `sort_key(objective)`; a `KeyError` for an unknown objective."""
     return sorted(candidates, key=sort_key(objective))
 
 
 def best_per_cloud(ranked: Iterable[Candidate]) -> dict[str, Candidate]:
+    """cloud -> its first candidate in `ranked` (so its best, when `ranked` is sorted); clouds with
+    no candidate are absent."""
     best: dict[str, Candidate] = {}
     for c in ranked:
         best.setdefault(c.cloud, c)
@@ -411,6 +421,7 @@ def _current(path: str, c: Constraints) -> str:
 
 
 def describe(c: Constraints) -> str:
+    """The constraints on one line, for the no-offer message; unset optional ones are left out."""
     parts = [f"gpus {list(c.gpu_names) if c.gpu_names else 'any'}"]
     if c.min_memory_gb is not None:
         parts.append(f"min_memory_gb {c.min_memory_gb:g}")

@@ -26,17 +26,23 @@ from skygreen.timestamps import parse_iso_s
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TraceStats:
+    """How long a trace was alive and how often it was preempted, to set against the model's rate."""
+
     alive_hours: float
     preemptions: int
     """Alive -> dead transitions (the last alive run, cut by the end of the trace, is not one)."""
 
     @property
     def preemptions_per_alive_hour(self) -> float:
+        """The observed rate, per hour alive like `checkpoint.interval.PREEMPTION_RATE_PER_HOUR`;
+        0.0 for a trace never alive."""
         return self.preemptions / self.alive_hours if self.alive_hours else 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReplayResult:
+    """What one replayed run took: the alive time it used and the lifetimes that ended under it."""
+
     billed_s: float
     """Alive time used: restarts, compute (including work later lost), saves."""
     preemptions: int
@@ -57,6 +63,7 @@ def alive_runs_s(ticks: Sequence[int], gap_s: float) -> list[float]:
 
 
 def trace_stats(ticks: Sequence[int], gap_s: float) -> TraceStats:
+    """Alive hours and preemptions of ticks `gap_s` seconds apart (any nonzero tick is alive)."""
     preemptions = sum(1 for before, after in itertools.pairwise(ticks) if before and not after)
     return TraceStats(alive_hours=sum(1 for t in ticks if t) * gap_s / 3600.0, preemptions=preemptions)
 
@@ -145,6 +152,7 @@ class SpotTrace:
 
     @property
     def span_h(self) -> float:
+        """Hours the trace covers: its number of ticks times `gap_s`."""
         return len(self.counts) * self.gap_s / 3600.0
 
     @property
