@@ -102,7 +102,8 @@ class LocalLauncher:
         """The job's state from its folder. While the process lives: RUNNING, or CANCELLING once
         cancelled. After it, the first that applies: SUCCEEDED on exit code 0; CANCELLED when it was
         cancelled; STOPPED on the preempted exit code or with no exit code at all (killed); else
-        FAILED, with the log's failure line. Raises `InputError` for a job id with no folder.
+        FAILED, with the log's failure line. Raises `InputError` for an unknown job id (no job.json
+        under `root`).
         """
         folder = self._folder(job_id)
         info = _read_json(folder / "job.json")
@@ -141,7 +142,8 @@ class LocalLauncher:
     def cancel(self, job_id: str) -> None:
         """Mark the job cancelled and send SIGTERM to its process group, then SIGKILL if it still runs
         `cancel_grace_s` later (the time it has for its final checkpoint); waits for it until then.
-        A job that already ended is left as it ended. Raises `InputError` for a job id with no folder.
+        A job that already ended is left as it ended. Raises `InputError` for an unknown job id (no
+        job.json under `root`).
         """
         folder = self._folder(job_id)
         info = _read_json(folder / "job.json")
@@ -158,8 +160,8 @@ class LocalLauncher:
 
     def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
         """Copy the job's output.log to `out`; with `follow`, keep copying until the job has ended.
-        Returns its exit code, None while it runs or when it was killed. Raises `InputError` for a
-        job id with no folder.
+        Returns its exit code, None while it runs or when it was killed. Raises `InputError` for an
+        unknown job id (no job.json under `root`).
         """
         path = self._folder(job_id) / "output.log"
         with path.open("r", encoding="utf-8", errors="replace") as f:
@@ -181,7 +183,7 @@ class LocalLauncher:
 
     def pid(self, job_id: str) -> int | None:
         """The job's process id as recorded at launch; None when job.json cannot be read. Raises
-        `InputError` for a job id with no folder."""
+        `InputError` for an unknown job id (no job.json under `root`)."""
         return _read_json(self._folder(job_id) / "job.json").get("pid")
 
     def _new_job_id(self, name: str) -> str:
