@@ -106,8 +106,9 @@ class RunCost:
         return out
 
     def to_json(self) -> dict:
-        """The JSON behind `skygreen cost RUN --json`: dollars rounded to 6 decimals, per-step and
-        per-epoch costs, node hours per cloud, and one entry per segment."""
+        """The JSON behind `skygreen cost RUN --json`: the total, compute, controller and storage
+        dollars rounded to 6 decimals (the other figures as computed), per-step and per-epoch costs,
+        node hours per cloud, and one entry per segment."""
         return {
             "run_id": self.run_id,
             "local": self.local,
