@@ -65,8 +65,8 @@ class Store(Protocol):
         ...
 
     def get_to(self, key: str, fileobj: BinaryIO) -> None:
-        """Write the object into `fileobj` (an empty file, at its start) without holding it all in
-        memory; `KeyNotFoundError` where there is none."""
+        """Write the object into `fileobj` from where it stands, without holding it all in memory;
+        `KeyNotFoundError` where there is none."""
         ...
 
     def list(self, prefix: str = "") -> list[str]:
