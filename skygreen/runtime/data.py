@@ -30,7 +30,8 @@ class SampleStream:
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The sample indices of `epoch` in order: a permutation drawn from `seed + epoch`, or the
-        dataset's own order without shuffling. Only the two most recent epochs stay cached.
+        dataset's own order without shuffling. At most two epochs stay cached: a new one evicts the
+        lower-numbered.
         """
         perm = self._perms.get(epoch)
         if perm is None:

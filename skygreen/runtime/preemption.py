@@ -96,7 +96,7 @@ def check_gcp(base_url: str) -> Notice | None:
 
 def check_azure(base_url: str) -> Notice | None:
     """Azure's preemption notice: the first scheduled event of type Preempt; None when there is
-    none or the answer is not a JSON object.
+    none, or the answer is not a 200 with a JSON object.
     """
     status, body = _request(f"{base_url}/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"})
     if status != 200:
