@@ -421,7 +421,8 @@ def _current(path: str, c: Constraints) -> str:
 
 
 def describe(c: Constraints) -> str:
-    """The constraints on one line, for the no-offer message; unset optional ones are left out."""
+    """The constraints on one line, for the no-offer message. GPUs, gpu_count, clouds and the market
+    are always shown; min_memory_gb, regions, max_price_per_hour and budget_usd only when set."""
     parts = [f"gpus {list(c.gpu_names) if c.gpu_names else 'any'}"]
     if c.min_memory_gb is not None:
         parts.append(f"min_memory_gb {c.min_memory_gb:g}")
