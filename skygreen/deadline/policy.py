@@ -192,9 +192,9 @@ class ExpectedSpot:
     margin: float = 0.0
     """Fraction of the expected spot progress not counted on (estimates are noisy)."""
     defer: float = 1.0
+    """Idle, buy on-demand only once the gap exceeds this fraction of the slack beyond 2d."""
     dwell_changeovers: float = 2.0
     """From on-demand, take spot only once it has been up this many changeovers without a break."""
-    """Idle, buy on-demand only once the gap exceeds this fraction of the slack beyond 2d."""
 
     def spot_rate(self, job: Job, obs: Observation) -> tuple[float, float]:
         """(r, L): expected progress per hour from spot, and the expected stretch in hours."""
