@@ -155,7 +155,8 @@ def cost_of_run(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CloudEstimate:
-    """One cloud's cheapest offers for a task: the best spot and the best on-demand candidate."""
+    """One cloud's best offers for a task, ranked by the task's objective: its best spot and its best
+    on-demand candidate."""
 
     cloud: str
     spot: Any | None
