@@ -54,7 +54,8 @@ class DemoView(Protocol):
         ...
 
     def progress(self, done: int, total: int) -> None:
-        """Show the run at step `done` (0 before its first report) of `total`; called on every poll."""
+        """Show the run at step `done` (its latest committed checkpoint's, 0 before the first) of
+        `total`; called on every poll."""
         ...
 
     def line(self, text: str) -> None:

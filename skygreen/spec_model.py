@@ -117,7 +117,8 @@ class EarlyStopConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RecoverySpec:
-    """`recovery:` of the task, rendered into SkyPilot's `job_recovery` as is."""
+    """`recovery:` of the task: the strategy and restart limit of SkyPilot's `job_recovery` (the
+    renderer adds the preempted exit code to recover on)."""
 
     strategy: str = "EAGER_NEXT_REGION"
     max_restarts_on_errors: int = 3
