@@ -100,8 +100,8 @@ class ShardedDataset:
         """Start one daemon thread that brings every shard into the local cache.
 
         Does nothing when the dataset was made with `prefetch=False` (always so in an
-        unpickled copy, such as a DataLoader worker's), when the thread already runs, or when
-        every shard is already open. The thread logs a failure and stops; rows it did not
+        unpickled copy, such as a DataLoader worker's), when the thread was started before, or
+        when every shard is already open. The thread logs a failure and stops; rows it did not
         fetch are fetched on demand, which raises there.
         """
         if self._prefetch and self._thread is None and len(self._maps) < len(self._locks):

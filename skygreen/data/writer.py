@@ -71,7 +71,8 @@ class ShardWriter:
         """Store an extra file as `files/<name>`: written to the local cache and uploaded now.
 
         Adding the same name again replaces it. Raises `ValueError` for a name that does not
-        match the data name pattern (letters, digits, '.', '_', '-', at most 81 characters).
+        match the data name pattern (a letter or digit, then letters, digits, '.', '_' or '-'; at
+        most 81 characters).
         """
         if not NAME_PATTERN.match(name):
             raise ValueError(f"extra file name {name!r}: letters, digits, '.', '_' or '-' only")
