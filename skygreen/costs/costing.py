@@ -160,7 +160,7 @@ class CloudEstimate:
 
     cloud: str
     spot: Any | None
-    """The cloud's best spot `plan.Candidate` (cheapest run), or None."""
+    """The cloud's best spot `plan.Candidate` by the task's objective, or None."""
     on_demand: Any | None
     """The cloud's best on-demand `plan.Candidate`, or None."""
 
