@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from skygreen.checkpoint.gc import GcResult
     from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
     from skygreen.deadline.compare import Simulation
+    from skygreen.deadline.live import DeadlineTerms
     from skygreen.launch.registry import RunRecord
     from skygreen.launch.runs import CancelResult, UpResult
     from skygreen.launch.smoke import SmokeResult
     from skygreen.launch.status import RunStatus
+    from skygreen.launch.watch import WatchResult
     from skygreen.launch.wiring import Wiring
     from skygreen.plan.catalog_update import CloudUpdate
     from skygreen.plan.rank import Plan
@@ -128,15 +130,87 @@ def up(
     output: str | Path | None = None,
     smoke: bool = True,
     catalog_dir: Path | None = None,
+    deadline: str | None = None,
+    compute: str | None = None,
+    policy: str = "skygreen",
+    watch: bool = True,
 ) -> UpResult:
     """Validate, plan, CPU smoke-test, preflight the checkpoint bucket, render the SkyPilot
     task and launch it (a managed spot job; `local=True` runs it on this machine). `dryrun`
-    only writes the YAML (to `output`, else under the data dir)."""
-    from skygreen.launch import runs
+    only writes the YAML (to `output`, else under the data dir).
 
-    return runs.up(
-        task_path, local=local, dryrun=dryrun, output=output, smoke=smoke, wiring=wiring(catalog_dir=catalog_dir)
+    `deadline` (`36h`; else the task's `skygreen.deadline`) holds the run to a deadline: it
+    starts on spot and a watcher started in the background (`watch`) moves it to on-demand
+    and back as `policy` says. `compute` (`20h`): the compute hours the run needs, when the
+    plan's estimate (or, for a local run, the measured throughput) should not be used.
+    `watch=False` starts no watcher: the caller runs `watch` where it can stay up.
+    """
+    from skygreen.deadline.clock import now_s
+    from skygreen.fields import read_duration_h
+    from skygreen.launch import runs
+    from skygreen.launch.deadline_terms import DeadlineAsk
+
+    ask = DeadlineAsk(
+        now_s=now_s(os.environ),
+        deadline_h=None if deadline is None else read_duration_h(deadline, "--deadline"),
+        compute_h=None if compute is None else read_duration_h(compute, "--compute"),
+        policy=policy,
     )
+    result = runs.up(
+        task_path,
+        local=local,
+        dryrun=dryrun,
+        output=output,
+        smoke=smoke,
+        deadline=ask,
+        wiring=wiring(catalog_dir=catalog_dir),
+    )
+    if watch and result.record is not None and result.record.deadline is not None:
+        import dataclasses
+
+        from skygreen.launch.registry import Registry
+        from skygreen.launch.watch_process import start_watcher
+
+        pid = start_watcher(result.record.run_id, registry_dir=Registry().run_dir(result.record.run_id))
+        result = dataclasses.replace(result, watcher_pid=pid)
+    return result
+
+
+def watch(
+    run_id: str, *, poll: str = "60s", once: bool = False, say: Callable[[str], None] | None = None
+) -> WatchResult:
+    """Hold a run launched with a deadline to it: poll every `poll` (`60s`), moving it between
+    spot and on-demand as its deadline policy says, until it ends (`once`: one poll). A run
+    already watched by another process returns at once (exit code 0)."""
+    from skygreen.deadline.clock import now_s
+    from skygreen.fields import read_duration_s
+    from skygreen.launch.watch import Watch
+
+    poll_s = read_duration_s(poll, "--poll")
+    env = os.environ
+    w = wiring()
+    run_id = w.registry.resolve(run_id)
+    watcher = Watch(
+        run_id=run_id, wiring=w, clock=lambda: now_s(env), market=_market(env), say=say or (lambda line: None)
+    )
+    return watcher.run(poll_s=poll_s, once=once)
+
+
+def _market(environ: Mapping[str, str]) -> Callable[[DeadlineTerms], Callable[[float], bool]] | None:
+    """A replayed spot market from `SKYGREEN_TEST_SPOT_TRACE`, or None (availability is inferred)."""
+    from skygreen.deadline.market import TRACE_ENV, TraceMarket
+
+    path = environ.get(TRACE_ENV)
+    if not path:
+        return None
+    from skygreen.errors import InputError
+    from skygreen.plan.replay import load_trace
+
+    try:
+        trace = load_trace(path)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{TRACE_ENV}={path}: {e}\n  fix: name a spot trace file `skygreen simulate` reads") from e
+    return lambda terms: TraceMarket(trace=trace, started_at_s=terms.started_at_s, nodes=terms.nodes).available
 
 
 def status(run_id: str | None = None) -> list[RunStatus]:
@@ -158,8 +232,12 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None)
     """Relaunch a stopped run with the same run id; it continues from its last checkpoint.
     `budget_usd`: a new budget (needed, and higher, for a run stopped at its budget)."""
     from skygreen.launch import runs
+    from skygreen.launch.watch_state import clear_user_cancel
 
-    return runs.resume(run_id, local=local, budget_usd=budget_usd, wiring=wiring())
+    w = wiring()
+    record = runs.resume(run_id, local=local, budget_usd=budget_usd, wiring=w)
+    clear_user_cancel(w.registry.run_dir(record.run_id))  # the user's relaunch: `watch` may hold it again
+    return record
 
 
 def cancel(run_id: str) -> CancelResult:

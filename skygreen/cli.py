@@ -111,14 +111,59 @@ def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
 )
 @click.option("--no-smoke", is_flag=True, help="Skip the CPU smoke test of the training script.")
 @click.option("--detach", "-d", is_flag=True, help="With --local: return at once instead of following the run.")
+@click.option(
+    "--deadline",
+    default=None,
+    help="Finish within this time (36h, 90m): start on spot, and a background watcher moves the run "
+    "to on-demand and back as the deadline needs. Overrides skygreen.deadline.",
+)
+@click.option(
+    "--compute",
+    default=None,
+    help="With a deadline: the compute time the run needs (20h); default: the plan's estimate, "
+    "or for --local the throughput measured as it runs.",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["skygreen", "uniform_progress", "greedy"]),
+    default="skygreen",
+    show_default=True,
+    help="With a deadline: the switching policy (see `skygreen simulate`).",
+)
+@click.option(
+    "--no-watch",
+    is_flag=True,
+    help="With a deadline: start no watcher here; run `skygreen watch RUN` yourself (in tmux, a service).",
+)
 @catalog_option
 def up(
-    task: Path, local: bool, dryrun: bool, output: Path | None, no_smoke: bool, detach: bool, catalog: Path | None
+    task: Path,
+    local: bool,
+    dryrun: bool,
+    output: Path | None,
+    no_smoke: bool,
+    detach: bool,
+    deadline: str | None,
+    compute: str | None,
+    policy: str,
+    no_watch: bool,
+    catalog: Path | None,
 ) -> None:
     """Smoke-test, render and launch a run: a managed spot job, or with --local this machine."""
     from skygreen import api
 
-    result = api.up(task, local=local, dryrun=dryrun, output=output, smoke=not no_smoke, catalog_dir=catalog)
+    result = api.up(
+        task,
+        local=local,
+        dryrun=dryrun,
+        output=output,
+        smoke=not no_smoke,
+        catalog_dir=catalog,
+        deadline=deadline,
+        compute=compute,
+        policy=policy,
+        watch=not no_watch,
+    )
     for line in result.notices:
         print_notice(line)
     if result.plan is not None and dryrun:
@@ -243,6 +288,22 @@ def resume(run: str, local: bool, detach: bool, budget_usd: float | None) -> Non
     sys.stdout.write(f"resumed run {record.run_id} (job {record.job_id}, launch {len(record.launches)})\n")
     if record.mode == "local" and not detach:
         _follow_local(record.run_id)
+
+
+@app.command()
+@run_argument
+@click.option("--poll", default="60s", show_default=True, help="How often to look at the run (30s, 5m).")
+@click.option("--once", is_flag=True, help="Look once, act if the policy says so, and return.")
+def watch(run: str, poll: str, once: bool) -> None:
+    """Hold a run launched with --deadline to its deadline, moving it between spot and on-demand."""
+    from skygreen import api
+    from skygreen.launch.report import timestamped
+
+    say = timestamped(sys.stdout)
+    result = api.watch(run, poll=poll, once=once, say=say)
+    say(result.reason)
+    if result.exit_code:
+        raise click.exceptions.Exit(result.exit_code)
 
 
 @app.command()

@@ -35,8 +35,8 @@ def listed_commands(text: str) -> dict[str, str]:
         if match:
             name = match.group(1)
             commands[name] = match.group(2).strip()
-        elif line.strip() and name:
-            commands[name] += " " + line.strip()
+        elif line.strip() and name:  # textwrap also breaks after a hyphen ("on-" / "demand")
+            commands[name] += ("" if commands[name].endswith("-") else " ") + line.strip()
     return commands
 
 
@@ -82,6 +82,7 @@ VERBS = {
     "compare",
     "write",
     "replay",
+    "hold",
 }
 """Imperative first words in use; a new command whose first line starts with another verb adds it here."""
 

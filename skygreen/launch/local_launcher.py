@@ -41,6 +41,8 @@ class LocalLauncher:
     """Runs rendered tasks as detached local processes; job folders live under `root`."""
 
     kind = "local"
+    queues_for_spot = False
+    """A local run does not wait for spot: a deadline watcher relaunches it when spot is back."""
 
     def __init__(self, root: str | os.PathLike[str], *, cancel_grace_s: float = CANCEL_GRACE_S) -> None:
         self.root = Path(root)

@@ -68,6 +68,8 @@ class Launch:
     job_id: str
     pid: int | None = None
     """Local runs: the process group leader started for this launch."""
+    spot: bool | None = None
+    """The capacity a deadline watcher chose for this launch; None: as rendered (the plan's)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +101,8 @@ class RunRecord:
     secret_names: tuple[str, ...] = ()
     cancelled: bool = False
     """Set by `skygreen cancel`, so a stopped process reads as cancelled, not killed."""
+    deadline: Mapping[str, Any] | None = None
+    """`skygreen.deadline.live.DeadlineTerms` as JSON, for a run launched with a deadline."""
     updated_at: str = ""
     version: int = RECORD_VERSION
 
@@ -117,9 +121,12 @@ class RunRecord:
         """Where the run's checkpoints are: `<bucket>/<run_id>`."""
         return f"{self.bucket.rstrip('/')}/{self.run_id}"
 
-    def with_launch(self, job_id: str, *, pid: int | None = None, state: str = "PENDING") -> RunRecord:
-        """A copy with one more launch, stamped now (UTC), in `state`, and no longer marked cancelled; not saved."""
-        launch = Launch(at=utc_now_iso(), job_id=job_id, pid=pid)
+    def with_launch(
+        self, job_id: str, *, pid: int | None = None, state: str = "PENDING", spot: bool | None = None
+    ) -> RunRecord:
+        """A copy with one more launch (on `spot` capacity when a watcher chose it), stamped now (UTC), in
+        `state`, and no longer marked cancelled; not saved."""
+        launch = Launch(at=utc_now_iso(), job_id=job_id, pid=pid, spot=spot)
         return replace(self, launches=(*self.launches, launch), state=state, cancelled=False)
 
     def to_json(self) -> dict[str, Any]:

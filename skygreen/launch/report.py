@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any, TextIO
 
+from skygreen.deadline.live import MODE_WORDS, DeadlineTerms
 from skygreen.figures import amount
+from skygreen.launch.registry import Registry, RunRecord
 from skygreen.launch.runs import UpResult
 from skygreen.launch.status import RunStatus
+from skygreen.timestamps import utc_now_iso
 
 
 def _money(value_usd: float | None, estimated: bool = False) -> str:
@@ -76,12 +80,49 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
             + (" (estimated from the plan's best offer)" if r.spend_estimated else ""),
         ),
         *_energy_lines(r),
+        *_deadline_lines(r.run_id, r.deadline),
     ]
     if r.progress_error:
         lines.append(("progress", f"unreadable: {r.progress_error}"))
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         out.write(f"{key.ljust(width)}  {value}\n")
+
+
+def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Progress against the deadline, the policy's decision and the watcher, for the detail view."""
+    if d is None:
+        return []
+    left_h = d["left_h"]
+    left = f"{left_h:.2f} h left" if left_h >= 0 else f"passed {-left_h:.2f} h ago"
+    lines = [("deadline", f"{d['deadline_h']:g} h, by {_utc_iso(d['deadline_at'])} ({left})")]
+    if d["progress_h"] is not None and d["compute_h"]:
+        share = d["progress_h"] / d["compute_h"]
+        progress = (
+            f"{d['progress_h']:.2f} of {d['compute_h']:.3g} compute h ({share:.0%}); "
+            f"an even pace to the deadline: {d['uniform_progress_h']:.2f} h; slack {d['slack_h']:.2f} h"
+        )
+        mode = MODE_WORDS.get(d["decision"], d["decision"])
+        decision = f"{mode} ({d['reason']}); at {d['decided_at_h']:.2f} h; switches so far: {d['switches']}"
+        lines += [("progress", progress), ("decision", decision)]
+    else:
+        lines.append(("decision", "none yet: the watcher waits for the run's first steps in its ledger"))
+    watcher = d["watcher"]
+    if watcher["running"]:
+        ago = watcher["last_poll_ago_s"]
+        lines.append(
+            ("watcher", f"running, pid {watcher['pid']}" + (f", last poll {ago:.0f} s ago" if ago is not None else ""))
+        )
+    elif watcher["ended"]:
+        lines.append(("watcher", f"ended: {watcher['ended']}"))
+    else:
+        restart = f"`skygreen watch {run_id}` restarts it"
+        lines.append(("watcher", f"not running: the run stays where it is and the deadline is not guarded; {restart}"))
+    return lines
+
+
+def _utc_iso(iso: str) -> str:
+    return iso.replace("T", " ").replace("+00:00", " UTC")
 
 
 def _energy_lines(r: RunStatus) -> list[tuple[str, str]]:
@@ -110,6 +151,17 @@ def print_statement(r: RunStatus, out: TextIO) -> None:
     )
 
 
+def timestamped(out: TextIO) -> Callable[[str], None]:
+    """A printer of the watcher's events: each line prefixed with the wall clock's UTC time, flushed
+    at once (the background watcher's log is read while it runs)."""
+
+    def say(line: str) -> None:
+        out.write(f"{utc_now_iso()} {line}\n")
+        out.flush()
+
+    return say
+
+
 def print_launched(result: UpResult, out: TextIO) -> None:
     """Where the launched run is: its id and job, the task YAML, the checkpoint URL, and the commands
     that follow it. Writes nothing for a dry run (no record).
@@ -122,3 +174,22 @@ def print_launched(result: UpResult, out: TextIO) -> None:
     out.write(f"  task YAML:   {result.yaml_path}\n")
     out.write(f"  checkpoints: {record.checkpoint_url}\n")
     out.write(f"  follow: skygreen logs {record.run_id} --follow    status: skygreen status {record.run_id}\n")
+    if record.deadline is not None:
+        _print_deadline_launch(record, result.watcher_pid, out)
+
+
+def _print_deadline_launch(record: RunRecord, watcher_pid: int | None, out: TextIO) -> None:
+    terms = DeadlineTerms.from_json(record.deadline or {})
+    by = datetime.fromtimestamp(terms.deadline_at_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    compute = f"{terms.compute_h:.3g} h of compute" if terms.compute_h else "compute measured as it runs"
+    out.write(
+        f"  deadline:    {terms.deadline_h:g} h, by {by} ({compute}; changeover {terms.changeover_h:.2f} h); "
+        f"starts on spot, policy {terms.policy}\n"
+    )
+    if watcher_pid is not None:
+        out.write(
+            f"  watcher:     pid {watcher_pid}, log {Registry().run_dir(record.run_id) / 'watch.log'}; "
+            f"if it stops, `skygreen watch {record.run_id}` restarts it\n"
+        )
+    else:
+        out.write(f"  watcher:     not started; run `skygreen watch {record.run_id}` on this machine\n")

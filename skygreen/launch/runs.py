@@ -25,10 +25,13 @@ from skygreen.checkpoint.store import Store
 from skygreen.errors import BucketUnreachableError, InputError, NoCredentialsError, SkygreenError, StoreError
 from skygreen.files import write_atomic
 from skygreen.launch.bucket import check_writable, within_deadline
+from skygreen.launch.capacity import with_capacity
+from skygreen.launch.deadline_terms import DeadlineAsk, deadline_ask, deadline_terms
 from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
 from skygreen.launch.status import BUDGET_STATE, RunStatus, run_status
+from skygreen.launch.watch_state import mark_user_cancel
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import TaskSpec
@@ -60,6 +63,8 @@ class UpResult:
     notices: tuple[str, ...] = ()
     """One-line remarks for the user: the plan's (which include the task file's), or for a
     local run, the task file's own (a deprecated key)."""
+    watcher_pid: int | None = None
+    """With a deadline: the background `skygreen watch` started for the run."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,16 +86,28 @@ def up(
     dryrun: bool = False,
     output: str | Path | None = None,
     smoke: bool = True,
+    deadline: DeadlineAsk | None = None,
     wiring: Wiring,
 ) -> UpResult:
-    """Validate, plan, smoke-test, preflight the bucket, render and launch one run."""
+    """Validate, plan, smoke-test, preflight the bucket, render and launch one run.
+
+    With a deadline (`deadline`, else the task's `skygreen.deadline`) the plan keeps only the
+    offers that can finish in time, the run starts on spot, and its record carries the terms a
+    deadline watcher (`skygreen.launch.watch`) holds it to.
+    """
     environ, registry = wiring.environ, wiring.registry
     task_path = Path(task_path)
     spec = load_task(task_path)
     run_id = new_run_id(spec.name)
     bucket = _bucket(spec, local=local, environ=environ)
+    deadline = deadline_ask(spec, deadline)
+    if deadline is not None:
+        spec = dataclasses.replace(spec, green=dataclasses.replace(spec.green, deadline=deadline.deadline_h))
     plan = None if local else wiring.plan(spec)
+    terms = None if deadline is None else deadline_terms(spec, plan, deadline)
     task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent)
+    if terms is not None:
+        task = with_capacity(task, spot=True)
     yaml_text = to_yaml(task)
     smoke_result = wiring.smoke(task_path) if smoke else None
     if dryrun:  # every check `up` makes, then the YAML; only the launch is left out
@@ -118,9 +135,11 @@ def up(
         state="CREATED",
         plan_summary=_plan_summary(spec, plan),
         secret_names=declared_secrets(spec),
+        deadline=None if terms is None else terms.to_json(),
     )
     record = registry.save(record)
-    record = _launch(registry, record, launcher, task, secret_values(spec, environ))
+    spot = None if terms is None else True
+    record = _launch(registry, record, launcher, task, secret_values(spec, environ), spot=spot)
     return UpResult(
         yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result, notices=_notices(spec, plan)
     )
@@ -204,7 +223,13 @@ def _preflight_unless_no_credentials(wiring: Wiring, bucket: str, run_id: str) -
 
 
 def _launch(
-    registry: Registry, record: RunRecord, launcher: Launcher, task: Mapping[str, Any], secrets: Mapping[str, str]
+    registry: Registry,
+    record: RunRecord,
+    launcher: Launcher,
+    task: Mapping[str, Any],
+    secrets: Mapping[str, str],
+    *,
+    spot: bool | None = None,
 ) -> RunRecord:
     try:
         job_id = launcher.launch(task, name=record.run_id, secrets=secrets)
@@ -212,16 +237,19 @@ def _launch(
         registry.save(dataclasses.replace(record, state="LAUNCH_FAILED"))
         raise
     pid = launcher.pid(job_id) if hasattr(launcher, "pid") else None
-    return registry.save(record.with_launch(job_id, pid=pid, state=JobState.PENDING.value))
+    return registry.save(record.with_launch(job_id, pid=pid, state=JobState.PENDING.value, spot=spot))
 
 
 # ---------------------------------------------------------------- resume, cancel, logs
 
 
-def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None, wiring: Wiring) -> RunRecord:
+def resume(
+    run_id: str, *, local: bool = False, budget_usd: float | None = None, spot: bool | None = None, wiring: Wiring
+) -> RunRecord:
     """Relaunch a stopped run with the same run id: the runtime continues from the latest
     checkpoint in its bucket. `local` runs it on this machine whatever it ran on before.
-    `budget_usd` sets a new budget (a run stopped at its budget needs a higher one)."""
+    `budget_usd` sets a new budget (a run stopped at its budget needs a higher one). `spot`
+    relaunches it on spot (True) or on-demand (False): a deadline watcher's switch."""
     environ, registry = wiring.environ, wiring.registry
     record = registry.load(run_id)
     run_id = record.run_id
@@ -252,11 +280,16 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None,
         task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
     if budget_usd is not None:
         task.setdefault("envs", {})[BUDGET_ENV] = f"{budget_usd:g}"
+    if spot is not None:
+        task = with_capacity(task, spot=spot, offers=(record.plan_summary or {}).get("offers") or ())
+    if budget_usd is not None or spot is not None:
         write_atomic(Path(record.task_yaml), to_yaml(task))
     launcher = wiring.local_launcher() if to_local else launcher_for(record, wiring)
     record = dataclasses.replace(record, mode=LOCAL if to_local else record.mode, launcher=launcher.kind)
     _clear_cancel(record, wiring)
-    return _launch(registry, record, launcher, task, _resume_secrets(record, environ))
+    if spot is None and record.launches:  # a plain resume keeps the capacity a watcher chose last
+        spot = record.launches[-1].spot
+    return _launch(registry, record, launcher, task, _resume_secrets(record, environ), spot=spot)
 
 
 def _check_new_budget(record: RunRecord, budget_usd: float | None) -> None:
@@ -296,14 +329,17 @@ def _resume_secrets(record: RunRecord, environ: Mapping[str, str]) -> dict[str, 
         return {name: environ[name] for name in record.secret_names if environ.get(name)}
 
 
-def cancel(run_id: str, *, wiring: Wiring) -> CancelResult:
+def cancel(run_id: str, *, wiring: Wiring, by_user: bool = True) -> CancelResult:
     """Stop a run: mark the cancel in its bucket (so the runtime does not count it as a
     preemption), SIGTERM (the runtime commits a checkpoint), then its launcher's cancel.
-    A run that already ended is left exactly as it is."""
+    A run that already ended is left exactly as it is. The user's cancel of a run with a
+    deadline also stops its watcher (`by_user=False` is the watcher's own switch)."""
     registry = wiring.registry
     record = registry.load(run_id)
     if record.job_id is None:
         raise InputError(f"run {record.run_id} was never launched; nothing to cancel")
+    if by_user and record.deadline is not None:
+        mark_user_cancel(registry.run_dir(record.run_id))
     current = run_status(record, wiring=wiring)
     if current.state in JobState.__members__ and JobState(current.state).terminal:
         return CancelResult(status=current, already_ended=True)

@@ -190,6 +190,8 @@ class SkyPilotLauncher:
     """Managed jobs through SkyPilot's Python SDK (`sky.jobs.launch` and friends)."""
 
     kind = "skypilot"
+    queues_for_spot = True
+    """A managed spot job waits for capacity (and recovers) by itself: a deadline watcher's "wait for spot"."""
 
     def build_task(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None):
         """A real `sky.Task` from a rendered dict (a deep copy: SkyPilot pops keys). Secret

@@ -58,6 +58,9 @@ class RunStatus:
     """The checkpoint URL, when its bucket did not answer (`progress_error` says how)."""
     energy: dict[str, Any] | None = None
     """`skygreen.power.statement.EnergyReport` as JSON: GPU and facility kWh, PUE, CO2e, method, cap."""
+    deadline: dict[str, Any] | None = None
+    """For a run launched with a deadline: progress against it and the watcher's latest decision
+    (`skygreen.launch.deadline_status`)."""
 
     def to_json(self) -> dict[str, Any]:
         """Every field as plain JSON values, for `skygreen status --json`."""
@@ -117,7 +120,17 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
         progress_error=progress_error,
         unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
         energy=_energy(meta, job if record.mode != LOCAL else None) if manifest else None,
+        deadline=_deadline(record, wiring),
     )
+
+
+def _deadline(record: RunRecord, wiring: Wiring) -> dict[str, Any] | None:
+    if record.deadline is None:
+        return None
+    from skygreen.deadline.clock import now_s
+    from skygreen.launch.deadline_status import deadline_status
+
+    return deadline_status(record, run_dir=wiring.registry.run_dir(record.run_id), now_s=now_s(wiring.environ))
 
 
 def _energy(meta: Mapping[str, Any], job: JobStatus | None) -> dict[str, Any]:

@@ -7,7 +7,8 @@
   `[[cloud, region, instance_type, gpu, gpus_per_node, spot, price_usd_per_hour], ...]`. The
   offer that matches the cloud, region and GPU gives the instance type, spot and the price;
   SkyPilot tells the task neither. No SkyPilot import and no network on the VM.
-- No cluster info at all: a `local` place (this machine, free).
+- No cluster info at all: a `local` place (this machine, free); `SKYGREEN_CAPACITY` says
+  whether it stands for spot or on-demand when a deadline watcher launched it.
 
 Pure: the environment is passed in.
 """
@@ -24,6 +25,9 @@ from skygreen.ledger.records import Place
 
 CLUSTER_INFO_ENV = "SKYPILOT_CLUSTER_INFO"
 OFFERS_ENV = "SKYGREEN_OFFERS"
+CAPACITY_ENV = "SKYGREEN_CAPACITY"
+"""`spot` or `on-demand`: rendered when a deadline watcher chooses the capacity, so a local
+run's ledger says which kind it stood for (on the clouds the matching offer says it)."""
 LOCAL = "local"
 
 
@@ -82,8 +86,10 @@ def current_place(environ: Mapping[str, str], *, gpu: str | None, gpu_count: int
     except ValueError:
         info = {}
     if not isinstance(info, dict) or not info.get("cloud"):
+        capacity = environ.get(CAPACITY_ENV)
         return Place(
             cloud=LOCAL,
+            spot={"spot": True, "on-demand": False}.get(capacity or ""),
             gpu=gpu,
             gpu_count=gpu_count or (1 if gpu else 0),
             nodes=1,

@@ -100,6 +100,8 @@ class Segment:
     start_samples: int = 0
     samples: int = 0
     samples_per_epoch: int | None = None
+    total_steps: int | None = None
+    """The step the training loop runs to (`run.steps(total_steps)`): progress is step / total_steps."""
     first_step_at: float | None = None
     """When this segment's first training step began (after loading the checkpoint)."""
     train_s: float = 0.0

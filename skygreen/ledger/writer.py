@@ -36,7 +36,15 @@ class LedgerWriter:
         self._energy_base_j: float | None = None
         self._warned = False
 
-    def begin(self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j_total: float | None) -> None:
+    def begin(
+        self,
+        *,
+        step: int,
+        samples: int,
+        samples_per_epoch: int | None,
+        energy_j_total: float | None,
+        total_steps: int | None = None,
+    ) -> None:
         """Read the earlier segments (for budgets) and write this one at its resume point."""
         try:
             # This VM replaces any segment still marked running: its VM is gone.
@@ -55,6 +63,7 @@ class LedgerWriter:
             start_samples=samples,
             samples=samples,
             samples_per_epoch=samples_per_epoch,
+            total_steps=total_steps,
         )
         self._write()
 

@@ -109,6 +109,7 @@ class RunBook:
             samples=run.samples_seen,
             samples_per_epoch=run.stream.dataset_len,
             energy_j=run.counters["energy_j"],
+            total_steps=getattr(run, "total_steps", None),
         )
 
     def progress_of(self, run: Any, end: str = "running") -> None:
@@ -123,15 +124,22 @@ class RunBook:
         if not issubclass(exc_type, SystemExit):
             self.progress_of(run, "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed")
 
-    def started(self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j: float) -> None:
+    def started(
+        self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j: float, total_steps: int | None = None
+    ) -> None:
         """Write this VM's segment at its resume point, after reading the earlier ones.
 
         `energy_j` is the meter's cumulative joules, the base this segment's energy is counted
-        from. With a budget or a burn alert set, spend tracking starts here; a VM whose price is
-        unknown gets a warning and its time is not counted.
+        from; `total_steps` is where the loop runs to (progress's denominator). With a budget or
+        a burn alert set, spend tracking starts here; a VM whose price is unknown gets a warning
+        and its time is not counted.
         """
         self.writer.begin(
-            step=step, samples=samples, samples_per_epoch=samples_per_epoch, energy_j_total=self._energy(energy_j)
+            step=step,
+            samples=samples,
+            samples_per_epoch=samples_per_epoch,
+            energy_j_total=self._energy(energy_j),
+            total_steps=total_steps,
         )
         if self.policy.active:
             self.tracker = BudgetTracker(self.policy, earlier=self.writer.earlier, managed=self.place.cloud != "local")

@@ -140,6 +140,8 @@ class Run:
         self.samples_seen = 0
         self.counters: dict[str, float] = {"energy_j": 0.0, "wall_s": 0.0, "preemptions": 0, "restarts": 0}
         self.completed = False
+        self.total_steps: int | None = None
+        """Set by `steps(total_steps)`; the run ledger records it as progress's denominator."""
         self._stopping = False
         self.last_metrics: dict[str, float] = {}
         self._probe_steps_left = 0
@@ -187,6 +189,7 @@ class Run:
         """Optimizer steps `[resumed step, total_steps)`; ends early on early stopping."""
         if self.smoke:
             total_steps = min(total_steps, SMOKE_STEPS)
+        self.total_steps = total_steps
         self._resume()
         if self.completed:
             log.warning("run %s already completed at step %d; nothing to do", self.settings.run_id, self.step_index)

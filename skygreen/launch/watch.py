@@ -1,0 +1,232 @@
+"""`skygreen watch RUN`: hold a run to its deadline by moving it between spot and on-demand.
+
+Every poll the watcher reads the run's record, its job's state (launcher), its progress (the
+run ledger in its bucket) and, where something can tell, spot availability; the pure core
+(`skygreen.deadline.live`) decides with the same policy objects `skygreen simulate` replays,
+and the watcher takes one step: nothing, cancel the job (the first half of a switch: the
+runtime commits a checkpoint), or relaunch the stopped run on spot or on-demand with the same
+run id (`skygreen.launch.runs.resume`, so it continues from its checkpoint).
+
+Restartable and idempotent: one watcher per run (`skygreen.launch.watch_state.watcher_lock`),
+every fact re-read each poll, its own memory in the run's folder; a second `watch` of a watched
+run says so and exits 0. It ends when the run completes, fails, stops at its budget or is
+cancelled by the user (the user's word wins over the policy's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from skygreen.deadline.live import (
+    MODE_WORDS,
+    Action,
+    DeadlineTerms,
+    Decision,
+    Progress,
+    current_mode,
+    decide,
+    next_action,
+    progress_from,
+    spot_reading,
+)
+from skygreen.deadline.policy import Mode
+from skygreen.errors import InputError, SkygreenError, StoreError
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
+from skygreen.launch import runs
+from skygreen.launch.bucket import within_deadline
+from skygreen.launch.launcher import JobState
+from skygreen.launch.registry import RunRecord
+from skygreen.launch.status import BUDGET_STATE, run_status
+from skygreen.launch.watch_state import WatchState, load_state, save_state, user_cancelled, watcher_lock
+from skygreen.launch.wiring import Wiring, launcher_for
+from skygreen.ledger.io import read_ledger
+
+LEDGER_READ_DEADLINE_S = 30.0
+"""A poll gives up reading the ledger after this long and decides at the next one."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WatchResult:
+    """How a `watch` ended: why, and the exit code the command returns."""
+
+    run_id: str
+    reason: str
+    exit_code: int
+    state: WatchState
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Watch:
+    """One run's watcher: its wiring, its clock and (for a replayed market) spot availability."""
+
+    run_id: str
+    wiring: Wiring
+    clock: Callable[[], float]
+    """Unix seconds (`skygreen.deadline.clock.now_s`)."""
+    market: Callable[[DeadlineTerms], Callable[[float], bool]] | None = None
+    """Builds an availability reading for a run's terms (a replayed trace); None: infer it."""
+    say: Callable[[str], None] = lambda line: None
+    """Where the watcher's one-line events go (the CLI prints them, with the time)."""
+
+    def run(self, *, poll_s: float, once: bool = False) -> WatchResult:
+        """Poll until the run ends (or once); a run already watched elsewhere returns at once."""
+        registry = self.wiring.registry
+        record = registry.load(self.run_id)
+        if record.deadline is None:
+            raise InputError(
+                f"run {record.run_id} was launched without a deadline; there is nothing to watch\n"
+                f"  fix: launch with `skygreen up TASK --deadline 36h`"
+            )
+        run_dir = registry.run_dir(record.run_id)
+        with watcher_lock(run_dir) as mine:
+            if not mine:
+                state = load_state(run_dir)
+                return WatchResult(
+                    run_id=record.run_id,
+                    reason=f"run {record.run_id} is already watched (pid {state.pid}); nothing to do",
+                    exit_code=0,
+                    state=state,
+                )
+            save_state(run_dir, dataclasses.replace(load_state(run_dir), pid=_pid(), ended=None))
+            while True:
+                try:
+                    result = self.poll()
+                except SkygreenError as e:  # a launcher or bucket that refused this time
+                    if once:
+                        raise
+                    self.say(f"poll failed: {str(e).splitlines()[0]}; trying again in {poll_s:g} s")
+                    result = None
+                if result is not None or once:
+                    return result or WatchResult(
+                        run_id=record.run_id, reason="one poll done", exit_code=0, state=load_state(run_dir)
+                    )
+                time.sleep(poll_s)
+
+    def poll(self) -> WatchResult | None:
+        """One look and at most one step; a `WatchResult` once there is nothing left to watch."""
+        registry = self.wiring.registry
+        record = registry.load(self.run_id)
+        run_dir = registry.run_dir(record.run_id)
+        state = load_state(run_dir)
+        terms = DeadlineTerms.from_json(record.deadline or {})
+        now_s = self.clock()
+        state = dataclasses.replace(state, heartbeat_at_s=now_s, pid=_pid())
+        current = run_status(record, wiring=self.wiring)
+        ended = self._ended(record, current.state, current.completed, state, terms, now_s)
+        if ended is not None:
+            save_state(run_dir, dataclasses.replace(state, ended=ended.reason, cancelled_job=None))
+            return dataclasses.replace(ended, state=load_state(run_dir))
+        record = registry.load(record.run_id)  # run_status may have saved the job's newer state
+        spot = record.launches[-1].spot if record.launches else True
+        job_state = current.state
+        market = self.market(terms)(now_s) if self.market is not None else None
+        available, observed = spot_reading(
+            market=market, spot=spot, state=job_state, history=state.availability, now_s=now_s
+        )
+        if observed:
+            state = dataclasses.replace(state, availability=state.availability.record(now_s, available))
+        progress = self._progress(record)
+        mode = current_mode(spot=spot, state=job_state, spot_available=available)
+        decision = None
+        if progress is not None:
+            decision = decide(
+                terms,
+                now_s=now_s,
+                progress=progress,
+                mode=mode,
+                spot_available=available,
+                spot_observed=observed,
+                history=state.availability,
+            )
+        if decision is None:
+            first_look = load_state(run_dir).heartbeat_at_s is None
+            save_state(run_dir, state)
+            if first_look:
+                self.say(f"run {record.run_id}: waiting for its first steps in the ledger before deciding")
+            return None
+        state = state.with_decision(decision)
+        launcher = launcher_for(record, self.wiring)
+        action = next_action(
+            wanted=Mode(decision.mode),
+            spot=spot,
+            state=job_state,
+            queues_for_spot=bool(getattr(launcher, "queues_for_spot", False)),
+        )
+        save_state(run_dir, state)
+        self._act(action, record, state, decision)
+        return None
+
+    # ------------------------------------------------------------ steps
+
+    def _act(self, action: Action, record: RunRecord, state: WatchState, decision: Decision) -> None:
+        run_dir = self.wiring.registry.run_dir(record.run_id)
+        if action is Action.NONE:
+            return
+        was, now = MODE_WORDS[decision.current], MODE_WORDS[decision.mode]
+        self.say(f"run {record.run_id} at {_when(decision)}: {was} -> {now} ({decision.reason})")
+        if action is Action.CANCEL:
+            save_state(run_dir, dataclasses.replace(state, cancelled_job=record.job_id, switches=state.switches + 1))
+            runs.cancel(record.run_id, wiring=self.wiring, by_user=False)
+            return
+        spot = action is Action.LAUNCH_SPOT
+        relaunched = runs.resume(record.run_id, spot=spot, wiring=self.wiring)
+        switches = state.switches + (0 if state.cancelled_job else 1)
+        save_state(run_dir, dataclasses.replace(state, cancelled_job=None, switches=switches))
+        self.say(f"run {record.run_id}: relaunched on {'spot' if spot else 'on-demand'} as job {relaunched.job_id}")
+
+    def _ended(
+        self,
+        record: RunRecord,
+        job_state: str,
+        completed: bool,
+        state: WatchState,
+        terms: DeadlineTerms,
+        now_s: float,
+    ) -> WatchResult | None:
+        """A result when the run needs no more watching, else None."""
+
+        def done(reason: str, code: int) -> WatchResult:
+            return WatchResult(run_id=record.run_id, reason=reason, exit_code=code, state=state)
+
+        if completed or job_state == JobState.SUCCEEDED.value:
+            late_h = (now_s - terms.deadline_at_s) / 3600.0
+            verdict = "deadline met" if late_h <= 0 else f"deadline missed by {late_h:.2f} h"
+            elapsed_h = (now_s - terms.started_at_s) / 3600.0
+            return done(f"run {record.run_id} finished after {elapsed_h:.2f} h of {terms.deadline_h:g} h: {verdict}", 0)
+        if job_state == JobState.FAILED.value:
+            return done(f"run {record.run_id} failed; the watcher stops (`skygreen logs {record.run_id}`)", 1)
+        if job_state == BUDGET_STATE.upper():
+            return done(f"run {record.run_id} stopped at its budget; the watcher stops", PREEMPTED_EXIT_CODE)
+        if user_cancelled(self.wiring.registry.run_dir(record.run_id)):
+            return done(f"run {record.run_id} was cancelled by the user; the watcher stops", 0)
+        return None
+
+    def _progress(self, record: RunRecord) -> Progress | None:
+        """The run's progress from its ledger; None when the bucket did not answer this time."""
+        url = record.checkpoint_url
+        try:
+            segments = within_deadline(
+                record.bucket,
+                lambda: read_ledger(self.wiring.open_store(url)),
+                deadline_s=LEDGER_READ_DEADLINE_S,
+            )
+        except (StoreError, SkygreenError) as e:
+            self.say(
+                f"run {record.run_id}: cannot read its ledger ({str(e).splitlines()[0]}); deciding at the next poll"
+            )
+            return None
+        return progress_from(segments)
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def _when(decision: Decision) -> str:
+    at = datetime.fromtimestamp(decision.at_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{at} ({decision.elapsed_h:.2f} h of {decision.deadline_h:g} h)"

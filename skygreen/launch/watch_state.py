@@ -1,0 +1,142 @@
+"""What a deadline watcher remembers between polls, in the run's folder, and whether one runs.
+
+`<run dir>/watch.json` holds the spot availability the watcher has seen, its recent decisions,
+the job it cancelled itself (to tell its own switch from the user's `skygreen cancel`), and a
+heartbeat. Everything else it needs is re-read every poll (the record, the ledger, the job's
+state), so a watcher that dies and restarts picks up where the last one stood.
+
+One watcher per run: it holds an exclusive `flock` on `<run dir>/watch.lock` for its whole
+life; the kernel drops the lock when the process dies, however it dies, so a stale lock
+cannot keep a restart out and `skygreen status` can ask whether one is running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from skygreen.deadline.live import Availability, Decision
+from skygreen.files import write_atomic
+
+STATE_FILE = "watch.json"
+LOCK_FILE = "watch.lock"
+LOG_FILE = "watch.log"
+USER_CANCEL_FILE = "cancelled-by-user"
+"""Written by the user's `skygreen cancel` of a run with a deadline: its watcher stops, even when
+the run was already stopped between two of the watcher's switches."""
+KEEP_DECISIONS = 200
+"""Decisions kept in the file (the latest); a poll a minute keeps the last few hours."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WatchState:
+    """The watcher's memory of one run."""
+
+    availability: Availability = field(default_factory=Availability)
+    decisions: tuple[Decision, ...] = ()
+    cancelled_job: str | None = None
+    """The job id the watcher itself cancelled to switch capacity (None: none pending)."""
+    switches: int = 0
+    """Capacity changes the watcher made (each cancel-and-relaunch, and each relaunch of a stopped run)."""
+    pid: int | None = None
+    heartbeat_at_s: float | None = None
+    """The watcher's clock at its latest poll."""
+    ended: str | None = None
+    """Why the watcher stopped for good (the run completed, failed, or was cancelled by the user)."""
+
+    @property
+    def latest(self) -> Decision | None:
+        """The most recent decision, None before the first."""
+        return self.decisions[-1] if self.decisions else None
+
+    def with_decision(self, decision: Decision) -> WatchState:
+        """This state with one more decision (the oldest dropped beyond `KEEP_DECISIONS`)."""
+        return replace(self, decisions=(*self.decisions, decision)[-KEEP_DECISIONS:])
+
+    def to_json(self) -> dict[str, Any]:
+        """The `watch.json` object."""
+        return {
+            "availability": [list(change) for change in self.availability.changes],
+            "decisions": [d.to_json() for d in self.decisions],
+            "cancelled_job": self.cancelled_job,
+            "switches": self.switches,
+            "pid": self.pid,
+            "heartbeat_at_s": self.heartbeat_at_s,
+            "ended": self.ended,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WatchState:
+        """Back from `to_json`."""
+        changes = tuple((float(at), bool(up)) for at, up in data.get("availability") or ())
+        return cls(
+            availability=Availability(changes=changes),
+            decisions=tuple(Decision.from_json(d) for d in data.get("decisions") or ()),
+            cancelled_job=data.get("cancelled_job"),
+            switches=int(data.get("switches") or 0),
+            pid=data.get("pid"),
+            heartbeat_at_s=data.get("heartbeat_at_s"),
+            ended=data.get("ended"),
+        )
+
+
+def load_state(run_dir: Path) -> WatchState:
+    """The saved state; a fresh one when there is none or it cannot be read (the watcher
+    then learns availability again, which costs nothing but the history)."""
+    try:
+        return WatchState.from_json(json.loads((run_dir / STATE_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, KeyError):
+        return WatchState()
+
+
+def save_state(run_dir: Path, state: WatchState) -> None:
+    """Write the state atomically (a reader never sees half a file)."""
+    write_atomic(run_dir / STATE_FILE, json.dumps(state.to_json(), indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def watcher_lock(run_dir: Path) -> Iterator[bool]:
+    """Hold the run's watcher lock for the block; yields False when another process holds it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def watcher_running(run_dir: Path) -> bool:
+    """Whether a watcher holds the run's lock now."""
+    if not (run_dir / LOCK_FILE).exists():
+        return False
+    with watcher_lock(run_dir) as got:
+        return not got
+
+
+def mark_user_cancel(run_dir: Path) -> None:
+    """Record that the user cancelled the run (its watcher ends at its next poll)."""
+    write_atomic(run_dir / USER_CANCEL_FILE, "cancelled by the user\n")
+
+
+def user_cancelled(run_dir: Path) -> bool:
+    """Whether the user cancelled the run since it was last launched by the user."""
+    return (run_dir / USER_CANCEL_FILE).exists()
+
+
+def clear_user_cancel(run_dir: Path) -> None:
+    """Forget a user's cancel: the user relaunched the run (`skygreen resume`)."""
+    (run_dir / USER_CANCEL_FILE).unlink(missing_ok=True)

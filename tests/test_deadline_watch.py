@@ -1,0 +1,190 @@
+"""`skygreen up --deadline` and `skygreen watch` on cloud runs, SkyPilot's edge faked.
+
+The launcher is `skygreen.testing.FakeLauncher` (selected by environment, as a user would);
+the bucket is a real S3 server (moto_server on loopback) holding the run ledger the watcher
+reads; the clock is `SKYGREEN_TEST_CLOCK_FILE`, moved by hand. Each `watch --once` is one real
+poll: read the record, the job, the ledger; decide; take one step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from skygreen.cli import main
+from skygreen.deadline.clock import CLOCK_ENV
+from skygreen.ledger.io import write_segment
+from skygreen.ledger.records import Place, Segment, new_segment_key
+from skygreen.testing import FakeLauncher
+
+REPO = Path(__file__).resolve().parents[1]
+CATALOG = REPO / "tests" / "data" / "catalog" / "v8"
+T0 = 1_800_000_000.0
+H = 3600.0
+
+
+@pytest.fixture
+def env(private_home, tmp_path, monkeypatch):
+    fake_dir = tmp_path / "fake-sky"
+    clock = tmp_path / "clock"
+    clock.write_text(f"{T0}\n")
+    monkeypatch.setenv("SKYGREEN_LAUNCHER", "skygreen.testing:FakeLauncher")
+    monkeypatch.setenv("SKYGREEN_FAKE_LAUNCHER_DIR", str(fake_dir))
+    monkeypatch.setenv(CLOCK_ENV, str(clock))
+    for name in ("SKYGREEN_FAKE_LAUNCHER_FAIL", "SKYGREEN_DATA_DIR", "SKYGREEN_TEST_SPOT_TRACE"):
+        monkeypatch.delenv(name, raising=False)
+    return {"data": private_home / ".local" / "share" / "skygreen", "fake": fake_dir, "clock": clock}
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_task(tmp_path: Path, bucket: str, **green_extra) -> Path:
+    green = {"gpus": ["L4", "T4", "A100"], "work": {"gpu_hours": 4, "gpu": "A100"}, "max_candidates": 3}
+    green["checkpoint"] = {"bucket": bucket}
+    green.update(green_extra)
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump({"name": "dl", "skygreen": green, "run": "python train.py"}, sort_keys=False))
+    (tmp_path / "train.py").write_text("print('training')\n")
+    return path
+
+
+def set_clock(env, hours: float) -> None:
+    env["clock"].write_text(f"{T0 + hours * H}\n")
+
+
+def record_of(env, run_id: str) -> dict:
+    return json.loads((env["data"] / "runs" / run_id / "run.json").read_text())
+
+
+def ledger_progress(url: str, *, step: int, total_steps: int) -> None:
+    """The runtime's ledger segment, as a VM writes it: `step` of `total_steps`."""
+    from skygreen.checkpoint.stores import open_store
+
+    now = T0
+    write_segment(
+        open_store(url),
+        Segment(run_id=url.rsplit("/", 1)[1], key=new_segment_key(now, token="0000aaaa"), place=Place(cloud="aws"),
+                started_at=now, updated_at=now + 60, step=step, train_s=50.0, total_steps=total_steps),
+    )  # fmt: skip
+
+
+def up_deadline(capsys, env, task: Path, *extra: str) -> str:
+    code, out, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), *extra)
+    assert code == 0, err
+    return out.split("launched run ")[1].split()[0]
+
+
+def test_up_with_a_deadline_records_the_plans_terms_and_starts_on_spot(env, tmp_path, capsys, s3_bucket):
+    task = write_task(tmp_path, f"s3://{s3_bucket}/runs")
+    code, out, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), "--deadline", "30h",
+                         "--no-watch")  # fmt: skip
+    assert code == 0, err
+    assert "deadline:    30 h" in out and "starts on spot, policy skygreen" in out
+    assert "watcher:     not started; run `skygreen watch" in out
+    run_id = out.split("launched run ")[1].split()[0]
+    record = record_of(env, run_id)
+    terms, best = record["deadline"], record["plan_summary"]["offers"][0]
+    assert terms["deadline_at_s"] - terms["started_at_s"] == 30 * H and terms["started_at_s"] == T0
+    assert terms["compute_h"] == pytest.approx(best["compute_hours"])
+    assert (terms["spot_usd_per_hour"], terms["on_demand_usd_per_hour"]) == (
+        best["spot_price_usd_per_hour"],
+        best["on_demand_price_usd_per_hour"],
+    )
+    assert 0 < terms["changeover_h"] < 1
+    assert record["launches"][0]["spot"] is True
+    task_sent = FakeLauncher(env["fake"]).job("1")["task"]
+    assert task_sent["resources"]["use_spot"] is True and task_sent["envs"]["SKYGREEN_CAPACITY"] == "spot"
+
+
+def test_the_watcher_moves_a_recovering_spot_run_to_on_demand_and_stops_for_the_user(env, tmp_path, capsys, s3_bucket):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RUNNING")
+
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0, err
+    assert "waiting for its first steps in the ledger" in out  # no progress in the ledger yet
+
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0, err
+    assert fake.job("1")["state"] == "RUNNING"  # on spot and spot runs: nothing to do
+    watch = json.loads((env["data"] / "runs" / run_id / "watch.json").read_text())
+    assert watch["decisions"][-1]["mode"] == "spot" and watch["availability"] == [[T0, True]]
+
+    # preempted, SkyPilot looks for spot; five hours in, nothing done: behind the even pace
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    set_clock(env, 5.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0, err
+    assert "wait for spot -> on-demand" in out
+    assert fake.job("1")["state"] == "CANCELLED"  # first half of the switch
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0, err
+    assert "relaunched on on-demand as job 2" in out
+    second = fake.job("2")["task"]
+    assert second["resources"]["use_spot"] is False
+    assert all(entry["use_spot"] is False for entry in second["resources"]["ordered"])
+    assert second["envs"]["SKYGREEN_CAPACITY"] == "on-demand"
+    offers = json.loads(second["envs"]["SKYGREEN_OFFERS"])
+    plan_offers = record_of(env, run_id)["plan_summary"]["offers"]
+    assert offers[0][5] is False and offers[0][6] == pytest.approx(plan_offers[0]["on_demand_price_usd_per_hour"])
+    assert second["envs"]["SKYGREEN_RUN_ID"] == run_id
+    assert [launch["spot"] for launch in record_of(env, run_id)["launches"]] == [True, False]
+
+    fake.set_state("2", "RUNNING")
+    code, out, err = cli(capsys, "status", run_id, "--json")
+    deadline = json.loads(out)["deadline"]
+    assert deadline["decision"] == "on_demand" and deadline["switches"] == 1
+    assert deadline["left_h"] == pytest.approx(25.0) and deadline["watcher"]["running"] is False
+    code, out, err = cli(capsys, "status", run_id)
+    assert "deadline" in out and "30 h, by" in out and "25.00 h left" in out
+    assert "not running: the run stays where it is" in out and f"skygreen watch {run_id}" in out
+
+    code, out, err = cli(capsys, "cancel", run_id)
+    assert code == 0, err
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "cancelled by the user; the watcher stops" in out
+    assert len(record_of(env, run_id)["launches"]) == 2  # nothing relaunched after the user's cancel
+
+
+def test_watch_of_a_run_without_a_deadline_is_bad_input(env, tmp_path, capsys, s3_bucket):
+    run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"))
+    code, _, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 2 and "launched without a deadline" in err and "--deadline 36h" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--deadline", "30h", "--compute", "29.9h"), "--deadline: 30 h is too short for 29.9 h of compute"),
+        (("--deadline", "2h"), "skygreen.deadline: no offer can finish within 2 h"),
+        (("--compute", "5h"), "--compute: only used with a deadline"),
+        (("--deadline", "soon"), "--deadline"),
+    ],
+)
+def test_a_deadline_that_cannot_be_held_launches_nothing(env, tmp_path, capsys, s3_bucket, args, message):
+    task = write_task(tmp_path, f"s3://{s3_bucket}/runs")
+    code, out, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), "--no-watch", *args)
+    assert code == 2, (out, err)
+    assert message in err and "fix:" in err and "Traceback" not in err
+    assert not (env["fake"] / "jobs.json").exists() or FakeLauncher(env["fake"])._jobs() == {}
+
+
+def test_an_on_demand_only_task_cannot_take_a_deadline(env, tmp_path, capsys, s3_bucket):
+    task = write_task(tmp_path, f"s3://{s3_bucket}/runs", spot=False)
+    code, _, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), "--deadline", "30h")
+    assert code == 2 and "skygreen.spot: false" in err
