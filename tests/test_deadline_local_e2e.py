@@ -55,7 +55,7 @@ def env(private_home, tmp_path):
         OMP_NUM_THREADS="1",
         TINY_STEPS="300",
         **{CLOCK_ENV: str(clock), TRACE_ENV: str(trace), POLL_ENV: "1s"},
-        **{HOLD_ENV: "100,101,150", RELEASE_ENV: str(release)},
+        **{HOLD_ENV: "100,102,150", RELEASE_ENV: str(release)},
     )
     for name in ("SKYGREEN_LAUNCHER", "SKYGREEN_DATA_DIR"):
         environ.pop(name, None)
@@ -176,7 +176,7 @@ def test_a_deadline_run_moves_to_on_demand_in_an_outage_and_back_to_spot(env):
     assert on_demand["mode"] == "on_demand" and on_demand["current"] == "idle"
     launches = launch_count(env, run_id, 2)
     assert launches[-1]["spot"] is False
-    held_at(env, run_id, 101)  # resumed from the checkpoint at step 100, on on-demand
+    held_at(env, run_id, 102)  # resumed from the checkpoint the SIGTERM committed, on on-demand
 
     # The watcher dies; the run carries on where it is, and status says who can restart it.
     watcher_pid = watch_state(env, run_id)["pid"]
@@ -194,7 +194,7 @@ def test_a_deadline_run_moves_to_on_demand_in_an_outage_and_back_to_spot(env):
         # Hour 6.5: spot is back, but Uniform Progress holds on-demand until the run is ahead of
         # the even pace two changeovers from now (2.51 h): released, the run gets there.
         assert decision_at(env, run_id, set_clock(env, 6.5))["mode"] == "on_demand"
-        release(env, 101)
+        release(env, 102)
         launches = launch_count(env, run_id, 3)
         assert launches[-1]["spot"] is True
 
@@ -205,7 +205,7 @@ def test_a_deadline_run_moves_to_on_demand_in_an_outage_and_back_to_spot(env):
         if restarted.poll() is None:
             restarted.kill()
     assert restarted.returncode == 0, out
-    assert "wait for spot -> on-demand" not in out  # that was the first watcher's; this one:
+    assert "idle -> on-demand" not in out  # that was the first watcher's; this one:
     assert "on-demand -> spot" in out and "deadline met" in out
 
     # the watcher ends on the final checkpoint; the process exits a moment later

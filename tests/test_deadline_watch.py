@@ -130,7 +130,7 @@ def test_the_watcher_moves_a_recovering_spot_run_to_on_demand_and_stops_for_the_
     set_clock(env, 5.0)
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0, err
-    assert "wait for spot -> on-demand" in out
+    assert "idle -> on-demand" in out
     assert fake.job("1")["state"] == "CANCELLED"  # first half of the switch
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0, err

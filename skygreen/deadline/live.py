@@ -292,8 +292,8 @@ def _reason(job: Job, obs: Observation, wanted: Mode, policy: str) -> str:
     return f"{policy} policy, {spot}, slack {slack_h:.2f} h"
 
 
-MODE_WORDS = {Mode.SPOT.value: "spot", Mode.ON_DEMAND.value: "on-demand", Mode.IDLE.value: "wait for spot"}
-"""How a mode reads to a user."""
+MODE_WORDS = {Mode.SPOT.value: "spot", Mode.ON_DEMAND.value: "on-demand", Mode.IDLE.value: "idle"}
+"""How a mode reads to a user (idle: no instance running for the run, waiting for spot)."""
 
 
 class Action(str, enum.Enum):

@@ -104,7 +104,10 @@ def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, st
         )
         mode = MODE_WORDS.get(d["decision"], d["decision"])
         decision = f"{mode} ({d['reason']}); at {d['decided_at_h']:.2f} h; switches so far: {d['switches']}"
-        lines += [("progress", progress), ("decision", decision)]
+        if d["watcher"]["ended"]:  # what the watcher last saw, not now
+            lines += [("last progress", progress), ("last decision", decision)]
+        else:
+            lines += [("progress", progress), ("decision", decision)]
     else:
         lines.append(("decision", "none yet: the watcher waits for the run's first steps in its ledger"))
     watcher = d["watcher"]
@@ -122,7 +125,8 @@ def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, st
 
 
 def _utc_iso(iso: str) -> str:
-    return iso.replace("T", " ").replace("+00:00", " UTC")
+    """`2026-12-02T02:00:00+00:00` as `2026-12-02 02:00 UTC`, as `up` prints it."""
+    return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _energy_lines(r: RunStatus) -> list[tuple[str, str]]:
