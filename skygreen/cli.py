@@ -177,7 +177,13 @@ def up(
     from skygreen.launch.report import print_launched
 
     print_launched(result, sys.stdout)
-    if local and not detach:
+    if local and not detach and result.record is not None and result.record.deadline is not None:
+        # the watcher cancels and relaunches the job: following one job would end at the first switch
+        print_notice(
+            f"a run held to a deadline moves between jobs, so it is not followed here: "
+            f"`skygreen status {result.run_id}` shows where it is"
+        )
+    elif local and not detach:
         _follow_local(result.run_id)
 
 

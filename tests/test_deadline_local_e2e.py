@@ -151,11 +151,12 @@ def launch_count(env, run_id: str, count: int) -> list[dict]:
 
 
 def test_a_deadline_run_moves_to_on_demand_in_an_outage_and_back_to_spot(env):
-    up = skygreen(env, "up", str(TINY), "--local", "--detach", "--no-smoke", "--deadline", "16h", "--compute", "6h",
+    up = skygreen(env, "up", str(TINY), "--local", "--no-smoke", "--deadline", "16h", "--compute", "6h",
                   "--policy", "uniform_progress")  # fmt: skip
     assert up.returncode == 0, up.stdout + up.stderr
     run_id = up.stdout.split("launched run ")[1].split()[0]
     assert "deadline:    16 h" in up.stdout and "watcher:     pid" in up.stdout
+    assert "moves between jobs, so it is not followed here" in up.stderr  # returned at once, run held
 
     # Hour 0: on spot, spot available; held at step 100 = 2 of 6 compute hours.
     held_at(env, run_id, 100)
