@@ -182,6 +182,7 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     )
     assert [s["end"] for s in cost["segments"]] == ["killed", "completed"]
     assert cost["preemptions"] == 1 and cost["steps"] == 60 and cost["lost_s"] > 0
+    assert status["preemptions"] == cost["preemptions"]  # the kill -9 the runtime never saw, from the ledger
     assert cost["clouds_node_hours"].keys() == {"gcp", "aws"}
     text = skygreen(env, "cost", run_id, "--catalog", str(shared_catalog_dir)).stdout
     assert f"total ${cost['total_usd']:,.2f}" in text and "controller" in text and "killed" in text

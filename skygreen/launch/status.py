@@ -41,7 +41,8 @@ class RunStatus:
     completed: bool
     """The runtime committed its final checkpoint (manifest meta state "completed")."""
     preemptions: int | None
-    """Preemptions the runtime counted (SIGTERMs and notices), across launches."""
+    """Preemptions the runtime counted across launches: SIGTERMs and notices, and VMs lost
+    without a word (a segment that never wrote its end), as `skygreen cost` counts them."""
     recoveries: int
     """Relaunches by SkyPilot's job recovery plus `skygreen resume`s."""
     spend_usd: float | None

@@ -17,6 +17,7 @@ from typing import Any
 from skygreen.errors import RuntimeSetupError
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS, BudgetPolicy, BudgetTracker, send, stop_message
 from skygreen.ledger.place import current_place, gpu_catalog_name
+from skygreen.ledger.records import KILLED, PREEMPTED
 from skygreen.ledger.writer import LedgerWriter
 
 log = logging.getLogger("skygreen.runtime")
@@ -149,6 +150,12 @@ class RunBook:
                     self.place.label,
                 )
         log.info("ledger: segment %s on %s", self.writer.segment.key, self.place.label)
+
+    def preemptions_before(self) -> int:
+        """VMs of this run lost before this one, from the ledger: segments that ended preempted
+        and segments that never wrote their end (killed or vanished, which no runtime could
+        count). The same count `skygreen cost` shows, so `status` agrees with it."""
+        return sum(1 for s in self.writer.earlier if s.end in (PREEMPTED, KILLED))
 
     def step_started(self) -> None:
         """Training begins now: its time counts from here (only the first call stamps it)."""

@@ -427,6 +427,8 @@ class Run:
         self._started_s = time.monotonic()
         if self._book and not self.completed:
             self._book.started_from(self)
+            # VMs killed without a SIGTERM were counted by nobody; the ledger knows them
+            self.counters["preemptions"] = max(self.counters["preemptions"], self._book.preemptions_before())
         self._schedule = CheckpointSchedule(policy, start_step=self.step_index, start_s=self._started_s)
 
     def _restore(self, loaded: Any) -> None:
