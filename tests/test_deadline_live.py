@@ -216,3 +216,15 @@ def test_measured_compute_stands_in_for_a_missing_estimate():
 )
 def test_next_action(wanted, spot, state, queues, action):
     assert next_action(wanted=wanted, spot=spot, state=state, queues_for_spot=queues) is action
+
+
+def test_skygreens_policy_decides_live_with_the_plans_price_ratio():
+    history = Availability().record(T0, True).record(T0 + 1 * H, False)
+    t = terms(policy="skygreen", spot_usd_per_hour=1.0, on_demand_usd_per_hour=4.0)
+    for now_h in (1.5, 6.0, 9.0, 12.0):
+        decision = decide(t, now_s=T0 + now_h * H, progress=Progress(step=50, total_steps=300), mode=Mode.IDLE,
+                          spot_available=False, spot_observed=True, history=history)  # fmt: skip
+        obs = Observation(elapsed_h=now_h, progress_h=1.0, mode=Mode.IDLE, spot_available=False, spot_seen_h=1.0,
+                          spot_runs_seen=1, spot_up_h=0.0)  # fmt: skip
+        job = Job(compute_h=6.0, deadline_h=16.0, changeover_h=0.1)
+        assert decision is not None and decision.mode == ExpectedSpot(price_ratio=4.0).decide(job, obs).value

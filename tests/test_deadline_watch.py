@@ -188,3 +188,27 @@ def test_an_on_demand_only_task_cannot_take_a_deadline(env, tmp_path, capsys, s3
     task = write_task(tmp_path, f"s3://{s3_bucket}/runs", spot=False)
     code, _, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), "--deadline", "30h")
     assert code == 2 and "skygreen.spot: false" in err
+
+
+def test_a_launcher_that_refuses_a_switch_fails_that_poll_loudly(env, tmp_path, capsys, s3_bucket, monkeypatch):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    monkeypatch.setenv("SKYGREEN_FAKE_LAUNCHER_FAIL", "cancel:ClusterNotUpError")
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 1 and "cancelling managed job 1" in err and "fix:" in err and "Traceback" not in err
+    assert fake.job("1")["state"] == "RECOVERING" and len(record_of(env, run_id)["launches"]) == 1
+    monkeypatch.delenv("SKYGREEN_FAKE_LAUNCHER_FAIL")
+    code, _, err = cli(capsys, "watch", run_id, "--once")  # the next poll takes the same step
+    assert code == 0 and fake.job("1")["state"] == "CANCELLED"
+
+
+def test_watch_refuses_a_poll_interval_that_is_not_a_duration(env, tmp_path, capsys, s3_bucket):
+    run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h",
+                         "--no-watch")  # fmt: skip
+    code, _, err = cli(capsys, "watch", run_id, "--poll", "often")
+    assert code == 2 and "--poll" in err and "often" in err

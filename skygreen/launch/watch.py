@@ -170,8 +170,8 @@ class Watch:
         was, now = MODE_WORDS[decision.current], MODE_WORDS[decision.mode]
         self.say(f"run {record.run_id} at {_when(decision)}: {was} -> {now} ({decision.reason})")
         if action is Action.CANCEL:
-            save_state(run_dir, dataclasses.replace(state, cancelled_job=record.job_id, switches=state.switches + 1))
             runs.cancel(record.run_id, wiring=self.wiring, by_user=False)
+            save_state(run_dir, dataclasses.replace(state, cancelled_job=record.job_id, switches=state.switches + 1))
             return
         spot = action is Action.LAUNCH_SPOT
         relaunched = runs.resume(record.run_id, spot=spot, wiring=self.wiring)

@@ -1,8 +1,8 @@
 """What a deadline watcher remembers between polls, in the run's folder, and whether one runs.
 
 `<run dir>/watch.json` holds the spot availability the watcher has seen, its recent decisions,
-the job it cancelled itself (to tell its own switch from the user's `skygreen cancel`), and a
-heartbeat. Everything else it needs is re-read every poll (the record, the ledger, the job's
+the job it cancelled to switch capacity (until the relaunch), and a heartbeat; the user's
+`skygreen cancel` leaves its own marker beside it (`USER_CANCEL_FILE`). Everything else it needs is re-read every poll (the record, the ledger, the job's
 state), so a watcher that dies and restarts picks up where the last one stood.
 
 One watcher per run: it holds an exclusive `flock` on `<run dir>/watch.lock` for its whole
@@ -41,7 +41,8 @@ class WatchState:
     availability: Availability = field(default_factory=Availability)
     decisions: tuple[Decision, ...] = ()
     cancelled_job: str | None = None
-    """The job id the watcher itself cancelled to switch capacity (None: none pending)."""
+    """The job the watcher cancelled to switch capacity, until it relaunches the run (the cancel
+    and the relaunch count as one switch); None when no switch is half done."""
     switches: int = 0
     """Capacity changes the watcher made (each cancel-and-relaunch, and each relaunch of a stopped run)."""
     pid: int | None = None
