@@ -199,9 +199,10 @@ def test_a_launcher_that_refuses_a_switch_fails_that_poll_loudly(env, tmp_path, 
     ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
     set_clock(env, 5.0)
     monkeypatch.setenv("SKYGREEN_FAKE_LAUNCHER_FAIL", "cancel:ClusterNotUpError")
-    code, out, err = cli(capsys, "watch", run_id, "--once")
+    code, _, err = cli(capsys, "watch", run_id, "--once")
     assert code == 1 and "cancelling managed job 1" in err and "fix:" in err and "Traceback" not in err
     assert fake.job("1")["state"] == "RECOVERING" and len(record_of(env, run_id)["launches"]) == 1
+    assert json.loads((env["data"] / "runs" / run_id / "watch.json").read_text())["switches"] == 0
     monkeypatch.delenv("SKYGREEN_FAKE_LAUNCHER_FAIL")
     code, _, err = cli(capsys, "watch", run_id, "--once")  # the next poll takes the same step
     assert code == 0 and fake.job("1")["state"] == "CANCELLED"
