@@ -28,13 +28,24 @@ def with_capacity(task: Mapping[str, Any], *, spot: bool, offers: Sequence[Mappi
     if isinstance(resources, dict):
         resources["use_spot"] = spot
         for key in ("ordered", "any_of"):
-            for entry in resources.get(key) or ():
-                if isinstance(entry, dict):
-                    entry["use_spot"] = spot
+            if resources.get(key):
+                resources[key] = _flipped(resources[key], spot=spot)
     envs = out.setdefault("envs", {})
     envs[CAPACITY_ENV] = "spot" if spot else "on-demand"
     if offers:
         envs[OFFERS_ENV] = _offers_env(offers, spot=spot)
+    return out
+
+
+def _flipped(entries: Sequence[Any], *, spot: bool) -> list[Any]:
+    """Candidates on the new kind, each once: a plan may hold the same place as spot and as
+    on-demand, and the two become one entry."""
+    out: list[Any] = []
+    for entry in entries:
+        if isinstance(entry, dict):
+            entry = {**entry, "use_spot": spot}
+        if entry not in out:
+            out.append(entry)
     return out
 
 
