@@ -213,3 +213,22 @@ def test_watch_refuses_a_poll_interval_that_is_not_a_duration(env, tmp_path, cap
                          "--no-watch")  # fmt: skip
     code, _, err = cli(capsys, "watch", run_id, "--poll", "often")
     assert code == 2 and "--poll" in err and "often" in err
+
+
+@pytest.mark.parametrize(
+    ("state", "hours", "code", "said"),
+    [
+        ("SUCCEEDED", 29.0, 0, "finished after 29.00 h of 30 h: deadline met"),
+        ("SUCCEEDED", 31.0, 0, "deadline missed by 1.00 h"),
+        ("FAILED", 3.0, 1, "failed; the watcher stops"),
+    ],
+)
+def test_the_watcher_ends_with_the_run(env, tmp_path, capsys, s3_bucket, state, hours, code, said):
+    run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h",
+                         "--no-watch")  # fmt: skip
+    FakeLauncher(env["fake"]).set_state("1", state)
+    set_clock(env, hours)
+    got, out, err = cli(capsys, "watch", run_id)  # no --once: it returns because the run ended
+    assert got == code and said in out, (out, err)
+    ended = json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]["watcher"]["ended"]
+    assert said in ended
