@@ -1,5 +1,6 @@
 """Run ids by any unique prefix (as git and docker take them), in every command that takes a
-RUN, and `cancel` on a run that already ended: it says so and changes nothing.
+RUN, `cancel` on a run that already ended: it says so and changes nothing, and a damaged run
+record: `status` names it and says how to get past it.
 
 The cloud edge is `skygreen.testing.FakeLauncher` (selected by environment, as in
 test_cli_up.py); the registry, the commands and local runs are real.
@@ -143,3 +144,36 @@ def test_cancel_of_a_stopped_local_run_leaves_it_stopped(env, tmp_path):
     assert "already ended (STOPPED" in out.stdout and "nothing to cancel" in out.stdout
     assert json.loads(skygreen(env, "status", run_id, "--json").stdout)["state"] == "STOPPED"
     assert registry(env).load(run_id).cancelled is False
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", "Expecting property name"),
+        ("[1, 2]", "it holds a JSON list, not an object"),
+        ("42", "it holds a JSON int, not an object"),
+        ('"text"', "it holds a JSON str, not an object"),
+        (json.dumps({"run_id": A, "task_path": "t.yaml"}), "missing"),
+        (None, "launches must be a list of objects, got 3"),
+    ],
+)
+def test_a_damaged_run_record_reads_as_unreadable_not_as_an_internal_error(env, tmp_path, content, problem):
+    """Whatever is wrong with run.json (not JSON, not an object, a field missing or of the wrong
+    kind), `status RUN` says which record and how to get past it, and `status` lists the others."""
+    cloud_run(env, tmp_path, A)
+    cloud_run(env, tmp_path, C)
+    run_json = registry(env).run_dir(A) / "run.json"
+    if content is None:  # a field of the wrong kind: launches as a number
+        content = json.dumps({**json.loads(run_json.read_text()), "launches": 3})
+    run_json.write_text(content)
+    out = skygreen(env, "status", A)
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[0].startswith(f"error: run record {run_json} is unreadable: ") and problem in lines[0], out.stderr
+    assert (
+        lines[1] == f"  fix: repair the file, or delete {run_json.parent} to forget this run (its bucket is left as is)"
+    )
+    assert "Traceback" not in out.stderr and "unexpected" not in out.stderr
+    listing = skygreen(env, "status")
+    assert listing.returncode == 0, listing.stderr
+    assert C in listing.stdout and A not in listing.stdout

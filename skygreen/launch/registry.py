@@ -139,9 +139,12 @@ class RunRecord:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
         """The record from run.json's data; keys it does not know are ignored, and a missing required
-        one raises TypeError."""
+        one (or launches that are not a list of objects) raises TypeError."""
         values = dict(data)
-        values["launches"] = tuple(Launch(**launch) for launch in values.get("launches", ()))
+        launches = values.get("launches", ())
+        if not isinstance(launches, (list, tuple)) or not all(isinstance(launch, Mapping) for launch in launches):
+            raise TypeError(f"launches must be a list of objects, got {launches!r}")
+        values["launches"] = tuple(Launch(**launch) for launch in launches)
         values["secret_names"] = tuple(values.get("secret_names", ()))
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in values.items() if k in known})
@@ -189,15 +192,12 @@ class Registry:
         run_id = self.resolve(run_id)
         path = self.run_dir(run_id) / "run.json"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            return _read_record(path)
         except FileNotFoundError:
             known = ", ".join(r.run_id for r in self.list()[-5:]) or "none yet"
             raise InputError(
                 f"no run {run_id!r} on this machine\n  known runs: {known}\n  fix: `skygreen status` lists the runs"
             ) from None
-        except (OSError, ValueError) as e:
-            raise SkygreenError(f"run record {path} is unreadable: {e}") from e
-        return RunRecord.from_json(data)
 
     def list(self) -> list[RunRecord]:
         """All runs, oldest first."""
@@ -206,8 +206,8 @@ class Registry:
         records = []
         for path in self.root.glob("*/run.json"):
             try:
-                records.append(RunRecord.from_json(json.loads(path.read_text(encoding="utf-8"))))
-            except (OSError, ValueError, TypeError):
+                records.append(_read_record(path))
+            except (OSError, SkygreenError):
                 continue  # a foreign or damaged file does not hide the other runs
         return sorted(records, key=lambda r: (r.created_at, r.run_id))
 
@@ -215,3 +215,22 @@ class Registry:
         """The run created last; None when there are none."""
         records = self.list()
         return records[-1] if records else None
+
+
+def _read_record(path: Path) -> RunRecord:
+    """The record in run.json at `path`. `FileNotFoundError` when there is none; `SkygreenError`
+    for any file that is not a record (not JSON, not an object, a field missing or of the wrong
+    kind), so that a damaged record reads as such rather than as an internal error."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"it holds a JSON {type(data).__name__}, not an object")
+        return RunRecord.from_json(data)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, InputError) as e:
+        problem = (str(e).splitlines() or [type(e).__name__])[0]
+        raise SkygreenError(
+            f"run record {path} is unreadable: {problem}\n"
+            f"  fix: repair the file, or delete {path.parent} to forget this run (its bucket is left as is)"
+        ) from e
