@@ -204,7 +204,7 @@ def _getter(raw: Mapping[str, Any], path: str):
     return get
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _parse_budget_alerts(raw: Any, path: str) -> BudgetAlertSpec:

@@ -57,6 +57,11 @@ def test_layout_keys():
     assert parse_step_key("other/000000000042/x") is None
 
 
+def test_a_sha256_with_a_trailing_newline_is_not_a_sha256():
+    with pytest.raises(ValueError, match="64 lowercase hex digits"):
+        BlobInfo(size=1, sha256="0" * 64 + "\n")
+
+
 def test_manifest_round_trips_through_json():
     m = manifest(7, metric=0.25, pinned=True)
     m = Manifest(

@@ -143,6 +143,8 @@ def test_the_data_url_comes_from_the_runs_bucket(tmp_path):
 def test_bad_names_and_rows_are_clear_errors(tmp_path):
     with pytest.raises(InputError, match="data name 'a/b'"):
         ShardSpec(name="a/b", source={}, config={})
+    with pytest.raises(InputError, match="data name 'ok\\\\n'"):
+        ShardSpec(name="ok\n", source={}, config={})  # `$` would match before a final newline
     with pytest.raises(InputError, match="JSON values"):
         ShardSpec(name="ok", source={"when": object()}, config={})
 

@@ -72,6 +72,7 @@ def test_keys_sort_by_start_and_are_recognised():
     assert is_segment_key(a) and is_segment_key(b) and a < b
     assert new_segment_key(T0, token="deadbeef").endswith("-deadbeef.json")
     assert not is_segment_key("ledger/notes.txt")
+    assert not is_segment_key(a + "\n")  # `$` would match before a final newline
 
 
 def test_round_trip_and_settle_numbers_segments_and_marks_the_replaced_running_one_killed(tmp_path):

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from skygreen.checkpoint.cancellation import CANCEL_KEY
+from skygreen.errors import InputError
 from skygreen.launch.launcher import JobState
-from skygreen.launch.registry import Registry, RunRecord
+from skygreen.launch.registry import Registry, RunRecord, check_run_id
 from skygreen.testing import FakeLauncher
 
 
@@ -108,6 +109,14 @@ def test_every_command_that_takes_a_run_resolves_a_prefix(env, three_runs, tmp_p
 def test_an_unknown_prefix_is_still_no_such_run(env, three_runs):
     out = skygreen(env, "status", "nothing-like-it")
     assert out.returncode == 2 and "no run 'nothing-like-it'" in out.stderr
+
+
+def test_a_run_id_with_a_trailing_newline_is_not_a_run_id(env, three_runs):
+    """`$` would match before a final newline: the id must end where the text ends."""
+    with pytest.raises(InputError, match="not a run id"):
+        check_run_id("abc\n")
+    out = skygreen(env, "status", A + "\n")
+    assert out.returncode == 2 and "not a run id" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("ended", [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])

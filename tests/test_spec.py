@@ -119,6 +119,11 @@ def test_memory_constraint_instead_of_names():
         ("skygreen: {work: {gpu: A100, on: A100}}", "skygreen.work.on", ["both", "keep only `gpu`"]),
         ("skygreen: [A100]", "skygreen", ["expected a mapping"]),
         ("num_nodes: 0", "num_nodes", ["at least 1"]),
+        (
+            'skygreen: {budget_usd: 5, budget_alerts: {webhook_env: "HOOK\\n"}}',
+            "skygreen.budget_alerts.webhook_env",
+            ["not an environment variable name"],
+        ),
     ],
 )
 def test_bad_field_names_path_value_and_fix(text, field, words):

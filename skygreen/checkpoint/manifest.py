@@ -45,8 +45,8 @@ MANIFEST_NAME = "manifest.json"
 SHARED_BLOB = "shared.pt"
 METRIC_MODES = ("min", "max")
 
-_STEP_KEY = re.compile(r"^ckpt/(\d{12})/([^/]+)$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_STEP_KEY = re.compile(r"^ckpt/(\d{12})/([^/]+)\Z")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 # ---------------------------------------------------------------------------------------

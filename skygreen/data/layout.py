@@ -41,7 +41,7 @@ from skygreen.errors import InputError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}\Z")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,7 @@ from skygreen.timestamps import utc_now_iso
 
 DATA_DIR_ENV = "SKYGREEN_DATA_DIR"
 RECORD_VERSION = 1
-_RUN_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+_RUN_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
 
 
 def data_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -37,7 +37,7 @@ MAX_SERIES_POINTS = 500
 """Per metric and segment; older points are thinned (every other one dropped) beyond it, so a
 segment object stays a few kilobytes however long the run."""
 
-_KEY = re.compile(r"^ledger/(\d{8}T\d{9}Z)-([0-9a-f]{8})\.json$")
+_KEY = re.compile(r"^ledger/(\d{8}T\d{9}Z)-([0-9a-f]{8})\.json\Z")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
