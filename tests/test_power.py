@@ -316,6 +316,41 @@ def test_adopt_leaves_a_live_owners_cap_alone(tmp_path, data_dir):
         holder.wait()
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[1, 2]",
+        "42",
+        '{"uuid": "x"}',
+        '{"uuid": "x", "gpu": "V100", "original_limit_w": 300.0, "run_id": null, "pid": 1, "extra": 1}',
+        '{"uuid": "x", "gpu": "V100", "original_limit_w": "300", "run_id": null, "pid": 1}',
+        '{"uuid": "x", "gpu": "V100", "original_limit_w": 300.0, "run_id": null, "pid": 0}',
+        "{not json",
+    ],
+)
+def test_a_ledger_file_that_is_not_a_record_reads_as_none_and_stops_nothing(tmp_path, data_dir, content):
+    """A foreign or hand-edited ledger file is treated as unreadable: `adopt` finds nothing to
+    restore, a cap still sets and restores, and the real `skygreen power` command lists the GPU."""
+    lib = sim(tmp_path)
+    gpu = Nvml(lib).device(0)
+    ledger = Ledger.default()
+    ledger.root.mkdir(parents=True)
+    (ledger.root / f"{gpu.uuid}.json").write_text(content)
+    assert ledger.get(gpu.uuid) is None and ledger.all() == []
+    assert PowerCaps(ledger=ledger).adopt(gpu) is None
+    with cap(200, nvml=Nvml(lib)):
+        assert gpu.power_limit_w() == 200.0
+    assert gpu.power_limit_w() == 300.0
+
+    (ledger.root / f"{gpu.uuid}.json").write_text(content)
+    env = {**os.environ, "SKYGREEN_DATA_DIR": str(data_dir), "SKYGREEN_SIMULATED_GPU": "V100"}
+    out = subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", "power", "--json"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+
+
 # -- metering -------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ file whose owner is dead and restores that original limit, not the capped one on
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -53,6 +54,31 @@ def _not_zombie(pid: int) -> bool:
     return fields[0] != "Z"
 
 
+def _original_from_json(raw: object) -> Original | None:
+    """The record in a ledger file's JSON, or None when it is not one: a foreign or hand-edited
+    file must not stop `skygreen power` or a run's first cap, nor send a signal to pid 0."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        original = Original(**raw)
+    except TypeError:
+        return None
+    limit_w, pid = original.original_limit_w, original.pid
+    valid = (
+        isinstance(original.uuid, str)
+        and isinstance(original.gpu, str)
+        and isinstance(limit_w, (int, float))
+        and not isinstance(limit_w, bool)
+        and math.isfinite(limit_w)
+        and limit_w > 0
+        and (original.run_id is None or isinstance(original.run_id, str))
+        and isinstance(pid, int)
+        and not isinstance(pid, bool)
+        and pid > 0
+    )
+    return original if valid else None
+
+
 class Ledger:
     """One JSON file per GPU uuid under `root`."""
 
@@ -70,14 +96,13 @@ class Ledger:
         return self.root / f"{uuid.replace('/', '_')}.json"
 
     def get(self, uuid: str) -> Original | None:
-        """The record for the GPU `uuid`, or None when there is none, or its file cannot be read or is not JSON."""
+        """The record for the GPU `uuid`, or None when there is none, or its file cannot be read or
+        is not a record (not JSON, not an object, fields missing, unknown or of the wrong kind)."""
         try:
             raw = json.loads(self._path(uuid).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
         except (OSError, ValueError):
             return None
-        return Original(**raw)
+        return _original_from_json(raw)
 
     def record(self, original: Original) -> None:
         """Write the record for `original.uuid` atomically, replacing any earlier one."""
