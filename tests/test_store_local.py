@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 
 import pytest
 
 from skygreen.checkpoint.local_store import LocalStore
-from skygreen.checkpoint.store import Store
+from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.checkpoint.stores import open_store
 from skygreen.errors import KeyNotFoundError, StoreError
+from skygreen.files import COPY_CHUNK_BYTES
 
 
 def test_plain_paths_and_file_urls_open_the_same_directory(tmp_path):
@@ -68,6 +70,75 @@ def test_a_write_that_dies_midway_leaves_the_old_object_whole(tmp_path):
         store.put("m.json", io.BufferedReader(Exploding(b"new but ")))
     assert store.get("m.json") == b"old and complete"
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"], "no temporary file is left behind"
+
+
+FAST_RETRY = RetryPolicy(max_attempts=4, base_delay_s=0.01, max_delay_s=0.05)
+PAYLOAD = bytes(range(256)) * (COPY_CHUNK_BYTES // 256) * 2 + b"tail"  # two full chunks and a bit
+
+
+class HiccupOnce(io.BytesIO):
+    """A seekable stream whose read fails once with EIO after `after` bytes, as an NFS mount
+    does when its server hiccups; the next read works."""
+
+    def __init__(self, data: bytes, after: int) -> None:
+        super().__init__(data)
+        self.after = after
+        self.failed = False
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        if not self.failed and self.tell() >= self.after:
+            self.failed = True
+            raise OSError(errno.EIO, "Input/output error")
+        return super().read(size)
+
+
+class WriteHiccupOnce(io.FileIO):
+    """A real file whose write fails once with EIO after `after` bytes have gone in."""
+
+    def __init__(self, path, after: int) -> None:
+        super().__init__(path, "w+b")
+        self.after = after
+        self.failed = False
+
+    def write(self, data, /) -> int:
+        if not self.failed and self.tell() >= self.after:
+            self.failed = True
+            raise OSError(errno.EIO, "Input/output error")
+        n = super().write(data)
+        assert n is not None
+        return n
+
+
+def test_a_stream_put_retried_after_a_hiccup_rewinds_and_writes_the_whole_stream(tmp_path):
+    store = LocalStore(tmp_path / "bucket", retry=FAST_RETRY)
+    stream = HiccupOnce(b"header" + PAYLOAD, after=COPY_CHUNK_BYTES)
+    stream.seek(6)  # written from where it stands, and rewound to there
+    store.put("ckpt/000000000001/shared.pt", stream)
+    assert stream.failed
+    assert store.get("ckpt/000000000001/shared.pt") == PAYLOAD
+
+
+def test_a_stream_that_cannot_rewind_is_not_retried_into_a_short_object(tmp_path):
+    store = LocalStore(tmp_path / "bucket", retry=FAST_RETRY)
+    store.put("x", b"old and complete")
+
+    class Unseekable(HiccupOnce):
+        def seekable(self) -> bool:
+            return False
+
+    with pytest.raises(StoreError, match="cannot be rewound"):
+        store.put("x", Unseekable(PAYLOAD, after=COPY_CHUNK_BYTES))
+    assert store.get("x") == b"old and complete"
+
+
+def test_a_download_retried_after_a_hiccup_writes_the_object_once(tmp_path):
+    store = LocalStore(tmp_path / "bucket", retry=FAST_RETRY)
+    store.put("ckpt/000000000001/shared.pt", PAYLOAD)
+    with WriteHiccupOnce(tmp_path / "out", after=COPY_CHUNK_BYTES + 3) as out:
+        out.write(b"abc")  # the download goes after what the file already holds
+        store.get_to("ckpt/000000000001/shared.pt", out)
+        assert out.failed
+    assert (tmp_path / "out").read_bytes() == b"abc" + PAYLOAD
 
 
 @pytest.mark.parametrize("key", ["../escape", "/abs", "a//b", "a/./b", ""])

@@ -11,10 +11,11 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, call_with_retries
+from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, call_with_retries, cut_back, rewind
 from skygreen.errors import KeyNotFoundError, StoreError, TransientStoreError
 from skygreen.files import COPY_CHUNK_BYTES, TEMP_PREFIX, write_atomic
 
@@ -40,17 +41,20 @@ class LocalStore:
             raise StoreError(f"{self.root}: bad store key {key!r} (relative, '/'-separated, no '.' or '..')")
         return self.root.joinpath(*parts)
 
-    def _run(self, what: str, operation):
-        return call_with_retries(lambda: _mapped(self.root, what, operation), what=what, policy=self.retry)
+    def _run(self, what: str, operation, *, on_retry: Callable[[], None] | None = None):
+        return call_with_retries(
+            lambda: _mapped(self.root, what, operation), what=what, policy=self.retry, on_retry=on_retry
+        )
 
     def put(self, key: str, data: bytes | BinaryIO) -> None:
         """Write atomically (temporary file, fsync, rename), making folders as needed.
 
         A key with an empty, "." or ".." part, or a leading "/", is a `StoreError`; so are a
-        full disk and a permission error.
+        full disk and a permission error. A stream is written from where it stands and rewound
+        there before a retry; one that cannot be rewound makes a retry a `StoreError` instead.
         """
         target = self._path(key)
-        self._run(f"write {target}", lambda: write_atomic(target, data))
+        self._run(f"write {target}", lambda: write_atomic(target, data), on_retry=rewind(data))
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Copy the file at `path` in, atomically as `put` writes."""
@@ -69,14 +73,15 @@ class LocalStore:
 
     def get_to(self, key: str, fileobj: BinaryIO) -> None:
         """Copy the file into `fileobj` in `COPY_CHUNK_BYTES` chunks; `KeyNotFoundError` where
-        no file is at the key."""
+        no file is at the key. Before a retry `fileobj` is cut back to where it stood, so no part
+        is written twice (one that cannot seek makes a retry a `StoreError` instead)."""
         path = self._path(key)
 
         def copy() -> None:
             with _read_existing(path, key).open("rb") as src:
                 shutil.copyfileobj(src, fileobj, COPY_CHUNK_BYTES)
 
-        self._run(f"read {path}", copy)
+        self._run(f"read {path}", copy, on_retry=cut_back(fileobj))
 
     def list(self, prefix: str = "") -> list[str]:
         """Keys of the files under the root that start with `prefix`, sorted; the temporary files

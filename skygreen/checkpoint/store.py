@@ -270,3 +270,23 @@ def rewind(data: bytes | BinaryIO) -> Callable[[], None]:
         data.seek(start)
 
     return _rewind
+
+
+def cut_back(fileobj: BinaryIO) -> Callable[[], None]:
+    """A callback that cuts a download's destination back to where it stood (seek, truncate), so
+    a retried download writes no part twice.
+
+    A destination that cannot seek makes the callback raise a permanent `StoreError` instead.
+    """
+    try:
+        start = fileobj.tell() if fileobj.seekable() else None
+    except (AttributeError, OSError, ValueError):
+        start = None
+
+    def _cut_back() -> None:
+        if start is None:
+            raise StoreError("download interrupted and its destination cannot be rewound; pass a seekable file")
+        fileobj.seek(start)
+        fileobj.truncate()
+
+    return _cut_back
