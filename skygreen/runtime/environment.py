@@ -69,7 +69,8 @@ def autocast_factory(device_type: str, precision: PrecisionChoice):
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """`batch` on `device`: tensors moved without blocking, also inside mappings (which come back as
-    dicts), lists and tuples; other values as they are. On CPU the batch comes back untouched.
+    dicts), lists and tuples (namedtuples, as torch's default collate makes them, keep their type);
+    other values as they are. On CPU the batch comes back untouched.
     """
     if device.type == "cpu":
         return batch
@@ -78,7 +79,8 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
+        items = [to_device(v, device) for v in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)  # a namedtuple takes fields
     return batch
 
 

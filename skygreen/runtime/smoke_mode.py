@@ -26,14 +26,16 @@ SMOKE_ACCUM_STEPS = 2
 
 def host_copy(obj: Any) -> Any:
     """`obj` with every tensor detached and on the CPU, also inside mappings (which come back as
-    dicts), lists and tuples. A tensor already on the CPU keeps its storage: nothing is copied.
+    dicts), lists and tuples (namedtuples keep their type). A tensor already on the CPU keeps its
+    storage: nothing is copied.
     """
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, Mapping):
         return {k: host_copy(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(host_copy(v) for v in obj)
+        items = [host_copy(v) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)  # a namedtuple takes fields
     return obj
 
 
