@@ -19,6 +19,8 @@ class MetadataServer:
         self.cloud = cloud
         self.notice = False
         self.azure_event_type = "Preempt"
+        self.azure_events: object = None
+        """When not None, Azure answers this as its `Events` value, whatever it is (a malformed answer)."""
         self.polls = 0
         self.rejected = 0
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -105,6 +107,8 @@ class MetadataServer:
                             "DurationInSeconds": -1,
                         }
                     )
+                if server.azure_events is not None:
+                    events = server.azure_events  # type: ignore[assignment]
                 self._send(200, json.dumps({"DocumentIncarnation": 2, "Events": events}), "application/json")
 
         return Handler

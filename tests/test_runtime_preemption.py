@@ -17,6 +17,7 @@ import ddp_train as job
 from metadata_server import MetadataServer
 from skygreen.checkpoint.manifest import committed_steps, read_manifest
 from skygreen.checkpoint.stores import open_store
+from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import PREEMPTED_EXIT_CODE
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.compare import first_difference
@@ -45,6 +46,33 @@ def test_azure_events_other_than_preempt_are_not_notices():
         server.notice = True
         server.azure_event_type = "Freeze"
         assert CHECKS["azure"](server.url) is None
+
+
+@pytest.mark.parametrize("events", [5, "Preempt", {"EventType": "Preempt"}, [1, "Preempt"], True])
+def test_a_malformed_azure_answer_is_no_notice_and_the_watcher_keeps_watching(events):
+    with MetadataServer("azure") as server:
+        server.notice = True
+        server.azure_events = events
+        assert CHECKS["azure"](server.url) is None
+        watcher = NoticeWatcher("azure", base_url=server.url, poll_s=0.02).start()
+        try:
+            deadline = time.monotonic() + 10
+            while server.polls < 4 and time.monotonic() < deadline:  # several malformed answers in a row
+                time.sleep(0.02)
+            assert server.polls >= 4 and watcher.pending() is None
+            server.azure_events = None  # now a well-formed Preempt event
+            while (notice := watcher.pending()) is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert notice is not None and "Preempt" in notice.detail
+        finally:
+            watcher.stop()
+
+
+def test_a_watcher_for_an_unknown_cloud_is_a_clear_setup_error():
+    with pytest.raises(
+        RuntimeSetupError, match=r"no preemption notice check for cloud 'oci'\n  allowed: aws, azure, gcp"
+    ):
+        NoticeWatcher.from_env("oci", {})
 
 
 def test_watcher_reports_each_notice_once_and_survives_no_server():

@@ -96,7 +96,7 @@ def check_gcp(base_url: str) -> Notice | None:
 
 def check_azure(base_url: str) -> Notice | None:
     """Azure's preemption notice: the first scheduled event of type Preempt; None when there is
-    none, or the answer is not a 200 with a JSON object.
+    none, or the answer is not a 200 with a JSON object whose `Events` is a list.
     """
     status, body = _request(f"{base_url}/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"})
     if status != 200:
@@ -104,6 +104,8 @@ def check_azure(base_url: str) -> Notice | None:
     try:
         events = json.loads(body).get("Events", [])
     except (json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(events, list):
         return None
     for event in events:
         if isinstance(event, dict) and event.get("EventType") == "Preempt":
@@ -120,7 +122,16 @@ CHECKS: dict[str, Callable[[str], Notice | None]] = {"aws": check_aws, "gcp": ch
 def metadata_url(cloud: str, environ: Mapping[str, str] | None = None) -> str:
     """The base URL of `cloud`'s metadata server: its SKYGREEN_<CLOUD>_METADATA_URL, else the cloud's own."""
     environ = os.environ if environ is None else environ
-    return environ.get(METADATA_URL_ENV[cloud]) or DEFAULT_METADATA_URLS[cloud]
+    return environ.get(METADATA_URL_ENV[_known_cloud(cloud)]) or DEFAULT_METADATA_URLS[cloud]
+
+
+def _known_cloud(cloud: str) -> str:
+    """`cloud` itself when skygreen can watch it for notices; else `RuntimeSetupError` listing those it can."""
+    if cloud not in CHECKS:
+        raise RuntimeSetupError(
+            f"no preemption notice check for cloud {cloud!r}\n  allowed: {', '.join(sorted(CHECKS))}"
+        )
+    return cloud
 
 
 def _env_seconds(name: str, default: float, environ: Mapping[str, str]) -> float:
@@ -164,11 +175,7 @@ class NoticeWatcher:
     """
 
     def __init__(self, cloud: str, *, base_url: str, poll_s: float) -> None:
-        if cloud not in CHECKS:
-            raise RuntimeSetupError(
-                f"no preemption notice check for cloud {cloud!r}\n  allowed: {', '.join(sorted(CHECKS))}"
-            )
-        self.cloud = cloud
+        self.cloud = _known_cloud(cloud)
         self.base_url = base_url.rstrip("/")
         self.poll_s = poll_s
         self._stop = threading.Event()
@@ -181,7 +188,7 @@ class NoticeWatcher:
     def from_env(cls, cloud: str, environ: Mapping[str, str] | None = None) -> NoticeWatcher:
         """A watcher of `cloud` with its endpoint and poll interval (`SKYGREEN_NOTICE_POLL_S`, 5 s by
         default) from `environ` (os.environ when None); not started. Raises `RuntimeSetupError` for a
-        poll interval that is not a positive number of seconds.
+        cloud it cannot watch and for a poll interval that is not a positive number of seconds.
         """
         environ = os.environ if environ is None else environ
         return cls(cloud, base_url=metadata_url(cloud, environ), poll_s=_env_seconds(POLL_ENV, DEFAULT_POLL_S, environ))
