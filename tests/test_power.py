@@ -198,6 +198,18 @@ def test_zeus_chooser_follows_eta():
     assert PowerProfile.from_dict(profile.to_dict()) == profile
 
 
+def test_a_chosen_limit_that_was_not_profiled_claims_no_saving():
+    """A profile read back from a checkpoint edited by hand: its chosen limit is none of the rungs."""
+    points = [
+        ProfilePoint(limit_w=300, energy_j=300.0, time_s=1.0),
+        ProfilePoint(limit_w=200, energy_j=220.0, time_s=1.1),
+    ]
+    edited = {**PowerProfile.from_points("V100", points, eta=0.5).to_dict(), "chosen_w": 250}
+    profile = PowerProfile.from_dict(edited)
+    assert profile.point(250.0) is None and profile.point(200.0) == points[1]
+    assert profile.saving_vs_uncapped is None and profile.slowdown_vs_uncapped is None
+
+
 def test_ladder_profiler_measures_after_warmup_and_skips_measured_rungs():
     prof = LadderProfiler("V100", (300.0, 200.0), warmup_steps=1, measure_steps=2, settle_steps=2)
     assert prof.limit_w == 300.0

@@ -106,6 +106,25 @@ def test_resume_on_the_same_gpu_type_does_not_profile_again(tmp_path, clock):
     other.close()
 
 
+def test_resume_from_a_hand_edited_profile_keeps_its_cap_and_claims_no_saving(tmp_path, clock):
+    """A checkpoint whose profile names a chosen limit it never profiled: the cap applies, each
+    checkpoint's state still saves, and no energy saving is claimed."""
+    _, gov = make(tmp_path, clock)
+    gov.start()
+    train(gov, clock, 30)
+    saved = gov.state_dict()
+    gov.close()
+    edited = {**saved, "profile": {**saved["profile"], "chosen_w": 251.0}}
+    lib2, again = make(tmp_path, clock)
+    again.start(edited)
+    train(again, clock, 3)
+    state, summary = again.state_dict(), again.summary()
+    assert again.cap_w == 251.0 and state["profile"]["chosen_w"] == 251.0
+    assert state["saving_vs_uncapped"] is None and summary["saving_vs_uncapped"] is None
+    again.close()
+    assert sets_w(lib2) == [251.0, 300.0]
+
+
 def test_a_profile_cut_by_preemption_goes_on_from_the_next_rung(tmp_path, clock):
     _, gov = make(tmp_path, clock)
     gov.start()

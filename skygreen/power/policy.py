@@ -182,9 +182,10 @@ class PowerProfile:
         """
         return cls(gpu=gpu, eta=eta, points=tuple(points), chosen_w=choose(points, eta=eta).limit_w)
 
-    def point(self, limit_w: float) -> ProfilePoint:
-        """The rung profiled at exactly `limit_w`; raises `StopIteration` when there is none."""
-        return next(p for p in self.points if p.limit_w == limit_w)
+    def point(self, limit_w: float) -> ProfilePoint | None:
+        """The rung profiled at exactly `limit_w`; None when there is none (a profile read back from a
+        checkpoint edited by hand: its `chosen_w` still sets the cap, but nothing was measured there)."""
+        return next((p for p in self.points if p.limit_w == limit_w), None)
 
     @property
     def uncapped(self) -> ProfilePoint:
@@ -192,16 +193,22 @@ class PowerProfile:
         return max(self.points, key=lambda p: p.limit_w)
 
     @property
-    def saving_vs_uncapped(self) -> float:
-        """Energy per step saved by the chosen limit against the highest one profiled (0.137 = 13.7%)."""
-        base = self.uncapped.energy_j
-        return 0.0 if base <= 0 else 1.0 - self.point(self.chosen_w).energy_j / base
+    def saving_vs_uncapped(self) -> float | None:
+        """Energy per step saved by the chosen limit against the highest one profiled (0.137 = 13.7%);
+        None when the chosen limit was not profiled (not measured, so no claim)."""
+        chosen, base = self.point(self.chosen_w), self.uncapped.energy_j
+        if chosen is None:
+            return None
+        return 0.0 if base <= 0 else 1.0 - chosen.energy_j / base
 
     @property
-    def slowdown_vs_uncapped(self) -> float:
-        """Time per step the chosen limit adds against the highest one profiled (0.068 = 6.8% slower)."""
-        base = self.uncapped.time_s
-        return 0.0 if base <= 0 else self.point(self.chosen_w).time_s / base - 1.0
+    def slowdown_vs_uncapped(self) -> float | None:
+        """Time per step the chosen limit adds against the highest one profiled (0.068 = 6.8% slower);
+        None when the chosen limit was not profiled."""
+        chosen, base = self.point(self.chosen_w), self.uncapped.time_s
+        if chosen is None:
+            return None
+        return 0.0 if base <= 0 else chosen.time_s / base - 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as JSON values, as the checkpoint keeps it; `from_dict()` reads it back."""
