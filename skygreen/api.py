@@ -230,13 +230,18 @@ def power_gpus() -> dict[str, Any]:
 
 def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None) -> RunRecord:
     """Relaunch a stopped run with the same run id; it continues from its last checkpoint.
-    `budget_usd`: a new budget (needed, and higher, for a run stopped at its budget)."""
+    `budget_usd`: a new budget (needed, and higher, for a run stopped at its budget). A run
+    launched with a deadline is held to it again: its watcher starts unless one runs."""
     from skygreen.launch import runs
-    from skygreen.launch.watch_state import clear_user_cancel
+    from skygreen.launch.watch_process import start_watcher
+    from skygreen.launch.watch_state import clear_user_cancel, watcher_running
 
     w = wiring()
     record = runs.resume(run_id, local=local, budget_usd=budget_usd, wiring=w)
-    clear_user_cancel(w.registry.run_dir(record.run_id))  # the user's relaunch: `watch` may hold it again
+    run_dir = w.registry.run_dir(record.run_id)
+    clear_user_cancel(run_dir)  # the user's relaunch: the deadline holds again
+    if record.deadline is not None and not watcher_running(run_dir):
+        start_watcher(record.run_id, registry_dir=run_dir)
     return record
 
 

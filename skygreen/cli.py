@@ -292,7 +292,11 @@ def resume(run: str, local: bool, detach: bool, budget_usd: float | None) -> Non
 
     record = api.resume(run, local=local, budget_usd=budget_usd)
     sys.stdout.write(f"resumed run {record.run_id} (job {record.job_id}, launch {len(record.launches)})\n")
-    if record.mode == "local" and not detach:
+    if record.deadline is not None:  # the watcher may switch jobs: following one would end at a switch
+        sys.stdout.write(
+            f"  held to its deadline by its watcher: `skygreen status {record.run_id}` shows where it is\n"
+        )
+    elif record.mode == "local" and not detach:
         _follow_local(record.run_id)
 
 

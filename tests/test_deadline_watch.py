@@ -8,7 +8,11 @@ poll: read the record, the job, the ledger; decide; take one step.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ import yaml
 
 from skygreen.cli import main
 from skygreen.deadline.clock import CLOCK_ENV
+from skygreen.launch.watch_state import load_state, watcher_running
 from skygreen.ledger.io import write_segment
 from skygreen.ledger.records import Place, Segment, new_segment_key
 from skygreen.testing import FakeLauncher
@@ -57,6 +62,16 @@ def write_task(tmp_path: Path, bucket: str, **green_extra) -> Path:
     path.write_text(yaml.safe_dump({"name": "dl", "skygreen": green, "run": "python train.py"}, sort_keys=False))
     (tmp_path / "train.py").write_text("print('training')\n")
     return path
+
+
+def wait_for(predicate, what: str, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def set_clock(env, hours: float) -> None:
@@ -159,6 +174,26 @@ def test_the_watcher_moves_a_recovering_spot_run_to_on_demand_and_stops_for_the_
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0 and "cancelled by the user; the watcher stops" in out
     assert len(record_of(env, run_id)["launches"]) == 2  # nothing relaunched after the user's cancel
+
+    # the user's resume holds the run to its deadline again: a watcher starts in the background
+    code, out, err = cli(capsys, "resume", run_id)
+    assert code == 0 and "held to its deadline by its watcher" in out, err
+    run_dir = env["data"] / "runs" / run_id
+    try:
+
+        def started() -> int | None:  # earlier `watch --once` polls ran in this process and left its pid
+            pid = load_state(run_dir).pid
+            return pid if watcher_running(run_dir) and pid != os.getpid() else None
+
+        watcher = wait_for(started, "the resumed run's watcher")
+        assert not (run_dir / "cancelled-by-user").exists()
+        assert record_of(env, run_id)["launches"][-1]["spot"] is False  # as the watcher had left it
+    finally:
+        pid = load_state(run_dir).pid
+        if pid and pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert watcher
 
 
 def test_watch_of_a_run_without_a_deadline_is_bad_input(env, tmp_path, capsys, s3_bucket):
