@@ -168,6 +168,9 @@ def test_the_watcher_moves_a_recovering_spot_run_to_on_demand_and_stops_for_the_
     code, out, err = cli(capsys, "status", run_id)
     assert "deadline" in out and "30 h, by" in out and "25.00 h left" in out
     assert "not running: the run stays where it is" in out and f"skygreen watch {run_id}" in out
+    code, out, err = cli(capsys, "status")
+    header, row = out.splitlines()[:2]
+    assert header.split()[-1] == "DEADLINE" and row.endswith("25.0h left, on-demand (no watcher)")
 
     code, out, err = cli(capsys, "cancel", run_id)
     assert code == 0, err
@@ -200,6 +203,7 @@ def test_watch_of_a_run_without_a_deadline_is_bad_input(env, tmp_path, capsys, s
     run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"))
     code, _, err = cli(capsys, "watch", run_id, "--once")
     assert code == 2 and "launched without a deadline" in err and "--deadline 36h" in err
+    assert "DEADLINE" not in cli(capsys, "status")[1]  # the column only when some run has one
 
 
 @pytest.mark.parametrize(

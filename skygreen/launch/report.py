@@ -35,7 +35,9 @@ def print_status_table(rows: Sequence[RunStatus], out: TextIO) -> None:
     if not rows:
         out.write("no runs yet: start one with `skygreen up TASK` (or `--local`)\n")
         return
-    header = ("RUN", "MODE", "STATE", "STEP", "MODEL", "PREEMPT", "RECOVER", "SPEND", "ENERGY")
+    deadlines = any(r.deadline for r in rows)  # the column only when some run has a deadline
+    header: tuple[str, ...] = ("RUN", "MODE", "STATE", "STEP", "MODEL", "PREEMPT", "RECOVER", "SPEND", "ENERGY")
+    header += ("DEADLINE",) if deadlines else ()
     table = [header] + [
         (
             r.run_id,
@@ -47,6 +49,7 @@ def print_status_table(rows: Sequence[RunStatus], out: TextIO) -> None:
             str(r.recoveries),
             _money(r.spend_usd, r.spend_estimated),
             _energy(r.energy_kwh),
+            *((_deadline_cell(r.deadline),) if deadlines else ()),
         )
         for r in rows
     ]
@@ -87,6 +90,18 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         out.write(f"{key.ljust(width)}  {value}\n")
+
+
+def _deadline_cell(d: dict[str, Any] | None) -> str:
+    """`10.5h left, on-demand` (the watcher's latest decision), `-` without a deadline."""
+    if d is None:
+        return "-"
+    left_h = d["left_h"]
+    when = f"{left_h:.1f}h left" if left_h >= 0 else f"{-left_h:.1f}h past"
+    if d["watcher"]["ended"]:
+        return f"{when}, watcher ended"
+    mode = MODE_WORDS.get(d["decision"], "deciding") if d["decision"] else "deciding"
+    return f"{when}, {mode}" + ("" if d["watcher"]["running"] else " (no watcher)")
 
 
 def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, str]]:
