@@ -156,22 +156,14 @@ def up(
         compute_h=None if compute is None else read_duration_h(compute, "--compute"),
         policy=policy,
     )
-    result = runs.up(
-        task_path,
-        local=local,
-        dryrun=dryrun,
-        output=output,
-        smoke=smoke,
-        deadline=ask,
-        wiring=wiring(catalog_dir=catalog_dir),
-    )
+    w = wiring(catalog_dir=catalog_dir)
+    result = runs.up(task_path, local=local, dryrun=dryrun, output=output, smoke=smoke, deadline=ask, wiring=w)
     if watch and result.record is not None and result.record.deadline is not None:
         import dataclasses
 
-        from skygreen.launch.registry import Registry
         from skygreen.launch.watch_process import start_watcher
 
-        pid = start_watcher(result.record.run_id, registry_dir=Registry().run_dir(result.record.run_id))
+        pid = start_watcher(result.record.run_id, registry_dir=w.registry.run_dir(result.record.run_id))
         result = dataclasses.replace(result, watcher_pid=pid)
     return result
 

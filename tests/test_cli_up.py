@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from skygreen.cli import main
+from helpers import cli
 from skygreen.testing import FakeLauncher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,16 +31,6 @@ def env(private_home, tmp_path, monkeypatch):
     monkeypatch.delenv("SKYGREEN_FAKE_LAUNCHER_FAIL", raising=False)
     monkeypatch.delenv("SKYGREEN_DATA_DIR", raising=False)
     return {"data": private_home / ".local" / "share" / "skygreen", "fake": fake_dir}
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_task(

@@ -19,11 +19,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from skygreen.checkpoint.stores import open_store
 from skygreen.deadline.clock import CLOCK_ENV
 from skygreen.deadline.market import TRACE_ENV
@@ -109,16 +109,6 @@ def set_clock(env, hours: float) -> float:
 
 def release(env, step: int) -> None:
     (Path(env[RELEASE_ENV]) / str(step)).touch()
-
-
-def wait_for(predicate, what: str, timeout_s: float = 240):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def decision_at(env, run_id: str, at_s: float) -> dict:

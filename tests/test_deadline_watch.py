@@ -12,13 +12,12 @@ import contextlib
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from skygreen.cli import main
+from helpers import cli, wait_for
 from skygreen.deadline.clock import CLOCK_ENV
 from skygreen.launch.watch_state import load_state, watcher_running
 from skygreen.ledger.io import write_segment
@@ -44,16 +43,6 @@ def env(private_home, tmp_path, monkeypatch):
     return {"data": private_home / ".local" / "share" / "skygreen", "fake": fake_dir, "clock": clock}
 
 
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def write_task(tmp_path: Path, bucket: str, **green_extra) -> Path:
     green = {"gpus": ["L4", "T4", "A100"], "work": {"gpu_hours": 4, "gpu": "A100"}, "max_candidates": 3}
     green["checkpoint"] = {"bucket": bucket}
@@ -62,16 +51,6 @@ def write_task(tmp_path: Path, bucket: str, **green_extra) -> Path:
     path.write_text(yaml.safe_dump({"name": "dl", "skygreen": green, "run": "python train.py"}, sort_keys=False))
     (tmp_path / "train.py").write_text("print('training')\n")
     return path
-
-
-def wait_for(predicate, what: str, timeout_s: float = 60):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def set_clock(env, hours: float) -> None:
@@ -188,7 +167,7 @@ def test_the_watcher_moves_a_recovering_spot_run_to_on_demand_and_stops_for_the_
             pid = load_state(run_dir).pid
             return pid if watcher_running(run_dir) and pid != os.getpid() else None
 
-        watcher = wait_for(started, "the resumed run's watcher")
+        watcher = wait_for(started, "the resumed run's watcher", timeout_s=60)
         assert not (run_dir / "cancelled-by-user").exists()
         assert record_of(env, run_id)["launches"][-1]["spot"] is False  # as the watcher had left it
     finally:

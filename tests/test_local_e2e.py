@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,16 +54,6 @@ def status(env, run_id: str) -> dict:
 
 def runs(env) -> list[dict]:
     return json.loads(skygreen(env, "status", "--json").stdout)
-
-
-def wait_for(predicate, what: str, timeout_s: float = 240):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def training_pid(env, run_id: str) -> int:

@@ -16,12 +16,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import wait_for
 from skygreen.checkpoint.manifest import SHARED_BLOB, blob_key, committed_steps
 from skygreen.checkpoint.retention import QUARANTINE_DIR, deletable_steps
 from skygreen.checkpoint.stores import open_store
@@ -139,16 +139,6 @@ def env(private_home):
 
 def skygreen(env, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*SKYGREEN, *args], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
-
-
-def wait_for(predicate, what: str, timeout_s: float = 240):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def record(env, run_id: str) -> dict:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from skygreen.deadline.policy import POLICIES, Job, Mode, Observation, Policy, safety_net
@@ -82,8 +82,7 @@ class DeadlineTerms:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DeadlineTerms:
         """Back from `to_json`; unknown keys (from a newer skygreen) are ignored."""
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**_known(cls, data))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,6 +100,12 @@ class Progress:
         if not self.total_steps:
             return None
         return min(max(self.step / self.total_steps, 0.0), 1.0)
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of `data` that are fields of the dataclass `cls`."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def progress_from(segments: Sequence[Any]) -> Progress:
@@ -224,9 +229,8 @@ class Decision:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Decision:
-        """Back from `to_json`."""
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """Back from `to_json`; unknown keys are ignored."""
+        return cls(**_known(cls, data))
 
 
 def decide(

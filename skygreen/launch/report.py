@@ -8,9 +8,10 @@ from typing import Any, TextIO
 
 from skygreen.deadline.live import MODE_WORDS, DeadlineTerms
 from skygreen.figures import amount
-from skygreen.launch.registry import Registry, RunRecord
+from skygreen.launch.registry import RunRecord
 from skygreen.launch.runs import UpResult
 from skygreen.launch.status import RunStatus
+from skygreen.launch.watch_state import LOG_FILE
 from skygreen.timestamps import utc_now_iso
 
 
@@ -194,10 +195,10 @@ def print_launched(result: UpResult, out: TextIO) -> None:
     out.write(f"  checkpoints: {record.checkpoint_url}\n")
     out.write(f"  follow: skygreen logs {record.run_id} --follow    status: skygreen status {record.run_id}\n")
     if record.deadline is not None:
-        _print_deadline_launch(record, result.watcher_pid, out)
+        _print_deadline_launch(record, result, out)
 
 
-def _print_deadline_launch(record: RunRecord, watcher_pid: int | None, out: TextIO) -> None:
+def _print_deadline_launch(record: RunRecord, result: UpResult, out: TextIO) -> None:
     terms = DeadlineTerms.from_json(record.deadline or {})
     by = datetime.fromtimestamp(terms.deadline_at_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     compute = f"{terms.compute_h:.3g} h of compute" if terms.compute_h else "compute measured as it runs"
@@ -205,9 +206,9 @@ def _print_deadline_launch(record: RunRecord, watcher_pid: int | None, out: Text
         f"  deadline:    {terms.deadline_h:g} h, by {by} ({compute}; changeover {terms.changeover_h:.2f} h); "
         f"starts on spot, policy {terms.policy}\n"
     )
-    if watcher_pid is not None:
+    if result.watcher_pid is not None:  # its log sits in the run's folder, beside the task YAML
         out.write(
-            f"  watcher:     pid {watcher_pid}, log {Registry().run_dir(record.run_id) / 'watch.log'}; "
+            f"  watcher:     pid {result.watcher_pid}, log {result.yaml_path.parent / LOG_FILE}; "
             f"if it stops, `skygreen watch {record.run_id}` restarts it\n"
         )
     else:

@@ -30,11 +30,11 @@ from skygreen.launch.deadline_terms import DeadlineAsk, deadline_ask, deadline_t
 from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
-from skygreen.launch.status import BUDGET_STATE, RunStatus, run_status
+from skygreen.launch.status import BUDGET_STATE, RunStatus, run_state, run_status
 from skygreen.launch.watch_state import mark_user_cancel
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.settings import RuntimeSettings
-from skygreen.spec import TaskSpec
+from skygreen.spec import TaskSpec, with_deadline
 from skygreen.task_checks import load_task
 from skygreen.timestamps import utc_now_iso
 
@@ -102,7 +102,7 @@ def up(
     bucket = _bucket(spec, local=local, environ=environ)
     deadline = deadline_ask(spec, deadline)
     if deadline is not None:
-        spec = dataclasses.replace(spec, green=dataclasses.replace(spec.green, deadline=deadline.deadline_h))
+        spec = with_deadline(spec, deadline.deadline_h, "--deadline")
     plan = None if local else wiring.plan(spec)
     terms = None if deadline is None else deadline_terms(spec, plan, deadline)
     task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent)
@@ -254,10 +254,10 @@ def resume(
     record = registry.load(run_id)
     run_id = record.run_id
     _check_bucket_before_resume(record, wiring)
-    current = run_status(record, wiring=wiring)
-    if current.completed:
+    current = run_state(record, wiring=wiring)
+    if current.completed and current.manifest is not None:
         raise InputError(
-            f"run {run_id} already completed at step {current.step}\n  fix: start a new run with `skygreen up`"
+            f"run {run_id} already completed at step {current.manifest.step}\n  fix: start a new run with `skygreen up`"
         )
     if current.state == JobState.SUCCEEDED.value:
         raise InputError(

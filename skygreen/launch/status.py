@@ -75,40 +75,69 @@ def status(run_id: str | None = None, *, wiring: Wiring) -> list[RunStatus]:
     return [run_status(record, wiring=wiring, unreachable=unreachable) for record in records]
 
 
-def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] | None = None) -> RunStatus:
-    """One run's state: its launcher's view joined with the progress in its bucket."""
-    registry = wiring.registry
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunState:
+    """Where a run is: its job as the launcher sees it joined with its latest checkpoint; the
+    part of `RunStatus` that deciding anything about a run needs (`resume`, the deadline watcher)."""
+
+    job: JobStatus | None
+    state: str
+    """The job's `JobState` value, the record's last known one, or BUDGET."""
+    detail: str | None
+    manifest: Manifest | None
+    progress_error: str | None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The latest checkpoint's meta (empty before the first)."""
+        return dict(self.manifest.meta) if self.manifest else {}
+
+    @property
+    def completed(self) -> bool:
+        """The runtime committed its final checkpoint."""
+        return self.meta.get("state") == "completed"
+
+
+def run_state(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] | None = None) -> RunState:
+    """The launcher's view of the run's job joined with its latest checkpoint (the record
+    learns the job's newer state)."""
     job, job_error = _job_status(record, wiring)
-    unreachable = {} if unreachable is None else unreachable
-    manifest, progress_error = _progress(record, wiring, unreachable)
-    meta = dict(manifest.meta) if manifest else {}
+    manifest, progress_error = _progress(record, wiring, {} if unreachable is None else unreachable)
     state = job.state.value if job else record.state
     detail = job_error or (job.detail if job else None)
     if job and job.failure_reason:
         detail = f"{detail}: {job.failure_reason}" if detail else job.failure_reason
     if job and job.state.value != record.state:
-        registry.save(dataclasses.replace(record, state=job.state.value))
-    spend, estimated = run_spend(
-        record, job, job_status_of=lambda job_id: _job_status_of(record, job_id, wiring), open_store=wiring.open_store
-    )
-    energy_j = meta.get("energy_j")
-    if meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
+        wiring.registry.save(dataclasses.replace(record, state=job.state.value))
+    if manifest and manifest.meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
         state, detail = (
             BUDGET_STATE.upper(),
             f"stopped at its budget; raise it with `skygreen resume {record.run_id} --budget-usd N`",
         )
+    return RunState(job=job, state=state, detail=detail, manifest=manifest, progress_error=progress_error)
+
+
+def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] | None = None) -> RunStatus:
+    """One run's state: its launcher's view joined with the progress in its bucket."""
+    unreachable = {} if unreachable is None else unreachable
+    current = run_state(record, wiring=wiring, unreachable=unreachable)
+    job, manifest, meta = current.job, current.manifest, current.meta
+    spend, estimated = run_spend(
+        record, job, job_status_of=lambda job_id: _job_status_of(record, job_id, wiring), open_store=wiring.open_store
+    )
+    energy_j = meta.get("energy_j")
     return RunStatus(
         run_id=record.run_id,
         task=record.task_path,
         mode=record.mode,
-        state=state,
-        detail=detail,
+        state=current.state,
+        detail=current.detail,
         job_id=record.job_id,
         launches=len(record.launches),
         step=manifest.step if manifest else None,
         model_sha256=manifest.model_sha256 if manifest else None,
         checkpoint_at=manifest.created_at if manifest else None,
-        completed=meta.get("state") == "completed",
+        completed=current.completed,
         preemptions=_int_or_none(meta.get("preemptions")),
         recoveries=(job.recovery_count if job else 0) + max(0, len(record.launches) - 1),
         spend_usd=spend,
@@ -118,7 +147,7 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
         checkpoint_interval_s=_float_or_none(meta.get("checkpoint_interval_s")),
         where=_where(job),
         checkpoint_url=record.checkpoint_url,
-        progress_error=progress_error,
+        progress_error=current.progress_error,
         unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
         energy=_energy(meta, job if record.mode != LOCAL else None) if manifest else None,
         deadline=_deadline(record, wiring),

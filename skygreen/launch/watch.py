@@ -41,7 +41,7 @@ from skygreen.launch import runs
 from skygreen.launch.bucket import within_deadline
 from skygreen.launch.launcher import JobState
 from skygreen.launch.registry import RunRecord
-from skygreen.launch.status import BUDGET_STATE, run_status
+from skygreen.launch.status import BUDGET_STATE, run_state
 from skygreen.launch.watch_state import WatchState, load_state, save_state, user_cancelled, watcher_lock
 from skygreen.launch.wiring import Wiring, launcher_for
 from skygreen.ledger.io import read_ledger
@@ -92,7 +92,7 @@ class Watch:
                     exit_code=0,
                     state=state,
                 )
-            save_state(run_dir, dataclasses.replace(load_state(run_dir), pid=_pid(), ended=None))
+            save_state(run_dir, dataclasses.replace(load_state(run_dir), pid=os.getpid(), ended=None))
             while True:
                 try:
                     result = self.poll()
@@ -115,13 +115,13 @@ class Watch:
         state = load_state(run_dir)
         terms = DeadlineTerms.from_json(record.deadline or {})
         now_s = self.clock()
-        state = dataclasses.replace(state, heartbeat_at_s=now_s, pid=_pid())
-        current = run_status(record, wiring=self.wiring)
+        state = dataclasses.replace(state, heartbeat_at_s=now_s, pid=os.getpid())
+        current = run_state(record, wiring=self.wiring)  # the job and the checkpoint; no spend, no views
         ended = self._ended(record, current.state, current.completed, state, terms, now_s)
         if ended is not None:
             save_state(run_dir, dataclasses.replace(state, ended=ended.reason, cancelled_job=None))
             return dataclasses.replace(ended, state=load_state(run_dir))
-        record = registry.load(record.run_id)  # run_status may have saved the job's newer state
+        record = registry.load(record.run_id)  # run_state may have saved the job's newer state
         spot = record.launches[-1].spot if record.launches else True
         job_state = current.state
         market = self.market(terms)(now_s) if self.market is not None else None
@@ -221,10 +221,6 @@ class Watch:
             )
             return None
         return progress_from(segments)
-
-
-def _pid() -> int:
-    return os.getpid()
 
 
 def _when(decision: Decision) -> str:
