@@ -115,13 +115,13 @@ class Watch:
         state = load_state(run_dir)
         terms = DeadlineTerms.from_json(record.deadline or {})
         now_s = self.clock()
+        first_look = state.heartbeat_at_s is None
         state = dataclasses.replace(state, heartbeat_at_s=now_s, pid=os.getpid())
         current = run_state(record, wiring=self.wiring)  # the job and the checkpoint; no spend, no views
         ended = self._ended(record, current.state, current.completed, state, terms, now_s)
         if ended is not None:
             save_state(run_dir, dataclasses.replace(state, ended=ended.reason, cancelled_job=None))
             return dataclasses.replace(ended, state=load_state(run_dir))
-        record = registry.load(record.run_id)  # run_state may have saved the job's newer state
         spot = record.launches[-1].spot if record.launches else True
         job_state = current.state
         market = self.market(terms)(now_s) if self.market is not None else None
@@ -144,7 +144,6 @@ class Watch:
                 history=state.availability,
             )
         if decision is None:
-            first_look = load_state(run_dir).heartbeat_at_s is None
             save_state(run_dir, state)
             if first_look:
                 self.say(f"run {record.run_id}: waiting for its first steps in the ledger before deciding")
