@@ -190,7 +190,11 @@ def test_corrupt_checkpoints_restart_commit_kill_again_and_the_progress_is_kept(
     kept = set(committed_steps(store))
     assert new_commits[-1] in kept, "the newest commit of the new life was not deleted"
     assert kept & set(corrupt) <= set(new_commits)  # a corrupt step survives only if this life rewrote it
-    assert quarantined_steps(store) == [s for s in corrupt if s not in new_commits]
+    # Retention moves aside every corrupt step this life did not rewrite first. A step it rewrote
+    # after the move has its corrupt copy in quarantine and a good one committed: both are right.
+    quarantined = set(quarantined_steps(store))
+    assert set(corrupt) - set(new_commits) <= quarantined, (corrupt, new_commits, quarantined)
+    assert quarantined <= set(corrupt), "only the corrupt checkpoints were moved aside"
     assert "quarantined unloadable checkpoint steps" in launch_log(env, run_id)
 
     again = skygreen(env, "resume", run_id, "--detach")
