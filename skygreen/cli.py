@@ -255,6 +255,7 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
     from skygreen import api
     from skygreen.errors import InputError
     from skygreen.launch.report import print_statement, print_status_detail, print_status_table
+    from skygreen.terminal import output_width
 
     if statement and run is None:
         raise InputError(
@@ -266,7 +267,7 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
     elif json_output:
         print_json([r.to_json() for r in rows] if run is None else rows[0].to_json())
     elif run is None:
-        print_status_table(rows, sys.stdout)
+        print_status_table(rows, sys.stdout, width=output_width(sys.stdout))
     else:
         print_status_detail(rows[0], sys.stdout)
     unreachable = {r.progress_error for r in rows if r.unreachable_bucket and r.progress_error}

@@ -8,7 +8,9 @@ written through them, by skygreen or by a library in the same process, arrives p
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from typing import TextIO
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -53,3 +55,18 @@ def plain_unless_terminal(stream: TextIO) -> TextIO:
     except (AttributeError, ValueError):
         pass
     return PlainText(stream)  # type: ignore[return-value]
+
+
+def output_width(stream: TextIO) -> int | None:
+    """How many columns a table written to `stream` may use: `$COLUMNS` when set (as `plan`
+    honours it), the terminal's width on a terminal, None (no limit) when piped, so a file or
+    `grep` gets every column."""
+    raw = os.environ.get("COLUMNS", "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    try:
+        if stream.isatty():
+            return shutil.get_terminal_size().columns
+    except (AttributeError, ValueError):
+        pass
+    return None

@@ -208,6 +208,10 @@ def test_a_deadline_run_moves_to_on_demand_in_an_outage_and_back_to_spot(env):
     assert final["state"] == "SUCCEEDED" and final["completed"]
     assert final["preemptions"] == 1  # the market's; the watcher's own switch is not one
     assert final["deadline"]["switches"] == 2 and "deadline met" in final["deadline"]["watcher"]["ended"]
+    listing = skygreen(env, "status")
+    assert listing.returncode == 0 and listing.stdout.splitlines()[1].endswith("  deadline met"), listing.stdout
+    detail = skygreen(env, "status", run_id)
+    assert "16 h, by " in detail.stdout and "(ended at 6.50 h: deadline met)" in detail.stdout, detail.stdout
     segments = read_ledger(open_store(final["checkpoint_url"]))
     assert [(s.place.spot, s.end) for s in segments] == [
         (True, "preempted"),

@@ -185,6 +185,28 @@ def test_watch_of_a_run_without_a_deadline_is_bad_input(env, tmp_path, capsys, s
     assert "DEADLINE" not in cli(capsys, "status")[1]  # the column only when some run has one
 
 
+def test_the_table_of_runs_fits_the_terminal_by_leaving_out_whole_columns(env, tmp_path, capsys, s3_bucket,
+                                                                          monkeypatch):  # fmt: skip
+    up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h", "--no-watch")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    piped = cli(capsys, "status")[1].splitlines()  # piped without COLUMNS: every column, however wide
+    assert piped[0].split() == ["RUN", "MODE", "STATE", "STEP", "MODEL", "PREEMPT", "RECOVER", "SPEND", "ENERGY",
+                                "DEADLINE"]  # fmt: skip
+    assert max(map(len, piped)) > 80 and not any("left out" in line for line in piped)
+
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = cli(capsys, "status")[1].splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    header = lines[0].split()
+    assert header[0] == "RUN" and "STATE" in header and "SPEND" in header and header[-1] == "DEADLINE"
+    least_telling_first = ["MODEL", "RECOVER", "ENERGY", "PREEMPT", "MODE", "STEP"]
+    left_out = [name for name in least_telling_first if name not in header]
+    assert left_out and left_out == least_telling_first[: len(left_out)]
+    assert set(header) | set(left_out) == set(piped[0].split())  # whole columns, nothing else
+    assert lines[-1] == f"(left out to fit 80 columns: {', '.join(left_out)})"
+    assert lines[1].endswith("30.0h left, spot (no watcher)") or lines[1].endswith("deciding (no watcher)"), lines
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -234,19 +256,26 @@ def test_watch_refuses_a_poll_interval_that_is_not_a_duration(env, tmp_path, cap
 
 
 @pytest.mark.parametrize(
-    ("state", "hours", "code", "said"),
+    ("state", "hours", "code", "said", "outcome"),
     [
-        ("SUCCEEDED", 29.0, 0, "finished after 29.00 h of 30 h: deadline met"),
-        ("SUCCEEDED", 31.0, 0, "deadline missed by 1.00 h"),
-        ("FAILED", 3.0, 1, "failed; the watcher stops"),
+        ("SUCCEEDED", 29.0, 0, "finished after 29.00 h of 30 h: deadline met", "deadline met"),
+        ("SUCCEEDED", 31.0, 0, "deadline missed by 1.00 h", "missed by 1.00 h"),
+        ("FAILED", 3.0, 1, "failed; the watcher stops", "failed"),
     ],
 )
-def test_the_watcher_ends_with_the_run(env, tmp_path, capsys, s3_bucket, state, hours, code, said):
+def test_the_watcher_ends_with_the_run(env, tmp_path, capsys, s3_bucket, state, hours, code, said, outcome):
     run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h",
                          "--no-watch")  # fmt: skip
     FakeLauncher(env["fake"]).set_state("1", state)
     set_clock(env, hours)
     got, out, err = cli(capsys, "watch", run_id)  # no --once: it returns because the run ended
     assert got == code and said in out, (out, err)
-    ended = json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]["watcher"]["ended"]
-    assert said in ended
+    watcher = json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]["watcher"]
+    assert said in watcher["ended"] and watcher["outcome"] == outcome
+    assert watcher["ended_at_h"] == pytest.approx(hours)
+    # how it ended, not the hours left to a deadline that no longer matters
+    row = cli(capsys, "status")[1].splitlines()[1]
+    assert row.endswith(f"  {outcome}") and "left" not in row, row
+    detail = cli(capsys, "status", run_id)[1]
+    assert "30 h, by " in detail and f"(ended at {hours:.2f} h: {outcome})" in detail, detail
+    assert "decision       none: the run ended before the watcher decided" in detail, detail

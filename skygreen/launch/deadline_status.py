@@ -47,6 +47,8 @@ def deadline_status(record: RunRecord, *, run_dir: Path, now_s: float) -> dict[s
             "pid": state.pid if running else None,
             "last_poll_ago_s": None if state.heartbeat_at_s is None else max(now_s - state.heartbeat_at_s, 0.0),
             "ended": state.ended,
+            "outcome": state.outcome,
+            "ended_at_h": state.ended_at_h,
         },
     }
     return view

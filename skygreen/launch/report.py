@@ -31,8 +31,14 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def print_status_table(rows: Sequence[RunStatus], out: TextIO) -> None:
-    """One line per run, newest last."""
+STATUS_DROP_ORDER: tuple[str, ...] = ("MODEL", "RECOVER", "ENERGY", "PREEMPT", "MODE", "STEP")
+"""Columns of the table of runs left out, in this order, until it fits the terminal; RUN, STATE,
+SPEND and DEADLINE always stay (`skygreen status RUN` shows everything)."""
+
+
+def print_status_table(rows: Sequence[RunStatus], out: TextIO, *, width: int | None = None) -> None:
+    """One line per run, newest last; at most `width` columns wide where it can (None: no limit),
+    leaving out whole columns, least telling first, and saying which."""
     if not rows:
         out.write("no runs yet: start one with `skygreen up TASK` (or `--local`)\n")
         return
@@ -54,11 +60,31 @@ def print_status_table(rows: Sequence[RunStatus], out: TextIO) -> None:
         )
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    widths = {name: max(len(row[i]) for row in table) for i, name in enumerate(header)}
+    shown = _fitting(widths, width)
     for row in table:
-        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
+        cells = (cell.ljust(widths[name]) for name, cell in zip(header, row, strict=True) if name in shown)
+        out.write("  ".join(cells).rstrip() + "\n")
     if any(r.completed for r in rows):
         out.write("* training completed (final checkpoint committed)\n")
+    left_out = [name for name in STATUS_DROP_ORDER if name in header and name not in shown]
+    if left_out:
+        out.write(f"(left out to fit {width} columns: {', '.join(left_out)})\n")
+
+
+def _fitting(widths: dict[str, int], limit: int | None) -> set[str]:
+    """The columns to show: all of them, less those in `STATUS_DROP_ORDER` (in that order) while
+    the line is wider than `limit`."""
+    shown = set(widths)
+
+    def line_width() -> int:
+        return sum(widths[name] for name in shown) + 2 * (len(shown) - 1)
+
+    for name in STATUS_DROP_ORDER:
+        if limit is None or line_width() <= limit:
+            break
+        shown.discard(name)
+    return shown
 
 
 def print_status_detail(r: RunStatus, out: TextIO) -> None:
@@ -94,15 +120,17 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
 
 
 def _deadline_cell(d: dict[str, Any] | None) -> str:
-    """`10.5h left, on-demand` (the watcher's latest decision), `-` without a deadline."""
+    """`10.5h left, on-demand` (the watcher's latest decision); how it ended (`deadline met`) once
+    the watcher stopped; `-` without a deadline."""
     if d is None:
         return "-"
+    watcher = d["watcher"]
+    if watcher["ended"]:  # how it ended, not the time left to a deadline that no longer matters
+        return watcher["outcome"] or "watcher ended"
     left_h = d["left_h"]
     when = f"{left_h:.1f}h left" if left_h >= 0 else f"{-left_h:.1f}h past"
-    if d["watcher"]["ended"]:
-        return f"{when}, watcher ended"
     mode = MODE_WORDS.get(d["decision"], "deciding") if d["decision"] else "deciding"
-    return f"{when}, {mode}" + ("" if d["watcher"]["running"] else " (no watcher)")
+    return f"{when}, {mode}" + ("" if watcher["running"] else " (no watcher)")
 
 
 def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -111,6 +139,9 @@ def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, st
         return []
     left_h = d["left_h"]
     left = f"{left_h:.2f} h left" if left_h >= 0 else f"passed {-left_h:.2f} h ago"
+    watcher = d["watcher"]
+    if watcher["ended"] and watcher["outcome"] and watcher["ended_at_h"] is not None:
+        left = f"ended at {watcher['ended_at_h']:.2f} h: {watcher['outcome']}"
     lines = [("deadline", f"{d['deadline_h']:g} h, by {_utc_iso(d['deadline_at'])} ({left})")]
     if d["progress_h"] is not None and d["compute_h"]:
         share = d["progress_h"] / d["compute_h"]
@@ -120,13 +151,14 @@ def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, st
         )
         mode = MODE_WORDS.get(d["decision"], d["decision"])
         decision = f"{mode} ({d['reason']}); at {d['decided_at_h']:.2f} h; switches so far: {d['switches']}"
-        if d["watcher"]["ended"]:  # what the watcher last saw, not now
+        if watcher["ended"]:  # what the watcher last saw, not now
             lines += [("last progress", progress), ("last decision", decision)]
         else:
             lines += [("progress", progress), ("decision", decision)]
+    elif watcher["ended"]:
+        lines.append(("decision", "none: the run ended before the watcher decided"))
     else:
         lines.append(("decision", "none yet: the watcher waits for the run's first steps in its ledger"))
-    watcher = d["watcher"]
     if watcher["running"]:
         ago = watcher["last_poll_ago_s"]
         lines.append(

@@ -58,6 +58,8 @@ class WatchResult:
     reason: str
     exit_code: int
     state: WatchState
+    outcome: str | None = None
+    """The reason in a few words (`deadline met`, `missed by 0.50 h`, ...); None while watching."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,7 +122,13 @@ class Watch:
         current = run_state(record, wiring=self.wiring)  # the job and the checkpoint; no spend, no views
         ended = self._ended(record, current.state, current.completed, state, terms, now_s)
         if ended is not None:
-            save_state(run_dir, dataclasses.replace(state, ended=ended.reason, cancelled_job=None))
+            elapsed_h = (now_s - terms.started_at_s) / 3600.0
+            save_state(
+                run_dir,
+                dataclasses.replace(
+                    state, ended=ended.reason, outcome=ended.outcome, ended_at_h=elapsed_h, cancelled_job=None
+                ),
+            )
             return dataclasses.replace(ended, state=load_state(run_dir))
         spot = record.launches[-1].spot if record.launches else True
         job_state = current.state
@@ -189,20 +197,25 @@ class Watch:
     ) -> WatchResult | None:
         """A result when the run needs no more watching, else None."""
 
-        def done(reason: str, code: int) -> WatchResult:
-            return WatchResult(run_id=record.run_id, reason=reason, exit_code=code, state=state)
+        def done(reason: str, code: int, outcome: str) -> WatchResult:
+            return WatchResult(run_id=record.run_id, reason=reason, exit_code=code, state=state, outcome=outcome)
 
         if completed or job_state == JobState.SUCCEEDED.value:
             late_h = (now_s - terms.deadline_at_s) / 3600.0
             verdict = "deadline met" if late_h <= 0 else f"deadline missed by {late_h:.2f} h"
             elapsed_h = (now_s - terms.started_at_s) / 3600.0
-            return done(f"run {record.run_id} finished after {elapsed_h:.2f} h of {terms.deadline_h:g} h: {verdict}", 0)
+            reason = f"run {record.run_id} finished after {elapsed_h:.2f} h of {terms.deadline_h:g} h: {verdict}"
+            return done(reason, 0, verdict.removeprefix("deadline ") if late_h > 0 else verdict)
         if job_state == JobState.FAILED.value:
-            return done(f"run {record.run_id} failed; the watcher stops (`skygreen logs {record.run_id}`)", 1)
+            return done(f"run {record.run_id} failed; the watcher stops (`skygreen logs {record.run_id}`)", 1, "failed")
         if job_state == BUDGET_STATE.upper():
-            return done(f"run {record.run_id} stopped at its budget; the watcher stops", PREEMPTED_EXIT_CODE)
+            return done(
+                f"run {record.run_id} stopped at its budget; the watcher stops",
+                PREEMPTED_EXIT_CODE,
+                "stopped at budget",
+            )
         if user_cancelled(self.wiring.registry.run_dir(record.run_id)):
-            return done(f"run {record.run_id} was cancelled by the user; the watcher stops", 0)
+            return done(f"run {record.run_id} was cancelled by the user; the watcher stops", 0, "cancelled")
         return None
 
     def _progress(self, record: RunRecord) -> Progress | None:

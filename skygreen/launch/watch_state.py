@@ -50,6 +50,11 @@ class WatchState:
     """The watcher's clock at its latest poll."""
     ended: str | None = None
     """Why the watcher stopped for good (the run completed, failed, or was cancelled by the user)."""
+    outcome: str | None = None
+    """`ended` in a few words for the table of runs: `deadline met`, `missed by 0.50 h`, `failed`,
+    `stopped at budget`, `cancelled`."""
+    ended_at_h: float | None = None
+    """Hours from the run's start, on the watcher's clock, when the watcher saw the run end."""
 
     @property
     def latest(self) -> Decision | None:
@@ -70,6 +75,8 @@ class WatchState:
             "pid": self.pid,
             "heartbeat_at_s": self.heartbeat_at_s,
             "ended": self.ended,
+            "outcome": self.outcome,
+            "ended_at_h": self.ended_at_h,
         }
 
     @classmethod
@@ -84,6 +91,8 @@ class WatchState:
             pid=data.get("pid"),
             heartbeat_at_s=data.get("heartbeat_at_s"),
             ended=data.get("ended"),
+            outcome=data.get("outcome"),
+            ended_at_h=data.get("ended_at_h"),
         )
 
 
