@@ -101,6 +101,30 @@ def test_missing_library_is_nvml_missing(tmp_path, monkeypatch):
         load_library({})
 
 
+def _code_and_class(call, *args) -> tuple[int, str] | None:
+    try:
+        call(*args)
+    except Exception as e:  # pynvml's NVMLError or the simulator's
+        return getattr(e, "value", None), type(e).__name__
+    return None
+
+
+def test_the_simulator_is_uninitialised_before_nvml_init_and_after_the_last_shutdown_as_nvml_is(tmp_path):
+    pynvml = pytest.importorskip("pynvml")
+    lib = sim(tmp_path)
+    for name, args in [("nvmlDeviceGetCount", ()), ("nvmlDeviceGetHandleByIndex", (0,)), ("nvmlShutdown", ())]:
+        real = _code_and_class(getattr(pynvml, name), *args)  # nvmlInit never ran: the library is not loaded
+        assert real == (1, "NVMLError_Uninitialized") == _code_and_class(getattr(lib, name), *args), name
+    lib.nvmlInit()
+    lib.nvmlInit()  # NVML counts initialisations
+    handle = lib.nvmlDeviceGetHandleByIndex(0)
+    lib.nvmlShutdown()
+    assert lib.nvmlDeviceGetPowerManagementLimit(handle) == 300_000  # one init still open
+    lib.nvmlShutdown()
+    assert _code_and_class(lib.nvmlDeviceGetPowerManagementLimit, handle) == (1, "NVMLError_Uninitialized")
+    assert _code_and_class(lib.nvmlDeviceGetCount) == (1, "NVMLError_Uninitialized")
+
+
 def test_real_pynvml_errors_translate_by_code():
     pynvml = pytest.importorskip("pynvml")
     assert isinstance(translate(pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION), "x"), PowerPermissionError)

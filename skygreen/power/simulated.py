@@ -52,7 +52,14 @@ class NVMLError(Exception):
         self.value = value
 
 
-_ERROR_NAMES = {2: "InvalidArgument", 3: "NotSupported", 4: "NoPermission", 12: "LibraryNotFound", 15: "GpuIsLost"}
+_ERROR_NAMES = {
+    1: "Uninitialized",
+    2: "InvalidArgument",
+    3: "NotSupported",
+    4: "NoPermission",
+    12: "LibraryNotFound",
+    15: "GpuIsLost",
+}
 
 
 def _error(value: int, message: str) -> NVMLError:
@@ -91,12 +98,15 @@ class SimulatedNvml:
         """Every call made, in order: (function name, arguments without the handle)."""
         self._sleep = sleep
         self._clock = clock
-        self._initialised = False
+        self._init_count = 0
+        """nvmlInit calls not yet matched by nvmlShutdown: NVML counts them and stays usable until
+        the last shutdown, then every call but nvmlInit raises code 1 (uninitialised)."""
 
     # -- library --------------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
-        """Initialise the library; before it, the calls that read or set a board raise code 1.
+        """Initialise the library; before it (and after the matching `nvmlShutdown`) every other
+        call raises code 1 (uninitialised), as NVML does.
 
         Raises `NVMLError` code 12 (library not found) under the `no-library` fault. The call
         is recorded in `calls`.
@@ -104,14 +114,18 @@ class SimulatedNvml:
         self.calls.append(("nvmlInit", ()))
         if "no-library" in self.faults:
             raise _error(12, "NVML Shared Library Not Found")
-        self._initialised = True
+        self._init_count += 1
 
     def nvmlShutdown(self) -> None:
-        """Record the call; nothing is released and the library stays usable."""
+        """Undo one `nvmlInit`; after the last, the library is uninitialised again. Code 1 when
+        it is not initialised. The call is recorded in `calls`."""
         self.calls.append(("nvmlShutdown", ()))
+        self._require_init()
+        self._init_count -= 1
 
     def nvmlDeviceGetCount(self) -> int:
         """How many simulated boards there are (`count`)."""
+        self._require_init()
         return self.count
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
@@ -119,6 +133,7 @@ class SimulatedNvml:
 
         Raises `NVMLError` code 2 (invalid argument) for an index out of range.
         """
+        self._require_init()
         if not 0 <= index < self.count:
             raise _error(2, f"Invalid Argument: no simulated GPU {index}")
         now = self._clock()
@@ -126,6 +141,7 @@ class SimulatedNvml:
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> _Handle:
         """A new handle on the board with this UUID; code 2 (invalid argument) when none has it."""
+        self._require_init()
         for i in range(self.count):
             if self._uuid(i) == uuid:
                 return self.nvmlDeviceGetHandleByIndex(i)
@@ -133,6 +149,7 @@ class SimulatedNvml:
 
     def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
         """The board's index."""
+        self._require_init()
         return handle.index
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
@@ -216,10 +233,13 @@ class SimulatedNvml:
 
     # -- state ----------------------------------------------------------------------------
 
+    def _require_init(self) -> None:
+        if self._init_count <= 0:
+            raise _error(1, "Uninitialized")
+
     def _check(self, handle: _Handle, *, identity: bool = False) -> None:
         """Identity (name, UUID) is cached by the driver and answers even for a lost GPU."""
-        if not self._initialised:
-            raise _error(1, "Uninitialized")
+        self._require_init()
         if "gpu-lost" in self.faults and not identity:
             raise _error(15, "GPU is lost")
 
