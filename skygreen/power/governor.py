@@ -290,11 +290,6 @@ class PowerGovernor:
         summary["gpus"] = 1 if self.gpu is not None else 0
         return summary
 
-    def restore(self) -> None:
-        """Put the GPU's original limit back without closing: the meter keeps running."""
-        if self.caps is not None:
-            self.caps.restore()
-
     def close(self) -> None:
         """Restore the GPU's original limit and stop the meter; a second call does nothing."""
         if self._closed:
