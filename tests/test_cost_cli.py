@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from skygreen.checkpoint.local_store import LocalStore
+from skygreen.costs.costing import metric_mode
 from skygreen.launch.registry import Registry, RunRecord
 from skygreen.ledger import Place, Segment, write_segment
 from skygreen.ledger.pricing import CONTROLLER_AUTOSTOP_S, CONTROLLER_USD_PER_HOUR
@@ -43,10 +44,16 @@ def task(private_home, tmp_path) -> Path:
     return path
 
 
-def add_run(task: Path, run_id: str, segments: list[dict], *, mode: str = "cloud", bucket: Path) -> None:
-    """A run record plus its ledger: each dict gives place, start offset, hours, steps, samples, losses."""
+VAL_LOSS_MIN = {"metric": "val_loss", "mode": "min"}
+
+
+def add_run(task: Path, run_id: str, segments: list[dict], *, mode: str = "cloud", bucket: Path,
+            early_stopping: dict | None = VAL_LOSS_MIN, metric: str = "val_loss") -> None:  # fmt: skip
+    """A run record plus its ledger: each dict gives place, start offset, hours, steps, samples, and
+    the values of `metric` (`losses`)."""
+    green = {"early_stopping": early_stopping} if early_stopping else {}
     Registry().save(RunRecord(run_id=run_id, task_path=str(task), task_name="demo", mode=mode, launcher="local", bucket=str(bucket),
-                              task_yaml=str(task), spec_snapshot={"skygreen": {"early_stopping": {"metric": "val_loss", "mode": "min"}}},
+                              task_yaml=str(task), spec_snapshot={"skygreen": green},
                               created_at="2026-01-01T00:00:00Z", state="SUCCEEDED"))  # fmt: skip
     store = LocalStore(bucket / run_id)
     for s in segments:
@@ -56,7 +63,7 @@ def add_run(task: Path, run_id: str, segments: list[dict], *, mode: str = "cloud
             run_id=run_id, key=new_segment_key(start), place=s["place"], started_at=start, updated_at=end, ended_at=end,
             end=s.get("end", "completed"), start_step=s["steps"][0], step=s["steps"][1], start_samples=s["samples"][0],
             samples=s["samples"][1], samples_per_epoch=1000, first_step_at=start, train_s=s["hours"] * 3600,
-            metrics={"val_loss": tuple((step, start + i, v) for i, (step, v) in enumerate(s.get("losses", ())))},
+            metrics={metric: tuple((step, start + i, v) for i, (step, v) in enumerate(s.get("losses", ())))},
         ))  # fmt: skip
 
 
@@ -145,6 +152,37 @@ def test_cost_and_compare_of_two_runs_by_hand(task, tmp_path):
     assert round(status["spend_usd"], 2) == round(a["total_usd"], 2)
     text = skygreen("compare", "demo-a", "demo-b").stdout
     assert "demo-a" in text and f"${total_a:,.2f}" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("val_loss", "min"), ("perplexity", "min"), ("wer", "min"), ("mape", "min"), ("accum_loss", "min"),
+     ("val_acc", "max"), ("top1_accuracy", "max"), ("eval/f1", "max"), ("mAP50", "max"), ("rouge1", "max")],
+)  # fmt: skip
+def test_a_metric_without_an_early_stopping_mode_takes_its_direction_from_its_name(name, expected):
+    assert metric_mode(name) == expected
+
+
+def test_compare_counts_a_rising_accuracy_as_an_improvement_without_early_stopping(task, tmp_path):
+    climb = [{"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 300), "samples": (0, 9600),
+              "losses": [(10, 0.5), (300, 0.75)]}]  # fmt: skip
+    add_run(task, "demo-acc", climb, bucket=tmp_path / "b", early_stopping=None, metric="val_acc")
+    add_run(
+        task,
+        "demo-acc-min",
+        climb,
+        bucket=tmp_path / "b",
+        metric="val_acc",
+        early_stopping={"metric": "val_acc", "mode": "min"},
+    )  # fmt: skip  (the task's mode wins over the name)
+    out = skygreen("compare", "demo-acc", "demo-acc-min", "--json")
+    assert out.returncode == 0, out.stderr
+    by_name, by_task = json.loads(out.stdout)
+    assert by_name["metric"] == "val_acc" and by_name["metric_mode"] == "max"
+    assert by_name["improvement"] == pytest.approx(0.25) and by_name["usd_per_improvement"] > 0
+    assert by_task["metric_mode"] == "min" and by_task["improvement"] == pytest.approx(-0.25)
+    text = skygreen("compare", "demo-acc", "demo-acc-min").stdout
+    assert "val_acc (max)" in text and "val_acc (min)" in text and "0.2500" in text
 
 
 def test_measured_throughput_feeds_the_plan(task, tmp_path):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,6 +311,8 @@ class CompareRow:
     record: RunRecord
     cost: RunCost
     metric: str | None
+    mode: str
+    """`min` when a lower metric is better, `max` when a higher one is."""
     improvement: float | None
     """How much the metric got better from its first to its last report (sign-corrected)."""
 
@@ -333,6 +336,7 @@ class CompareRow:
             "energy_kwh": self.cost.energy_kwh,
             "co2e_kg": self.cost.co2e_kg,
             "metric": self.metric,
+            "metric_mode": self.mode if self.metric else None,
             "final_metric": self.cost.final_metrics.get(self.metric) if self.metric else None,
             "improvement": self.improvement,
             "usd_per_improvement": self.usd_per_improvement,
@@ -351,25 +355,49 @@ def compare_runs(
     """One row per run, in the order given, each priced as `cost_of_run` prices it.
 
     The metric is the run's early-stopping metric and mode, else the first in name order of
-    those it reported, taken as lower-is-better. Raises what `cost_of_run` raises for any of
+    those it reported, its direction read from its name (`metric_mode`). Raises what `cost_of_run` raises for any of
     the runs.
     """
     registry = registry or Registry()
     rows = []
     for run_id in run_ids:
         report = cost_of_run(run_id, open_store=open_store, catalog_dir=catalog_dir, registry=registry)
-        metric, mode = _metric_of(report.record)
-        metric = metric or next(iter(sorted(report.cost.final_metrics)), None)  # no early stopping: any reported metric
+        metric, mode = _metric_of(report.record, report.cost.final_metrics)
         improvement = None
         if metric and metric in report.cost.final_metrics:
             first = first_metrics(report.segments).get(metric)
             last = report.cost.final_metrics[metric]
             if first is not None:
                 improvement = (first - last) if mode == "min" else (last - first)
-        rows.append(CompareRow(record=report.record, cost=report.cost, metric=metric, improvement=improvement))
+        rows.append(
+            CompareRow(record=report.record, cost=report.cost, metric=metric, mode=mode, improvement=improvement)
+        )
     return rows
 
 
-def _metric_of(record: RunRecord) -> tuple[str | None, str]:
+HIGHER_IS_BETTER_WORDS: frozenset[str] = frozenset({
+    "acc", "accuracy", "auc", "auroc", "bleu", "dice", "f1", "iou", "miou", "map", "precision", "recall", "reward",
+    "rouge", "rougel", "score",
+})  # fmt: skip
+"""Words that make a metric's name (split at `_`, `-`, `/`, `.`; a trailing number dropped, as in
+`mAP50` or `rouge1`) higher-is-better when the task names no early-stopping mode: `val_acc`,
+`top1_accuracy`, `eval/f1`, `mAP50`. Whole words only: `mape` is an error."""
+
+
+def metric_mode(name: str) -> str:
+    """`max` for a metric whose name reads higher-is-better (`HIGHER_IS_BETTER_WORDS`), else `min`
+    (losses, errors, perplexity): the direction `compare` takes without an early-stopping mode."""
+    words = {w for w in re.split(r"[_\-/.\s]+", name.lower()) if w}
+    words |= {w.rstrip("0123456789") for w in words}
+    return "max" if words & HIGHER_IS_BETTER_WORDS else "min"
+
+
+def _metric_of(record: RunRecord, reported: Iterable[str]) -> tuple[str | None, str]:
+    """The metric to compare and its mode: the early-stopping metric and mode when the task has
+    them, else the first reported metric in name order, its mode read from its name."""
     stop = (record.spec_snapshot or {}).get("skygreen", {}).get("early_stopping") or {}
-    return stop.get("metric"), stop.get("mode", "min")
+    metric = stop.get("metric")
+    if metric:
+        return metric, stop.get("mode", "min")
+    metric = next(iter(sorted(reported)), None)
+    return metric, metric_mode(metric) if metric else "min"

@@ -133,6 +133,9 @@ def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
         mix = ", ".join(f"{cloud} {h:.3f}" for cloud, h in sorted(c.clouds.items()))
         final = c.final_metrics.get(r.metric) if r.metric else None
         table.append((r.record.run_id, mix, f"{c.span_h:.3f}", _usd(c.total_usd), _num(c.energy_kwh), _num(c.co2e_kg),
-                      r.metric or "-", _num(final, "{:.4f}"), _num(r.improvement, "{:.4f}"), _usd(r.usd_per_improvement)))  # fmt: skip
+                      f"{r.metric} ({r.mode})" if r.metric else "-", _num(final, "{:.4f}"), _num(r.improvement, "{:.4f}"), _usd(r.usd_per_improvement)))  # fmt: skip
     _table(table, out, indent="")
-    out.write("$ per unit: total cost / (first - last reported metric), for min metrics; local runs cost $0\n")
+    out.write(
+        "improved: first - last report for a (min) metric, last - first for (max): early stopping's mode, else by"
+        " name\n$ per unit: total cost / improved; local runs cost $0\n"
+    )
