@@ -137,7 +137,7 @@ def test_ctrl_c_while_following_exits_130_and_the_run_goes_on(env, tmp_path):
 
         wait_for(ready, "the run's first line", proc=foreground)
         foreground.send_signal(signal.SIGINT)
-        rest = foreground.communicate(timeout=60)[0]
+        rest = foreground.communicate(timeout=300)[0]
     finally:
         if foreground.poll() is None:
             foreground.kill()

@@ -116,7 +116,7 @@ def test_kill_9_at_any_moment_then_resume_ends_with_the_uninterrupted_weights(en
     run_id = wait_for(lambda: [r["run_id"] for r in runs(env) if r["run_id"] != first["run_id"]], "the second run")[0]
     wait_for_step(env, run_id, 50)
     foreground.kill()
-    foreground.wait(timeout=30)
+    foreground.wait(timeout=120)
     (release / "50").touch()
     later = wait_for_step(env, run_id, 150)  # training went on without the terminal
     assert later["state"] == "RUNNING"

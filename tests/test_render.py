@@ -206,7 +206,7 @@ def test_generated_specs_render_to_yaml_skypilot_accepts(drawn, sky):
 
 
 def run_script(script: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script], env=env, cwd=cwd, capture_output=True, text=True, timeout=30)
+    return subprocess.run(["bash", "-c", script], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 @settings(max_examples=25, deadline=None)
