@@ -101,7 +101,7 @@ def test_missing_library_is_nvml_missing(tmp_path, monkeypatch):
         load_library({})
 
 
-def _code_and_class(call, *args) -> tuple[int, str] | None:
+def _code_and_class(call, *args) -> tuple[int | None, str] | None:
     try:
         call(*args)
     except Exception as e:  # pynvml's NVMLError or the simulator's
