@@ -35,6 +35,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class ServerExited(RuntimeError):
+    """The server process ended before it answered (a port taken under it, a crash)."""
+
+
 class ServerProcess:
     """A test server subprocess on 127.0.0.1:`port` that can be killed and started again."""
 
@@ -43,6 +47,7 @@ class ServerProcess:
         self.argv_for_port = argv_for_port
         self.env = {**os.environ, **(env or {})}
         self.port = port or free_port()
+        self._port_is_ours_to_change = port is None
         self.proc: subprocess.Popen | None = None
         self.log_path: Path | None = None
 
@@ -50,21 +55,33 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *, log_dir: Path, timeout_s: float = 60.0) -> ServerProcess:
-        self.log_path = log_dir / f"{self.name}-{self.port}.log"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the server process writes to it after we return
-        self.proc = subprocess.Popen(
-            self.argv_for_port(self.port), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=log_dir
-        )
-        log.close()
-        self._wait_until_answers(timeout_s)
-        return self
+    def start(self, *, log_dir: Path, timeout_s: float = 180.0) -> ServerProcess:
+        """Start the server and wait until it answers. The free port was only free when picked:
+        another process may bind it before the server does, so a first start whose server exits
+        at once tries again on a new port (a restart keeps its port: clients already use it)."""
+        for attempt in range(3):
+            self.log_path = log_dir / f"{self.name}-{self.port}.log"
+            log = open(self.log_path, "ab")  # noqa: SIM115 - the server process writes to it after we return
+            self.proc = subprocess.Popen(
+                self.argv_for_port(self.port), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=log_dir
+            )
+            log.close()
+            try:
+                self._wait_until_answers(timeout_s)
+            except ServerExited:
+                if not self._port_is_ours_to_change or attempt == 2:
+                    raise
+                self.port = free_port()
+                continue
+            self._port_is_ours_to_change = False
+            return self
+        raise AssertionError("unreachable")
 
     def _wait_until_answers(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
+                raise ServerExited(
                     f"{self.name} exited with {self.proc.returncode}:\n{self.log_path.read_text()[-2000:]}"
                 )
             try:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from helpers import wait_for
 from servers import FAKE_AWS_ENV, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +62,8 @@ def test_a_failed_launch_names_the_api_server_it_started_and_prints_no_colour(tm
         started = listening(port)
     finally:
         subprocess.run([sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120)
-    assert not listening(port), "the SkyPilot API server is still running"
+    # its processes may take a moment to release the port after `api_stop` returns
+    wait_for(lambda: not listening(port), "the SkyPilot API server to stop listening", timeout_s=120)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
     assert "sky check" in out.stderr and "Traceback" not in out.stderr
     assert started, "the launch was expected to start SkyPilot's local API server"

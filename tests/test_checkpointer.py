@@ -203,7 +203,7 @@ def test_retention_keeps_last_k_best_and_pinned_after_each_commit(tmp_path):
 def test_ddp_ranks_commit_together_and_each_gets_its_own_state(tmp_path):
     model, opt = make_model()
     url = str(tmp_path)
-    ranks = [Checkpointer(url, rank=r, world_size=2, rank_wait_s=30) for r in (0, 1)]
+    ranks = [Checkpointer(url, rank=r, world_size=2, rank_wait_s=300) for r in (0, 1)]
     threads = [
         threading.Thread(
             target=lambda r=r: ranks[r].save(

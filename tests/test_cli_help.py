@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def help_text(*args: str, columns: int) -> str:
     env = {**os.environ, "COLUMNS": str(columns)}
     out = subprocess.run(
-        [sys.executable, "-m", "skygreen.cli", *args, "--help"], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-m", "skygreen.cli", *args, "--help"], capture_output=True, text=True, env=env, timeout=300
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -30,6 +30,7 @@ from skygreen.deadline.market import TRACE_ENV
 from skygreen.launch.watch_process import POLL_ENV
 from skygreen.ledger.io import read_ledger
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
+from test_local_e2e import launch_log
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"
@@ -122,14 +123,15 @@ def decision_at(env, run_id: str, at_s: float) -> dict:
 
 
 def held_at(env, run_id: str, step: int) -> dict:
-    """Status once the latest checkpoint is at `step`; fails at once if the run ended first."""
+    """Status once the run is held at `step` (its checkpoint and ledger segment written, the
+    log says so); fails at once if the run ended first."""
 
     def at_step():
         s = status(env, run_id)
         assert s["state"] in ("RUNNING", "PENDING", "STARTING"), f"the run ended ({s['state']}) before step {step}"
-        return s if s["step"] == step else None
+        return s if s["step"] == step and f"held at step {step} (" in launch_log(env, run_id) else None
 
-    return wait_for(at_step, f"a checkpoint at step {step}")
+    return wait_for(at_step, f"the run held at step {step}")
 
 
 def launch_count(env, run_id: str, count: int) -> list[dict]:

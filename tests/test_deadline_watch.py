@@ -167,7 +167,7 @@ def test_the_watcher_moves_a_recovering_spot_run_to_on_demand_and_stops_for_the_
             pid = load_state(run_dir).pid
             return pid if watcher_running(run_dir) and pid != os.getpid() else None
 
-        watcher = wait_for(started, "the resumed run's watcher", timeout_s=60)
+        watcher = wait_for(started, "the resumed run's watcher")
         assert not (run_dir / "cancelled-by-user").exists()
         assert record_of(env, run_id)["launches"][-1]["spot"] is False  # as the watcher had left it
     finally:

@@ -22,6 +22,7 @@ import pytest
 
 from skygreen import exit_codes
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
+from skygreen.runtime.hold import HOLD_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"
@@ -136,7 +137,7 @@ def test_ctrl_c_while_following_exits_130_and_the_run_goes_on(env, tmp_path):
 
         wait_for(ready, "the run's first line", proc=foreground)
         foreground.send_signal(signal.SIGINT)
-        rest = foreground.communicate(timeout=60)[0]
+        rest = foreground.communicate(timeout=300)[0]
     finally:
         if foreground.poll() is None:
             foreground.kill()
@@ -153,7 +154,8 @@ def test_ctrl_c_while_following_exits_130_and_the_run_goes_on(env, tmp_path):
 
 @pytest.mark.slow
 def test_a_run_cancelled_after_a_checkpoint_exits_75_from_up_and_logs_follow(env):
-    env = {**env, "TINY_STEPS": "100000"}  # far more than runs before the cancel
+    # Held at step 20 after its checkpoint: neither the end nor early stopping can come first.
+    env = {**env, "TINY_STEPS": "100000", HOLD_ENV: "20"}
     foreground = subprocess.Popen([*SKYGREEN, "up", str(TINY), "--local", "--no-smoke"], env=env, cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
@@ -161,8 +163,8 @@ def test_a_run_cancelled_after_a_checkpoint_exits_75_from_up_and_logs_follow(env
             "run_id"
         ]
         wait_for(
-            lambda: json.loads(skygreen(env, "status", run_id, "--json").stdout)["step"],
-            "a first checkpoint",
+            lambda: json.loads(skygreen(env, "status", run_id, "--json").stdout)["step"] == 20,
+            "the checkpoint at the held step",
             proc=foreground,
         )
         cancelled = skygreen(env, "cancel", run_id)

@@ -56,9 +56,12 @@ def runs(env) -> list[dict]:
     return json.loads(skygreen(env, "status", "--json").stdout)
 
 
+def run_json(env, run_id: str) -> Path:
+    return Path(env["XDG_DATA_HOME"]) / "skygreen" / "runs" / run_id / "run.json"
+
+
 def training_pid(env, run_id: str) -> int:
-    data = Path(env["XDG_DATA_HOME"]) / "skygreen" / "runs" / run_id / "run.json"
-    return json.loads(data.read_text())["launches"][-1]["pid"]
+    return json.loads(run_json(env, run_id).read_text())["launches"][-1]["pid"]
 
 
 def kill_training(env, run_id: str) -> None:
@@ -77,15 +80,26 @@ def held(env, release_dir: Path, steps: str) -> dict:
     return {**env, HOLD_ENV: steps, RELEASE_ENV: str(release_dir)}
 
 
+def launch_log(env, run_id: str) -> str:
+    """The output of the run's latest launch so far."""
+    job = json.loads(run_json(env, run_id).read_text())["launches"][-1]["job_id"]
+    path = Path(env["XDG_DATA_HOME"]) / "skygreen" / "local-jobs" / job / "output.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def wait_for_step(env, run_id: str, step: int) -> dict:
-    """The run's status once its latest checkpoint is at `step`; fails at once if it ended first."""
+    """The run's status once it is held at `step` (`held`); fails at once if it ended first.
+
+    The checkpoint alone is not enough: the runtime commits it in the background and writes its
+    ledger segment beside it, so a kill right after the commit could beat the segment. The log's
+    "held at step" line comes after both."""
 
     def at_step():
         s = status(env, run_id)
         assert s["state"] in ("RUNNING", "PENDING", "STARTING"), f"the run ended ({s['state']}) before step {step}"
-        return s if s["step"] == step else None
+        return s if s["step"] == step and f"held at step {step} (" in launch_log(env, run_id) else None
 
-    return wait_for(at_step, f"a checkpoint at step {step}")
+    return wait_for(at_step, f"the run held at step {step}")
 
 
 def test_kill_9_at_any_moment_then_resume_ends_with_the_uninterrupted_weights(env, tmp_path):
@@ -102,7 +116,7 @@ def test_kill_9_at_any_moment_then_resume_ends_with_the_uninterrupted_weights(en
     run_id = wait_for(lambda: [r["run_id"] for r in runs(env) if r["run_id"] != first["run_id"]], "the second run")[0]
     wait_for_step(env, run_id, 50)
     foreground.kill()
-    foreground.wait(timeout=30)
+    foreground.wait(timeout=120)
     (release / "50").touch()
     later = wait_for_step(env, run_id, 150)  # training went on without the terminal
     assert later["state"] == "RUNNING"

@@ -101,7 +101,7 @@ def test_missing_library_is_nvml_missing(tmp_path, monkeypatch):
         load_library({})
 
 
-def _code_and_class(call, *args) -> tuple[int, str] | None:
+def _code_and_class(call, *args) -> tuple[int | None, str] | None:
     try:
         call(*args)
     except Exception as e:  # pynvml's NVMLError or the simulator's
@@ -338,7 +338,7 @@ def test_kill_9_leaves_the_cap_and_the_next_start_restores_the_original(tmp_path
 def test_adopt_leaves_a_live_owners_cap_alone(tmp_path, data_dir):
     lib = sim(tmp_path)
     gpu = Nvml(lib).device(0)
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])  # killed below
     try:
         from skygreen.power.ledger import Original
 

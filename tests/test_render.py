@@ -206,7 +206,7 @@ def test_generated_specs_render_to_yaml_skypilot_accepts(drawn, sky):
 
 
 def run_script(script: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script], env=env, cwd=cwd, capture_output=True, text=True, timeout=30)
+    return subprocess.run(["bash", "-c", script], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 @settings(max_examples=25, deadline=None)
@@ -248,14 +248,19 @@ def test_several_gpus_start_torchrun_with_skypilots_node_layout(args, tmp_path_f
 def test_sigterm_during_the_run_exits_with_the_preempted_code():
     """A signal to the job (a spot reclaim, a cancel) ends the script with the code SkyPilot
     is told to recover on, even when the training process dies of the signal itself."""
-    spec = spec_of(run="sleep 30")
+    spec = spec_of(run="echo started; exec sleep 300")
     task = render_task(spec, None, settings=settings_for(spec), task_dir=WORKDIR)
-    proc = subprocess.Popen(["bash", "-c", task["run"]], cwd=WORKDIR)
-    import time
-
-    time.sleep(0.5)
-    proc.terminate()
-    assert proc.wait(timeout=10) == PREEMPTED_EXIT_CODE
+    proc = subprocess.Popen(["bash", "-c", task["run"]], cwd=WORKDIR, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        # gate: the command runs, so the script's trap is in place (a fixed sleep may not be enough)
+        assert proc.stdout.readline() == "started\n"
+        proc.terminate()
+        assert proc.wait(timeout=120) == PREEMPTED_EXIT_CODE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
 
 
 def test_a_failing_command_keeps_its_exit_code():

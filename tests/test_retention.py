@@ -26,6 +26,7 @@ from skygreen.checkpoint.manifest import SHARED_BLOB, blob_key, committed_steps
 from skygreen.checkpoint.retention import QUARANTINE_DIR, deletable_steps
 from skygreen.checkpoint.stores import open_store
 from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"
@@ -165,8 +166,13 @@ def kill_training(env, run_id: str) -> None:
     )
 
 
+def held_at(env, run_id: str, step: int) -> None:
+    """Wait until the launch is held at `step`: its checkpoint committed, retention done, logged."""
+    wait_for(lambda: f"held at step {step} (" in launch_log(env, run_id), f"the run held at step {step}")
+
+
 @pytest.mark.slow
-def test_corrupt_checkpoints_restart_commit_kill_again_and_the_progress_is_kept(env):
+def test_corrupt_checkpoints_restart_commit_kill_again_and_the_progress_is_kept(env, tmp_path):
     started = skygreen(env, "up", str(TINY), "--local", "--no-smoke", "--detach")
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.split("launched run ")[1].split()[0]
@@ -178,15 +184,20 @@ def test_corrupt_checkpoints_restart_commit_kill_again_and_the_progress_is_kept(
     for step in corrupt:  # every checkpoint the run has is now bad
         flip_a_byte(store, step)
 
-    resumed = skygreen(env, "resume", run_id, "--detach")
+    # The new life commits steps 3 and 6 (and any its schedule asks for) and is held at 6:
+    # retention has run after its first commit, and no commit is in flight (or unlogged) when
+    # it is killed.
+    release = tmp_path / "release"
+    release.mkdir()
+    resumed = skygreen({**env, HOLD_ENV: "3,6", RELEASE_ENV: str(release)}, "resume", run_id, "--detach")
     assert resumed.returncode == 0, resumed.stderr
-    # Two commits of the new life: retention has run after the first one.
-    new_commits = wait_for(
-        lambda: (c := commits_logged(env, run_id)) and len(c) >= 2 and c, "two commits after the restart"
-    )
+    held_at(env, run_id, 3)
+    (release / "3").touch()
+    held_at(env, run_id, 6)
     assert "resumed run" not in launch_log(env, run_id), "nothing verified, so the run started over"
     kill_training(env, run_id)
     new_commits = commits_logged(env, run_id)
+    assert {3, 6} <= set(new_commits) and new_commits[-1] == 6, new_commits
     kept = set(committed_steps(store))
     assert new_commits[-1] in kept, "the newest commit of the new life was not deleted"
     assert kept & set(corrupt) <= set(new_commits)  # a corrupt step survives only if this life rewrote it

@@ -144,7 +144,7 @@ def test_cancel_of_a_stopped_local_run_leaves_it_stopped(env, tmp_path):
     up = skygreen(env, "up", str(task), "--local", "--no-smoke", "--detach")
     assert up.returncode == 0, up.stderr
     run_id = up.stdout.split("launched run ")[1].split()[0]
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240  # each poll starts a `skygreen status`: slow on a loaded machine
     while (state := json.loads(skygreen(env, "status", run_id, "--json").stdout)["state"]) != "STOPPED":
         assert time.monotonic() < deadline, state
         time.sleep(0.3)

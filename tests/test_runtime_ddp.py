@@ -85,7 +85,8 @@ def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identica
     ref = torchrun(tmp_path, "ref", "3", env=env)
     assert ref.returncode == 0, ref.stderr[-3000:]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
-    full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **env)
+    # Both ranks commit step 2 and wait there: the SIGTERM cannot land after the run finished.
+    full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), SKYGREEN_TEST_HOLD_AT_STEPS="2", **env)
     cmd = [
         str(TORCHRUN),
         "--standalone",
@@ -99,16 +100,17 @@ def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identica
     ]
     proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     store = open_store(f"{tmp_path}/victim")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not committed_steps(store):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.01)
+    assert proc.poll() is None, proc.communicate()  # held at step 2
     proc.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks
     _out, err = proc.communicate(timeout=120)
     last = max(committed_steps(store))
     manifest = read_manifest(store, last)
     assert manifest.meta["state"] == "preempted", (last, err[-3000:])
-    assert last < STEPS and manifest.world_size == 2
+    assert last == 3 and manifest.world_size == 2  # the boundary after the held step
     assert {"rank00000.pt", "rank00001.pt"} <= set(manifest.blobs)
     # torchrun itself exits with its own failure code (the rendered run script maps a
     # SIGTERM'd non-zero exit to PREEMPTED_EXIT_CODE); its workers committed first.

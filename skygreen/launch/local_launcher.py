@@ -112,8 +112,13 @@ class LocalLauncher:
         pid = info.get("pid")
         exit_code = self._exit_code(job_id)
         cancelled = (folder / "cancelled").exists()
+        alive = exit_code is None and self._alive(job_id, pid, info.get("start_ticks"))
+        if exit_code is None and not alive:
+            # It may have written its exit code and ended between the two reads above: only a
+            # process gone without one was killed.
+            exit_code = self._exit_code(job_id)
         ended_at = _mtime(folder / "exit_code") if exit_code is not None else None
-        if exit_code is None and self._alive(job_id, pid, info.get("start_ticks")):
+        if alive:
             state, detail = (JobState.CANCELLING, "stopping") if cancelled else (JobState.RUNNING, f"pid {pid}")
         elif exit_code is None:
             state, detail = (
