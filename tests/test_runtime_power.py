@@ -16,7 +16,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
+from skygreen.checkpoint.stores import open_store
 from skygreen.errors import RuntimeSetupError
+from skygreen.ledger.io import read_ledger
 from skygreen.power.ledger import Ledger
 from skygreen.power.simulated import SimulatedNvml
 from skygreen.runtime import PREEMPTED_EXIT_CODE
@@ -175,6 +177,11 @@ def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
     # board's count falls outside the metered steps (start-up, the final upload, the restore)
     # depends on how the machine schedules the process, so no share of it is asserted.
     assert 0 < resumed_j <= board_used_j + 1e-3
+    # and it adds to the first launch's count, not starts again: the ledger's second segment (the
+    # counter at its end minus the restored one at its start) holds the same energy
+    segments = read_ledger(open_store(f"{tmp_path}/victim"))
+    assert len(segments) == 2 and segments[0].end == "killed", segments
+    assert segments[1].energy_j == pytest.approx(resumed_j, rel=1e-6), (segments[1].energy_j, resumed_j)
     assert done.manifest.meta["power"]["method"] == "simulated"
 
 
