@@ -199,3 +199,16 @@ def test_log_lines_carry_one_prefix():
             ):
                 doubled.append(f"{path.name}:{node.lineno}")
     assert not doubled, doubled
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_is_over_500_lines():
+    """A module that outgrows one screenful of responsibilities is split, not scrolled."""
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, long

@@ -12,7 +12,8 @@ micro-batch (batch autotune) keeps the samples of each optimizer step the same.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -89,3 +90,25 @@ class MicroBatchSampler:
                 first = window + (k * self.world_size + self.rank) * self.micro_batch
                 yield self.stream.take(first, self.micro_batch)
             window += self.effective_batch
+
+
+def loader_for(
+    dataset: Any,
+    sampler: MicroBatchSampler,
+    *,
+    seed: int,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    num_workers: int,
+    pin_memory: bool,
+) -> torch.utils.data.DataLoader:
+    """A DataLoader over `dataset` in the sampler's micro-batches, with a generator of its own
+    seeded with `seed`: the loader draws its workers' base seed from it instead of from the
+    global torch RNG, which a resumed run must find exactly as it was saved."""
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+    )

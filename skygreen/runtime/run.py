@@ -44,7 +44,7 @@ from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.runtime import rng
 from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, smaller_micro_batch
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.data import MicroBatchSampler, SampleStream
+from skygreen.runtime.data import MicroBatchSampler, SampleStream, loader_for
 from skygreen.runtime.early_stop import EarlyStopper
 from skygreen.runtime.environment import (
     autocast_factory,
@@ -301,16 +301,13 @@ class Run:
             rank=self.rank,
             world_size=self.world_size,
         )
-        # A generator of its own: the loader draws its workers' base seed from it instead of
-        # from the global torch RNG, which a resumed run must find exactly as it was saved.
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.samples_seen)
-        return torch.utils.data.DataLoader(
+        return loader_for(
             self.dataset,
-            batch_sampler=sampler,
+            sampler,
+            seed=self.seed * 1_000_003 + self.samples_seen,
             collate_fn=self._collate_fn,
             num_workers=self._num_workers,
             pin_memory=self.device.type == "cuda",
-            generator=generator,
         )
 
     def _reset_loader(self) -> None:
