@@ -109,6 +109,9 @@ def test_a_gang_defaults_to_the_traces_node_count_and_bills_every_node(tmp_path)
     assert row["cost_usd"] == pytest.approx(4 * 5.5)
     (row,) = json.loads(skygreen(tmp_path, *args, "--nodes", "1").stdout)
     assert row["cost_usd"] == pytest.approx(5.5)
+    text = skygreen(tmp_path, *[a for a in args if a != "--json"], "--nodes", "2").stdout
+    assert "at least 2 of the trace's up to 4 instances were; --nodes 4 needs all of them" in text, text
+    assert "gang:" not in skygreen(tmp_path, *[a for a in args if a != "--json"]).stdout  # the whole gang
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,12 @@ def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
         f"job: {job.compute_h:g} h of compute on {sim.nodes} node(s), deadline {job.deadline_h:g} h, "
         f"changeover {job.changeover_h:.3g} h, from {sim.start_h:g} h into the trace\n"
     )
+    most = max(sim.trace.counts, default=0)
+    if most > sim.nodes:  # a gang trace read for a smaller gang: say how to ask for the whole gang
+        out.write(
+            f"gang: spot counts as available when at least {sim.nodes} of the trace's up to {most} instances were; "
+            f"--nodes {most} needs all of them\n"
+        )
     out.write(
         f"grid: a decision every {g.dt_h * 60:.3g} min; compute {g.job.compute_h:.4g} h, deadline {g.job.deadline_h:.4g} h, "
         f"changeover {g.job.changeover_h:.3g} h in whole steps\n"
