@@ -19,7 +19,7 @@ import yaml
 
 from helpers import cli, wait_for
 from skygreen.deadline.clock import CLOCK_ENV
-from skygreen.launch.watch_state import load_state, watcher_running
+from skygreen.launch.watch_state import load_state, watcher_lock, watcher_running
 from skygreen.ledger.io import write_segment
 from skygreen.ledger.records import Place, Segment, new_segment_key
 from skygreen.testing import FakeLauncher
@@ -279,3 +279,33 @@ def test_the_watcher_ends_with_the_run(env, tmp_path, capsys, s3_bucket, state, 
     detail = cli(capsys, "status", run_id)[1]
     assert "30 h, by " in detail and f"(ended at {hours:.2f} h: {outcome})" in detail, detail
     assert "decision       none: the run ended before the watcher decided" in detail, detail
+
+
+def test_the_users_resume_between_the_watchers_cancel_and_relaunch_goes_where_the_watcher_was_moving_it(
+    env, tmp_path, capsys, s3_bucket
+):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "idle -> on-demand" in out, (out, err)
+    assert fake.job("1")["state"] == "CANCELLED"  # half a switch: the relaunch comes at the next poll
+
+    # the user sees a stopped run and resumes it while the watcher waits for its next poll
+    with watcher_lock(env["data"] / "runs" / run_id) as watching:
+        assert watching
+        code, out, err = cli(capsys, "resume", run_id)
+    assert code == 0, err
+    assert [launch["spot"] for launch in record_of(env, run_id)["launches"]] == [True, False]
+    assert fake.job("2")["task"]["resources"]["use_spot"] is False
+
+    # the watcher finds the run where it wanted it: no second switch
+    fake.set_state("2", "RUNNING")
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "->" not in out, out
+    assert fake.job("2")["state"] == "RUNNING" and len(record_of(env, run_id)["launches"]) == 2
+    assert load_state(env["data"] / "runs" / run_id).switches == 1

@@ -31,7 +31,7 @@ from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
 from skygreen.launch.status import BUDGET_STATE, RunStatus, run_state, run_status
-from skygreen.launch.watch_state import mark_user_cancel
+from skygreen.launch.watch_state import mark_user_cancel, switching_to_spot
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import TaskSpec, with_deadline
@@ -280,6 +280,8 @@ def resume(
         task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
     if budget_usd is not None:
         task.setdefault("envs", {})[BUDGET_ENV] = f"{budget_usd:g}"
+    if spot is None:  # the user's resume in the middle of a watcher's switch finishes that switch
+        spot = switching_to_spot(registry.run_dir(run_id), record.job_id)
     if spot is not None:
         task = with_capacity(task, spot=spot, offers=(record.plan_summary or {}).get("offers") or ())
     if budget_usd is not None or spot is not None:

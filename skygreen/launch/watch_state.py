@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.deadline.live import Availability, Decision
+from skygreen.deadline.policy import Mode
 from skygreen.files import write_atomic
 
 STATE_FILE = "watch.json"
@@ -135,6 +136,18 @@ def watcher_running(run_dir: Path) -> bool:
         return False
     with watcher_lock(run_dir) as got:
         return not got
+
+
+def switching_to_spot(run_dir: Path, job_id: str | None) -> bool | None:
+    """The capacity the watcher is moving the run to, when it cancelled `job_id` (the run's latest
+    job) and has not relaunched it yet: True for spot (or waiting for spot), False for on-demand;
+    None when no switch of that job is half done. A relaunch in between (the user's `resume`)
+    goes there, so the watcher does not have to undo it with one more changeover."""
+    state = load_state(run_dir)
+    latest = state.latest
+    if job_id is None or state.cancelled_job != job_id or latest is None:
+        return None
+    return latest.mode != Mode.ON_DEMAND.value
 
 
 def mark_user_cancel(run_dir: Path) -> None:
