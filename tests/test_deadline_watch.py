@@ -309,3 +309,17 @@ def test_the_users_resume_between_the_watchers_cancel_and_relaunch_goes_where_th
     assert code == 0 and "->" not in out, out
     assert fake.job("2")["state"] == "RUNNING" and len(record_of(env, run_id)["launches"]) == 2
     assert load_state(env["data"] / "runs" / run_id).switches == 1
+
+
+@pytest.mark.parametrize("content", ["null", "[]", '{"decisions": [1]}', '{"heartbeat_at_s": "soon"}', '{"pid": "x"}'])
+def test_a_watch_file_that_is_json_but_not_the_watchers_is_read_as_none(env, tmp_path, capsys, s3_bucket, content):
+    run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h",
+                         "--no-watch")  # fmt: skip
+    (env["data"] / "runs" / run_id / "watch.json").write_text(content)
+    code, out, err = cli(capsys, "status", run_id)
+    assert code == 0 and "decision       none yet" in out, (out, err)
+    code, out, err = cli(capsys, "status")
+    assert code == 0 and out.splitlines()[1].startswith(run_id), (out, err)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0, (out, err)
+    assert isinstance(json.loads((env["data"] / "runs" / run_id / "watch.json").read_text())["decisions"], list)

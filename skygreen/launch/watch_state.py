@@ -89,12 +89,17 @@ class WatchState:
             decisions=tuple(Decision.from_json(d) for d in data.get("decisions") or ()),
             cancelled_job=data.get("cancelled_job"),
             switches=int(data.get("switches") or 0),
-            pid=data.get("pid"),
-            heartbeat_at_s=data.get("heartbeat_at_s"),
+            pid=_number(data.get("pid"), int),
+            heartbeat_at_s=_number(data.get("heartbeat_at_s"), float),
             ended=data.get("ended"),
             outcome=data.get("outcome"),
-            ended_at_h=data.get("ended_at_h"),
+            ended_at_h=_number(data.get("ended_at_h"), float),
         )
+
+
+def _number(value: Any, kind: type[int] | type[float]) -> Any:
+    """`value` as `kind`, None kept; anything else raises ValueError or TypeError."""
+    return None if value is None else kind(value)
 
 
 def load_state(run_dir: Path) -> WatchState:
@@ -102,7 +107,7 @@ def load_state(run_dir: Path) -> WatchState:
     then learns availability again, which costs nothing but the history)."""
     try:
         return WatchState.from_json(json.loads((run_dir / STATE_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # AttributeError: JSON, not an object
         return WatchState()
 
 
