@@ -12,6 +12,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -323,3 +325,37 @@ def test_a_watch_file_that_is_json_but_not_the_watchers_is_read_as_none(env, tmp
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0, (out, err)
     assert isinstance(json.loads((env["data"] / "runs" / run_id / "watch.json").read_text())["decisions"], list)
+
+
+def test_the_users_cancel_while_the_watcher_relaunches_leaves_nothing_running(env, tmp_path, capsys, s3_bucket):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and fake.job("1")["state"] == "CANCELLED", (out, err)  # half a switch
+
+    # the watcher's relaunch takes the cloud a while; the user cancels the run meanwhile
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    watcher = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "watch", run_id, "--once"],
+                               env={**os.environ, "SKYGREEN_FAKE_LAUNCHER_HOLD": str(hold)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: (hold / "launching").exists() or watcher.poll() is not None, "the watcher's relaunch")
+        assert watcher.poll() is None, watcher.communicate()[0]
+        code, out, err = cli(capsys, "cancel", run_id)
+        assert code == 0, err
+        (hold / "release").touch()
+        said, _ = watcher.communicate(timeout=120)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert watcher.returncode == 0, said
+    jobs = FakeLauncher(env["fake"])._jobs()
+    assert all(job["state"] in ("CANCELLED", "CANCELLING") for job in jobs.values()), (said, jobs)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "cancelled by the user; the watcher stops" in out

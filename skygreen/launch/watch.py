@@ -185,6 +185,9 @@ class Watch:
         switches = state.switches + (0 if state.cancelled_job else 1)
         save_state(run_dir, dataclasses.replace(state, cancelled_job=None, switches=switches))
         self.say(f"run {record.run_id}: relaunched on {'spot' if spot else 'on-demand'} as job {relaunched.job_id}")
+        if user_cancelled(run_dir):  # the user cancelled while the launch was under way: the user's word wins
+            runs.cancel(record.run_id, wiring=self.wiring, by_user=False)
+            self.say(f"run {record.run_id}: cancelled job {relaunched.job_id} again, as the user cancelled the run")
 
     def _ended(
         self,
