@@ -359,3 +359,47 @@ def test_the_users_cancel_while_the_watcher_relaunches_leaves_nothing_running(en
     assert all(job["state"] in ("CANCELLED", "CANCELLING") for job in jobs.values()), (said, jobs)
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0 and "cancelled by the user; the watcher stops" in out
+
+
+def test_the_users_resume_while_the_watcher_relaunches_launches_one_job(env, tmp_path, capsys, s3_bucket):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and fake.job("1")["state"] == "CANCELLED", (out, err)  # half a switch
+
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    hold_env = {**os.environ, "SKYGREEN_FAKE_LAUNCHER_HOLD": str(hold)}
+    watcher = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "watch", run_id, "--once"], env=hold_env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    user = None
+    try:
+        wait_for(lambda: (hold / "launching").exists() or watcher.poll() is not None, "the watcher's relaunch")
+        assert watcher.poll() is None, watcher.communicate()[0]
+        (hold / "launching").unlink()
+        # the user resumes the stopped run while the watcher's launch is under way
+        user = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "resume", run_id], env=hold_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        wait_for(
+            lambda: (hold / "launching").exists() or user.poll() is not None,
+            "the user's resume to get as far as it can",
+        )
+        (hold / "release").touch()
+        said, _ = watcher.communicate(timeout=120)
+        user_out, user_err = user.communicate(timeout=120)
+    finally:
+        for process in (watcher, user):
+            if process is not None and process.poll() is None:
+                process.kill()
+    assert watcher.returncode == 0, said
+    assert user.returncode == 2 and "is being relaunched right now" in user_err, (user_out, user_err)
+    assert "Traceback" not in user_err
+    jobs = FakeLauncher(env["fake"])._jobs()
+    launched = [job_id for job_id, job in jobs.items() if job["state"] == "PENDING"]
+    assert len(launched) == 1, jobs
+    assert [launch["job_id"] for launch in record_of(env, run_id)["launches"]] == ["1", *launched]

@@ -249,10 +249,21 @@ def resume(
     """Relaunch a stopped run with the same run id: the runtime continues from the latest
     checkpoint in its bucket. `local` runs it on this machine whatever it ran on before.
     `budget_usd` sets a new budget (a run stopped at its budget needs a higher one). `spot`
-    relaunches it on spot (True) or on-demand (False): a deadline watcher's switch."""
+    relaunches it on spot (True) or on-demand (False): a deadline watcher's switch. One relaunch
+    of a run at a time: another one under way is an `InputError`."""
+    run_id = wiring.registry.load(run_id).run_id
+    with wiring.registry.relaunching(run_id) as mine:
+        if not mine:
+            raise InputError(
+                f"run {run_id} is being relaunched right now (by its deadline watcher, or another `skygreen resume`)\n"
+                f"  fix: `skygreen status {run_id}` in a moment shows where it runs"
+            )
+        return _resume(run_id, local=local, budget_usd=budget_usd, spot=spot, wiring=wiring)
+
+
+def _resume(run_id: str, *, local: bool, budget_usd: float | None, spot: bool | None, wiring: Wiring) -> RunRecord:
     environ, registry = wiring.environ, wiring.registry
     record = registry.load(run_id)
-    run_id = record.run_id
     _check_bucket_before_resume(record, wiring)
     current = run_state(record, wiring=wiring)
     if current.completed and current.manifest is not None:
