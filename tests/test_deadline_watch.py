@@ -403,3 +403,24 @@ def test_the_users_resume_while_the_watcher_relaunches_launches_one_job(env, tmp
     launched = [job_id for job_id, job in jobs.items() if job["state"] == "PENDING"]
     assert len(launched) == 1, jobs
     assert [launch["job_id"] for launch in record_of(env, run_id)["launches"]] == ["1", *launched]
+
+
+@pytest.mark.parametrize(
+    ("args", "value", "said", "fix"),
+    [
+        (("--deadline", "-5h"), "-5h", "must be greater than 0", "give a positive duration"),
+        (("--deadline", "0m"), "0m", "must be greater than 0", "give a positive duration"),
+        (("--deadline", "30h", "--compute", "-1h"), "-1h", "must be greater than 0", "give a positive duration"),
+        (("--deadline", "2000000h"), "2000000h", "must be less than 1000000 h", "a shorter duration"),
+        (("--deadline", "30h", "--compute", "1e9"), "1e9", "must be less than 1000000 h", "a shorter duration"),
+        (("--deadline", "1e9h"), "1e9h", "must be less than 1000000 h", "a shorter duration"),
+    ],
+)
+def test_a_duration_out_of_range_says_which_end_and_how_to_fix_it(env, tmp_path, capsys, s3_bucket, args, value,
+                                                                  said, fix):  # fmt: skip
+    task = write_task(tmp_path, f"s3://{s3_bucket}/runs")
+    code, _, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), "--no-watch", *args)
+    flag = args[-2]
+    assert code == 2 and f"error: {flag}: the duration {said}" in err, err
+    assert f"got: '{value}'" in err and f"fix: {fix}" in err and "Traceback" not in err, err
+    assert not (env["fake"] / "jobs.json").exists() or FakeLauncher(env["fake"])._jobs() == {}
