@@ -424,3 +424,21 @@ def test_a_duration_out_of_range_says_which_end_and_how_to_fix_it(env, tmp_path,
     assert code == 2 and f"error: {flag}: the duration {said}" in err, err
     assert f"got: '{value}'" in err and f"fix: {fix}" in err and "Traceback" not in err, err
     assert not (env["fake"] / "jobs.json").exists() or FakeLauncher(env["fake"])._jobs() == {}
+
+
+def test_a_deadline_run_launches_as_it_would_after_two_switches_even_when_its_plan_has_on_demand_offers(
+    env, tmp_path, capsys, s3_bucket
+):
+    from skygreen.launch.capacity import with_capacity
+
+    task = write_task(tmp_path, f"s3://{s3_bucket}/runs", on_demand_fallback=True, max_candidates=10)
+    run_id = up_deadline(capsys, env, task, "--deadline", "30h", "--no-watch")
+    sent = FakeLauncher(env["fake"]).job("1")["task"]
+    plan_offers = record_of(env, run_id)["plan_summary"]["offers"]
+    assert any(not offer["spot"] for offer in plan_offers)  # the plan priced some places on-demand
+    offers = json.loads(sent["envs"]["SKYGREEN_OFFERS"])
+    assert offers and all(row[5] is True for row in offers)  # a spot run prices its VM as spot
+    spot_prices = {(o["cloud"], o["region"], o["instance_type"]): o["spot_price_usd_per_hour"] for o in plan_offers}
+    assert all(row[6] == pytest.approx(spot_prices[(row[0], row[1], row[2])]) for row in offers)
+    there_and_back = with_capacity(with_capacity(sent, spot=False, offers=plan_offers), spot=True, offers=plan_offers)
+    assert there_and_back == sent

@@ -106,8 +106,9 @@ def up(
     plan = None if local else wiring.plan(spec)
     terms = None if deadline is None else deadline_terms(spec, plan, deadline)
     task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent)
-    if terms is not None:
-        task = with_capacity(task, spot=True)
+    summary = _plan_summary(spec, plan)
+    if terms is not None:  # on spot, its offers priced as spot, as a watcher's relaunch on spot has them
+        task = with_capacity(task, spot=True, offers=(summary or {}).get("offers") or ())
     yaml_text = to_yaml(task)
     smoke_result = wiring.smoke(task_path) if smoke else None
     if dryrun:  # every check `up` makes, then the YAML; only the launch is left out
@@ -133,7 +134,7 @@ def up(
         spec_snapshot=_snapshot(spec),
         created_at=utc_now_iso(),
         state="CREATED",
-        plan_summary=_plan_summary(spec, plan),
+        plan_summary=summary,
         secret_names=declared_secrets(spec),
         deadline=None if terms is None else terms.to_json(),
     )
