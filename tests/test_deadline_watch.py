@@ -442,3 +442,25 @@ def test_a_deadline_run_launches_as_it_would_after_two_switches_even_when_its_pl
     assert all(row[6] == pytest.approx(spot_prices[(row[0], row[1], row[2])]) for row in offers)
     there_and_back = with_capacity(with_capacity(sent, spot=False, offers=plan_offers), spot=True, offers=plan_offers)
     assert there_and_back == sent
+
+
+def test_a_run_saving_its_last_step_on_on_demand_is_left_to_finish(env, tmp_path, capsys, s3_bucket):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    for _ in range(2):  # cancel, then relaunch on on-demand
+        assert cli(capsys, "watch", run_id, "--once")[0] == 0
+    fake.set_state("2", "RUNNING")
+
+    # the runtime wrote its last step to the ledger and is uploading the final checkpoint
+    ledger_progress(f"{bucket}/{run_id}", step=1000, total_steps=1000)
+    set_clock(env, 6.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "->" not in out, (out, err)
+    assert fake.job("2")["state"] == "RUNNING"
+    deadline = json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]
+    assert (deadline["decision"], deadline["reason"], deadline["switches"]) == ("on_demand", "no work left", 1)

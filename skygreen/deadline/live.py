@@ -265,6 +265,8 @@ def decide(
     )
     ratio = _price_ratio(terms)
     wanted = terms.make_policy(price_ratio=ratio).decide(job, obs)
+    if wanted is Mode.IDLE and obs.remaining_h(job) <= 0:  # the last step is done, not yet saved:
+        wanted = mode  # stopping the run now could lose its final checkpoint; it ends by itself
     return Decision(
         at_s=now_s,
         mode=wanted.value,
