@@ -215,6 +215,7 @@ def test_the_table_of_runs_fits_the_terminal_by_leaving_out_whole_columns(env, t
         (("--deadline", "30h", "--compute", "29.9h"), "--deadline: 30 h is too short for 29.9 h of compute"),
         (("--deadline", "2h"), "skygreen.deadline: no offer can finish within 2 h"),
         (("--compute", "5h"), "--compute: only used with a deadline"),
+        (("--policy", "greedy"), "--policy: only used with a deadline"),
         (("--deadline", "soon"), "--deadline"),
     ],
 )
