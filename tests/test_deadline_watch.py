@@ -465,3 +465,26 @@ def test_a_run_saving_its_last_step_on_on_demand_is_left_to_finish(env, tmp_path
     assert fake.job("2")["state"] == "RUNNING"
     deadline = json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]
     assert (deadline["decision"], deadline["reason"], deadline["switches"]) == ("on_demand", "no work left", 1)
+
+
+def test_a_watcher_restarted_after_the_run_finished_dates_the_finish_from_the_ledger(env, tmp_path, capsys, s3_bucket):
+    import time
+
+    from skygreen.checkpoint.stores import open_store
+
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--no-watch")
+    # the run completed 5 hours ago, while no watcher ran (a laptop asleep); now it is hour 31
+    finished_s = time.time() - 5 * H
+    write_segment(
+        open_store(f"{bucket}/{run_id}"),
+        Segment(run_id=run_id, key=new_segment_key(finished_s - 20 * H, token="0000aaaa"), place=Place(cloud="aws"),
+                started_at=finished_s - 20 * H, updated_at=finished_s, ended_at=finished_s, end="completed",
+                step=1000, train_s=70000.0, total_steps=1000),
+    )  # fmt: skip
+    FakeLauncher(env["fake"]).set_state("1", "SUCCEEDED")
+    set_clock(env, 31.0)
+    code, out, err = cli(capsys, "watch", run_id)
+    assert code == 0 and "finished after 26.00 h of 30 h: deadline met" in out, (out, err)
+    watcher = json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]["watcher"]
+    assert watcher["outcome"] == "deadline met" and watcher["ended_at_h"] == pytest.approx(26.0, abs=0.01)

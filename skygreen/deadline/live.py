@@ -126,6 +126,17 @@ def progress_from(segments: Sequence[Any]) -> Progress:
     return Progress(step=step, total_steps=total, measured_compute_h=measured)
 
 
+def finished_at_s(segments: Sequence[Any], *, now_s: float, wall_now_s: float) -> float:
+    """When a completed run finished, on the watcher's clock: the latest end in its ledger, that
+    long before now (the ledger keeps the wall clock `wall_now_s`, the watcher's may be a test's),
+    so a watcher that was down when the run ended does not date the end to its own return;
+    `now_s` when the ledger has no end."""
+    ends = [s.ended_at for s in segments if s.ended_at is not None]
+    if not ends:
+        return now_s
+    return now_s - max(wall_now_s - max(ends), 0.0)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Availability:
     """Spot availability seen by the watcher: the moments it changed, from the run's start."""

@@ -55,7 +55,7 @@ class WatchState:
     """`ended` in a few words for the table of runs: `deadline met`, `missed by 0.50 h`, `failed`,
     `stopped at budget`, `cancelled`."""
     ended_at_h: float | None = None
-    """Hours from the run's start, on the watcher's clock, when the watcher saw the run end."""
+    """Hours from the run's start, on the watcher's clock, when the run ended (a completed run: from its ledger)."""
 
     @property
     def latest(self) -> Decision | None:
