@@ -488,3 +488,18 @@ def test_a_watcher_restarted_after_the_run_finished_dates_the_finish_from_the_le
     assert code == 0 and "finished after 26.00 h of 30 h: deadline met" in out, (out, err)
     watcher = json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]["watcher"]
     assert watcher["outcome"] == "deadline met" and watcher["ended_at_h"] == pytest.approx(26.0, abs=0.01)
+
+
+def test_a_cancel_the_launcher_refused_leaves_the_run_watched(env, tmp_path, capsys, s3_bucket, monkeypatch):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--no-watch")
+    FakeLauncher(env["fake"]).set_state("1", "RUNNING")
+    ledger_progress(f"{bucket}/{run_id}", step=10, total_steps=1000)
+    monkeypatch.setenv("SKYGREEN_FAKE_LAUNCHER_FAIL", "cancel:ClusterNotUpError")
+    code, _, err = cli(capsys, "cancel", run_id)
+    assert code != 0 and "cancelling managed job 1" in err and "Traceback" not in err
+    assert FakeLauncher(env["fake"]).job("1")["state"] == "RUNNING"  # the run goes on: so does its watcher
+    monkeypatch.delenv("SKYGREEN_FAKE_LAUNCHER_FAIL")
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "cancelled by the user" not in out, (out, err)
+    assert json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]["watcher"]["ended"] is None

@@ -31,7 +31,7 @@ from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
 from skygreen.launch.status import BUDGET_STATE, RunStatus, run_state, run_status
-from skygreen.launch.watch_state import mark_user_cancel, switching_to_spot
+from skygreen.launch.watch_state import clear_user_cancel, mark_user_cancel, switching_to_spot
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import TaskSpec, with_deadline
@@ -352,13 +352,19 @@ def cancel(run_id: str, *, wiring: Wiring, by_user: bool = True) -> CancelResult
     record = registry.load(run_id)
     if record.job_id is None:
         raise InputError(f"run {record.run_id} was never launched; nothing to cancel")
-    if by_user and record.deadline is not None:
+    marked = by_user and record.deadline is not None
+    if marked:
         mark_user_cancel(registry.run_dir(record.run_id))
-    current = run_status(record, wiring=wiring)
-    if current.state in JobState.__members__ and JobState(current.state).terminal:
-        return CancelResult(status=current, already_ended=True)
-    _mark_cancel(record, wiring)
-    launcher_for(record, wiring).cancel(record.job_id)
+    try:
+        current = run_status(record, wiring=wiring)
+        if current.state in JobState.__members__ and JobState(current.state).terminal:
+            return CancelResult(status=current, already_ended=True)
+        _mark_cancel(record, wiring)
+        launcher_for(record, wiring).cancel(record.job_id)
+    except SkygreenError:
+        if marked:  # the run goes on, so its watcher must too
+            clear_user_cancel(registry.run_dir(record.run_id))
+        raise
     registry.save(dataclasses.replace(record, cancelled=True))
     return CancelResult(status=run_status(registry.load(record.run_id), wiring=wiring), already_ended=False)
 
