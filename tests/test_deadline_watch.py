@@ -397,6 +397,11 @@ def test_the_users_resume_while_the_watcher_relaunches_launches_one_job(env, tmp
         for process in (watcher, user):
             if process is not None and process.poll() is None:
                 process.kill()
+        run_dir = env["data"] / "runs" / run_id
+        leftover = load_state(run_dir).pid  # a resume that went through started a background watcher
+        if watcher_running(run_dir) and leftover and leftover != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(leftover, signal.SIGKILL)
     assert watcher.returncode == 0, said
     assert user.returncode == 2 and "is being relaunched right now" in user_err, (user_out, user_err)
     assert "Traceback" not in user_err
