@@ -258,6 +258,17 @@ def test_watch_refuses_a_poll_interval_that_is_not_a_duration(env, tmp_path, cap
     assert code == 2 and "--poll" in err and "often" in err
 
 
+def test_watch_looks_at_least_once_per_changeover_whatever_the_poll(env, tmp_path, capsys, s3_bucket):
+    run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h",
+                         "--no-watch")  # fmt: skip
+    changeover_min = record_of(env, run_id)["deadline"]["changeover_h"] * 60
+    FakeLauncher(env["fake"]).set_state("1", "SUCCEEDED")
+    code, out, err = cli(capsys, "watch", run_id, "--poll", "99999999h")
+    assert code == 0 and "unexpected" not in err, (out, err)
+    assert f"polling every {changeover_min:.1f} min (the run's changeover) rather than every 6e+09 min" in out, out
+    assert "finished after" in out
+
+
 @pytest.mark.parametrize(
     ("state", "hours", "code", "said", "outcome"),
     [

@@ -88,6 +88,13 @@ class Watch:
                 f"run {record.run_id} was launched without a deadline; there is nothing to watch\n"
                 f"  fix: launch with `skygreen up TASK --deadline 36h`"
             )
+        changeover_s = DeadlineTerms.from_json(record.deadline).changeover_h * 3600.0
+        if not once and poll_s > changeover_s:  # the policies hold the deadline deciding every d or less
+            self.say(
+                f"polling every {changeover_s / 60:.1f} min (the run's changeover) rather than every "
+                f"{poll_s / 60:g} min: the deadline holds only with a look at least once per changeover"
+            )
+            poll_s = changeover_s
         run_dir = registry.run_dir(record.run_id)
         with watcher_lock(run_dir) as mine:
             if not mine:
