@@ -519,3 +519,18 @@ def test_a_cancel_the_launcher_refused_leaves_the_run_watched(env, tmp_path, cap
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0 and "cancelled by the user" not in out, (out, err)
     assert json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]["watcher"]["ended"] is None
+
+
+def test_a_spot_job_that_never_found_capacity_is_moved_to_on_demand(env, tmp_path, capsys, s3_bucket):
+    run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h",
+                         "--policy", "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "STARTING")  # no spot anywhere: the runtime never started, the ledger is empty
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and fake.job("1")["state"] == "STARTING", (out, err)  # hour 0: on the even pace
+    set_clock(env, 5.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "idle -> on-demand" in out, (out, err)
+    assert fake.job("1")["state"] == "CANCELLED"
+    assert cli(capsys, "watch", run_id, "--once")[0] == 0
+    assert [launch["spot"] for launch in record_of(env, run_id)["launches"]] == [True, False]
