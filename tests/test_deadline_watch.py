@@ -526,8 +526,11 @@ def test_a_spot_job_that_never_found_capacity_is_moved_to_on_demand(env, tmp_pat
                          "--policy", "uniform_progress", "--no-watch")  # fmt: skip
     fake = FakeLauncher(env["fake"])
     fake.set_state("1", "STARTING")  # no spot anywhere: the runtime never started, the ledger is empty
-    code, out, err = cli(capsys, "watch", run_id, "--once")
-    assert code == 0 and fake.job("1")["state"] == "STARTING", (out, err)  # hour 0: on the even pace
+    changeover_h = record_of(env, run_id)["deadline"]["changeover_h"]
+    for hours in (0.0, changeover_h / 2):  # provisioning, within the changeover it was budgeted: no decision
+        set_clock(env, hours)
+        code, out, err = cli(capsys, "watch", run_id, "--once")
+        assert code == 0 and "->" not in out and fake.job("1")["state"] == "STARTING", (out, err)
     set_clock(env, 5.0)
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0 and "idle -> on-demand" in out, (out, err)

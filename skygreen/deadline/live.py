@@ -255,12 +255,14 @@ def decide(
     history: Availability,
 ) -> Decision | None:
     """The policy's decision now, or None while the run's size is unknown (no total steps yet,
-    or no compute hours given and none measured): the run then stays where it is. An idle run
-    with no step in its ledger (a spot job that never found capacity) has done nothing, whatever
-    its total: the policy decides for it, or a run that never starts would never be moved."""
+    or no compute hours given and none measured): the run then stays where it is. A run still
+    idle with no step in its ledger one changeover after its start (a spot job that never found
+    capacity; its provisioning is part of d) has done nothing, whatever its total: the policy
+    decides for it, or a run that never starts would never be moved."""
     compute_h = terms.compute_h or progress.measured_compute_h
     fraction = progress.fraction
-    if fraction is None and progress.step == 0 and mode is Mode.IDLE:
+    never_started = progress.step == 0 and mode is Mode.IDLE
+    if fraction is None and never_started and now_s - terms.started_at_s > terms.changeover_h * 3600.0:
         fraction = 0.0
     if compute_h is None or fraction is None:
         return None
