@@ -132,7 +132,7 @@ def up(
     catalog_dir: Path | None = None,
     deadline: str | None = None,
     compute: str | None = None,
-    policy: str = "skygreen",
+    policy: str | None = None,
     watch: bool = True,
 ) -> UpResult:
     """Validate, plan, CPU smoke-test, preflight the checkpoint bucket, render the SkyPilot
@@ -141,7 +141,7 @@ def up(
 
     `deadline` (`36h`; else the task's `skygreen.deadline`) holds the run to a deadline: it
     starts on spot and a watcher started in the background (`watch`) moves it to on-demand
-    and back as `policy` says. `compute` (`20h`): the compute hours the run needs, when the
+    and back as `policy` says (default: skygreen's own). `compute` (`20h`): the compute hours the run needs, when the
     plan's estimate (or, for a local run, the measured throughput) should not be used.
     `watch=False` starts no watcher: the caller runs `watch` where it can stay up.
     """

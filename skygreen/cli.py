@@ -126,9 +126,8 @@ def catalog_update(catalog: Path | None, clouds: tuple[str, ...]) -> None:
 @click.option(
     "--policy",
     type=click.Choice(["skygreen", "uniform_progress", "greedy"]),
-    default="skygreen",
-    show_default=True,
-    help="With a deadline: the switching policy (see `skygreen simulate`).",
+    default=None,
+    help="With a deadline: the switching policy (see `skygreen simulate`); default: skygreen.",
 )
 @click.option(
     "--no-watch",
@@ -145,7 +144,7 @@ def up(
     detach: bool,
     deadline: str | None,
     compute: str | None,
-    policy: str,
+    policy: str | None,
     no_watch: bool,
     catalog: Path | None,
 ) -> None:

@@ -178,7 +178,7 @@ def read_duration_h(raw: Any, path: str) -> float:
         hours = seconds / 3600.0
     elif isinstance(raw, str):
         try:
-            hours = float(raw)
+            hours = _signed_hours(raw)
         except ValueError:
             raise SpecError(
                 path,
@@ -193,12 +193,34 @@ def read_duration_h(raw: Any, path: str) -> float:
         raise SpecError(
             path, f"expected a duration, got a {type_name(raw)}", value=raw, allowed=allowed, hint="e.g. 36h"
         )
-    if not (hours > 0 and hours < 1e6):
+    if not hours > 0:
         raise SpecError(
             path,
-            "the duration must be greater than 0 (and finite)",
+            "the duration must be greater than 0",
             value=raw,
             allowed=allowed,
             hint="give a positive duration, e.g. 36h",
         )
+    if not hours < MAX_DURATION_H:
+        raise SpecError(
+            path,
+            f"the duration must be less than {MAX_DURATION_H:.0f} h",
+            value=raw,
+            allowed=allowed,
+            hint="a shorter duration, e.g. 36h",
+        )
     return hours
+
+
+MAX_DURATION_H = 1e6
+"""Longer than any run (114 years): a value past it is a typo."""
+
+
+def _signed_hours(text: str) -> float:
+    """Hours from a number with or without a unit that `parse_duration_s` does not take (`-5h`,
+    `1e9h`, `1e9`), so that the range check, not the syntax check, says what is wrong with it;
+    ValueError when it is no number."""
+    for unit in sorted(DURATION_UNITS_S, key=len, reverse=True):
+        if text.strip().endswith(unit):
+            return float(text.strip()[: -len(unit)]) * DURATION_UNITS_S[unit] / 3600.0
+    return float(text)

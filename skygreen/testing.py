@@ -8,6 +8,8 @@ exception class>` (actions: launch, status, cancel, logs) raises exactly the `La
 SkyPilot adapter raises for that exception. Like SkyPilot's client, it rejects a task whose
 `envs` hold a null, whose recovery strategy SkyPilot does not know, or that has no `run`.
 It never stores secret values: only which names were given a value at launch.
+A launch takes SkyPilot a while; `SKYGREEN_FAKE_LAUNCHER_HOLD=DIR` makes a test choose what
+happens meanwhile: `launch` writes `DIR/launching` and returns once `DIR/release` exists.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from skygreen.launch.launcher import JobState, JobStatus
 
 FAKE_DIR_ENV = "SKYGREEN_FAKE_LAUNCHER_DIR"
 FAKE_FAIL_ENV = "SKYGREEN_FAKE_LAUNCHER_FAIL"
+FAKE_HOLD_ENV = "SKYGREEN_FAKE_LAUNCHER_HOLD"
+HOLD_TIMEOUT_S = 300.0
 _ACTIONS = {
     "launch": "launching the managed job",
     "status": "reading managed job {job_id}",
@@ -54,6 +58,7 @@ class FakeLauncher:
         client would for a task it rejects; of `secrets` only the names are kept."""
         self._maybe_fail("launch", "")
         _check_task(task)
+        _hold_launch()
         jobs = self._jobs()
         job_id = str(max((int(j) for j in jobs), default=0) + 1)
         jobs[job_id] = {
@@ -175,6 +180,20 @@ class FakeLauncher:
         tmp = self.root / "jobs.json.tmp"
         tmp.write_text(json.dumps(jobs, indent=1), encoding="utf-8")
         os.replace(tmp, self.root / "jobs.json")
+
+
+def _hold_launch() -> None:
+    """With `SKYGREEN_FAKE_LAUNCHER_HOLD=DIR`: say the launch is under way, wait for the release."""
+    hold = os.environ.get(FAKE_HOLD_ENV)
+    if not hold:
+        return
+    (Path(hold) / "launching").touch()
+    waited_s = 0.0
+    while not (Path(hold) / "release").exists():
+        if waited_s > HOLD_TIMEOUT_S:
+            raise LaunchError(f"fake launch held for {HOLD_TIMEOUT_S:g} s and never released ({hold}/release)")
+        time.sleep(0.05)
+        waited_s += 0.05
 
 
 def _check_task(task: Mapping[str, Any]) -> None:

@@ -12,6 +12,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ import yaml
 
 from helpers import cli, wait_for
 from skygreen.deadline.clock import CLOCK_ENV
-from skygreen.launch.watch_state import load_state, watcher_running
+from skygreen.launch.watch_state import load_state, watcher_lock, watcher_running
 from skygreen.ledger.io import write_segment
 from skygreen.ledger.records import Place, Segment, new_segment_key
 from skygreen.testing import FakeLauncher
@@ -213,6 +215,7 @@ def test_the_table_of_runs_fits_the_terminal_by_leaving_out_whole_columns(env, t
         (("--deadline", "30h", "--compute", "29.9h"), "--deadline: 30 h is too short for 29.9 h of compute"),
         (("--deadline", "2h"), "skygreen.deadline: no offer can finish within 2 h"),
         (("--compute", "5h"), "--compute: only used with a deadline"),
+        (("--policy", "greedy"), "--policy: only used with a deadline"),
         (("--deadline", "soon"), "--deadline"),
     ],
 )
@@ -255,6 +258,17 @@ def test_watch_refuses_a_poll_interval_that_is_not_a_duration(env, tmp_path, cap
     assert code == 2 and "--poll" in err and "often" in err
 
 
+def test_watch_looks_at_least_once_per_changeover_whatever_the_poll(env, tmp_path, capsys, s3_bucket):
+    run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h",
+                         "--no-watch")  # fmt: skip
+    changeover_min = record_of(env, run_id)["deadline"]["changeover_h"] * 60
+    FakeLauncher(env["fake"]).set_state("1", "SUCCEEDED")
+    code, out, err = cli(capsys, "watch", run_id, "--poll", "99999999h")
+    assert code == 0 and "unexpected" not in err, (out, err)
+    assert f"polling every {changeover_min:.1f} min (the run's changeover) rather than every 6e+09 min" in out, out
+    assert "finished after" in out
+
+
 @pytest.mark.parametrize(
     ("state", "hours", "code", "said", "outcome"),
     [
@@ -279,3 +293,247 @@ def test_the_watcher_ends_with_the_run(env, tmp_path, capsys, s3_bucket, state, 
     detail = cli(capsys, "status", run_id)[1]
     assert "30 h, by " in detail and f"(ended at {hours:.2f} h: {outcome})" in detail, detail
     assert "decision       none: the run ended before the watcher decided" in detail, detail
+
+
+def test_the_users_resume_between_the_watchers_cancel_and_relaunch_goes_where_the_watcher_was_moving_it(
+    env, tmp_path, capsys, s3_bucket
+):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "idle -> on-demand" in out, (out, err)
+    assert fake.job("1")["state"] == "CANCELLED"  # half a switch: the relaunch comes at the next poll
+
+    # the user sees a stopped run and resumes it while the watcher waits for its next poll
+    with watcher_lock(env["data"] / "runs" / run_id) as watching:
+        assert watching
+        code, out, err = cli(capsys, "resume", run_id)
+    assert code == 0, err
+    assert [launch["spot"] for launch in record_of(env, run_id)["launches"]] == [True, False]
+    assert fake.job("2")["task"]["resources"]["use_spot"] is False
+
+    # the watcher finds the run where it wanted it: no second switch
+    fake.set_state("2", "RUNNING")
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "->" not in out, out
+    assert fake.job("2")["state"] == "RUNNING" and len(record_of(env, run_id)["launches"]) == 2
+    assert load_state(env["data"] / "runs" / run_id).switches == 1
+
+
+@pytest.mark.parametrize("content", ["null", "[]", '{"decisions": [1]}', '{"heartbeat_at_s": "soon"}', '{"pid": "x"}'])
+def test_a_watch_file_that_is_json_but_not_the_watchers_is_read_as_none(env, tmp_path, capsys, s3_bucket, content):
+    run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h",
+                         "--no-watch")  # fmt: skip
+    (env["data"] / "runs" / run_id / "watch.json").write_text(content)
+    code, out, err = cli(capsys, "status", run_id)
+    assert code == 0 and "decision       none yet" in out, (out, err)
+    code, out, err = cli(capsys, "status")
+    assert code == 0 and out.splitlines()[1].startswith(run_id), (out, err)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0, (out, err)
+    assert isinstance(json.loads((env["data"] / "runs" / run_id / "watch.json").read_text())["decisions"], list)
+
+
+def test_the_users_cancel_while_the_watcher_relaunches_leaves_nothing_running(env, tmp_path, capsys, s3_bucket):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and fake.job("1")["state"] == "CANCELLED", (out, err)  # half a switch
+
+    # the watcher's relaunch takes the cloud a while; the user cancels the run meanwhile
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    watcher = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "watch", run_id, "--once"],
+                               env={**os.environ, "SKYGREEN_FAKE_LAUNCHER_HOLD": str(hold)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: (hold / "launching").exists() or watcher.poll() is not None, "the watcher's relaunch")
+        assert watcher.poll() is None, watcher.communicate()[0]
+        code, out, err = cli(capsys, "cancel", run_id)
+        assert code == 0, err
+        (hold / "release").touch()
+        said, _ = watcher.communicate(timeout=120)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert watcher.returncode == 0, said
+    jobs = FakeLauncher(env["fake"])._jobs()
+    assert all(job["state"] in ("CANCELLED", "CANCELLING") for job in jobs.values()), (said, jobs)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "cancelled by the user; the watcher stops" in out
+
+
+def test_the_users_resume_while_the_watcher_relaunches_launches_one_job(env, tmp_path, capsys, s3_bucket):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and fake.job("1")["state"] == "CANCELLED", (out, err)  # half a switch
+
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    hold_env = {**os.environ, "SKYGREEN_FAKE_LAUNCHER_HOLD": str(hold)}
+    watcher = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "watch", run_id, "--once"], env=hold_env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    user = None
+    try:
+        wait_for(lambda: (hold / "launching").exists() or watcher.poll() is not None, "the watcher's relaunch")
+        assert watcher.poll() is None, watcher.communicate()[0]
+        (hold / "launching").unlink()
+        # the user resumes the stopped run while the watcher's launch is under way
+        user = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "resume", run_id], env=hold_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        wait_for(
+            lambda: (hold / "launching").exists() or user.poll() is not None,
+            "the user's resume to get as far as it can",
+        )
+        (hold / "release").touch()
+        said, _ = watcher.communicate(timeout=120)
+        user_out, user_err = user.communicate(timeout=120)
+    finally:
+        for process in (watcher, user):
+            if process is not None and process.poll() is None:
+                process.kill()
+        run_dir = env["data"] / "runs" / run_id
+        leftover = load_state(run_dir).pid  # a resume that went through started a background watcher
+        if watcher_running(run_dir) and leftover and leftover != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(leftover, signal.SIGKILL)
+    assert watcher.returncode == 0, said
+    assert user.returncode == 2 and "is being relaunched right now" in user_err, (user_out, user_err)
+    assert "Traceback" not in user_err
+    jobs = FakeLauncher(env["fake"])._jobs()
+    launched = [job_id for job_id, job in jobs.items() if job["state"] == "PENDING"]
+    assert len(launched) == 1, jobs
+    assert [launch["job_id"] for launch in record_of(env, run_id)["launches"]] == ["1", *launched]
+
+
+@pytest.mark.parametrize(
+    ("args", "value", "said", "fix"),
+    [
+        (("--deadline", "-5h"), "-5h", "must be greater than 0", "give a positive duration"),
+        (("--deadline", "0m"), "0m", "must be greater than 0", "give a positive duration"),
+        (("--deadline", "30h", "--compute", "-1h"), "-1h", "must be greater than 0", "give a positive duration"),
+        (("--deadline", "2000000h"), "2000000h", "must be less than 1000000 h", "a shorter duration"),
+        (("--deadline", "30h", "--compute", "1e9"), "1e9", "must be less than 1000000 h", "a shorter duration"),
+        (("--deadline", "1e9h"), "1e9h", "must be less than 1000000 h", "a shorter duration"),
+    ],
+)
+def test_a_duration_out_of_range_says_which_end_and_how_to_fix_it(env, tmp_path, capsys, s3_bucket, args, value,
+                                                                  said, fix):  # fmt: skip
+    task = write_task(tmp_path, f"s3://{s3_bucket}/runs")
+    code, _, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), "--no-watch", *args)
+    flag = args[-2]
+    assert code == 2 and f"error: {flag}: the duration {said}" in err, err
+    assert f"got: '{value}'" in err and f"fix: {fix}" in err and "Traceback" not in err, err
+    assert not (env["fake"] / "jobs.json").exists() or FakeLauncher(env["fake"])._jobs() == {}
+
+
+def test_a_deadline_run_launches_as_it_would_after_two_switches_even_when_its_plan_has_on_demand_offers(
+    env, tmp_path, capsys, s3_bucket
+):
+    from skygreen.launch.capacity import with_capacity
+
+    task = write_task(tmp_path, f"s3://{s3_bucket}/runs", on_demand_fallback=True, max_candidates=10)
+    run_id = up_deadline(capsys, env, task, "--deadline", "30h", "--no-watch")
+    sent = FakeLauncher(env["fake"]).job("1")["task"]
+    plan_offers = record_of(env, run_id)["plan_summary"]["offers"]
+    assert any(not offer["spot"] for offer in plan_offers)  # the plan priced some places on-demand
+    offers = json.loads(sent["envs"]["SKYGREEN_OFFERS"])
+    assert offers and all(row[5] is True for row in offers)  # a spot run prices its VM as spot
+    spot_prices = {(o["cloud"], o["region"], o["instance_type"]): o["spot_price_usd_per_hour"] for o in plan_offers}
+    assert all(row[6] == pytest.approx(spot_prices[(row[0], row[1], row[2])]) for row in offers)
+    there_and_back = with_capacity(with_capacity(sent, spot=False, offers=plan_offers), spot=True, offers=plan_offers)
+    assert there_and_back == sent
+
+
+def test_a_run_saving_its_last_step_on_on_demand_is_left_to_finish(env, tmp_path, capsys, s3_bucket):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    for _ in range(2):  # cancel, then relaunch on on-demand
+        assert cli(capsys, "watch", run_id, "--once")[0] == 0
+    fake.set_state("2", "RUNNING")
+
+    # the runtime wrote its last step to the ledger and is uploading the final checkpoint
+    ledger_progress(f"{bucket}/{run_id}", step=1000, total_steps=1000)
+    set_clock(env, 6.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "->" not in out, (out, err)
+    assert fake.job("2")["state"] == "RUNNING"
+    deadline = json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]
+    assert (deadline["decision"], deadline["reason"], deadline["switches"]) == ("on_demand", "no work left", 1)
+
+
+def test_a_watcher_restarted_after_the_run_finished_dates_the_finish_from_the_ledger(env, tmp_path, capsys, s3_bucket):
+    import time
+
+    from skygreen.checkpoint.stores import open_store
+
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--no-watch")
+    # the run completed 5 hours ago, while no watcher ran (a laptop asleep); now it is hour 31
+    finished_s = time.time() - 5 * H
+    write_segment(
+        open_store(f"{bucket}/{run_id}"),
+        Segment(run_id=run_id, key=new_segment_key(finished_s - 20 * H, token="0000aaaa"), place=Place(cloud="aws"),
+                started_at=finished_s - 20 * H, updated_at=finished_s, ended_at=finished_s, end="completed",
+                step=1000, train_s=70000.0, total_steps=1000),
+    )  # fmt: skip
+    FakeLauncher(env["fake"]).set_state("1", "SUCCEEDED")
+    set_clock(env, 31.0)
+    code, out, err = cli(capsys, "watch", run_id)
+    assert code == 0 and "finished after 26.00 h of 30 h: deadline met" in out, (out, err)
+    watcher = json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]["watcher"]
+    assert watcher["outcome"] == "deadline met" and watcher["ended_at_h"] == pytest.approx(26.0, abs=0.01)
+
+
+def test_a_cancel_the_launcher_refused_leaves_the_run_watched(env, tmp_path, capsys, s3_bucket, monkeypatch):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--no-watch")
+    FakeLauncher(env["fake"]).set_state("1", "RUNNING")
+    ledger_progress(f"{bucket}/{run_id}", step=10, total_steps=1000)
+    monkeypatch.setenv("SKYGREEN_FAKE_LAUNCHER_FAIL", "cancel:ClusterNotUpError")
+    code, _, err = cli(capsys, "cancel", run_id)
+    assert code != 0 and "cancelling managed job 1" in err and "Traceback" not in err
+    assert FakeLauncher(env["fake"]).job("1")["state"] == "RUNNING"  # the run goes on: so does its watcher
+    monkeypatch.delenv("SKYGREEN_FAKE_LAUNCHER_FAIL")
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "cancelled by the user" not in out, (out, err)
+    assert json.loads(cli(capsys, "status", run_id, "--json")[1])["deadline"]["watcher"]["ended"] is None
+
+
+def test_a_spot_job_that_never_found_capacity_is_moved_to_on_demand(env, tmp_path, capsys, s3_bucket):
+    run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"), "--deadline", "30h",
+                         "--policy", "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "STARTING")  # no spot anywhere: the runtime never started, the ledger is empty
+    changeover_h = record_of(env, run_id)["deadline"]["changeover_h"]
+    for hours in (0.0, changeover_h / 2):  # provisioning, within the changeover it was budgeted: no decision
+        set_clock(env, hours)
+        code, out, err = cli(capsys, "watch", run_id, "--once")
+        assert code == 0 and "->" not in out and fake.job("1")["state"] == "STARTING", (out, err)
+    set_clock(env, 5.0)
+    code, out, err = cli(capsys, "watch", run_id, "--once")
+    assert code == 0 and "idle -> on-demand" in out, (out, err)
+    assert fake.job("1")["state"] == "CANCELLED"
+    assert cli(capsys, "watch", run_id, "--once")[0] == 0
+    assert [launch["spot"] for launch in record_of(env, run_id)["launches"]] == [True, False]

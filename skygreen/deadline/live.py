@@ -126,6 +126,17 @@ def progress_from(segments: Sequence[Any]) -> Progress:
     return Progress(step=step, total_steps=total, measured_compute_h=measured)
 
 
+def finished_at_s(segments: Sequence[Any], *, now_s: float, wall_now_s: float) -> float:
+    """When a completed run finished, on the watcher's clock: the latest end in its ledger, that
+    long before now (the ledger keeps the wall clock `wall_now_s`, the watcher's may be a test's),
+    so a watcher that was down when the run ended does not date the end to its own return;
+    `now_s` when the ledger has no end."""
+    ends = [s.ended_at for s in segments if s.ended_at is not None]
+    if not ends:
+        return now_s
+    return now_s - max(wall_now_s - max(ends), 0.0)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Availability:
     """Spot availability seen by the watcher: the moments it changed, from the run's start."""
@@ -244,9 +255,15 @@ def decide(
     history: Availability,
 ) -> Decision | None:
     """The policy's decision now, or None while the run's size is unknown (no total steps yet,
-    or no compute hours given and none measured): the run then stays where it is."""
+    or no compute hours given and none measured): the run then stays where it is. A run still
+    idle with no step in its ledger one changeover after its start (a spot job that never found
+    capacity; its provisioning is part of d) has done nothing, whatever its total: the policy
+    decides for it, or a run that never starts would never be moved."""
     compute_h = terms.compute_h or progress.measured_compute_h
     fraction = progress.fraction
+    never_started = progress.step == 0 and mode is Mode.IDLE
+    if fraction is None and never_started and now_s - terms.started_at_s > terms.changeover_h * 3600.0:
+        fraction = 0.0
     if compute_h is None or fraction is None:
         return None
     job = Job(compute_h=compute_h, deadline_h=terms.deadline_h, changeover_h=terms.changeover_h)
@@ -265,6 +282,8 @@ def decide(
     )
     ratio = _price_ratio(terms)
     wanted = terms.make_policy(price_ratio=ratio).decide(job, obs)
+    if wanted is Mode.IDLE and obs.remaining_h(job) <= 0:  # the last step is done, not yet saved:
+        wanted = mode  # stopping the run now could lose its final checkpoint; it ends by itself
     return Decision(
         at_s=now_s,
         mode=wanted.value,

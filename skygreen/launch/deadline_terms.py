@@ -33,7 +33,8 @@ class DeadlineAsk:
     """The watcher's clock at launch (`skygreen.deadline.clock`)."""
     deadline_h: float | None = None
     compute_h: float | None = None
-    policy: str = "skygreen"
+    policy: str | None = None
+    """None: not asked; `deadline_ask` makes it skygreen's own."""
 
 
 def deadline_ask(spec: TaskSpec, ask: DeadlineAsk | None) -> DeadlineAsk | None:
@@ -42,17 +43,19 @@ def deadline_ask(spec: TaskSpec, ask: DeadlineAsk | None) -> DeadlineAsk | None:
         return None
     deadline_h = ask.deadline_h if ask.deadline_h is not None else spec.green.deadline
     if deadline_h is None:
-        if ask.compute_h is not None:
-            raise InputError("--compute: only used with a deadline\n  fix: add --deadline 36h, or leave --compute out")
+        for flag, given in (("--compute", ask.compute_h), ("--policy", ask.policy)):
+            if given is not None:
+                raise InputError(f"{flag}: only used with a deadline\n  fix: add --deadline 36h, or leave {flag} out")
         return None
-    if ask.policy not in POLICIES:
-        raise InputError(f"--policy: unknown policy {ask.policy!r}\n  fix: one of {', '.join(POLICIES)}")
+    policy = ask.policy or "skygreen"
+    if policy not in POLICIES:
+        raise InputError(f"--policy: unknown policy {policy!r}\n  fix: one of {', '.join(POLICIES)}")
     if not spec.green.spot:
         raise InputError(
             "skygreen.spot: false: a deadline moves a run between spot and on-demand, and this task asks for on-demand only\n"
             "  fix: set skygreen.spot: true, or leave the deadline out"
         )
-    return DeadlineAsk(now_s=ask.now_s, deadline_h=deadline_h, compute_h=ask.compute_h, policy=ask.policy)
+    return DeadlineAsk(now_s=ask.now_s, deadline_h=deadline_h, compute_h=ask.compute_h, policy=policy)
 
 
 def deadline_terms(spec: TaskSpec, plan: Plan | None, ask: DeadlineAsk) -> DeadlineTerms:
@@ -82,7 +85,7 @@ def deadline_terms(spec: TaskSpec, plan: Plan | None, ask: DeadlineAsk) -> Deadl
         started_at_s=ask.now_s,
         deadline_at_s=ask.now_s + ask.deadline_h * 3600.0,
         changeover_h=d,
-        policy=ask.policy,
+        policy=ask.policy or "skygreen",
         compute_h=compute_h,
         spot_usd_per_hour=spot_price,
         on_demand_usd_per_hour=on_demand_price,

@@ -8,12 +8,14 @@ A record holds no credentials: the task snapshot keeps secret names only.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import secrets as _random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from skygreen.timestamps import utc_now_iso
 
 DATA_DIR_ENV = "SKYGREEN_DATA_DIR"
 RECORD_VERSION = 1
+LAUNCH_LOCK_FILE = "launch.lock"
 _RUN_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
 
 
@@ -168,6 +171,25 @@ class Registry:
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(folder / "run.json", json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
         return record
+
+    @contextlib.contextmanager
+    def relaunching(self, run_id: str) -> Iterator[bool]:
+        """Hold the run's relaunch lock for the block (`<run dir>/launch.lock`); yields False when
+        another process holds it. A relaunch checks that the run is stopped and then launches it:
+        two at once (the user's `resume` and a deadline watcher's switch) would both find it
+        stopped, both launch, and the record would keep only one of the two jobs."""
+        folder = self.run_dir(run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LAUNCH_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # closing the only descriptor drops the lock
 
     def resolve(self, run_id: str) -> str:
         """The full id of the one run whose id is `run_id` or starts with it (as git and docker

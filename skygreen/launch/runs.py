@@ -31,7 +31,7 @@ from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
 from skygreen.launch.status import BUDGET_STATE, RunStatus, run_state, run_status
-from skygreen.launch.watch_state import mark_user_cancel
+from skygreen.launch.watch_state import clear_user_cancel, mark_user_cancel, switching_to_spot
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import TaskSpec, with_deadline
@@ -106,8 +106,9 @@ def up(
     plan = None if local else wiring.plan(spec)
     terms = None if deadline is None else deadline_terms(spec, plan, deadline)
     task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent)
-    if terms is not None:
-        task = with_capacity(task, spot=True)
+    summary = _plan_summary(spec, plan)
+    if terms is not None:  # on spot, its offers priced as spot, as a watcher's relaunch on spot has them
+        task = with_capacity(task, spot=True, offers=(summary or {}).get("offers") or ())
     yaml_text = to_yaml(task)
     smoke_result = wiring.smoke(task_path) if smoke else None
     if dryrun:  # every check `up` makes, then the YAML; only the launch is left out
@@ -133,7 +134,7 @@ def up(
         spec_snapshot=_snapshot(spec),
         created_at=utc_now_iso(),
         state="CREATED",
-        plan_summary=_plan_summary(spec, plan),
+        plan_summary=summary,
         secret_names=declared_secrets(spec),
         deadline=None if terms is None else terms.to_json(),
     )
@@ -249,10 +250,21 @@ def resume(
     """Relaunch a stopped run with the same run id: the runtime continues from the latest
     checkpoint in its bucket. `local` runs it on this machine whatever it ran on before.
     `budget_usd` sets a new budget (a run stopped at its budget needs a higher one). `spot`
-    relaunches it on spot (True) or on-demand (False): a deadline watcher's switch."""
+    relaunches it on spot (True) or on-demand (False): a deadline watcher's switch. One relaunch
+    of a run at a time: another one under way is an `InputError`."""
+    run_id = wiring.registry.load(run_id).run_id
+    with wiring.registry.relaunching(run_id) as mine:
+        if not mine:
+            raise InputError(
+                f"run {run_id} is being relaunched right now (by its deadline watcher, or another `skygreen resume`)\n"
+                f"  fix: `skygreen status {run_id}` in a moment shows where it runs"
+            )
+        return _resume(run_id, local=local, budget_usd=budget_usd, spot=spot, wiring=wiring)
+
+
+def _resume(run_id: str, *, local: bool, budget_usd: float | None, spot: bool | None, wiring: Wiring) -> RunRecord:
     environ, registry = wiring.environ, wiring.registry
     record = registry.load(run_id)
-    run_id = record.run_id
     _check_bucket_before_resume(record, wiring)
     current = run_state(record, wiring=wiring)
     if current.completed and current.manifest is not None:
@@ -280,6 +292,8 @@ def resume(
         task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
     if budget_usd is not None:
         task.setdefault("envs", {})[BUDGET_ENV] = f"{budget_usd:g}"
+    if spot is None:  # the user's resume in the middle of a watcher's switch finishes that switch
+        spot = switching_to_spot(registry.run_dir(run_id), record.job_id)
     if spot is not None:
         task = with_capacity(task, spot=spot, offers=(record.plan_summary or {}).get("offers") or ())
     if budget_usd is not None or spot is not None:
@@ -338,13 +352,19 @@ def cancel(run_id: str, *, wiring: Wiring, by_user: bool = True) -> CancelResult
     record = registry.load(run_id)
     if record.job_id is None:
         raise InputError(f"run {record.run_id} was never launched; nothing to cancel")
-    if by_user and record.deadline is not None:
+    marked = by_user and record.deadline is not None
+    if marked:
         mark_user_cancel(registry.run_dir(record.run_id))
-    current = run_status(record, wiring=wiring)
-    if current.state in JobState.__members__ and JobState(current.state).terminal:
-        return CancelResult(status=current, already_ended=True)
-    _mark_cancel(record, wiring)
-    launcher_for(record, wiring).cancel(record.job_id)
+    try:
+        current = run_status(record, wiring=wiring)
+        if current.state in JobState.__members__ and JobState(current.state).terminal:
+            return CancelResult(status=current, already_ended=True)
+        _mark_cancel(record, wiring)
+        launcher_for(record, wiring).cancel(record.job_id)
+    except SkygreenError:
+        if marked:  # the run goes on, so its watcher must too
+            clear_user_cancel(registry.run_dir(record.run_id))
+        raise
     registry.save(dataclasses.replace(record, cancelled=True))
     return CancelResult(status=run_status(registry.load(record.run_id), wiring=wiring), already_ended=False)
 

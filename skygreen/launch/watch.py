@@ -30,6 +30,7 @@ from skygreen.deadline.live import (
     Progress,
     current_mode,
     decide,
+    finished_at_s,
     next_action,
     progress_from,
     spot_reading,
@@ -45,6 +46,7 @@ from skygreen.launch.status import BUDGET_STATE, run_state
 from skygreen.launch.watch_state import WatchState, load_state, save_state, user_cancelled, watcher_lock
 from skygreen.launch.wiring import Wiring, launcher_for
 from skygreen.ledger.io import read_ledger
+from skygreen.ledger.records import Segment
 
 LEDGER_READ_DEADLINE_S = 30.0
 """A poll gives up reading the ledger after this long and decides at the next one."""
@@ -60,6 +62,8 @@ class WatchResult:
     state: WatchState
     outcome: str | None = None
     """The reason in a few words (`deadline met`, `missed by 0.50 h`, ...); None while watching."""
+    at_s: float = 0.0
+    """When the run ended, as far as the watcher can tell (its clock)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,6 +88,13 @@ class Watch:
                 f"run {record.run_id} was launched without a deadline; there is nothing to watch\n"
                 f"  fix: launch with `skygreen up TASK --deadline 36h`"
             )
+        changeover_s = DeadlineTerms.from_json(record.deadline).changeover_h * 3600.0
+        if not once and poll_s > changeover_s:  # the policies hold the deadline deciding every d or less
+            self.say(
+                f"polling every {changeover_s / 60:.1f} min (the run's changeover) rather than every "
+                f"{poll_s / 60:g} min: the deadline holds only with a look at least once per changeover"
+            )
+            poll_s = changeover_s
         run_dir = registry.run_dir(record.run_id)
         with watcher_lock(run_dir) as mine:
             if not mine:
@@ -122,7 +133,7 @@ class Watch:
         current = run_state(record, wiring=self.wiring)  # the job and the checkpoint; no spend, no views
         ended = self._ended(record, current.state, current.completed, state, terms, now_s)
         if ended is not None:
-            elapsed_h = (now_s - terms.started_at_s) / 3600.0
+            elapsed_h = (ended.at_s - terms.started_at_s) / 3600.0
             save_state(
                 run_dir,
                 dataclasses.replace(
@@ -185,6 +196,9 @@ class Watch:
         switches = state.switches + (0 if state.cancelled_job else 1)
         save_state(run_dir, dataclasses.replace(state, cancelled_job=None, switches=switches))
         self.say(f"run {record.run_id}: relaunched on {'spot' if spot else 'on-demand'} as job {relaunched.job_id}")
+        if user_cancelled(run_dir):  # the user cancelled while the launch was under way: the user's word wins
+            runs.cancel(record.run_id, wiring=self.wiring, by_user=False)
+            self.say(f"run {record.run_id}: cancelled job {relaunched.job_id} again, as the user cancelled the run")
 
     def _ended(
         self,
@@ -197,15 +211,19 @@ class Watch:
     ) -> WatchResult | None:
         """A result when the run needs no more watching, else None."""
 
-        def done(reason: str, code: int, outcome: str) -> WatchResult:
-            return WatchResult(run_id=record.run_id, reason=reason, exit_code=code, state=state, outcome=outcome)
+        def done(reason: str, code: int, outcome: str, at_s: float = now_s) -> WatchResult:
+            return WatchResult(
+                run_id=record.run_id, reason=reason, exit_code=code, state=state, outcome=outcome, at_s=at_s
+            )
 
         if completed or job_state == JobState.SUCCEEDED.value:
-            late_h = (now_s - terms.deadline_at_s) / 3600.0
+            segments = self._segments(record, then="dating its end to now")
+            end_s = now_s if segments is None else finished_at_s(segments, now_s=now_s, wall_now_s=time.time())
+            late_h = (end_s - terms.deadline_at_s) / 3600.0
             verdict = "deadline met" if late_h <= 0 else f"deadline missed by {late_h:.2f} h"
-            elapsed_h = (now_s - terms.started_at_s) / 3600.0
+            elapsed_h = (end_s - terms.started_at_s) / 3600.0
             reason = f"run {record.run_id} finished after {elapsed_h:.2f} h of {terms.deadline_h:g} h: {verdict}"
-            return done(reason, 0, verdict.removeprefix("deadline ") if late_h > 0 else verdict)
+            return done(reason, 0, verdict.removeprefix("deadline ") if late_h > 0 else verdict, end_s)
         if job_state == JobState.FAILED.value:
             return done(f"run {record.run_id} failed; the watcher stops (`skygreen logs {record.run_id}`)", 1, "failed")
         if job_state == BUDGET_STATE.upper():
@@ -220,19 +238,21 @@ class Watch:
 
     def _progress(self, record: RunRecord) -> Progress | None:
         """The run's progress from its ledger; None when the bucket did not answer this time."""
+        segments = self._segments(record, then="deciding at the next poll")
+        return None if segments is None else progress_from(segments)
+
+    def _segments(self, record: RunRecord, *, then: str) -> list[Segment] | None:
+        """The run's ledger segments; None (and a line saying why, and `then` what) when the bucket did not answer."""
         url = record.checkpoint_url
         try:
-            segments = within_deadline(
+            return within_deadline(
                 record.bucket,
                 lambda: read_ledger(self.wiring.open_store(url)),
                 deadline_s=LEDGER_READ_DEADLINE_S,
             )
         except (StoreError, SkygreenError) as e:
-            self.say(
-                f"run {record.run_id}: cannot read its ledger ({str(e).splitlines()[0]}); deciding at the next poll"
-            )
+            self.say(f"run {record.run_id}: cannot read its ledger ({str(e).splitlines()[0]}); {then}")
             return None
-        return progress_from(segments)
 
 
 def _when(decision: Decision) -> str:

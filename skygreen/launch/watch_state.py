@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.deadline.live import Availability, Decision
+from skygreen.deadline.policy import Mode
 from skygreen.files import write_atomic
 
 STATE_FILE = "watch.json"
@@ -54,7 +55,7 @@ class WatchState:
     """`ended` in a few words for the table of runs: `deadline met`, `missed by 0.50 h`, `failed`,
     `stopped at budget`, `cancelled`."""
     ended_at_h: float | None = None
-    """Hours from the run's start, on the watcher's clock, when the watcher saw the run end."""
+    """Hours from the run's start, on the watcher's clock, when the run ended (a completed run: from its ledger)."""
 
     @property
     def latest(self) -> Decision | None:
@@ -88,12 +89,17 @@ class WatchState:
             decisions=tuple(Decision.from_json(d) for d in data.get("decisions") or ()),
             cancelled_job=data.get("cancelled_job"),
             switches=int(data.get("switches") or 0),
-            pid=data.get("pid"),
-            heartbeat_at_s=data.get("heartbeat_at_s"),
+            pid=_number(data.get("pid"), int),
+            heartbeat_at_s=_number(data.get("heartbeat_at_s"), float),
             ended=data.get("ended"),
             outcome=data.get("outcome"),
-            ended_at_h=data.get("ended_at_h"),
+            ended_at_h=_number(data.get("ended_at_h"), float),
         )
+
+
+def _number(value: Any, kind: type[int] | type[float]) -> Any:
+    """`value` as `kind`, None kept; anything else raises ValueError or TypeError."""
+    return None if value is None else kind(value)
 
 
 def load_state(run_dir: Path) -> WatchState:
@@ -101,7 +107,7 @@ def load_state(run_dir: Path) -> WatchState:
     then learns availability again, which costs nothing but the history)."""
     try:
         return WatchState.from_json(json.loads((run_dir / STATE_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # AttributeError: JSON, not an object
         return WatchState()
 
 
@@ -135,6 +141,18 @@ def watcher_running(run_dir: Path) -> bool:
         return False
     with watcher_lock(run_dir) as got:
         return not got
+
+
+def switching_to_spot(run_dir: Path, job_id: str | None) -> bool | None:
+    """The capacity the watcher is moving the run to, when it cancelled `job_id` (the run's latest
+    job) and has not relaunched it yet: True for spot (or waiting for spot), False for on-demand;
+    None when no switch of that job is half done. A relaunch in between (the user's `resume`)
+    goes there, so the watcher does not have to undo it with one more changeover."""
+    state = load_state(run_dir)
+    latest = state.latest
+    if job_id is None or state.cancelled_job != job_id or latest is None:
+        return None
+    return latest.mode != Mode.ON_DEMAND.value
 
 
 def mark_user_cancel(run_dir: Path) -> None:

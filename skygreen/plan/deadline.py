@@ -236,11 +236,11 @@ def no_offer_message(deadline_h: float, dropped: Mapping[str, tuple[float, str]]
 def assumption(deadline_h: float, traced: Sequence[str], dropped: Mapping[str, tuple[float, str]]) -> str:
     """The plan's line on deadline pricing: the offers priced from real traces (`traced`, "cloud GPU"
     each, shown once), the preemption model for the rest, how many offers were dropped as too slow,
-    and that `skygreen up` does not yet move a running job to on-demand."""
+    and what `skygreen up --deadline` does with the run."""
     sources = sorted(set(traced))
     traced = f"real spot traces for {', '.join(sources)}" if sources else "no real trace for these GPUs"
     return (
         f"deadline {deadline_h:g} h: spot offers fall back to on-demand by skygreen's deadline policy, expected cost "
-        f"from {traced}, else the preemption model; {len(dropped)} offer(s) dropped as too slow (planning only: "
-        f"`skygreen up` does not yet move a running job to on-demand)"
+        f"from {traced}, else the preemption model; {len(dropped)} offer(s) dropped as too slow; "
+        f"`skygreen up --deadline` moves the run between spot and on-demand as the policy says"
     )
