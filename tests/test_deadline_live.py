@@ -18,6 +18,7 @@ from skygreen.deadline.live import (
     Progress,
     current_mode,
     decide,
+    needed_compute_h,
     next_action,
     progress_from,
     spot_reading,
@@ -91,6 +92,7 @@ def test_progress_counts_the_furthest_step_and_the_timed_throughput():
     assert progress.fraction == pytest.approx(0.5)
     # 160 timed steps in 90 s: 300 steps take 168.75 s
     assert progress.measured_compute_h == pytest.approx(300 * 90 / 160 / 3600)
+    assert progress.timed_train_s == pytest.approx(90.0)  # what that measure rests on
 
 
 def test_progress_without_total_steps_or_timed_steps_is_unknown():
@@ -191,6 +193,27 @@ def test_measured_compute_stands_in_for_a_missing_estimate():
         history=Availability(),
     )  # fmt: skip
     assert decision is not None and decision.compute_h == 2.0 and decision.progress_h == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("measured_h", "timed_s", "used_h"),
+    [
+        (9.0, 3600.0, 9.0),  # slower than planned, on an hour of training: the run needs 9 h
+        (9.0, 60.0, 6.0),  # a minute of steps (start-up, compilation) is no measure yet
+        (4.0, 3600.0, 6.0),  # faster than planned: the plan's figure stays (never lowered)
+        (None, 0.0, 6.0),
+    ],
+)
+def test_a_run_measured_slower_than_planned_is_paced_for_the_work_it_really_needs(measured_h, timed_s, used_h):
+    progress = Progress(step=50, total_steps=100, measured_compute_h=measured_h, timed_train_s=timed_s)
+    assert needed_compute_h(terms(), progress) == used_h
+    decision = decide(
+        terms(), now_s=T0 + 8 * H, progress=progress, mode=Mode.SPOT, spot_available=False, spot_observed=True,
+        history=Availability().record(T0, True).record(T0 + 7 * H, False),
+    )  # fmt: skip
+    assert decision is not None and decision.compute_h == used_h
+    assert decision.progress_h == pytest.approx(used_h / 2)
+    assert decision.slack_h == pytest.approx(16 - 8 - used_h / 2)  # half the work left, 8 h to go
 
 
 # -- actions -----------------------------------------------------------------------------------

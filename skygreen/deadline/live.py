@@ -93,6 +93,8 @@ class Progress:
     total_steps: int | None
     measured_compute_h: float | None = None
     """total_steps at the throughput measured so far, in hours; None before a timed step."""
+    timed_train_s: float = 0.0
+    """The training seconds that measurement rests on."""
 
     @property
     def fraction(self) -> float | None:
@@ -123,7 +125,26 @@ def progress_from(segments: Sequence[Any]) -> Progress:
     timed_steps = sum(s.steps_done for s in segments if s.train_s > 0)
     train_s = sum(s.train_s for s in segments if s.train_s > 0)
     measured = total * (train_s / timed_steps) / 3600.0 if total and timed_steps and train_s > 0 else None
-    return Progress(step=step, total_steps=total, measured_compute_h=measured)
+    return Progress(step=step, total_steps=total, measured_compute_h=measured, timed_train_s=max(train_s, 0.0))
+
+
+TRUSTED_MEASURE_S = 1800.0
+"""Training seconds after which the measured throughput can raise planned compute hours: half an
+hour is past start-up, compilation and the first uploads, which make early steps look slow."""
+
+
+def needed_compute_h(terms: DeadlineTerms, progress: Progress) -> float | None:
+    """The compute hours the run needs: the plan's (or `--compute`), raised to the measured figure
+    once `TRUSTED_MEASURE_S` of training back it, and the measured figure alone when nothing was
+    planned. Raised, never lowered: SkyPilot may land the run on a slower GPU of the plan than its
+    best offer, and a run paced for work it cannot do in time misses the deadline, while one paced
+    for more than it needs only spends a little more on on-demand."""
+    measured = progress.measured_compute_h
+    if terms.compute_h is None:
+        return measured
+    if measured is not None and progress.timed_train_s >= TRUSTED_MEASURE_S:
+        return max(terms.compute_h, measured)
+    return terms.compute_h
 
 
 def finished_at_s(segments: Sequence[Any], *, now_s: float, wall_now_s: float) -> float:
@@ -255,11 +276,12 @@ def decide(
     history: Availability,
 ) -> Decision | None:
     """The policy's decision now, or None while the run's size is unknown (no total steps yet,
-    or no compute hours given and none measured): the run then stays where it is. A run still
+    or no compute hours given and none measured): the run then stays where it is. The compute
+    hours are `needed_compute_h`'s (the plan's, raised by a slower measured pace). A run still
     idle with no step in its ledger one changeover after its start (a spot job that never found
     capacity; its provisioning is part of d) has done nothing, whatever its total: the policy
     decides for it, or a run that never starts would never be moved."""
-    compute_h = terms.compute_h or progress.measured_compute_h
+    compute_h = needed_compute_h(terms, progress)
     fraction = progress.fraction
     never_started = progress.step == 0 and mode is Mode.IDLE
     if fraction is None and never_started and now_s - terms.started_at_s > terms.changeover_h * 3600.0:
