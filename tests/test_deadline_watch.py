@@ -9,11 +9,14 @@ poll: read the record, the job, the ledger; decide; take one step.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,7 @@ import yaml
 
 from helpers import cli, wait_for
 from skygreen.deadline.clock import CLOCK_ENV
-from skygreen.launch.watch_state import load_state, watcher_lock, watcher_running
+from skygreen.launch.watch_state import LOCK_FILE, load_state, watcher_lock, watcher_running
 from skygreen.ledger.io import write_segment
 from skygreen.ledger.records import Place, Segment, new_segment_key
 from skygreen.testing import FakeLauncher
@@ -537,3 +540,30 @@ def test_a_spot_job_that_never_found_capacity_is_moved_to_on_demand(env, tmp_pat
     assert fake.job("1")["state"] == "CANCELLED"
     assert cli(capsys, "watch", run_id, "--once")[0] == 0
     assert [launch["spot"] for launch in record_of(env, run_id)["launches"]] == [True, False]
+
+
+def test_a_watcher_starting_while_status_looks_is_not_turned_away(tmp_path):
+    """`status` looks for a watcher with a shared lock; a watcher starting at that moment waits
+    for it instead of taking the looker for a second watcher and leaving the run unguarded."""
+    run_dir = tmp_path / "run"
+    with watcher_lock(run_dir) as mine:
+        assert mine and watcher_running(run_dir) and watcher_running(run_dir)  # any number of lookers
+        with watcher_lock(run_dir, wait_s=0.0) as second:
+            assert not second  # a real second watcher is still turned away
+    assert not watcher_running(run_dir)
+
+    looker = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    fcntl.flock(looker, fcntl.LOCK_SH)  # a `status` in the middle of its look
+    assert not watcher_running(run_dir)  # another look at the same time: no watcher either
+    took: list[bool] = []
+
+    def start_watcher() -> None:
+        with watcher_lock(run_dir, wait_s=120.0) as got:
+            took.append(got)
+
+    starting = threading.Thread(target=start_watcher)
+    starting.start()
+    time.sleep(0.3)  # the watcher tries while the look is under way
+    os.close(looker)  # the look ends
+    starting.join(timeout=300)
+    assert took == [True]

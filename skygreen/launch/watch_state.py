@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,15 +117,20 @@ def save_state(run_dir: Path, state: WatchState) -> None:
     write_atomic(run_dir / STATE_FILE, json.dumps(state.to_json(), indent=1) + "\n")
 
 
+LOCK_WAIT_S = 2.0
+"""How long a starting watcher tries for the lock: `skygreen status` takes it (shared) for a
+moment to see whether a watcher runs, and a watcher started at that moment must not take the
+status for a second watcher and leave the run unguarded."""
+
+
 @contextlib.contextmanager
-def watcher_lock(run_dir: Path) -> Iterator[bool]:
-    """Hold the run's watcher lock for the block; yields False when another process holds it."""
+def watcher_lock(run_dir: Path, *, wait_s: float = LOCK_WAIT_S) -> Iterator[bool]:
+    """Hold the run's watcher lock (exclusive) for the block, trying for `wait_s`; yields False
+    when another process still holds it then (a watcher holds it as long as it runs)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _flock_within(fd, fcntl.LOCK_EX, wait_s):
             yield False
             return
         try:
@@ -135,12 +141,33 @@ def watcher_lock(run_dir: Path) -> Iterator[bool]:
         os.close(fd)
 
 
+def _flock_within(fd: int, kind: int, wait_s: float) -> bool:
+    """Take `kind` of flock on `fd`, trying every 50 ms for `wait_s`; whether it was taken."""
+    give_up_at = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= give_up_at:
+                return False
+            time.sleep(0.05)
+
+
 def watcher_running(run_dir: Path) -> bool:
-    """Whether a watcher holds the run's lock now."""
-    if not (run_dir / LOCK_FILE).exists():
+    """Whether a watcher holds the run's lock now. Looks with a shared lock, given back at once:
+    any number of lookers at a time, and a watcher starting meanwhile waits for it (`LOCK_WAIT_S`)."""
+    path = run_dir / LOCK_FILE
+    if not path.exists():
         return False
-    with watcher_lock(run_dir) as got:
-        return not got
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if not _flock_within(fd, fcntl.LOCK_SH, 0.0):
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def switching_to_spot(run_dir: Path, job_id: str | None) -> bool | None:
