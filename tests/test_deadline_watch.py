@@ -78,6 +78,35 @@ def ledger_progress(url: str, *, step: int, total_steps: int) -> None:
     )  # fmt: skip
 
 
+def behind_on_recovering_spot(capsys, env, tmp_path: Path, s3_bucket: str) -> tuple[str, FakeLauncher]:
+    """A Uniform Progress run of 30 h whose spot job is recovering five hours in, nothing done:
+    behind the even pace, so the next poll moves it to on-demand."""
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
+                         "uniform_progress", "--no-watch")  # fmt: skip
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "RECOVERING", recovery_count=1)
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    set_clock(env, 5.0)
+    return run_id, fake
+
+
+def watcher_in_a_held_launch(run_id: str, hold: Path) -> subprocess.Popen:
+    """`watch RUN --once` in its own process, stopped inside the launcher's launch call
+    (`SKYGREEN_FAKE_LAUNCHER_HOLD`) until `hold/release` exists."""
+    hold.mkdir()
+    watcher = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "watch", run_id, "--once"],
+                               env={**os.environ, "SKYGREEN_FAKE_LAUNCHER_HOLD": str(hold)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: (hold / "launching").exists() or watcher.poll() is not None, "the watcher's relaunch")
+    except BaseException:
+        watcher.kill()
+        raise
+    assert watcher.poll() is None, watcher.communicate()[0]
+    return watcher
+
+
 def up_deadline(capsys, env, task: Path, *extra: str) -> str:
     code, out, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), *extra)
     assert code == 0, err
@@ -237,13 +266,7 @@ def test_an_on_demand_only_task_cannot_take_a_deadline(env, tmp_path, capsys, s3
 
 
 def test_a_launcher_that_refuses_a_switch_fails_that_poll_loudly(env, tmp_path, capsys, s3_bucket, monkeypatch):
-    bucket = f"s3://{s3_bucket}/runs"
-    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
-                         "uniform_progress", "--no-watch")  # fmt: skip
-    fake = FakeLauncher(env["fake"])
-    fake.set_state("1", "RECOVERING", recovery_count=1)
-    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
-    set_clock(env, 5.0)
+    run_id, fake = behind_on_recovering_spot(capsys, env, tmp_path, s3_bucket)
     monkeypatch.setenv("SKYGREEN_FAKE_LAUNCHER_FAIL", "cancel:ClusterNotUpError")
     code, _, err = cli(capsys, "watch", run_id, "--once")
     assert code == 1 and "cancelling managed job 1" in err and "fix:" in err and "Traceback" not in err
@@ -301,13 +324,7 @@ def test_the_watcher_ends_with_the_run(env, tmp_path, capsys, s3_bucket, state, 
 def test_the_users_resume_between_the_watchers_cancel_and_relaunch_goes_where_the_watcher_was_moving_it(
     env, tmp_path, capsys, s3_bucket
 ):
-    bucket = f"s3://{s3_bucket}/runs"
-    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
-                         "uniform_progress", "--no-watch")  # fmt: skip
-    fake = FakeLauncher(env["fake"])
-    fake.set_state("1", "RECOVERING", recovery_count=1)
-    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
-    set_clock(env, 5.0)
+    run_id, fake = behind_on_recovering_spot(capsys, env, tmp_path, s3_bucket)
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0 and "idle -> on-demand" in out, (out, err)
     assert fake.job("1")["state"] == "CANCELLED"  # half a switch: the relaunch comes at the next poll
@@ -343,25 +360,14 @@ def test_a_watch_file_that_is_json_but_not_the_watchers_is_read_as_none(env, tmp
 
 
 def test_the_users_cancel_while_the_watcher_relaunches_leaves_nothing_running(env, tmp_path, capsys, s3_bucket):
-    bucket = f"s3://{s3_bucket}/runs"
-    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
-                         "uniform_progress", "--no-watch")  # fmt: skip
-    fake = FakeLauncher(env["fake"])
-    fake.set_state("1", "RECOVERING", recovery_count=1)
-    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
-    set_clock(env, 5.0)
+    run_id, fake = behind_on_recovering_spot(capsys, env, tmp_path, s3_bucket)
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0 and fake.job("1")["state"] == "CANCELLED", (out, err)  # half a switch
 
     # the watcher's relaunch takes the cloud a while; the user cancels the run meanwhile
     hold = tmp_path / "hold"
-    hold.mkdir()
-    watcher = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "watch", run_id, "--once"],
-                               env={**os.environ, "SKYGREEN_FAKE_LAUNCHER_HOLD": str(hold)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    watcher = watcher_in_a_held_launch(run_id, hold)
     try:
-        wait_for(lambda: (hold / "launching").exists() or watcher.poll() is not None, "the watcher's relaunch")
-        assert watcher.poll() is None, watcher.communicate()[0]
         code, out, err = cli(capsys, "cancel", run_id)
         assert code == 0, err
         (hold / "release").touch()
@@ -377,25 +383,15 @@ def test_the_users_cancel_while_the_watcher_relaunches_leaves_nothing_running(en
 
 
 def test_the_users_resume_while_the_watcher_relaunches_launches_one_job(env, tmp_path, capsys, s3_bucket):
-    bucket = f"s3://{s3_bucket}/runs"
-    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
-                         "uniform_progress", "--no-watch")  # fmt: skip
-    fake = FakeLauncher(env["fake"])
-    fake.set_state("1", "RECOVERING", recovery_count=1)
-    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
-    set_clock(env, 5.0)
+    run_id, fake = behind_on_recovering_spot(capsys, env, tmp_path, s3_bucket)
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0 and fake.job("1")["state"] == "CANCELLED", (out, err)  # half a switch
 
     hold = tmp_path / "hold"
-    hold.mkdir()
     hold_env = {**os.environ, "SKYGREEN_FAKE_LAUNCHER_HOLD": str(hold)}
-    watcher = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "watch", run_id, "--once"], env=hold_env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    watcher = watcher_in_a_held_launch(run_id, hold)
     user = None
     try:
-        wait_for(lambda: (hold / "launching").exists() or watcher.poll() is not None, "the watcher's relaunch")
-        assert watcher.poll() is None, watcher.communicate()[0]
         (hold / "launching").unlink()
         # the user resumes the stopped run while the watcher's launch is under way
         user = subprocess.Popen([sys.executable, "-m", "skygreen.cli", "resume", run_id], env=hold_env,
@@ -465,19 +461,13 @@ def test_a_deadline_run_launches_as_it_would_after_two_switches_even_when_its_pl
 
 
 def test_a_run_saving_its_last_step_on_on_demand_is_left_to_finish(env, tmp_path, capsys, s3_bucket):
-    bucket = f"s3://{s3_bucket}/runs"
-    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--policy",
-                         "uniform_progress", "--no-watch")  # fmt: skip
-    fake = FakeLauncher(env["fake"])
-    fake.set_state("1", "RECOVERING", recovery_count=1)
-    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
-    set_clock(env, 5.0)
+    run_id, fake = behind_on_recovering_spot(capsys, env, tmp_path, s3_bucket)
     for _ in range(2):  # cancel, then relaunch on on-demand
         assert cli(capsys, "watch", run_id, "--once")[0] == 0
     fake.set_state("2", "RUNNING")
 
     # the runtime wrote its last step to the ledger and is uploading the final checkpoint
-    ledger_progress(f"{bucket}/{run_id}", step=1000, total_steps=1000)
+    ledger_progress(f"s3://{s3_bucket}/runs/{run_id}", step=1000, total_steps=1000)
     set_clock(env, 6.0)
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0 and "->" not in out, (out, err)
