@@ -129,6 +129,25 @@ def test_spot_reading_prefers_the_market_then_the_job_then_a_retry():
 
 
 @pytest.mark.parametrize(
+    ("state", "since_launch_h", "reading"),
+    [
+        ("PENDING", 0.05, (True, False)),  # provisioning within d: not an outage yet, nothing learned
+        ("STARTING", 0.09, (True, False)),
+        ("STARTING", 0.1, (False, True)),  # a changeover later and still no VM: spot is not there
+        ("RECOVERING", 0.01, (False, True)),  # a preempted job looking for capacity again
+    ],
+)
+def test_a_spot_job_provisioning_within_one_changeover_of_its_launch_is_not_an_outage(state, since_launch_h, reading):
+    got = spot_reading(market=None, spot=True, state=state, history=Availability(), now_s=T0 + since_launch_h * H,
+                       launched_at_s=T0, changeover_h=0.1)  # fmt: skip
+    assert got == reading
+    mode = current_mode(spot=True, state=state, spot_available=got[0])
+    assert mode is (Mode.SPOT if got[0] else Mode.IDLE)  # on spot while it comes up: d is the cost of that
+    unknown = spot_reading(market=None, spot=True, state=state, history=Availability(), now_s=T0, changeover_h=0.1)
+    assert unknown == (False, True)  # a launch the watcher did not date (the user's resume): as it looks
+
+
+@pytest.mark.parametrize(
     ("spot", "state", "available", "mode"),
     [
         (True, "RUNNING", True, Mode.SPOT),

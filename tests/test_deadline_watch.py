@@ -212,6 +212,32 @@ def test_the_watcher_moves_a_recovering_spot_run_to_on_demand_and_stops_for_the_
     assert watcher
 
 
+def test_a_spot_job_coming_up_within_one_changeover_is_not_taken_for_an_outage(env, tmp_path, capsys, s3_bucket):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--no-watch")
+    d_h = record_of(env, run_id)["deadline"]["changeover_h"]
+    fake = FakeLauncher(env["fake"])
+    fake.set_state("1", "STARTING")
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    run_dir = env["data"] / "runs" / run_id
+    set_clock(env, d_h / 2)  # SkyPilot still provisioning the first spot VM, half a changeover in
+    assert cli(capsys, "watch", run_id, "--once")[0] == 0
+    state = load_state(run_dir)
+    assert state.availability.changes == () and state.latest is not None and state.latest.current == "spot"
+    set_clock(env, d_h * 1.5)  # a changeover on, still no VM: that is an outage
+    assert cli(capsys, "watch", run_id, "--once")[0] == 0
+    state = load_state(run_dir)
+    assert state.availability.changes == ((T0 + d_h * 1.5 * H, False),) and state.latest.current == "idle"
+
+    # the watcher dates its own relaunches too (here onto on-demand), for a spot one coming up later
+    (tmp_path / "second").mkdir()
+    run_id, fake = behind_on_recovering_spot(capsys, env, tmp_path / "second", s3_bucket)
+    for _ in range(2):  # cancel, then relaunch on on-demand
+        assert cli(capsys, "watch", run_id, "--once")[0] == 0
+    state = load_state(env["data"] / "runs" / run_id)
+    assert state.relaunched_job == "3" and state.relaunched_at_s == pytest.approx(T0 + 5 * H)
+
+
 def test_watch_of_a_run_without_a_deadline_is_bad_input(env, tmp_path, capsys, s3_bucket):
     run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"))
     code, _, err = cli(capsys, "watch", run_id, "--once")

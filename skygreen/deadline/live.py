@@ -9,7 +9,8 @@ is pure, so the whole decision is tested without processes, clouds or clocks.
 
 Spot availability, in order of what knows best: a market reading (a replayed trace on a local
 run); else the job itself: a spot job that runs says spot is up, one that waits for capacity or
-recovers says it is not; else (the run is on on-demand or stopped and nothing can tell) spot is
+recovers says it is not (one still provisioning within a changeover of a launch the watcher can
+date says nothing yet: provisioning is part of d); else (the run is on on-demand or stopped and nothing can tell) spot is
 assumed available once `retry_h` has passed since it was last seen unavailable: the policy then
 decides whether a try is worth it, and the safety net only lets a run leave on-demand with more
 than two changeovers of slack, so a try that finds no capacity costs money, never the deadline.
@@ -26,7 +27,8 @@ from typing import Any
 from skygreen.deadline.policy import POLICIES, Job, Mode, Observation, Policy, safety_net
 
 _RUNNING = "RUNNING"
-_WAITING = frozenset({"PENDING", "STARTING", "RECOVERING"})
+_PROVISIONING = frozenset({"PENDING", "STARTING"})
+_WAITING = _PROVISIONING | {"RECOVERING"}
 _ALIVE = _WAITING | {_RUNNING, "CANCELLING"}
 
 RETRY_H = 1.0
@@ -211,13 +213,30 @@ def current_mode(*, spot: bool | None, state: str, spot_available: bool | None) 
 
 
 def spot_reading(
-    *, market: bool | None, spot: bool | None, state: str, history: Availability, now_s: float, retry_h: float = RETRY_H
+    *,
+    market: bool | None,
+    spot: bool | None,
+    state: str,
+    history: Availability,
+    now_s: float,
+    retry_h: float = RETRY_H,
+    launched_at_s: float | None = None,
+    changeover_h: float = 0.0,
 ) -> tuple[bool, bool]:
-    """(spot available now, whether that was observed rather than assumed); see the module docstring."""
+    """(spot available now, whether that was observed rather than assumed); see the module docstring.
+
+    A spot job launched (at `launched_at_s`, when known) less than one changeover ago and still
+    provisioning says nothing yet: provisioning is part of d, as in the simulator, so it reads
+    as spot available, assumed, and the run as on spot; a spot VM taking its normal minutes to
+    come up is not an outage the policy should react to or learn from. Past d it is one.
+    """
     if market is not None:
         return market, True
     if spot and state == _RUNNING:
         return True, True
+    young = launched_at_s is not None and now_s - launched_at_s < changeover_h * 3600.0
+    if spot and state in _PROVISIONING and young:
+        return True, False
     if spot and state in _WAITING:
         return False, True
     if history.last is True:

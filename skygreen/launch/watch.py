@@ -145,7 +145,13 @@ class Watch:
         job_state = current.state
         market = self.market(terms)(now_s) if self.market is not None else None
         available, observed = spot_reading(
-            market=market, spot=spot, state=job_state, history=state.availability, now_s=now_s
+            market=market,
+            spot=spot,
+            state=job_state,
+            history=state.availability,
+            now_s=now_s,
+            launched_at_s=_launched_at_s(record, state, terms),
+            changeover_h=terms.changeover_h,
         )
         if observed:
             state = dataclasses.replace(state, availability=state.availability.record(now_s, available))
@@ -194,7 +200,16 @@ class Watch:
         spot = action is Action.LAUNCH_SPOT
         relaunched = runs.resume(record.run_id, spot=spot, wiring=self.wiring)
         switches = state.switches + (0 if state.cancelled_job else 1)
-        save_state(run_dir, dataclasses.replace(state, cancelled_job=None, switches=switches))
+        save_state(
+            run_dir,
+            dataclasses.replace(
+                state,
+                cancelled_job=None,
+                switches=switches,
+                relaunched_job=relaunched.job_id,
+                relaunched_at_s=decision.at_s,
+            ),
+        )
         self.say(f"run {record.run_id}: relaunched on {'spot' if spot else 'on-demand'} as job {relaunched.job_id}")
         if user_cancelled(run_dir):  # the user cancelled while the launch was under way: the user's word wins
             runs.cancel(record.run_id, wiring=self.wiring, by_user=False)
@@ -253,6 +268,17 @@ class Watch:
         except (StoreError, SkygreenError) as e:
             self.say(f"run {record.run_id}: cannot read its ledger ({str(e).splitlines()[0]}); {then}")
             return None
+
+
+def _launched_at_s(record: RunRecord, state: WatchState, terms: DeadlineTerms) -> float | None:
+    """When the run's current job was launched, on the watcher's clock, where the watcher knows:
+    its own latest relaunch, or `up`'s first launch (the terms' start); None for a job the user
+    launched (`resume`)."""
+    if state.relaunched_job is not None and state.relaunched_job == record.job_id:
+        return state.relaunched_at_s
+    if len(record.launches) == 1:
+        return terms.started_at_s
+    return None
 
 
 def _when(decision: Decision) -> str:

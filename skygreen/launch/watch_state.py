@@ -45,6 +45,10 @@ class WatchState:
     cancelled_job: str | None = None
     """The job the watcher cancelled to switch capacity, until it relaunches the run (the cancel
     and the relaunch count as one switch); None when no switch is half done."""
+    relaunched_job: str | None = None
+    """The job of the watcher's latest relaunch, and when it made it (its clock): a spot job
+    still provisioning within one changeover of its launch is not yet an outage."""
+    relaunched_at_s: float | None = None
     switches: int = 0
     """Capacity changes the watcher made (each cancel-and-relaunch, and each relaunch of a stopped run)."""
     pid: int | None = None
@@ -73,6 +77,8 @@ class WatchState:
             "availability": [list(change) for change in self.availability.changes],
             "decisions": [d.to_json() for d in self.decisions],
             "cancelled_job": self.cancelled_job,
+            "relaunched_job": self.relaunched_job,
+            "relaunched_at_s": self.relaunched_at_s,
             "switches": self.switches,
             "pid": self.pid,
             "heartbeat_at_s": self.heartbeat_at_s,
@@ -89,6 +95,8 @@ class WatchState:
             availability=Availability(changes=changes),
             decisions=tuple(Decision.from_json(d) for d in data.get("decisions") or ()),
             cancelled_job=data.get("cancelled_job"),
+            relaunched_job=data.get("relaunched_job"),
+            relaunched_at_s=_number(data.get("relaunched_at_s"), float),
             switches=int(data.get("switches") or 0),
             pid=_number(data.get("pid"), int),
             heartbeat_at_s=_number(data.get("heartbeat_at_s"), float),
