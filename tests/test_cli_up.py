@@ -227,7 +227,7 @@ def test_a_missing_bucket_fails_the_preflight_before_any_vm(env, tmp_path, capsy
         str(CATALOG),
     )
     assert code == 1
-    assert "checkpoint bucket s3://no-such-bucket-here/runs is not usable" in err and "fix:" in err
+    assert "checkpoint bucket s3://no-such-bucket-here/runs is not usable" in err and err.count("fix:") == 1, err
     assert nothing_launched(env)
 
 

@@ -206,11 +206,14 @@ def preflight_bucket(wiring: Wiring, bucket: str, run_id: str) -> None:
     except BucketUnreachableError:
         raise
     except StoreError as e:
-        raise type(e)(
-            f"checkpoint bucket {bucket} is not usable: {e}\n"
-            "  fix: create the bucket (or folder) and grant this machine and the VMs write access, "
+        said = str(e)
+        fix = (
+            ""  # the store's own error says what to do, for its cloud; one fix line, not two
+            if "\n  fix:" in said
+            else "\n  fix: create the bucket (or folder) and grant this machine and the VMs write access, "
             "or set another skygreen.checkpoint.bucket"
-        ) from e
+        )
+        raise type(e)(f"checkpoint bucket {bucket} is not usable: {said}{fix}") from e
 
 
 def _preflight_unless_no_credentials(wiring: Wiring, bucket: str, run_id: str) -> str | None:
