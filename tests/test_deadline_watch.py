@@ -23,6 +23,8 @@ import pytest
 import yaml
 
 from helpers import cli, wait_for
+from skygreen.checkpoint.cancellation import CANCEL_KEY
+from skygreen.checkpoint.stores import open_store
 from skygreen.deadline.clock import CLOCK_ENV
 from skygreen.launch.watch_state import LOCK_FILE, load_state, watcher_lock, watcher_running
 from skygreen.ledger.io import write_segment
@@ -68,8 +70,6 @@ def record_of(env, run_id: str) -> dict:
 
 def ledger_progress(url: str, *, step: int, total_steps: int) -> None:
     """The runtime's ledger segment, as a VM writes it: `step` of `total_steps`."""
-    from skygreen.checkpoint.stores import open_store
-
     now = T0
     write_segment(
         open_store(url),
@@ -503,10 +503,6 @@ def test_a_run_saving_its_last_step_on_on_demand_is_left_to_finish(env, tmp_path
 
 
 def test_a_watcher_restarted_after_the_run_finished_dates_the_finish_from_the_ledger(env, tmp_path, capsys, s3_bucket):
-    import time
-
-    from skygreen.checkpoint.stores import open_store
-
     bucket = f"s3://{s3_bucket}/runs"
     run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--no-watch")
     # the run completed 5 hours ago, while no watcher ran (a laptop asleep); now it is hour 31
@@ -534,6 +530,8 @@ def test_a_cancel_the_launcher_refused_leaves_the_run_watched(env, tmp_path, cap
     code, _, err = cli(capsys, "cancel", run_id)
     assert code != 0 and "cancelling managed job 1" in err and "Traceback" not in err
     assert FakeLauncher(env["fake"]).job("1")["state"] == "RUNNING"  # the run goes on: so does its watcher
+    # and the cancel marker is taken back: the run's next SIGTERM is a preemption, counted as one
+    assert not open_store(f"{bucket}/{run_id}").exists(CANCEL_KEY)
     monkeypatch.delenv("SKYGREEN_FAKE_LAUNCHER_FAIL")
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0 and "cancelled by the user" not in out, (out, err)

@@ -358,15 +358,18 @@ def cancel(run_id: str, *, wiring: Wiring, by_user: bool = True) -> CancelResult
     marked = by_user and record.deadline is not None
     if marked:
         mark_user_cancel(registry.run_dir(record.run_id))
+    bucket_marked = False
     try:
         current = run_status(record, wiring=wiring)
         if current.state in JobState.__members__ and JobState(current.state).terminal:
             return CancelResult(status=current, already_ended=True)
-        _mark_cancel(record, wiring)
+        bucket_marked = _mark_cancel(record, wiring)
         launcher_for(record, wiring).cancel(record.job_id)
-    except SkygreenError:
-        if marked:  # the run goes on, so its watcher must too
+    except SkygreenError:  # the run goes on: so must its watcher, and its next SIGTERM is a preemption
+        if marked:
             clear_user_cancel(registry.run_dir(record.run_id))
+        if bucket_marked:
+            _clear_cancel(record, wiring)
         raise
     registry.save(dataclasses.replace(record, cancelled=True))
     return CancelResult(status=run_status(registry.load(record.run_id), wiring=wiring), already_ended=False)
@@ -378,7 +381,8 @@ marker only keeps one SIGTERM out of the preemption count, so a bucket that does
 must not hold the command up."""
 
 
-def _mark_cancel(record: RunRecord, wiring: Wiring) -> None:
+def _mark_cancel(record: RunRecord, wiring: Wiring) -> bool:
+    """Leave the cancel marker in the run's bucket folder; whether it was left."""
     try:
         _with_run_store(record, wiring, request_cancel)
     except StoreError as e:  # the cancel itself must still happen
@@ -386,6 +390,8 @@ def _mark_cancel(record: RunRecord, wiring: Wiring) -> None:
             f"note: could not mark the cancel in {record.checkpoint_url} ({str(e).splitlines()[0]}); "
             "the runtime may count it as a preemption\n"
         )
+        return False
+    return True
 
 
 def _clear_cancel(record: RunRecord, wiring: Wiring) -> None:
