@@ -149,7 +149,9 @@ DURATION_UNITS_S: Mapping[str, float] = {
     "w": 7 * 86400.0,
 }
 """The units every duration skygreen reads accepts: `every: 5m` in a task file, `--older-than 90d`."""
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(" + "|".join(DURATION_UNITS_S) + r")\s*$")
+_DURATION = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(" + "|".join(DURATION_UNITS_S) + r")\s*$")
+"""A number, signed or with an exponent, and a unit: a negative or huge one parses, so the range
+check after it, not the syntax check, says what is wrong with it."""
 
 
 def parse_duration_s(text: str) -> float | None:
@@ -178,7 +180,7 @@ def read_duration_h(raw: Any, path: str) -> float:
         hours = seconds / 3600.0
     elif isinstance(raw, str):
         try:
-            hours = _signed_hours(raw)
+            hours = float(raw)  # hours without a unit
         except ValueError:
             raise SpecError(
                 path,
@@ -214,13 +216,3 @@ def read_duration_h(raw: Any, path: str) -> float:
 
 MAX_DURATION_H = 1e6
 """Longer than any run (114 years): a value past it is a typo."""
-
-
-def _signed_hours(text: str) -> float:
-    """Hours from a number with or without a unit that `parse_duration_s` does not take (`-5h`,
-    `1e9h`, `1e9`), so that the range check, not the syntax check, says what is wrong with it;
-    ValueError when it is no number."""
-    for unit in sorted(DURATION_UNITS_S, key=len, reverse=True):
-        if text.strip().endswith(unit):
-            return float(text.strip()[: -len(unit)]) * DURATION_UNITS_S[unit] / 3600.0
-    return float(text)
