@@ -13,7 +13,7 @@ lines of text instead (stacked).
 
 from __future__ import annotations
 
-import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +22,7 @@ from rich.table import Table
 
 from skygreen.figures import amount, duration_h, usd, usd_per_hour
 from skygreen.plan.rank import Candidate, Plan
+from skygreen.terminal import output_width
 
 WIDE_CONSOLE = 200
 """Width when the output is not a terminal and COLUMNS is not set (piped into a file)."""
@@ -131,10 +132,7 @@ def _print_offers(
 
 def plan_console() -> Console:
     """A console as wide as the terminal; piped output without COLUMNS gets a wide one."""
-    console = Console()
-    if not console.is_terminal and not os.environ.get("COLUMNS"):
-        console = Console(width=max(console.width, WIDE_CONSOLE))
-    return console
+    return Console(width=output_width(sys.stdout) or WIDE_CONSOLE)
 
 
 def print_plan(plan: Plan, *, top: int = 10, console: Console | None = None) -> None:
