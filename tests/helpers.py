@@ -1,9 +1,12 @@
-"""Small helpers the test modules share: polling for a condition, running the CLI in-process."""
+"""Small helpers the test modules share: polling for a condition, running the CLI in-process, the
+environment of a user with a home of their own."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from skygreen.cli import main
@@ -31,3 +34,13 @@ def cli(capsys: Any, *args: str) -> tuple[int, str, str]:
         code = int(e.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def user_env(home: Path, *, drop: tuple[str, ...] = ("SKYGREEN_",), **extra: str) -> dict[str, str]:
+    """The environment a `skygreen` subprocess gets: this process's without any variable starting
+    with one of `drop` (each test sets the skygreen settings it means), HOME and XDG_DATA_HOME in
+    `home`, one OpenMP thread (two cores, several processes), then `extra`."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    environ.update(HOME=str(home), XDG_DATA_HOME=str(home / ".local" / "share"), OMP_NUM_THREADS="1")
+    environ.update(extra)
+    return environ

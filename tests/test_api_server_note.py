@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from helpers import wait_for
+from helpers import user_env, wait_for
 from servers import FAKE_AWS_ENV, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,8 +73,7 @@ def test_a_failed_launch_names_the_api_server_it_started_and_prints_no_colour(tm
 
 
 def test_a_local_runs_colours_are_dropped_when_piped(private_home, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
-    env.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"))
+    env = user_env(private_home)
     task = tmp_path / "colour.yaml"
     task.write_text("name: colour\nrun: printf '\\033[1;31mred\\033[0m and plain\\n'\n")
     out = subprocess.run(

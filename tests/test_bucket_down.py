@@ -9,7 +9,6 @@ port), and a real `moto_server` that held the run's checkpoints and was then sto
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import user_env
 from servers import FAKE_AWS_ENV, free_port, moto_process
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,10 +24,7 @@ SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
 
 def s3_env(private_home: Path, endpoint: str) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SKYGREEN_"))}
-    environ.update(FAKE_AWS_ENV, AWS_ENDPOINT_URL_S3=endpoint, HOME=str(private_home),
-                   XDG_DATA_HOME=str(private_home / ".local" / "share"))  # fmt: skip
-    return environ
+    return user_env(private_home, drop=("AWS_", "SKYGREEN_"), **FAKE_AWS_ENV, AWS_ENDPOINT_URL_S3=endpoint)
 
 
 def skygreen(env, *args: str) -> subprocess.CompletedProcess:

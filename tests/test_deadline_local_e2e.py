@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import user_env, wait_for
 from skygreen.checkpoint.stores import open_store
 from skygreen.deadline.clock import CLOCK_ENV
 from skygreen.deadline.market import TRACE_ENV
 from skygreen.launch.watch_process import POLL_ENV
 from skygreen.ledger.io import read_ledger
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
-from test_local_e2e import launch_log
+from test_local_e2e import launch_log, skygreen, status
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"
@@ -50,17 +50,14 @@ def env(private_home, tmp_path):
     trace.write_text(json.dumps({"metadata": {"gap_seconds": H, "nodes": 1}, "data": [1, 1, 0, 0, 0, 0] + [1] * 20}))
     release = tmp_path / "release"
     release.mkdir()
-    environ = dict(os.environ)
-    environ.update(
-        HOME=str(private_home),
-        XDG_DATA_HOME=str(private_home / ".local" / "share"),
-        OMP_NUM_THREADS="1",
-        TINY_STEPS="300",
-        **{CLOCK_ENV: str(clock), TRACE_ENV: str(trace), POLL_ENV: "1s"},
-        **{HOLD_ENV: "100,102,150", RELEASE_ENV: str(release)},
-    )
-    for name in ("SKYGREEN_LAUNCHER", "SKYGREEN_DATA_DIR"):
-        environ.pop(name, None)
+    environ = {
+        **user_env(private_home, TINY_STEPS="300"),
+        CLOCK_ENV: str(clock),
+        TRACE_ENV: str(trace),
+        POLL_ENV: "1s",
+        HOLD_ENV: "100,102,150",
+        RELEASE_ENV: str(release),
+    }
     yield environ
     _stop_leftovers(Path(environ["XDG_DATA_HOME"]) / "skygreen" / "runs")
 
@@ -78,16 +75,6 @@ def _stop_leftovers(runs: Path) -> None:
         if training:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(training, signal.SIGKILL)
-
-
-def skygreen(env, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*SKYGREEN, *args], env=env, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
-
-
-def status(env, run_id: str) -> dict:
-    out = skygreen(env, "status", run_id, "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 def run_dir(env, run_id: str) -> Path:

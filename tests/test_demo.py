@@ -9,13 +9,13 @@ no ANSI codes in piped output.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import user_env
 from skygreen.terminal import ANSI_ESCAPE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,11 +24,7 @@ SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
 @pytest.fixture
 def env(private_home):
-    environ = dict(os.environ)
-    environ.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"), OMP_NUM_THREADS="1")
-    for name in ("SKYGREEN_LAUNCHER", "SKYGREEN_DATA_DIR", "SKYGREEN_SIMULATED_GPU", "SKYGREEN_CATALOG_DIR"):
-        environ.pop(name, None)
-    return environ
+    return user_env(private_home)
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import user_env
 from skygreen import exit_codes
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.runtime.hold import HOLD_ENV
@@ -31,11 +32,7 @@ SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
 @pytest.fixture
 def env(private_home):
-    environ = dict(os.environ)
-    environ.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"), OMP_NUM_THREADS="1")
-    for name in ("SKYGREEN_LAUNCHER", "SKYGREEN_DATA_DIR", "SKYGREEN_DEBUG"):
-        environ.pop(name, None)
-    return environ
+    return user_env(private_home)
 
 
 def skygreen(env, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:

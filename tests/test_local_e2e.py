@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import user_env, wait_for
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,16 +30,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def env(private_home, tmp_path):
-    environ = dict(os.environ)
-    environ.update(
-        HOME=str(private_home),
-        XDG_DATA_HOME=str(private_home / ".local" / "share"),
-        OMP_NUM_THREADS="1",
-        TINY_STEPS="300",
-    )
-    for name in ("SKYGREEN_LAUNCHER", "SKYGREEN_DATA_DIR"):
-        environ.pop(name, None)
-    return environ
+    return user_env(private_home, TINY_STEPS="300")
 
 
 def skygreen(env, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import wait_for
+from helpers import user_env, wait_for
 from skygreen.checkpoint.manifest import SHARED_BLOB, blob_key, committed_steps
 from skygreen.checkpoint.retention import QUARANTINE_DIR, deletable_steps
 from skygreen.checkpoint.stores import open_store
@@ -127,15 +127,7 @@ def test_the_checkpoint_just_committed_is_never_deletable():
 
 @pytest.fixture
 def env(private_home):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
-    environ.update(
-        HOME=str(private_home),
-        XDG_DATA_HOME=str(private_home / ".local" / "share"),
-        OMP_NUM_THREADS="1",
-        TINY_STEPS="200000",
-        TINY_EVAL_EVERY="1000000",
-    )  # fmt: skip  (runs until killed; no early stop)
-    return environ
+    return user_env(private_home, TINY_STEPS="200000", TINY_EVAL_EVERY="1000000")  # runs until killed; no early stop
 
 
 def skygreen(env, *args: str) -> subprocess.CompletedProcess:

@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
+from helpers import user_env
 from skygreen.checkpoint.stores import open_store
 from skygreen.errors import RuntimeSetupError
 from skygreen.ledger.io import read_ledger
@@ -188,13 +189,10 @@ def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
 def test_status_of_a_real_local_run_shows_energy_co2e_cap_and_the_statement(private_home, tmp_path):
     """`skygreen up tasks/tiny.yaml --local` on a simulated V100, then `status`; then a CPU run."""
     import json
-    import os
     import subprocess
 
     repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
-    env.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"), OMP_NUM_THREADS="1", TINY_STEPS="40",
-               SKYGREEN_SIMULATED_GPU="V100", SKYGREEN_POWER_PROFILE_STEPS="1,2,2")  # fmt: skip
+    env = user_env(private_home, TINY_STEPS="40", SKYGREEN_SIMULATED_GPU="V100", SKYGREEN_POWER_PROFILE_STEPS="1,2,2")
 
     def skygreen(*args: str, environ=env) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -259,16 +257,13 @@ def test_kill_9_of_a_local_run_then_skygreen_resume_restores_the_original_limit(
     the middle of its profile, SIGKILLed, then `skygreen resume`: the board goes back to 300 W
     before anything else, the profile goes on, and the run ends with the original limit."""
     import json
-    import os
     import subprocess
     import time
 
     from test_local_e2e import held, kill_training, status, wait_for_step
 
     repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
-    env.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"), OMP_NUM_THREADS="1", TINY_STEPS="40",
-               SKYGREEN_SIMULATED_GPU="V100", SKYGREEN_POWER_PROFILE_STEPS="1,1,2")  # fmt: skip
+    env = user_env(private_home, TINY_STEPS="40", SKYGREEN_SIMULATED_GPU="V100", SKYGREEN_POWER_PROFILE_STEPS="1,1,2")
     gated = held(env, tmp_path / "release", "10")
     cli = [sys.executable, "-m", "skygreen.cli"]
     started = subprocess.run([*cli, "up", "tasks/tiny.yaml", "--local", "--no-smoke", "--detach"], env=gated, cwd=repo, capture_output=True, text=True, timeout=120)  # fmt: skip

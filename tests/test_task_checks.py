@@ -10,7 +10,6 @@ launched or written. A run that does fail shows one line as its state, never a t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import user_env
 from skygreen.api import plan
 from skygreen.gpus import GPUS
 from skygreen.launch.local_launcher import failure_line
@@ -30,9 +30,7 @@ SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
 @pytest.fixture
 def env(private_home):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
-    environ.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"))
-    return environ
+    return user_env(private_home)
 
 
 def skygreen(env, *args: str) -> subprocess.CompletedProcess:

@@ -9,7 +9,6 @@ preprocessing again and ends with exactly the weights of an uninterrupted run.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import user_env
 from test_local_e2e import held, kill_training, runs, skygreen, status, wait_for, wait_for_step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,16 +27,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def env(private_home, tmp_path):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
-    environ.update(
-        HOME=str(private_home),
-        XDG_DATA_HOME=str(private_home / ".local" / "share"),
-        OMP_NUM_THREADS="1",
-        SKYGREEN_TASK_SIZE="small",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-    )
-    return environ
+    return user_env(private_home, SKYGREEN_TASK_SIZE="small", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
 
 
 def gpt2_task(tmp_path: Path) -> Path:

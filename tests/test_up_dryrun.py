@@ -6,13 +6,13 @@ it cannot check from this machine (a bucket without credentials here) it names i
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
+from helpers import user_env
 from servers import FAKE_AWS_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,9 +21,7 @@ SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
 
 def base_env(private_home: Path) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SKYGREEN_"))}
-    environ.update(HOME=str(private_home), XDG_DATA_HOME=str(private_home / ".local" / "share"))
-    return environ
+    return user_env(private_home, drop=("AWS_", "SKYGREEN_"))
 
 
 def s3_env(private_home: Path, endpoint: str) -> dict[str, str]:
