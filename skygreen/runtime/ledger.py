@@ -110,7 +110,7 @@ class RunBook:
             samples=run.samples_seen,
             samples_per_epoch=run.stream.dataset_len,
             energy_j=run.counters["energy_j"],
-            total_steps=getattr(run, "total_steps", None),
+            total_steps=run.total_steps,
         )
 
     def progress_of(self, run: Any, end: str = "running") -> None:
