@@ -22,6 +22,7 @@ Example:
       power: {cap: auto}               # auto | off | watts | fraction of the default limit
       early_stopping: {metric: val_loss, patience: 3, min_delta: 0.0}
       deadline: 36h                    # finish by then: spot with on-demand fallback
+      model: {params: 7e9, activation_gb: 6, sharding: fsdp}   # keep only GPUs that hold it
     run: python train.py
 """
 
@@ -54,11 +55,13 @@ from skygreen.spec_model import (
     BUCKET_SCHEMES,
     CLOUDS,
     EARLY_STOP_MODES,
+    FSDP_FROM_PARAMS,
     HALF_PRECISIONS,
     OBJECTIVES,
     PRECISIONS,
     RECOVERY_STRATEGIES,
     SECTION,
+    SHARDINGS,
     SKYPILOT_TASK_KEYS,
     Batch,
     BudgetAlertSpec,
@@ -66,6 +69,7 @@ from skygreen.spec_model import (
     EarlyStopConfig,
     GpuChoice,
     GreenSpec,
+    ModelSpec,
     PowerSpec,
     PreemptionSpec,
     RecoverySpec,
@@ -90,6 +94,7 @@ __all__ = [
     "EarlyStopConfig",
     "GpuChoice",
     "GreenSpec",
+    "ModelSpec",
     "PowerSpec",
     "PreemptionSpec",
     "RecoverySpec",
@@ -159,9 +164,9 @@ def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
 
 def _parse_green(raw: Any, path: str) -> GreenSpec:
     raw = read_mapping(raw, path)
-    check_keys(raw, GreenSpec.__dataclass_fields__, path)
+    check_keys(raw, [k for k in GreenSpec.__dataclass_fields__ if k != "gpu_count_given"], path)
     get = _getter(raw, path)
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"gpu_count_given": raw.get("gpu_count") is not None}
     get(values, "gpus", parse_gpus)
     get(values, "gpu_count", lambda v, p: read_int(v, p, minimum=1, maximum=64))
     get(values, "clouds", parse_clouds)
@@ -183,6 +188,7 @@ def _parse_green(raw: Any, path: str) -> GreenSpec:
     get(values, "early_stopping", _parse_early_stopping)
     get(values, "recovery", _parse_recovery)
     get(values, "deadline", read_duration_h)
+    get(values, "model", _parse_model)
     spec = GreenSpec(**values)
     if not spec.spot and spec.on_demand_fallback:
         raise SpecError(
@@ -378,6 +384,41 @@ def _parse_early_stopping(raw: Any, path: str) -> EarlyStopConfig | None:
     get(values, "min_delta", lambda v, p: read_number(v, p, minimum=0.0))
     get(values, "grace", lambda v, p: read_int(v, p, minimum=0))
     return EarlyStopConfig(**values)
+
+
+_PARAM_SUFFIX = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT])\s*\Z")
+_PARAM_SCALE = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def _read_params(raw: Any, path: str) -> float:
+    """A parameter count: a number (7e9, 350000000) or a string with a suffix (`7B`, `350M`)."""
+    if isinstance(raw, str):
+        match = _PARAM_SUFFIX.match(raw)
+        if match is None:
+            raise SpecError(path, "expected a parameter count", value=raw, allowed="7e9 | 7B | 350M | 1.5B")
+        raw = float(match.group(1)) * _PARAM_SCALE[match.group(2).lower()]
+    value = read_number(raw, path, positive=True)
+    if value < 1:
+        raise SpecError(path, "a model has at least one parameter", value=raw, hint="write e.g. 7e9 or 7B")
+    if value > 1e13:
+        raise SpecError(
+            path, "more parameters than any model skygreen can plan for", value=raw, hint="write e.g. 7e9 or 7B"
+        )
+    return value
+
+
+def _parse_model(raw: Any, path: str) -> ModelSpec:
+    raw = read_mapping(raw, path)
+    check_keys(raw, ("params", "activation_gb", "sharding", "max_nodes"), path)
+    if raw.get("params") is None:
+        raise SpecError(f"{path}.params", "is required", hint="give the parameter count, e.g. params: 7e9")
+    params = _read_params(raw["params"], f"{path}.params")
+    values: dict[str, Any] = {"params": params, "sharding": "fsdp" if params >= FSDP_FROM_PARAMS else "ddp"}
+    get = _getter(raw, path)
+    get(values, "activation_gb", lambda v, p: read_number(v, p, minimum=0.0, maximum=10_000.0))
+    get(values, "sharding", lambda v, p: read_choice(v, p, SHARDINGS))
+    get(values, "max_nodes", lambda v, p: read_int(v, p, minimum=1, maximum=64))
+    return ModelSpec(**values)
 
 
 def _parse_recovery(raw: Any, path: str) -> RecoverySpec:

@@ -18,6 +18,11 @@ HALF_PRECISIONS: tuple[str, ...] = ("fp16", "bf16")
 EARLY_STOP_MODES: tuple[str, ...] = ("min", "max")
 RECOVERY_STRATEGIES: tuple[str, ...] = ("EAGER_NEXT_REGION", "FAILOVER")
 BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "file")
+SHARDINGS: tuple[str, ...] = ("fsdp", "ddp")
+FSDP_FROM_PARAMS = 1e9
+"""`model.sharding` left out: FSDP from a billion parameters (16 GB of weights, gradients and
+AdamW states, more than most single GPUs hold beside activations), DDP below."""
+DEFAULT_MAX_NODES = 4
 
 # Top-level keys of a SkyPilot 0.14.1 task (sky/utils/schemas.py::get_task_schema), so that a
 # misspelt key (`skygren:`, `rn:`) is caught here with a suggestion, before SkyPilot sees it.
@@ -45,6 +50,31 @@ class Work:
 
     gpu_hours: float = 1.0
     gpu: str = "A100"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """`model:` of the task: how big the model is, so the plan keeps only GPUs that can hold it."""
+
+    params: float
+    """Trainable parameters (7e9 for a 7B model)."""
+    activation_gb: float = 0.0
+    """Activation memory per GPU at the micro-batch, in GB (1e9 bytes); 0 when not given."""
+    sharding: str = "ddp"
+    """fsdp: weights, gradients and optimizer states sharded over every GPU of the run (ZeRO
+    stage 3); ddp: every GPU holds them whole."""
+    max_nodes: int = DEFAULT_MAX_NODES
+    """The most nodes the plan may give a run whose task does not fix `num_nodes`."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.params) and self.params >= 1):
+            raise ValueError(f"ModelSpec.params must be a finite number >= 1, got {self.params}")
+        if not (math.isfinite(self.activation_gb) and self.activation_gb >= 0):
+            raise ValueError(f"ModelSpec.activation_gb must be a finite number >= 0, got {self.activation_gb}")
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"ModelSpec.sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+        if self.max_nodes < 1:
+            raise ValueError(f"ModelSpec.max_nodes must be >= 1, got {self.max_nodes}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,6 +179,8 @@ class GreenSpec:
 
     gpus: GpuChoice = GpuChoice()
     gpu_count: int = 1
+    gpu_count_given: bool = False
+    """The task names `gpu_count`; without it a task with a `model` may get any count that holds it."""
     clouds: tuple[str, ...] = CLOUDS
     regions: tuple[str, ...] | None = None
     spot: bool = True
@@ -170,6 +202,8 @@ class GreenSpec:
     recovery: RecoverySpec = RecoverySpec()
     deadline: float | None = None
     """Hours from launch by which the run must be done (`deadline: 36h`); None: no deadline."""
+    model: ModelSpec | None = None
+    """None: the plan does not know the model's size and ranks every GPU."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

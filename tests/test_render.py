@@ -371,3 +371,77 @@ def test_templates_ship_inside_the_built_wheel(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for template in (REPO / "templates").iterdir():
         assert f"skygreen/templates/{template.name}" in names
+
+
+# ---------------------------------------------------------------- fallbacks across GPU counts
+
+
+def sharded_catalog():
+    from skygreen.plan.catalog import Catalog, Offer
+
+    def offer(cloud: str, region: str, gpu: str, count: int, spot_price: float) -> Offer:
+        return Offer(
+            cloud=cloud, region=region, instance_type=f"{gpu.lower()}-{count}", accelerator=gpu,
+            accelerator_count=count, on_demand_price_usd_per_hour=spot_price * 3, spot_price_usd_per_hour=spot_price,
+        )  # fmt: skip
+
+    offers = (
+        offer("aws", "us-east-1", "A100", 8, 10.0),  # 14 GB per GPU: the cheapest run
+        offer("gcp", "us-central1", "A100-80GB", 4, 9.0),  # 28 GB per GPU
+        offer("azure", "eastus", "H100", 8, 30.0),
+        offer("gcp", "us-central1", "A100-80GB", 1, 3.0),  # holds 7B only on 2 nodes
+        offer("aws", "us-east-1", "L4", 1, 0.1),  # never holds it on up to 4 nodes
+        offer("aws", "us-east-1", "A100", 2, 4.0),  # 28 GB per GPU on 2 nodes
+        offer("azure", "eastus", "T4", 1, 0.05),  # neither
+    )
+    return Catalog(offers=offers, source="test", regions={cloud: tuple(names) for cloud, names in REGIONS.items()})
+
+
+def test_a_sharded_model_renders_fallbacks_with_other_gpu_counts_that_skypilot_accepts(sky):
+    from skygreen.plan.rank import make_plan
+
+    spec = spec_of(
+        name="llm",
+        skygreen={
+            "model": {"params": "7B", "sharding": "fsdp"},
+            "batch": {"effective": 48},
+            "work": {"gpu_hours": 800},
+        },
+    )
+    plan = make_plan(spec, sharded_catalog())
+    task = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR)
+    ordered = task["resources"]["ordered"]
+    # One node: the winner and its fallbacks of another GPU type and count, in the plan's order;
+    # the 2-node shapes cannot share a task whose num_nodes is 1; the L4 and T4 cannot hold it.
+    assert plan.best.num_nodes == 1 and "num_nodes" not in task
+    assert [e["accelerators"] for e in ordered] == [
+        f"{c.accelerator}:{c.accelerator_count}" for c in plan.candidates if c.num_nodes == 1
+    ]
+    assert {e["accelerators"] for e in ordered} == {"A100:8", "A100-80GB:4", "H100:8"}
+    assert {(c.accelerator, c.num_nodes) for c in plan.candidates if c.num_nodes == 2} == {
+        ("A100", 2),
+        ("A100-80GB", 2),
+    }
+    assert not {c.accelerator for c in plan.candidates} & {"L4", "T4"}
+    assert "torchrun" in task["run"] and "SKYPILOT_NUM_GPUS_PER_NODE" in task["run"]
+    assert task["envs"]["SKYGREEN_EFFECTIVE_BATCH"] == "48"  # every count keeps the effective batch
+    parsed = sky_accepts(sky, task)
+    assert parsed.num_nodes == 1
+    assert sorted(str(r.accelerators) for r in parsed.resources) == sorted(
+        str({gpu: count}) for gpu, count in (("A100", 8), ("A100-80GB", 4), ("H100", 8))
+    )
+
+
+def test_a_model_that_needs_two_nodes_renders_num_nodes_two(sky):
+    from skygreen.plan.rank import make_plan
+
+    spec = spec_of(name="llm", skygreen={"model": {"params": "7B"}, "gpus": ["A100-80GB"], "gpu_count": 1})
+    plan = make_plan(spec, sharded_catalog())
+    assert (plan.best.accelerator_count, plan.best.num_nodes) == (1, 2)
+    task = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR)
+    assert task["num_nodes"] == 2
+    assert task["resources"]["ordered"] == [
+        {"infra": "gcp/us-central1", "accelerators": "A100-80GB:1", "use_spot": True}
+    ]
+    assert "torchrun" in task["run"]
+    assert sky_accepts(sky, task).num_nodes == 2

@@ -120,8 +120,10 @@ def render_task(
     sky = copy.deepcopy(dict(spec.sky))
     task: dict[str, Any] = {"name": spec.name or "skygreen"}
     task["workdir"] = _workdir(sky.get("workdir"), task_dir)
-    if spec.num_nodes != 1 and plan is not None:
-        task["num_nodes"] = spec.num_nodes
+    # With a model the plan picks the nodes that hold it; otherwise they are the task's own.
+    nodes = plan.best.num_nodes if plan is not None and spec.green.model is not None else spec.num_nodes
+    if nodes != 1 and plan is not None:
+        task["num_nodes"] = nodes
     if plan is not None:
         task["resources"] = _resources(spec, plan, sky.get("resources"))
     task["envs"] = _envs(spec, settings, sky.get("envs"))
@@ -141,7 +143,8 @@ def render_task(
     for key, value in sky.items():  # SkyPilot keys skygreen does not touch, kept as written
         if key not in task and key not in ("resources", "num_nodes", "run", "setup"):
             task[key] = value
-    task["run"] = _run(spec, settings, distributed=plan is not None)
+    ranks = max((_ranks(e) for e in task["resources"]["ordered"]), default=1) * nodes if plan is not None else 1
+    task["run"] = _run(spec, settings, distributed=plan is not None, ranks=max(ranks, spec.green.gpu_count * nodes))
     return task
 
 
@@ -212,14 +215,25 @@ def _resources(spec: TaskSpec, plan: Plan, user_resources: Any) -> dict[str, Any
     return base
 
 
+def _ranks(entry: Mapping[str, Any]) -> int:
+    """GPUs per node of one `ordered` entry (`"A100:8"` -> 8)."""
+    return int(str(entry["accelerators"]).rpartition(":")[2])
+
+
 def _ordered(plan: Plan, limit: int) -> list[dict[str, Any]]:
-    """The plan's offers as SkyPilot candidates, best first, one per cloud/region/GPU/spot.
+    """The plan's offers as SkyPilot candidates, best first, one per cloud/region/GPU/count/spot.
 
     Offers differing only by instance type or zone collapse into one entry: SkyPilot picks the
-    instance for the accelerator and tries every zone of the region itself.
+    instance for the accelerator and tries every zone of the region itself. `num_nodes` belongs
+    to the whole task in SkyPilot, so only offers on the winner's number of nodes are listed,
+    with whatever GPU count each has (a sharded checkpoint reshards onto it; the plan kept only
+    counts the effective batch splits evenly over).
     """
+    nodes = plan.best.num_nodes
     entries: list[dict[str, Any]] = []
     for offer in plan.candidates:
+        if offer.num_nodes != nodes:
+            continue
         entry = {
             "infra": f"{offer.cloud}/{offer.region}",
             "accelerators": f"{offer.accelerator}:{offer.accelerator_count}",
@@ -296,12 +310,12 @@ def _setup(spec: TaskSpec, settings: RuntimeSettings, install: RuntimeInstall) -
     )
 
 
-def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool) -> str:
+def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool, ranks: int = 1) -> str:
     command = spec.sky.get("run")
     if not command or not str(command).strip():
         raise SpecError("run", "is required: the command that trains", hint="add e.g. `run: python train.py`")
     command = str(command).strip()
-    if distributed and (spec.green.gpu_count > 1 or spec.num_nodes > 1):
+    if distributed and ranks > 1:
         command = torchrun_command(command, spec)
     return _template("run.sh.tmpl").substitute(
         version=__version__,

@@ -23,6 +23,17 @@ Assumed preemption rates, per hour a spot node is alive, come from the one table
 Restart 6 min and a 10 s blocking save (an async save blocks only for the copy to host
 memory: PyTorch DCP async_save measured 6.3 s for a 7B model) are the other defaults.
 
+With the model's size known (`skygreen.model`), the checkpoint's size S (`skygreen.plan.memory`)
+replaces the flat save and adds its restore to the restart:
+
+    C         = S per GPU / HOST_COPY_GB_PER_S          (the blocking copy to host memory)
+    upload_s  = S / (upload rate x uploading nodes)     (tau is never shorter: one save in flight)
+    R         = restart + S / (download rate x downloading nodes)
+
+where every node uploads and downloads its own shards under FSDP and one node holds the whole
+checkpoint under DDP. The rates are measured by earlier runs of the task where known, else
+`DEFAULT_TRANSFER_GB_PER_S` per node.
+
 Energy = (wall_h - restarts x R) x nodes x gpus x board power (TDP) x 0.8 average draw x the
 cloud's PUE x the power cap's energy ratio. Carbon = energy x grams CO2e per kWh of the region
 (`skygreen.carbon`). The cap's ratio comes from `skygreen.power.model` (calibrated to the V100
@@ -52,6 +63,13 @@ PUE: Mapping[str, float] = {"aws": 1.15, "gcp": 1.10, "azure": 1.18}
 report 1.10; AWS 2023 sustainability report 1.15; Microsoft 2023 datacenter fact sheet 1.18)."""
 MAX_LOSS_FRACTION = 0.9
 MAX_SAVE_FRACTION = 0.1
+DEFAULT_TRANSFER_GB_PER_S = 0.25
+"""Per node, to and from the bucket, when no run of the task measured it: a conservative figure
+for a few parallel multipart streams to an object store in the VM's region (one boto3 stream
+reaches about 0.1 GB/s)."""
+HOST_COPY_GB_PER_S = 1.5
+"""Per GPU, the blocking copy of a checkpoint shard to host memory (an assumption, in line with
+DCP async_save's 6.3 s for a 7B model spread over 8 GPUs)."""
 """A fixed interval (`every: 5s`) caps the assumed blocking save at this fraction of it."""
 
 
@@ -73,6 +91,12 @@ class RunModel:
     """The task's `power.cap`: off | auto | watts | fraction (`skygreen.spec.PowerSpec.mode`)."""
     power_cap_value: float | None = None
     power_eta: float = 0.5
+    checkpoint_gb: float | None = None
+    """The size of one checkpoint, all shards together; None: unknown (a flat `checkpoint_cost_s`)."""
+    checkpoint_sharded: bool = False
+    """Every node saves and loads its own shards (FSDP) rather than one node the whole (DDP)."""
+    upload_gb_per_s: float = DEFAULT_TRANSFER_GB_PER_S
+    download_gb_per_s: float = DEFAULT_TRANSFER_GB_PER_S
 
     def __post_init__(self) -> None:
         if not (self.work_gpu_hours > 0 and math.isfinite(self.work_gpu_hours)):
@@ -83,6 +107,10 @@ class RunModel:
             raise ValueError("restart_s and checkpoint_cost_s must be >= 0")
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}")
+        if self.checkpoint_gb is not None and not (math.isfinite(self.checkpoint_gb) and self.checkpoint_gb >= 0):
+            raise ValueError(f"checkpoint_gb must be a finite number >= 0, got {self.checkpoint_gb}")
+        if not (self.upload_gb_per_s > 0 and self.download_gb_per_s > 0):
+            raise ValueError(f"transfer rates must be > 0, got {self.upload_gb_per_s}, {self.download_gb_per_s}")
         for cloud, rate in self.preemption_rate_per_hour.items():
             if rate < 0:
                 raise ValueError(f"preemption rate for {cloud} must be >= 0, got {rate}")
@@ -99,6 +127,37 @@ class RunModel:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointCost:
+    """What checkpoints cost a run on one offer shape: the blocking part of a save, the upload
+    that must end before the next save, and the restart including the restore."""
+
+    blocking_s: float
+    upload_s: float
+    restore_s: float
+    restart_s: float
+
+
+def checkpoint_cost(model: RunModel, gpus_per_node: int) -> CheckpointCost:
+    """The save and restore times on `gpus_per_node` x `model.num_nodes` GPUs: from the
+    checkpoint's size and the transfer rates when the size is known, else the flat defaults."""
+    if model.checkpoint_gb is None:
+        return CheckpointCost(
+            blocking_s=model.checkpoint_cost_s, upload_s=0.0, restore_s=0.0, restart_s=model.restart_s
+        )
+    nodes = model.num_nodes if model.checkpoint_sharded else 1
+    per_gpu_gb = (
+        model.checkpoint_gb / (gpus_per_node * model.num_nodes) if model.checkpoint_sharded else model.checkpoint_gb
+    )
+    restore_s = model.checkpoint_gb / (model.download_gb_per_s * nodes)
+    return CheckpointCost(
+        blocking_s=per_gpu_gb / HOST_COPY_GB_PER_S,
+        upload_s=model.checkpoint_gb / (model.upload_gb_per_s * nodes),
+        restore_s=restore_s,
+        restart_s=model.restart_s + restore_s,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Estimate:
     """The expected wall time, energy and preemptions of one run on one offer."""
 
@@ -107,6 +166,10 @@ class Estimate:
     expected_preemptions: float
     checkpoint_interval_s: float | None
     energy_kwh: float
+    restart_s: float = DEFAULT_RESTART_S
+    """Per preemption: provisioning, setup and the restore."""
+    checkpoint_save_s: float = DEFAULT_CHECKPOINT_COST_S
+    """The blocking part of one save."""
 
 
 def scaling_efficiency(total_gpus: int) -> float:
@@ -129,23 +192,31 @@ def estimate(model: RunModel, *, cloud: str, gpu: str, gpus_per_node: int, spot:
     rate = model.preemption_rate_per_hour.get(cloud, PREEMPTION_RATE_PER_HOUR.get(cloud, 0.0))
     rate_per_hour = rate * model.num_nodes if spot else 0.0
     interval_s = model.checkpoint_interval_s
-    save_cost_s = model.checkpoint_cost_s
+    ckpt = checkpoint_cost(model, gpus_per_node)
+    save_cost_s = ckpt.blocking_s
+    restart_s = ckpt.restart_s
     if interval_s is None:
-        # A zero save cost would make any interval free; one second stands in for it.
+        # A zero save cost would make any interval free; one second stands in for it. A save
+        # waits for the previous upload, so the interval is never shorter than one upload.
         interval_s = (
-            optimal_interval_s(max(save_cost_s, 1.0), 3600.0 / rate_per_hour) if rate_per_hour > 0 else math.inf
+            max(optimal_interval_s(max(save_cost_s, 1.0), 3600.0 / rate_per_hour), ckpt.upload_s)
+            if rate_per_hour > 0
+            else math.inf
         )
-    else:
+    elif model.checkpoint_gb is None:
         # Whoever saves every few seconds has small saves: at most a tenth of the interval.
         save_cost_s = min(save_cost_s, interval_s * MAX_SAVE_FRACTION)
+    else:
+        # A fixed interval shorter than an upload waits for it: the wait blocks training.
+        save_cost_s = max(save_cost_s, ckpt.upload_s - interval_s)
     save_overhead = save_cost_s / interval_s if math.isfinite(interval_s) else 0.0
-    lost_per_preemption_h = (model.restart_s + (interval_s / 2 if math.isfinite(interval_s) else 0.0)) / 3600.0
+    lost_per_preemption_h = (restart_s + (interval_s / 2 if math.isfinite(interval_s) else 0.0)) / 3600.0
     loss = rate_per_hour * lost_per_preemption_h
     if loss >= MAX_LOSS_FRACTION:
         return None
     wall_h = compute_h * (1 + save_overhead) / (1 - loss)
     preemptions = rate_per_hour * wall_h
-    busy_h = max(wall_h - preemptions * model.restart_s / 3600.0, compute_h)
+    busy_h = max(wall_h - preemptions * restart_s / 3600.0, compute_h)
     info = GPUS.get(gpu)
     tdp_w = info.tdp_w if info else 300.0
     cap_ratio = planned_energy_ratio(model.power_cap_mode, model.power_cap_value, tdp_w=tdp_w, eta=model.power_eta)
@@ -157,4 +228,6 @@ def estimate(model: RunModel, *, cloud: str, gpu: str, gpus_per_node: int, spot:
         expected_preemptions=preemptions,
         checkpoint_interval_s=interval_s if math.isfinite(interval_s) else None,
         energy_kwh=energy,
+        restart_s=restart_s,
+        checkpoint_save_s=save_cost_s,
     )

@@ -100,11 +100,42 @@ def _cap_assumption(green: GreenSpec) -> str:
     return f"cap {cap}: skygreen.power.model, from 0.863 at 0.6 of a V100's limit, arXiv 2205.09646"
 
 
+def _model_assumption(model: RunModel, green: GreenSpec, best: Candidate) -> str:
+    """The memory and checkpoint line of a task with `skygreen.model`, with the winner's figures."""
+    from skygreen.plan.cost import DEFAULT_TRANSFER_GB_PER_S, HOST_COPY_GB_PER_S
+    from skygreen.plan.memory import USABLE_FRACTION, bytes_per_param
+
+    spec = green.model
+    if spec is None:
+        return ""
+    where = "sharded over every GPU (FSDP, ZeRO stage 3)" if spec.sharding == "fsdp" else "whole on every GPU (DDP)"
+    rate = (
+        "the default" if model.upload_gb_per_s == DEFAULT_TRANSFER_GB_PER_S else "measured by earlier runs of this task"
+    )
+    memory = f"{best.memory_per_gpu_gb:.3g} GB per GPU on the best offer" if best.memory_per_gpu_gb is not None else ""
+    return (
+        f"model: {spec.params:.3g} parameters, AdamW at {bytes_per_param(green.precision)} bytes/param "
+        f"(ZeRO, arXiv 1910.02054: weights + gradients + fp32 master, momentum, variance) {where}"
+        + (f" + {spec.activation_gb:g} GB activations" if spec.activation_gb else " (no activation memory given)")
+        + f"; {memory} ({best.accelerator}x{best.accelerator_count}"
+        + (f" x{best.num_nodes} nodes" if best.num_nodes > 1 else "")
+        + f"), fits in {USABLE_FRACTION:.0%} of a GPU's memory; up to {spec.max_nodes} nodes; "
+        f"checkpoint {model.checkpoint_gb or 0:.3g} GB at {model.upload_gb_per_s:g} GB/s per node ({rate}): "
+        f"{best.checkpoint_save_s:.3g} s blocking per save (host copy at {HOST_COPY_GB_PER_S:g} GB/s per GPU), "
+        f"restart {best.restart_s / 60:.3g} min with the restore"
+    )
+
+
 def assumptions(
-    model: RunModel, green: GreenSpec, *, measured_speed: Mapping[str, float] | None = None
+    model: RunModel,
+    green: GreenSpec,
+    *,
+    measured_speed: Mapping[str, float] | None = None,
+    best: Candidate | None = None,
 ) -> tuple[str, ...]:
-    """The three lines under every estimate: the work and where the speeds came from; preemption
-    rates, restart time and checkpoint interval; the energy and carbon model with the power cap."""
+    """The lines under every estimate: the work and where the speeds came from; preemption
+    rates, restart time and checkpoint interval; the energy and carbon model with the power cap;
+    with `skygreen.model` (and the winner `best`), its memory per GPU and checkpoint size."""
     rates = ", ".join(f"{c} {r:g}/h" for c, r in sorted(model.preemption_rate_per_hour.items()))
     if model.checkpoint_interval_s is not None:
         interval = f"every {model.checkpoint_interval_s:g} s"
@@ -121,10 +152,15 @@ def assumptions(
         ),
         (
             f"spot preemptions per node-hour: {rates}; restart {model.restart_s / 60:g} min; "
-            f"checkpoint {interval}, {model.checkpoint_cost_s:g} s blocking per save"
+            f"checkpoint {interval}, "
+            + (
+                f"{model.checkpoint_cost_s:g} s blocking per save"
+                if model.checkpoint_gb is None
+                else "save and restore times from the checkpoint's size (model line)"
+            )
         ),
         (
             f"energy: TDP x 0.8 x PUE x the power cap's ratio ({_cap_assumption(green)}); "
             "carbon: grid g CO2e/kWh per region (codecarbon data)"
         ),
-    )
+    ) + ((_model_assumption(model, green, best),) if green.model is not None and best is not None else ())

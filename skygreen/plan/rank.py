@@ -22,12 +22,15 @@ from skygreen.plan.catalog import CLOUDS, Catalog, Offer
 from skygreen.plan.cost import (
     DEFAULT_CHECKPOINT_COST_S,
     DEFAULT_RESTART_S,
+    DEFAULT_TRANSFER_GB_PER_S,
     RunModel,
     estimate,
 )
 from skygreen.plan.explain import METRIC, assumptions, explain, money, night_hint
+from skygreen.plan.fit import describe_model, fitted_shape, memory_notice, smallest_fit
+from skygreen.plan.memory import checkpoint_gb
 from skygreen.power.policy import DEFAULT_ETA
-from skygreen.spec import OBJECTIVES, GreenSpec, TaskSpec
+from skygreen.spec import OBJECTIVES, GreenSpec, ModelSpec, TaskSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,6 +66,12 @@ class Candidate:
     """Under a deadline: expected hours a spot run spends on its on-demand fallback."""
     deadline_source: str | None = None
     """Under a deadline, where the expected cost of a spot run came from: "traces" or "model"."""
+    memory_per_gpu_gb: float | None = None
+    """With `skygreen.model`: what each GPU holds (training state and activations), in GB."""
+    restart_s: float = DEFAULT_RESTART_S
+    """Per preemption: provisioning, setup and the checkpoint's restore."""
+    checkpoint_save_s: float = DEFAULT_CHECKPOINT_COST_S
+    """The blocking part of one checkpoint save."""
 
     def __post_init__(self) -> None:
         if self.cloud not in CLOUDS:
@@ -145,24 +154,36 @@ class Constraints:
     budget_usd: float | None
     spot: bool
     on_demand: bool
+    model: ModelSpec | None = None
+    """With a model, only offers whose GPUs hold it pass, on as many nodes as it takes."""
+    precision: str = "auto"
+    fixed_nodes: int | None = None
+    """The task's own `num_nodes`; None lets a task with a model take the fewest nodes that hold it."""
+    effective_batch: int | None = None
+    """With a model and any GPU count: only shapes whose ranks split the effective batch evenly."""
 
     @classmethod
-    def from_spec(cls, green: GreenSpec) -> Constraints:
+    def from_spec(cls, green: GreenSpec, *, num_nodes: int | None = None) -> Constraints:
         """The section's filters; with `precision: bf16` and no GPU list, only GPUs with bf16 tensor
-        cores. On-demand is allowed when `spot` is off or `on_demand_fallback` is on."""
+        cores. On-demand is allowed when `spot` is off or `on_demand_fallback` is on. With a
+        `model` and no `gpu_count`, any GPU count per node; `num_nodes` is the task's own, if any."""
         names = green.gpus.names
         if names is None and green.precision == "bf16":  # the runtime refuses bf16 on older GPUs
             names = tuple(name for name, info in GPUS.items() if info.bf16)
         return cls(
             gpu_names=names,
             min_memory_gb=green.gpus.min_memory_gb,
-            gpu_count=green.gpu_count,
+            gpu_count=None if green.model is not None and not green.gpu_count_given else green.gpu_count,
             clouds=green.clouds,
             regions=green.regions,
             max_price_per_hour=green.max_price_per_hour,
             budget_usd=green.budget_usd,
             spot=green.spot,
             on_demand=(not green.spot) or green.on_demand_fallback,
+            model=green.model,
+            precision=green.precision,
+            fixed_nodes=num_nodes if green.model is None or num_nodes is not None else None,
+            effective_batch=green.batch.effective if green.model is not None else None,
         )
 
     def admits_offer(self, offer: Offer) -> bool:
@@ -182,11 +203,18 @@ class Constraints:
         return tuple(s for s, allowed in ((True, self.spot), (False, self.on_demand)) if allowed)
 
 
-def run_model(spec: TaskSpec, *, measured_speed: Mapping[str, float] | None = None) -> RunModel:
+def run_model(
+    spec: TaskSpec,
+    *,
+    measured_speed: Mapping[str, float] | None = None,
+    measured_transfer_gb_per_s: float | None = None,
+) -> RunModel:
     """The estimate model for a task: its work, speeds, nodes, preemption and checkpoint settings.
 
     Speeds: the built-in table, overridden by the task's `speed:`, overridden in turn by
-    throughput measured in earlier runs of the task (`measured_speed`) where known.
+    throughput measured in earlier runs of the task (`measured_speed`) where known. With a
+    `model`, the checkpoint's size and the bucket's transfer rate per node (measured, else
+    `DEFAULT_TRANSFER_GB_PER_S`) set the save and restore times.
     """
     green = spec.green
     rates = dict(PREEMPTION_RATE_PER_HOUR)
@@ -204,6 +232,12 @@ def run_model(spec: TaskSpec, *, measured_speed: Mapping[str, float] | None = No
         power_cap_mode=green.power.mode,
         power_cap_value=green.power.cap_w if green.power.mode == "watts" else green.power.cap_fraction,
         power_eta=DEFAULT_ETA if green.power.eta is None else green.power.eta,
+        checkpoint_gb=None
+        if green.model is None
+        else checkpoint_gb(green.model, half_precision=green.checkpoint.half_precision),
+        checkpoint_sharded=green.model is not None and green.model.sharding == "fsdp",
+        upload_gb_per_s=measured_transfer_gb_per_s or DEFAULT_TRANSFER_GB_PER_S,
+        download_gb_per_s=measured_transfer_gb_per_s or DEFAULT_TRANSFER_GB_PER_S,
     )
 
 
@@ -213,8 +247,13 @@ def candidates_for(catalog: Catalog, constraints: Constraints, model: RunModel) 
     for offer in catalog.offers:
         if not constraints.admits_offer(offer):
             continue
+        shape = (model.num_nodes, None) if constraints.model is None else fitted_shape(constraints, offer)
+        if shape is None:
+            continue
+        nodes, memory = shape
+        shaped = model if nodes == model.num_nodes else replace(model, num_nodes=nodes)
         for spot in constraints.spot_options():
-            candidate = make_candidate(offer, spot, model)
+            candidate = make_candidate(offer, spot, shaped, memory_per_gpu_gb=memory)
             if candidate is None:
                 continue
             if (
@@ -228,8 +267,11 @@ def candidates_for(catalog: Catalog, constraints: Constraints, model: RunModel) 
     return out
 
 
-def make_candidate(offer: Offer, spot: bool, model: RunModel) -> Candidate | None:
-    """The offer priced for one run, or None when it has no such price or cannot finish."""
+def make_candidate(
+    offer: Offer, spot: bool, model: RunModel, *, memory_per_gpu_gb: float | None = None
+) -> Candidate | None:
+    """The offer priced for one run on `model.num_nodes` nodes, or None when it has no such price
+    or cannot finish."""
     price = offer.price_usd_per_hour(spot)
     if price is None:
         return None
@@ -255,6 +297,9 @@ def make_candidate(offer: Offer, spot: bool, model: RunModel) -> Candidate | Non
         compute_hours=est.compute_hours,
         expected_preemptions=est.expected_preemptions,
         checkpoint_interval_s=est.checkpoint_interval_s,
+        memory_per_gpu_gb=memory_per_gpu_gb,
+        restart_s=est.restart_s,
+        checkpoint_save_s=est.checkpoint_save_s,
     )
 
 
@@ -285,12 +330,18 @@ def best_per_cloud(ranked: Iterable[Candidate]) -> dict[str, Candidate]:
     return best
 
 
-def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, float] | None = None) -> Plan:
+def make_plan(
+    spec: TaskSpec,
+    catalog: Catalog,
+    *,
+    measured_speed: Mapping[str, float] | None = None,
+    measured_transfer_gb_per_s: float | None = None,
+) -> Plan:
     """Rank the catalog's offers for a task; `NoOfferError` says which constraint to relax."""
     green = spec.green
     check_regions(spec, catalog)
-    model = run_model(spec, measured_speed=measured_speed)
-    constraints = Constraints.from_spec(green)
+    model = run_model(spec, measured_speed=measured_speed, measured_transfer_gb_per_s=measured_transfer_gb_per_s)
+    constraints = Constraints.from_spec(green, num_nodes=task_nodes(spec))
     candidates = candidates_for(catalog, constraints, model)
     extra: tuple[str, ...] = ()
     if green.deadline is not None:
@@ -298,7 +349,7 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
 
         kept, dropped = [], {}
         for c in candidates:
-            priced = deadline.assess(c, deadline_h=green.deadline, restart_s=model.restart_s)
+            priced = deadline.assess(c, deadline_h=green.deadline, restart_s=c.restart_s)
             if isinstance(priced, tuple):
                 dropped[c.label] = priced
                 continue
@@ -316,12 +367,17 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
         objective=green.objective,
         best_per_cloud=best_per_cloud(ranked),
         reason=explain(ranked, green.objective),
-        assumptions=assumptions(model, green, measured_speed=measured_speed) + extra,
+        assumptions=assumptions(model, green, measured_speed=measured_speed, best=ranked[0]) + extra,
         night_hint=night_hint(ranked[0]),
-        notices=(*spec.notices, *work_notice(spec), *catalog.notices),
+        notices=(*spec.notices, *work_notice(spec), *memory_notice(catalog, constraints), *catalog.notices),
         catalog_source=catalog.source,
         offers_considered=len(catalog.offers),
     )
+
+
+def task_nodes(spec: TaskSpec) -> int | None:
+    """The task's own `num_nodes`, or None when it leaves the count to the plan."""
+    return spec.num_nodes if "num_nodes" in spec.sky else None
 
 
 def work_notice(spec: TaskSpec) -> tuple[str, ...]:
@@ -384,6 +440,8 @@ def no_offer_message(spec: TaskSpec, catalog: Catalog, constraints: Constraints,
     where = f"{spec.source}: " if spec.source else ""
     lines = [f"{where}no offer in the catalog ({catalog.source}) matches the task's constraints"]
     lines.append(f"  constraints: {describe(constraints)}")
+    if constraints.model is not None:
+        lines.append(f"  model: {describe_model(constraints)}; {smallest_fit(catalog, constraints)}")
     fixes = []
     for path, _, relax in _RELAXATIONS:
         relaxed = relax(constraints)
