@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
+from skygreen.ledger.changeover import changeovers
+from skygreen.ledger.changeover import describe as describe_changeover
 
 
 def _usd(value: float | None) -> str:
@@ -64,6 +66,11 @@ def print_run_cost(report: RunCostReport, out: TextIO) -> None:
     out.write(
         f"preemptions {c.preemptions}: {c.lost_s:.0f} s of work lost to restarts and redone steps ({_usd(c.lost_usd)})\n"
     )
+    resumed = changeovers([sc.segment for sc in c.segments])
+    if resumed:
+        out.write("changeovers (first setup line or process start -> first new step):\n")
+        for row in resumed:
+            out.write(f"  {describe_changeover(row)}\n")
     if c.unpriced_segments:
         out.write(f"warning: {c.unpriced_segments} segment(s) ran on an offer with no known price and count $0\n")
     out.write("assumptions:\n")

@@ -111,12 +111,23 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
         ),
         *_energy_lines(r),
         *_deadline_lines(r.run_id, r.deadline),
+        *_changeover_lines(r),
     ]
     if r.progress_error:
         lines.append(("progress", f"unreadable: {r.progress_error}"))
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         out.write(f"{key.ljust(width)}  {value}\n")
+
+
+def _changeover_lines(r: RunStatus) -> list[tuple[str, str]]:
+    """The latest changeover (first setup line or process start -> first new step), when the run resumed."""
+    if not r.changeovers:
+        return []
+    from skygreen.ledger.changeover import Changeover, describe
+
+    latest = Changeover(**r.changeovers[-1])
+    return [("changeover", describe(latest) + (f" ({len(r.changeovers)} in all)" if len(r.changeovers) > 1 else ""))]
 
 
 def _deadline_cell(d: dict[str, Any] | None) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skygreen.checkpoint.manifest import Manifest, latest_manifest
-from skygreen.errors import BucketUnreachableError, CheckpointError, LaunchError, StoreError
+from skygreen.errors import BucketUnreachableError, CheckpointError, LaunchError, SkygreenError, StoreError
 from skygreen.launch.bucket import within_deadline
 from skygreen.launch.launcher import JobStatus
 from skygreen.launch.registry import RunRecord
@@ -62,6 +62,8 @@ class RunStatus:
     deadline: dict[str, Any] | None = None
     """For a run launched with a deadline: progress against it and the watcher's latest decision
     (`skygreen.launch.deadline_status`)."""
+    changeovers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Each resumed segment's changeover (`skygreen.ledger.changeover.Changeover` as JSON)."""
 
     def to_json(self) -> dict[str, Any]:
         """Every field as plain JSON values, for `skygreen status --json`."""
@@ -151,7 +153,20 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
         unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
         energy=_energy(meta, job if record.mode != LOCAL else None) if manifest else None,
         deadline=_deadline(record, wiring),
+        changeovers=_changeovers(record, wiring) if manifest and record.bucket not in unreachable else [],
     )
+
+
+def _changeovers(record: RunRecord, wiring: Wiring) -> list[dict[str, Any]]:
+    """The run's changeovers from its ledger; none when the ledger cannot be read."""
+    from skygreen.ledger.changeover import changeovers
+    from skygreen.ledger.io import read_ledger
+
+    try:
+        segments = read_ledger(wiring.open_store(record.checkpoint_url))
+    except SkygreenError:
+        return []
+    return [c.to_json() for c in changeovers(segments)]
 
 
 def _deadline(record: RunRecord, wiring: Wiring) -> dict[str, Any] | None:

@@ -162,6 +162,14 @@ def _segment_json(sc: SegmentCost) -> dict:
         "cost_usd": sc.cost_usd,
         "energy_kwh": sc.energy_kwh,
         "co2e_kg": sc.co2e_kg,
+        "changeover": {
+            "setup_s": s.setup_s,
+            "restore_s": s.restore_s,
+            "restore_bytes": s.restore_bytes,
+            "restore_bytes_per_s": s.restore_bytes_per_s,
+            "to_first_step_s": s.changeover_s,
+            "redone_steps": s.redone_steps,
+        },
     }
 
 

@@ -111,6 +111,16 @@ class Segment:
     energy meter (`skygreen.power.meter`)."""
     metrics: Mapping[str, Sequence[tuple[int, float, float]]] = field(default_factory=dict)
     """Reported metrics: name -> [(step, unix seconds, value)], for loss curves."""
+    setup_started_at: float | None = None
+    """The VM's first setup line (the rendered setup script stamps it); None where no setup ran."""
+    setup_s: float | None = None
+    """Seconds the setup script ran (package installs and the task's own setup)."""
+    restore_s: float | None = None
+    """Seconds the runtime spent finding, downloading, verifying and loading the checkpoint."""
+    restore_bytes: int | None = None
+    """Bytes of the checkpoint it restored; None when it started from scratch."""
+    redone_steps: int | None = None
+    """Steps an earlier segment had reached beyond the restored checkpoint: work done again."""
     segment: int = 0
     """1-based position of this segment in the run, by start time; set by `read_ledger`."""
     version: int = FORMAT_VERSION
@@ -158,6 +168,22 @@ class Segment:
         """Process start to first step (checkpoint load, data, compile); all of it if none."""
         end = self.first_step_at if self.first_step_at is not None else self.last_at
         return max(0.0, end - self.started_at)
+
+    @property
+    def changeover_s(self) -> float | None:
+        """From the VM's first setup line (or, without one, the process start) to the first new
+        step; None before that step."""
+        if self.first_step_at is None:
+            return None
+        start = self.setup_started_at if self.setup_started_at is not None else self.started_at
+        return max(0.0, self.first_step_at - start)
+
+    @property
+    def restore_bytes_per_s(self) -> float | None:
+        """The restore's rate, bytes over seconds; None without a timed restore."""
+        if not self.restore_bytes or not self.restore_s:
+            return None
+        return self.restore_bytes / self.restore_s
 
     @property
     def node_hours(self) -> float:

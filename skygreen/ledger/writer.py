@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from skygreen.checkpoint.store import Store
 from skygreen.errors import StoreError
@@ -19,6 +20,8 @@ from skygreen.ledger.io import read_ledger, write_segment
 from skygreen.ledger.records import KILLED, RUNNING, Place, Segment, add_point, new_segment_key
 
 log = logging.getLogger("skygreen.runtime")
+
+CHANGEOVER_FIELDS = ("setup_started_at", "setup_s", "restore_s", "restore_bytes")
 
 
 class LedgerWriter:
@@ -44,8 +47,13 @@ class LedgerWriter:
         samples_per_epoch: int | None,
         energy_j_total: float | None,
         total_steps: int | None = None,
+        changeover: Mapping[str, Any] | None = None,
     ) -> None:
-        """Read the earlier segments (for budgets) and write this one at its resume point."""
+        """Read the earlier segments (for budgets) and write this one at its resume point.
+
+        `changeover`: the setup and restore figures of this VM (`Segment`'s `setup_started_at`,
+        `setup_s`, `restore_s`, `restore_bytes`); the steps redone are counted here, from the
+        furthest step an earlier segment reached."""
         try:
             # This VM replaces any segment still marked running: its VM is gone.
             self.earlier = [
@@ -64,6 +72,8 @@ class LedgerWriter:
             samples=samples,
             samples_per_epoch=samples_per_epoch,
             total_steps=total_steps,
+            redone_steps=max(0, max(e.step for e in self.earlier) - step) if self.earlier else None,
+            **{key: value for key, value in (changeover or {}).items() if key in CHANGEOVER_FIELDS},
         )
         self._write()
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from skygreen.errors import RuntimeSetupError
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS, BudgetPolicy, BudgetTracker, send, stop_message
+from skygreen.ledger.changeover import read_setup
 from skygreen.ledger.place import current_place, gpu_catalog_name
 from skygreen.ledger.records import KILLED, PREEMPTED
 from skygreen.ledger.writer import LedgerWriter
@@ -104,13 +106,16 @@ class RunBook:
         )
 
     def started_from(self, run: Any) -> None:
-        """After the resume: the step, samples and energy the run continues from."""
+        """After the resume: the step, samples and energy the run continues from, and this VM's
+        changeover so far (the setup script's stamps, the restore the run timed)."""
+        setup = read_setup(run.settings.run_id, home=Path.home(), process_started_at=self.writer.segment.started_at)
         self.started(
             step=run.step_index,
             samples=run.samples_seen,
             samples_per_epoch=run.stream.dataset_len,
             energy_j=run.counters["energy_j"],
             total_steps=run.total_steps,
+            changeover={**setup, **getattr(run, "restored", {})},
         )
 
     def progress_of(self, run: Any, end: str = "running") -> None:
@@ -126,7 +131,14 @@ class RunBook:
             self.progress_of(run, "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed")
 
     def started(
-        self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j: float, total_steps: int | None = None
+        self,
+        *,
+        step: int,
+        samples: int,
+        samples_per_epoch: int | None,
+        energy_j: float,
+        total_steps: int | None = None,
+        changeover: Mapping[str, Any] | None = None,
     ) -> None:
         """Write this VM's segment at its resume point, after reading the earlier ones.
 
@@ -141,6 +153,7 @@ class RunBook:
             samples_per_epoch=samples_per_epoch,
             energy_j_total=self._energy(energy_j),
             total_steps=total_steps,
+            changeover=changeover,
         )
         if self.policy.active:
             self.tracker = BudgetTracker(self.policy, earlier=self.writer.earlier, managed=self.place.cloud != "local")

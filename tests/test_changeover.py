@@ -1,0 +1,169 @@
+"""Changeovers, measured: a real local run of tasks/tiny.yaml held at a checkpoint, killed with
+SIGKILL and resumed; the resumed segment records its restore (bytes, seconds, rate), the setup
+the rendered script stamped, the seconds to its first new step and the steps redone, and
+`status`, `cost RUN` (table and --json) show them. The setup script's stamps are checked by
+running the rendered script itself with bash."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import user_env, wait_for
+from skygreen.launch.render import render_task
+from skygreen.ledger.changeover import (
+    Changeover,
+    describe,
+    read_setup,
+    stamp_paths,
+    typical_changeover_s,
+)
+from skygreen.plan.rank import Candidate, Plan
+from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
+from skygreen.settings import RuntimeSettings
+from skygreen.spec import parse_spec
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "tasks" / "tiny.yaml"
+SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
+
+
+def skygreen(env, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*SKYGREEN, *args], env=env, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+
+
+def status(env, run_id: str) -> dict:
+    out = skygreen(env, "status", run_id, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def run_json(env, run_id: str) -> Path:
+    return Path(env["XDG_DATA_HOME"]) / "skygreen" / "runs" / run_id / "run.json"
+
+
+def launch_log(env, run_id: str) -> str:
+    job = json.loads(run_json(env, run_id).read_text())["launches"][-1]["job_id"]
+    path = Path(env["XDG_DATA_HOME"]) / "skygreen" / "local-jobs" / job / "output.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def wait_for_step(env, run_id: str, step: int) -> dict:
+    """The run's status once it is held at `step` (checkpoint and ledger written); fails at once
+    if the run ended first."""
+
+    def at_step():
+        s = status(env, run_id)
+        assert s["state"] in ("RUNNING", "PENDING", "STARTING"), f"the run ended ({s['state']}) before step {step}"
+        return s if s["step"] == step and f"held at step {step} (" in launch_log(env, run_id) else None
+
+    return wait_for(at_step, f"the run held at step {step}")
+
+
+# ---------------------------------------------------------------- the setup script's stamps
+
+
+def test_the_rendered_setup_stamps_its_start_and_end_for_the_runtime(tmp_path):
+    spec = parse_spec({"name": "t", "skygreen": {}, "run": "python train.py", "setup": "sleep 0.2"})
+    plan = Plan(
+        candidates=(
+            Candidate(cloud="aws", region="us-east-1", zone=None, instance_type="g6.xlarge", accelerator="L4",
+                      accelerator_count=1, spot=True, price_usd_per_hour=0.3, on_demand_price_usd_per_hour=0.8,
+                      spot_price_usd_per_hour=0.3, est_hours=1.0, est_cost_usd=0.3, energy_kwh=0.1, co2e_kg=0.03),
+        ),
+        objective="cost",
+    )  # fmt: skip
+    settings = RuntimeSettings.from_spec(spec.green, run_id="t-20260101-000000-abcd", bucket="s3://b/runs")
+    setup = render_task(spec, plan, settings=settings, task_dir=tmp_path)["setup"]
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "python").write_text("#!/bin/sh\nexit 0\n")  # stands in for pip: nothing is installed
+    (fake_bin / "python").chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    before = time.time()
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HOME": str(home)}
+    subprocess.run(["bash", "-c", setup], check=True, env=env, timeout=60)
+    started_path, ended_path = stamp_paths(settings.run_id, home)
+    assert started_path.exists() and ended_path.exists()
+    stamps = read_setup(settings.run_id, home=home, process_started_at=time.time())
+    assert before - 1 <= stamps["setup_started_at"] <= time.time()
+    assert stamps["setup_s"] >= 0.2  # the task's own setup ran between the stamps
+    # A stamp from after the process started is not this process's setup: ignored.
+    assert read_setup(settings.run_id, home=home, process_started_at=before - 10) == {}
+    assert read_setup("another-run", home=home, process_started_at=time.time()) == {}
+
+
+def test_typical_changeover_is_the_median_per_cloud_and_gpu():
+    def row(cloud: str, gpu: str | None, seconds: float) -> Changeover:
+        return Changeover(segment=2, cloud=cloud, gpu=gpu, setup_s=None, restore_s=None, restore_bytes=None,
+                          restore_bytes_per_s=None, to_first_step_s=seconds, redone_steps=0)  # fmt: skip
+
+    rows = [row("aws", "L4", 100), row("aws", "L4", 300), row("aws", "T4", 50), row("gcp", "L4", 70)]
+    typical = typical_changeover_s(rows)
+    assert typical[("aws", "L4")] == (200.0, 2)
+    assert typical[("aws", None)] == (100.0, 3)
+    assert typical[("gcp", "L4")] == (70.0, 1)
+    assert "restore" not in describe(rows[0]) and "first step after 100 s" in describe(rows[0])
+
+
+# ---------------------------------------------------------------- a real kill -9 and resume
+
+
+@pytest.mark.slow
+def test_a_resumed_local_run_records_its_changeover_and_status_and_cost_show_it(private_home, tmp_path):
+    env = user_env(private_home, TINY_STEPS="300")
+    release = tmp_path / "release"
+    release.mkdir()
+    gated = {**env, HOLD_ENV: "100,200", RELEASE_ENV: str(release)}
+    launched = skygreen(gated, "up", str(TINY), "--local", "--no-smoke", "--detach")
+    assert launched.returncode == 0, launched.stderr
+    run_id = wait_for(lambda: [r["run_id"] for r in json.loads(skygreen(env, "status", "--json").stdout)], "the run")[0]
+    wait_for_step(env, run_id, 100)
+    os.killpg(json.loads(run_json(env, run_id).read_text())["launches"][-1]["pid"], signal.SIGKILL)
+    wait_for(lambda: status(env, run_id)["state"] == "STOPPED", "the run to read as stopped")
+
+    # This machine's "setup" for the next life: stamps as the rendered setup script writes them.
+    started_path, ended_path = stamp_paths(run_id, Path(env["HOME"]))
+    started_path.parent.mkdir(parents=True, exist_ok=True)
+    setup_started = time.time()
+    started_path.write_text(f"{setup_started}\n")
+    ended_path.write_text(f"{setup_started + 0.5}\n")
+    time.sleep(0.6)  # the process starts after setup ended, as on a VM
+
+    resumed = skygreen(gated, "resume", run_id, "--detach")
+    assert resumed.returncode == 0, resumed.stderr
+    wait_for_step(env, run_id, 200)
+
+    cost = skygreen(env, "cost", run_id, "--json")
+    assert cost.returncode == 0, cost.stderr
+    segments = json.loads(cost.stdout)["segments"]
+    assert [s["end"] for s in segments] == ["killed", "running"]
+    first, second = (s["changeover"] for s in segments)
+    assert first["restore_bytes"] is None and first["redone_steps"] is None  # started from scratch
+    assert second["restore_bytes"] > 0 and second["restore_s"] > 0
+    assert second["restore_bytes_per_s"] == pytest.approx(second["restore_bytes"] / second["restore_s"])
+    assert second["setup_s"] == pytest.approx(0.5)
+    # From the first setup line to the first new step: the setup, the process start and the restore.
+    assert second["to_first_step_s"] >= 0.6 + second["restore_s"]
+    assert second["redone_steps"] == 0  # killed held at its commit: nothing beyond it to redo
+
+    shown = status(env, run_id)["changeovers"]
+    assert len(shown) == 1 and shown[0]["restore_bytes"] == second["restore_bytes"]
+    detail = skygreen(env, "status", run_id)
+    line = describe(Changeover(**shown[0]))
+    assert line.startswith("segment 2: setup 0.5 s, restore ") and line.endswith(", 0 steps redone")
+    assert detail.returncode == 0 and ["changeover", line] in [row.split(None, 1) for row in detail.stdout.splitlines()]
+    table = skygreen(env, "cost", run_id)
+    assert table.returncode == 0 and "changeovers (first setup line" in table.stdout
+    assert f"  {line}\n" in table.stdout
+
+    (release / "200").touch()
+    wait_for(lambda: status(env, run_id)["state"] == "SUCCEEDED", "the run to finish")
