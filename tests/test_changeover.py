@@ -165,5 +165,10 @@ def test_a_resumed_local_run_records_its_changeover_and_status_and_cost_show_it(
     assert table.returncode == 0 and "changeovers (first setup line" in table.stdout
     assert f"  {line}\n" in table.stdout
 
+    page = tmp_path / "report.html"
+    written = skygreen(env, "report", run_id, "-o", str(page))
+    assert written.returncode == 0, written.stderr
+    assert "<h3>Changeovers</h3>" in page.read_text() and f"<li>{line}</li>" in page.read_text()
+
     (release / "200").touch()
     wait_for(lambda: status(env, run_id)["state"] == "SUCCEEDED", "the run to finish")

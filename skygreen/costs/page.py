@@ -242,9 +242,23 @@ def _run_section(r: RunCostReport, statement: str | None = None) -> list[str]:
             "<table class='segments'><tr><th>#</th><th class='l'>where</th><th>hours</th><th class='l'>end</th>"
             f"<th>steps</th><th>$/node-h</th><th>cost</th><th>kWh</th><th>kg CO2e</th></tr>{rows}</table>"
         ),
+        *_changeover_section(c.segments),
         f"<h3>Energy</h3><p class='energy'>{html.escape(energy)}</p>",
         *([f"<p class='statement'>{html.escape(statement)}</p>"] if statement else []),
         "<h3>Assumptions</h3><ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in c.assumptions) + "</ul>",
+    ]
+
+
+def _changeover_section(priced: Sequence[Any]) -> list[str]:
+    """One line per resumed segment: setup, restore (bytes and rate), first new step, steps redone."""
+    from skygreen.ledger.changeover import changeovers, describe
+
+    rows = changeovers([sc.segment for sc in priced])
+    if not rows:
+        return []
+    items = "".join(f"<li>{html.escape(describe(row))}</li>" for row in rows)
+    return [
+        f"<h3>Changeovers</h3><p>From the first setup line (or the process start) to the first new step.</p><ul class='changeovers'>{items}</ul>"
     ]
 
 
