@@ -20,7 +20,7 @@ from skygreen.task_checks import load_task
 
 if TYPE_CHECKING:
     from skygreen.checkpoint.gc import GcResult
-    from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
+    from skygreen.costs.costing import CompareRow, MeasuredChangeovers, RunCostReport, TaskEstimate
     from skygreen.deadline.compare import Simulation
     from skygreen.deadline.live import DeadlineTerms
     from skygreen.launch.registry import RunRecord
@@ -38,13 +38,15 @@ def plan(
     *,
     catalog_dir: Path | None = None,
     measured_speed: Mapping[str, float] | None = None,
+    measured_changeovers: MeasuredChangeovers | None = None,
 ) -> Plan:
     """Rank the GPU offers for a task (a parsed `TaskSpec`, or the task file's path), best first.
 
     `catalog_dir`: a SkyPilot v8 catalog folder (`<cloud>/vms.csv`); None means
     `$SKYGREEN_CATALOG_DIR`, else SkyPilot's own (`~/.sky/catalogs/v8`), else the embedded
     price table. `measured_speed`: relative speeds measured by earlier runs, which replace
-    the built-in table. Raises `NoOfferError` (which constraint to relax), `SpecError`
+    the built-in table; `measured_changeovers` (`skygreen.costs.costing.MeasuredChangeovers`):
+    their changeovers and restore rate, which replace the flat restart and transfer rate. Raises `NoOfferError` (which constraint to relax), `SpecError`
     (unknown region) or `CatalogError`.
     """
     from skygreen.plan.catalog import load_catalog
@@ -53,7 +55,14 @@ def plan(
     if not isinstance(spec, TaskSpec):
         spec = load_task(spec)
     catalog = load_catalog(catalog_dir)
-    return make_plan(spec, catalog, measured_speed=measured_speed)
+    learned = measured_changeovers
+    return make_plan(
+        spec,
+        catalog,
+        measured_speed=measured_speed,
+        measured_changeover_s=learned.seconds if learned is not None else None,
+        measured_transfer_gb_per_s=learned.restore_gb_per_s if learned is not None else None,
+    )
 
 
 def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadline: str | None = None) -> Plan:
@@ -64,7 +73,20 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
         from skygreen.spec import with_deadline
 
         spec = with_deadline(spec, deadline, "--deadline")
-    return plan(spec, catalog_dir=catalog_dir, measured_speed=measured_speeds(spec, task_path))
+    return plan(
+        spec,
+        catalog_dir=catalog_dir,
+        measured_speed=measured_speeds(spec, task_path),
+        measured_changeovers=measured_changeovers(task_path),
+    )
+
+
+def measured_changeovers(task_path: str | Path) -> MeasuredChangeovers:
+    """Changeovers measured by earlier runs of this task on this machine
+    (`skygreen.costs.costing.MeasuredChangeovers`)."""
+    from skygreen.costs.costing import measured_changeovers as measured
+
+    return measured(task_path)
 
 
 def measured_speeds(spec: TaskSpec, task_path: str | Path) -> dict[str, float]:
@@ -113,7 +135,10 @@ def wiring(*, catalog_dir: Path | None = None, environ: Mapping[str, str] | None
         registry=Registry(),
         environ=env,
         plan=lambda spec: plan(
-            spec, catalog_dir=catalog_dir, measured_speed=measured_speeds(spec, spec.source) if spec.source else {}
+            spec,
+            catalog_dir=catalog_dir,
+            measured_speed=measured_speeds(spec, spec.source) if spec.source else {},
+            measured_changeovers=measured_changeovers(spec.source) if spec.source else None,
         ),
         smoke=smoke,
         open_store=open_store,

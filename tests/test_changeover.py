@@ -25,14 +25,17 @@ from skygreen.ledger.changeover import (
     stamp_paths,
     typical_changeover_s,
 )
-from skygreen.plan.rank import Candidate, Plan
+from skygreen.plan.catalog import load_catalog
+from skygreen.plan.cost import DEFAULT_RESTART_S, PROVISION_S
+from skygreen.plan.rank import Candidate, Plan, make_plan
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 from skygreen.settings import RuntimeSettings
-from skygreen.spec import parse_spec
+from skygreen.spec import parse_spec, parse_spec_text
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"
 SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
+FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
 
 
 def skygreen(env, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
@@ -114,6 +117,30 @@ def test_typical_changeover_is_the_median_per_cloud_and_gpu():
     assert "restore" not in describe(rows[0]) and "first step after 100 s" in describe(rows[0])
 
 
+# ---------------------------------------------------------------- the plan learns it
+
+
+def test_the_plan_uses_the_changeover_measured_on_a_cloud_and_gpu_and_says_so():
+    task = parse_spec_text("skygreen: {gpus: [L4, T4], work: {gpu_hours: 50, gpu: T4}}\nrun: python train.py\n")
+    catalog = load_catalog(FIXTURE_CATALOG, env={})
+    flat = make_plan(task, catalog)
+    learned = make_plan(task, catalog, measured_changeover_s={"aws/L4": 60.0, "gcp": 1800.0})
+    flat_by = {(c.cloud, c.region, c.accelerator): c for c in flat.candidates}
+    for c in learned.candidates:
+        before = flat_by[(c.cloud, c.region, c.accelerator)]
+        if (c.cloud, c.accelerator) == ("aws", "L4"):
+            assert c.restart_s == PROVISION_S + 60.0 < before.restart_s
+            assert c.est_cost_usd < before.est_cost_usd
+        elif c.cloud == "gcp":  # the cloud's figure where its GPU has none
+            assert c.restart_s == PROVISION_S + 1800.0 and c.est_cost_usd > before.est_cost_usd
+        else:
+            assert c.restart_s == DEFAULT_RESTART_S and c.est_cost_usd == before.est_cost_usd
+    line = learned.assumptions[1]
+    assert "restart 4 min provisioning (Can't Be Late, NSDI'24) + the changeover measured" in line
+    assert "aws/L4 1 min, gcp 30 min; elsewhere 6 min" in line
+    assert "restart 6 min (no changeover measured yet)" in flat.assumptions[1]
+
+
 # ---------------------------------------------------------------- a real kill -9 and resume
 
 
@@ -172,3 +199,12 @@ def test_a_resumed_local_run_records_its_changeover_and_status_and_cost_show_it(
 
     (release / "200").touch()
     wait_for(lambda: status(env, run_id)["state"] == "SUCCEEDED", "the run to finish")
+
+    # The next plan of the task learns the measured changeover from the run's history.
+    assert skygreen(env, "cost", run_id).returncode == 0  # refreshes what the run measured
+    planned = skygreen(env, "plan", str(TINY), "--catalog", str(FIXTURE_CATALOG), "--json")
+    assert planned.returncode == 0, planned.stderr
+    restart_line = json.loads(planned.stdout)["assumptions"][1]
+    assert f"the changeover measured by earlier runs of this task (local {second['to_first_step_s'] / 60:.3g} min" in (
+        restart_line
+    )

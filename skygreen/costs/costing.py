@@ -19,6 +19,7 @@ from typing import Any
 from skygreen.checkpoint.store import OpenStore
 from skygreen.errors import CheckpointError, InputError, SkygreenError, StoreError
 from skygreen.launch.registry import Registry, RunRecord
+from skygreen.ledger.changeover import Changeover, changeovers, restore_rates, typical_changeover_s
 from skygreen.ledger.pricing import RunCost, catalog_lookup, first_metrics, run_cost
 from skygreen.ledger.records import Segment
 
@@ -254,6 +255,7 @@ def _save_measured(registry: Registry, record: RunRecord, segments: Sequence[Seg
         "task_path": record.task_path,
         "samples_per_s_per_gpu": {g: sum(v) / len(v) for g, v in per_gpu.items()},
         "total_samples": max(s.samples for s in segments) if completed else None,
+        "changeovers": [c.to_json() for c in changeovers(segments)],
     }
     try:
         from skygreen.files import write_atomic
@@ -299,6 +301,39 @@ def measured_speeds(
         work.gpu
     )
     return {gpu: (work.gpu_hours * on_speed * 3600.0 * (sum(v) / len(v)) / total, len(v)) for gpu, v in rates.items()}
+
+
+def measured_changeovers(task_path: str | Path, *, registry: Registry | None = None) -> MeasuredChangeovers:
+    """Changeovers measured by earlier runs of this task: the median seconds from the first
+    setup line to the first new step per "cloud/GPU" and per "cloud", with how many each, and
+    the median restore rate in GB/s (None where no restore was timed)."""
+    registry = registry or Registry()
+    target = str(Path(task_path).resolve())
+    rows: list[Changeover] = []
+    for record in registry.list():
+        if str(Path(record.task_path).resolve()) != target:
+            continue
+        try:
+            data = json.loads((registry.run_dir(record.run_id) / MEASURED_FILE).read_text(encoding="utf-8"))
+            rows.extend(Changeover(**row) for row in data.get("changeovers") or ())
+        except (OSError, ValueError, TypeError):
+            continue
+    typical = typical_changeover_s(rows)
+    seconds = {(cloud if gpu is None else f"{cloud}/{gpu}"): s for (cloud, gpu), (s, _) in typical.items()}
+    counts = {(cloud if gpu is None else f"{cloud}/{gpu}"): n for (cloud, gpu), (_, n) in typical.items()}
+    rates = sorted(restore_rates(rows).values())
+    rate = rates[len(rates) // 2] / 1e9 if rates else None
+    return MeasuredChangeovers(seconds=seconds, counts=counts, restore_gb_per_s=rate)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredChangeovers:
+    """What earlier runs of a task measured of their changeovers, for `plan`."""
+
+    seconds: Mapping[str, float]
+    """ "cloud/GPU" and "cloud" -> median seconds from the first setup line to the first new step."""
+    counts: Mapping[str, int]
+    restore_gb_per_s: float | None
 
 
 # ---------------------------------------------------------------- compare

@@ -9,13 +9,17 @@ the runtime itself. Readers summarise segments into `Changeover` rows for `statu
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from skygreen.ledger.records import Segment
 
 STAMP_DIR = Path(".skygreen") / "changeover"
+MIN_RATE_BYTES = 100_000_000
+"""Restores smaller than this say more about latency than about the link: their rate is not learned."""
 
 
 def stamp_paths(run_id: str, home: Path) -> tuple[Path, Path]:
@@ -44,6 +48,15 @@ def read_setup(run_id: str, *, home: Path, process_started_at: float) -> dict[st
     if ended is not None and started <= ended <= process_started_at:
         out["setup_s"] = ended - started
     return out
+
+
+def restore_figures(manifest: Any, started_monotonic_s: float) -> dict[str, float | int]:
+    """The restore of a checkpoint whose loading began at `started_monotonic_s` (time.monotonic):
+    its seconds so far and the bytes of every blob the manifest lists."""
+    return {
+        "restore_s": time.monotonic() - started_monotonic_s,
+        "restore_bytes": sum(blob.size for blob in manifest.blobs.values()),
+    }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,9 +133,10 @@ def _median(values: Sequence[float]) -> float:
 
 
 def restore_rates(rows: Sequence[Changeover]) -> Mapping[str, float]:
-    """cloud -> the median restore rate measured, bytes per second."""
+    """cloud -> the median restore rate measured, bytes per second, over restores of at least
+    `MIN_RATE_BYTES`."""
     groups: dict[str, list[float]] = {}
     for c in rows:
-        if c.restore_bytes_per_s:
+        if c.restore_bytes_per_s and (c.restore_bytes or 0) >= MIN_RATE_BYTES:
             groups.setdefault(c.cloud, []).append(c.restore_bytes_per_s)
     return {cloud: _median(v) for cloud, v in groups.items()}

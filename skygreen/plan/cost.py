@@ -67,6 +67,10 @@ DEFAULT_TRANSFER_GB_PER_S = 0.25
 """Per node, to and from the bucket, when no run of the task measured it: a conservative figure
 for a few parallel multipart streams to an object store in the VM's region (one boto3 stream
 reaches about 0.1 GB/s)."""
+PROVISION_S = 240.0
+"""The cloud's part of a restart, which no VM sees: 4 minutes of provisioning ("Can't Be Late",
+NSDI'24, measured on a RoBERTa job). A changeover measured by earlier runs of the task (from the
+first setup line to the first new step, restore included) comes on top of it."""
 HOST_COPY_GB_PER_S = 1.5
 """Per GPU, the blocking copy of a checkpoint shard to host memory (an assumption, in line with
 DCP async_save's 6.3 s for a 7B model spread over 8 GPUs)."""
@@ -97,6 +101,9 @@ class RunModel:
     """Every node saves and loads its own shards (FSDP) rather than one node the whole (DDP)."""
     upload_gb_per_s: float = DEFAULT_TRANSFER_GB_PER_S
     download_gb_per_s: float = DEFAULT_TRANSFER_GB_PER_S
+    measured_changeover_s: Mapping[str, float] = field(default_factory=dict)
+    """Changeovers measured by earlier runs of the task, "cloud/GPU" or "cloud" -> seconds; where
+    one is known it replaces `restart_s` (and the restore) with `PROVISION_S` plus it."""
 
     def __post_init__(self) -> None:
         if not (self.work_gpu_hours > 0 and math.isfinite(self.work_gpu_hours)):
@@ -137,13 +144,25 @@ class CheckpointCost:
     restart_s: float
 
 
-def checkpoint_cost(model: RunModel, gpus_per_node: int) -> CheckpointCost:
+def measured_changeover(model: RunModel, cloud: str | None, gpu: str | None) -> float | None:
+    """The changeover earlier runs measured on this cloud and GPU, else on this cloud; None if none."""
+    if cloud is None:
+        return None
+    found = model.measured_changeover_s.get(f"{cloud}/{gpu}")
+    return found if found is not None else model.measured_changeover_s.get(cloud)
+
+
+def checkpoint_cost(
+    model: RunModel, gpus_per_node: int, *, cloud: str | None = None, gpu: str | None = None
+) -> CheckpointCost:
     """The save and restore times on `gpus_per_node` x `model.num_nodes` GPUs: from the
-    checkpoint's size and the transfer rates when the size is known, else the flat defaults."""
+    checkpoint's size and the transfer rates when the size is known, else the flat defaults.
+    The restart is `PROVISION_S` plus the changeover measured on `cloud` (and `gpu`) where
+    earlier runs measured one (its restore included), else the default plus the restore."""
+    measured = measured_changeover(model, cloud, gpu)
     if model.checkpoint_gb is None:
-        return CheckpointCost(
-            blocking_s=model.checkpoint_cost_s, upload_s=0.0, restore_s=0.0, restart_s=model.restart_s
-        )
+        restart_s = model.restart_s if measured is None else PROVISION_S + measured
+        return CheckpointCost(blocking_s=model.checkpoint_cost_s, upload_s=0.0, restore_s=0.0, restart_s=restart_s)
     nodes = model.num_nodes if model.checkpoint_sharded else 1
     per_gpu_gb = (
         model.checkpoint_gb / (gpus_per_node * model.num_nodes) if model.checkpoint_sharded else model.checkpoint_gb
@@ -153,7 +172,7 @@ def checkpoint_cost(model: RunModel, gpus_per_node: int) -> CheckpointCost:
         blocking_s=per_gpu_gb / HOST_COPY_GB_PER_S,
         upload_s=model.checkpoint_gb / (model.upload_gb_per_s * nodes),
         restore_s=restore_s,
-        restart_s=model.restart_s + restore_s,
+        restart_s=model.restart_s + restore_s if measured is None else PROVISION_S + measured,
     )
 
 
@@ -192,7 +211,7 @@ def estimate(model: RunModel, *, cloud: str, gpu: str, gpus_per_node: int, spot:
     rate = model.preemption_rate_per_hour.get(cloud, PREEMPTION_RATE_PER_HOUR.get(cloud, 0.0))
     rate_per_hour = rate * model.num_nodes if spot else 0.0
     interval_s = model.checkpoint_interval_s
-    ckpt = checkpoint_cost(model, gpus_per_node)
+    ckpt = checkpoint_cost(model, gpus_per_node, cloud=cloud, gpu=gpu)
     save_cost_s = ckpt.blocking_s
     restart_s = ckpt.restart_s
     if interval_s is None:

@@ -100,6 +100,19 @@ def _cap_assumption(green: GreenSpec) -> str:
     return f"cap {cap}: skygreen.power.model, from 0.863 at 0.6 of a V100's limit, arXiv 2205.09646"
 
 
+def _restart_assumption(model: RunModel) -> str:
+    """The restart: the flat default, or provisioning plus the changeovers earlier runs measured."""
+    from skygreen.plan.cost import PROVISION_S
+
+    if not model.measured_changeover_s:
+        return f"restart {model.restart_s / 60:g} min (no changeover measured yet)"
+    measured = ", ".join(f"{where} {s / 60:.3g} min" for where, s in sorted(model.measured_changeover_s.items()))
+    return (
+        f"restart {PROVISION_S / 60:g} min provisioning (Can't Be Late, NSDI'24) + the changeover measured by earlier "
+        f"runs of this task ({measured}; elsewhere {model.restart_s / 60:g} min)"
+    )
+
+
 def _model_assumption(model: RunModel, green: GreenSpec, best: Candidate) -> str:
     """The memory and checkpoint line of a task with `skygreen.model`, with the winner's figures."""
     from skygreen.plan.cost import DEFAULT_TRANSFER_GB_PER_S, HOST_COPY_GB_PER_S
@@ -151,7 +164,7 @@ def assumptions(
             + (f"; measured by earlier runs of this task: {measured}" if measured else "; none measured yet")
         ),
         (
-            f"spot preemptions per node-hour: {rates}; restart {model.restart_s / 60:g} min; "
+            f"spot preemptions per node-hour: {rates}; {_restart_assumption(model)}; "
             f"checkpoint {interval}, "
             + (
                 f"{model.checkpoint_cost_s:g} s blocking per save"

@@ -14,6 +14,12 @@ from skygreen.plan.memory import memory_need, smallest_nodes
 
 if TYPE_CHECKING:
     from skygreen.plan.rank import Constraints
+    from skygreen.spec import TaskSpec
+
+
+def task_nodes(spec: TaskSpec) -> int | None:
+    """The task's own `num_nodes`, or None when it leaves the count to the plan."""
+    return spec.num_nodes if "num_nodes" in spec.sky else None
 
 
 def fitted_shape(constraints: Constraints, offer: Offer) -> tuple[int, float] | None:

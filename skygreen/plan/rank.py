@@ -27,7 +27,7 @@ from skygreen.plan.cost import (
     estimate,
 )
 from skygreen.plan.explain import METRIC, assumptions, explain, money, night_hint
-from skygreen.plan.fit import describe_model, fitted_shape, memory_notice, smallest_fit
+from skygreen.plan.fit import describe_model, fitted_shape, memory_notice, smallest_fit, task_nodes
 from skygreen.plan.memory import checkpoint_gb
 from skygreen.power.policy import DEFAULT_ETA
 from skygreen.spec import OBJECTIVES, GreenSpec, ModelSpec, TaskSpec
@@ -208,13 +208,15 @@ def run_model(
     *,
     measured_speed: Mapping[str, float] | None = None,
     measured_transfer_gb_per_s: float | None = None,
+    measured_changeover_s: Mapping[str, float] | None = None,
 ) -> RunModel:
     """The estimate model for a task: its work, speeds, nodes, preemption and checkpoint settings.
 
     Speeds: the built-in table, overridden by the task's `speed:`, overridden in turn by
     throughput measured in earlier runs of the task (`measured_speed`) where known. With a
     `model`, the checkpoint's size and the bucket's transfer rate per node (measured, else
-    `DEFAULT_TRANSFER_GB_PER_S`) set the save and restore times.
+    `DEFAULT_TRANSFER_GB_PER_S`) set the save and restore times. Changeovers measured by
+    earlier runs ("cloud/GPU" or "cloud" -> seconds) replace the flat restart where known.
     """
     green = spec.green
     rates = dict(PREEMPTION_RATE_PER_HOUR)
@@ -238,6 +240,7 @@ def run_model(
         checkpoint_sharded=green.model is not None and green.model.sharding == "fsdp",
         upload_gb_per_s=measured_transfer_gb_per_s or DEFAULT_TRANSFER_GB_PER_S,
         download_gb_per_s=measured_transfer_gb_per_s or DEFAULT_TRANSFER_GB_PER_S,
+        measured_changeover_s=dict(measured_changeover_s or {}),
     )
 
 
@@ -336,11 +339,17 @@ def make_plan(
     *,
     measured_speed: Mapping[str, float] | None = None,
     measured_transfer_gb_per_s: float | None = None,
+    measured_changeover_s: Mapping[str, float] | None = None,
 ) -> Plan:
     """Rank the catalog's offers for a task; `NoOfferError` says which constraint to relax."""
     green = spec.green
     check_regions(spec, catalog)
-    model = run_model(spec, measured_speed=measured_speed, measured_transfer_gb_per_s=measured_transfer_gb_per_s)
+    model = run_model(
+        spec,
+        measured_speed=measured_speed,
+        measured_transfer_gb_per_s=measured_transfer_gb_per_s,
+        measured_changeover_s=measured_changeover_s,
+    )
     constraints = Constraints.from_spec(green, num_nodes=task_nodes(spec))
     candidates = candidates_for(catalog, constraints, model)
     extra: tuple[str, ...] = ()
@@ -373,11 +382,6 @@ def make_plan(
         catalog_source=catalog.source,
         offers_considered=len(catalog.offers),
     )
-
-
-def task_nodes(spec: TaskSpec) -> int | None:
-    """The task's own `num_nodes`, or None when it leaves the count to the plan."""
-    return spec.num_nodes if "num_nodes" in spec.sky else None
 
 
 def work_notice(spec: TaskSpec) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from skygreen.errors import RuntimeSetupError
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS, BudgetPolicy, BudgetTracker, send, stop_message
-from skygreen.ledger.changeover import read_setup
+from skygreen.ledger.changeover import read_setup, restore_figures
 from skygreen.ledger.place import current_place, gpu_catalog_name
 from skygreen.ledger.records import KILLED, PREEMPTED
 from skygreen.ledger.writer import LedgerWriter
@@ -104,6 +104,11 @@ class RunBook:
             started_at=time.time(),
             metering=run.power.gpu is not None,
         )
+
+    @staticmethod
+    def restored(manifest: Any, started_monotonic_s: float) -> dict[str, float | int]:
+        """The restore's seconds and bytes, for the segment this VM writes (`started_from`)."""
+        return restore_figures(manifest, started_monotonic_s)
 
     def started_from(self, run: Any) -> None:
         """After the resume: the step, samples and energy the run continues from, and this VM's

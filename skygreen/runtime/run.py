@@ -140,7 +140,6 @@ class Run:
         self.samples_seen = 0
         self.counters: dict[str, float] = {"energy_j": 0.0, "wall_s": 0.0, "preemptions": 0, "restarts": 0}
         self.completed = False
-        self.restored: dict[str, float | int] = {}
         self.total_steps: int | None = None
         """Set by `steps(total_steps)`; the run ledger records it as progress's denominator."""
         self._stopping = False
@@ -415,10 +414,7 @@ class Run:
         loaded = self.checkpointer.load_latest()
         if loaded is not None:
             self._restore(loaded)
-            self.restored = {  # the changeover's restore, for this VM's ledger segment
-                "restore_s": time.monotonic() - restore_started_s,
-                "restore_bytes": sum(blob.size for blob in loaded.manifest.blobs.values()),
-            }
+            self.restored = RunBook.restored(loaded.manifest, restore_started_s)  # for this VM's ledger segment
         elif self.micro_auto:
             self._probe_steps_left = OOM_PROBE_STEPS
         rate = self.settings.preemption_rate_on(landed_cloud(self.settings.cloud, self._environ))
