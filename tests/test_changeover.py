@@ -73,7 +73,8 @@ def wait_for_step(env, run_id: str, step: int) -> dict:
 # ---------------------------------------------------------------- the setup script's stamps
 
 
-def test_the_rendered_setup_stamps_its_start_and_end_for_the_runtime(tmp_path):
+def rendered_setup(tmp_path: Path) -> tuple[str, str]:
+    """The setup script `skygreen up` renders for a task whose own setup sleeps 0.2 s, and its run id."""
     spec = parse_spec({"name": "t", "skygreen": {}, "run": "python train.py", "setup": "sleep 0.2"})
     plan = Plan(
         candidates=(
@@ -84,23 +85,35 @@ def test_the_rendered_setup_stamps_its_start_and_end_for_the_runtime(tmp_path):
         objective="cost",
     )  # fmt: skip
     settings = RuntimeSettings.from_spec(spec.green, run_id="t-20260101-000000-abcd", bucket="s3://b/runs")
-    setup = render_task(spec, plan, settings=settings, task_dir=tmp_path)["setup"]
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    (fake_bin / "python").write_text("#!/bin/sh\nexit 0\n")  # stands in for pip: nothing is installed
-    (fake_bin / "python").chmod(0o755)
+    return render_task(spec, plan, settings=settings, task_dir=tmp_path)["setup"], settings.run_id
+
+
+def fake_tools(tmp_path: Path, *names: str) -> tuple[Path, Path]:
+    """A bin folder whose `names` (python, uv) log their arguments and succeed; the log file."""
+    fake_bin, log = tmp_path / "bin", tmp_path / "calls.log"
+    fake_bin.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (fake_bin / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexit 0\n')
+        (fake_bin / name).chmod(0o755)
+    return fake_bin, log
+
+
+def test_the_rendered_setup_stamps_its_start_and_end_for_the_runtime(tmp_path):
+    setup, run_id = rendered_setup(tmp_path)
+
+    fake_bin, _ = fake_tools(tmp_path, "python")  # stands in for pip: nothing is installed
     home = tmp_path / "home"
     home.mkdir()
     before = time.time()
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HOME": str(home)}
     subprocess.run(["bash", "-c", setup], check=True, env=env, timeout=60)
-    started_path, ended_path = stamp_paths(settings.run_id, home)
+    started_path, ended_path = stamp_paths(run_id, home)
     assert started_path.exists() and ended_path.exists()
-    stamps = read_setup(settings.run_id, home=home, process_started_at=time.time())
+    stamps = read_setup(run_id, home=home, process_started_at=time.time())
     assert before - 1 <= stamps["setup_started_at"] <= time.time()
     assert stamps["setup_s"] >= 0.2  # the task's own setup ran between the stamps
     # A stamp from after the process started is not this process's setup: ignored.
-    assert read_setup(settings.run_id, home=home, process_started_at=before - 10) == {}
+    assert read_setup(run_id, home=home, process_started_at=before - 10) == {}
     assert read_setup("another-run", home=home, process_started_at=time.time()) == {}
 
 
@@ -115,6 +128,34 @@ def test_typical_changeover_is_the_median_per_cloud_and_gpu():
     assert typical[("aws", None)] == (100.0, 3)
     assert typical[("gcp", "L4")] == (70.0, 1)
     assert "restore" not in describe(rows[0]) and "first step after 100 s" in describe(rows[0])
+
+
+def test_setup_installs_with_uv_where_present_else_pip_and_skips_what_is_installed(tmp_path):
+    setup, _ = rendered_setup(tmp_path)
+    with_uv, log = fake_tools(tmp_path / "a", "python", "uv")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": f"{with_uv}:/usr/bin:/bin", "HOME": str(home)}
+    subprocess.run(["bash", "-c", setup], check=True, env=env, timeout=60)
+    calls = log.read_text().splitlines()
+    assert [c.split()[:3] for c in calls] == [["uv", "pip", "install"]] * 2
+    assert "--no-deps skygreen==" in calls[0] and "torch" in calls[1] and "--upgrade-strategy" not in calls[1]
+
+    # The same VM again (a restarted job): this version and these requirements are installed.
+    log.unlink()
+    again = subprocess.run(["bash", "-c", setup], check=True, env=env, timeout=60, capture_output=True, text=True)
+    assert "already installed; skipping the installs" in again.stdout
+    assert [c.split()[:2] for c in log.read_text().splitlines()] == [["python", "-c"]]  # the version check only
+
+    # A fresh VM without uv: pip, with the upgrade strategy that keeps the image's torch.
+    without_uv, pip_log = fake_tools(tmp_path / "b", "python")
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    subprocess.run(["bash", "-c", setup], check=True, env={"PATH": f"{without_uv}:/usr/bin:/bin", "HOME": str(fresh)},
+                   timeout=60)  # fmt: skip
+    calls = pip_log.read_text().splitlines()
+    assert [c.split()[:4] for c in calls] == [["python", "-m", "pip", "install"]] * 2
+    assert "--upgrade-strategy only-if-needed" in calls[1]
 
 
 # ---------------------------------------------------------------- the plan learns it

@@ -303,6 +303,9 @@ def _setup(spec: TaskSpec, settings: RuntimeSettings, install: RuntimeInstall) -
             run_id=settings.run_id,
             install_target=target,
             runtime_requirements=requirements,
+            wanted_quoted=shlex.quote(f"{__version__} {install.requirement or 'source'} {requirements}"),
+            version_quoted=shlex.quote(__version__),
+            reuse=0 if install.source_dir is not None else 1,  # a checkout may change under one version
             user_setup=user_part,
         )
         .rstrip()
