@@ -137,7 +137,10 @@ def test_setup_installs_with_uv_where_present_else_pip_and_skips_what_is_install
     home.mkdir()
     env = {"PATH": f"{with_uv}:/usr/bin:/bin", "HOME": str(home)}
     subprocess.run(["bash", "-c", setup], check=True, env=env, timeout=60)
-    calls = log.read_text().splitlines()
+    lines = log.read_text().splitlines()
+    # skygreen "imports" here, so the prefetch is started first (in the background: not awaited).
+    assert lines[0] == "python -c import skygreen.runtime.prefetch"
+    calls = [c for c in lines if "prefetch" not in c]
     assert [c.split()[:3] for c in calls] == [["uv", "pip", "install"]] * 2
     assert "--no-deps skygreen==" in calls[0] and "torch" in calls[1] and "--upgrade-strategy" not in calls[1]
 
@@ -145,7 +148,8 @@ def test_setup_installs_with_uv_where_present_else_pip_and_skips_what_is_install
     log.unlink()
     again = subprocess.run(["bash", "-c", setup], check=True, env=env, timeout=60, capture_output=True, text=True)
     assert "already installed; skipping the installs" in again.stdout
-    assert [c.split()[:2] for c in log.read_text().splitlines()] == [["python", "-c"]]  # the version check only
+    again_calls = [c for c in log.read_text().splitlines() if "prefetch" not in c]
+    assert [c.split()[:2] for c in again_calls] == [["python", "-c"]]  # the version check only
 
     # A fresh VM without uv: pip, with the upgrade strategy that keeps the image's torch.
     without_uv, pip_log = fake_tools(tmp_path / "b", "python")
@@ -153,9 +157,53 @@ def test_setup_installs_with_uv_where_present_else_pip_and_skips_what_is_install
     fresh.mkdir()
     subprocess.run(["bash", "-c", setup], check=True, env={"PATH": f"{without_uv}:/usr/bin:/bin", "HOME": str(fresh)},
                    timeout=60)  # fmt: skip
-    calls = pip_log.read_text().splitlines()
+    calls = [c for c in pip_log.read_text().splitlines() if "prefetch" not in c]
     assert [c.split()[:4] for c in calls] == [["python", "-m", "pip", "install"]] * 2
     assert "--upgrade-strategy only-if-needed" in calls[1]
+
+
+def test_a_prefetched_checkpoint_is_used_once_verified_and_a_bad_blob_is_downloaded_again(
+    tmp_path, monkeypatch, caplog
+):
+    import torch
+
+    from skygreen.checkpoint.manifest import blob_key
+    from skygreen.checkpoint.prefetch import prefetch_dir, run_url
+    from skygreen.runtime.checkpointer import Checkpointer
+    from skygreen.runtime.prefetch import main as prefetch_main
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    bucket, run_id = str(tmp_path / "bucket"), "r-1"
+    url = run_url(bucket, run_id)
+    torch.manual_seed(0)
+    state = {"model": {"w": torch.randn(64, 64)}, "step": 3}
+    with Checkpointer(url) as ck:
+        ck.save(3, state)
+    env = {"SKYGREEN_BUCKET": bucket, "SKYGREEN_RUN_ID": run_id}
+
+    # A good prefetch is used: with a blob gone from the bucket, the load still succeeds.
+    assert prefetch_main(env) == 0
+    folder = prefetch_dir(url) / "3"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names and not [n for n in names if n.endswith(".part")]
+    (Path(url) / blob_key(3, names[0])).rename(tmp_path / "aside")
+    loaded = Checkpointer(url).load_latest()
+    assert loaded is not None and loaded.step == 3 and torch.equal(loaded.state["model"]["w"], state["model"]["w"])
+    assert not list(folder.iterdir())  # taken, not copied
+    (tmp_path / "aside").rename(Path(url) / blob_key(3, names[0]))
+
+    # A prefetched blob that does not match the manifest is never loaded: downloaded again.
+    assert prefetch_main(env) == 0
+    for name in names:
+        blob = folder / name
+        blob.write_bytes(blob.read_bytes()[:-1] + bytes([blob.read_bytes()[-1] ^ 1]))
+    with caplog.at_level("WARNING", logger="skygreen.runtime"):
+        again = Checkpointer(url).load_latest()
+    assert again is not None and again.step == 3 and torch.equal(again.state["model"]["w"], state["model"]["w"])
+    assert sum("does not match the manifest" in r.getMessage() and "downloading it again" in r.getMessage()
+               for r in caplog.records) == len(names)  # fmt: skip
+    assert not list(folder.iterdir())
+    assert prefetch_main({"SKYGREEN_BUCKET": str(tmp_path / "empty"), "SKYGREEN_RUN_ID": "none"}) == 0
 
 
 # ---------------------------------------------------------------- the plan learns it

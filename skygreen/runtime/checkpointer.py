@@ -59,6 +59,7 @@ from skygreen.checkpoint.manifest import (
     step_folders,
     step_prefix,
 )
+from skygreen.checkpoint.prefetch import prefetch_dir, take_prefetched
 from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.checkpoint.stores import open_store
@@ -131,6 +132,7 @@ class Checkpointer:
         self.metric_mode = metric_mode
         self.rank_wait_s = rank_wait_s
         self.tmp_dir = tmp_dir
+        self.prefetched = prefetch_dir(url)  # setup's background download; verified before use
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._failed_in_row = 0
@@ -387,6 +389,8 @@ class Checkpointer:
 
     def _fetch(self, manifest: Manifest, name: str, tmp: Path) -> Path:
         path = tmp / name
+        if take_prefetched(self.prefetched, manifest, name, path):
+            return path
         with open(path, "wb") as out:
             try:
                 self.store.get_to(blob_key(manifest.step, name), out)

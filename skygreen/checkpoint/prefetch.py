@@ -1,0 +1,90 @@
+"""Prefetch: the newest checkpoint downloaded while a recovered VM is still installing packages.
+
+The rendered setup script starts `python -m skygreen.checkpoint.prefetch` in the background as
+its first step wherever skygreen is already importable (an image that holds it, a restarted VM),
+so the download overlaps the installs instead of following them (`skygreen.runtime.prefetch`
+opens the run's bucket from `SKYGREEN_BUCKET` and `SKYGREEN_RUN_ID`, which SkyPilot sets for
+setup too). `prefetch` writes each blob of the newest committed checkpoint to `prefetch_dir(url)/<step>/<name>`
+(written as `.part`, renamed once complete).
+
+Nothing here is trusted: the runtime takes a prefetched blob only after its size and sha256
+match the manifest it is loading (`take_prefetched`); a blob that does not match is deleted and
+downloaded again from the bucket, never loaded. No torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+from skygreen.checkpoint.manifest import BlobInfo, Manifest, blob_key, iter_manifests
+from skygreen.checkpoint.store import Store
+
+log = logging.getLogger("skygreen.runtime")
+
+PREFETCH_ROOT = Path(".skygreen") / "prefetch"
+_CHUNK_BYTES = 1 << 20
+
+
+def run_url(bucket: str, run_id: str) -> str:
+    """A run's checkpoint URL: `<bucket>/<run_id>`, as the runtime opens it."""
+    return f"{bucket.rstrip('/')}/{run_id}"
+
+
+def prefetch_dir(url: str, *, home: Path | None = None) -> Path:
+    """Where blobs of the run at `url` are prefetched to on this machine."""
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return (home or Path.home()) / PREFETCH_ROOT / digest
+
+
+def blob_info(path: Path) -> BlobInfo:
+    """A file's size and sha256, to compare with what a manifest lists."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return BlobInfo(size=size, sha256=digest.hexdigest())
+
+
+def prefetch(store: Store, dest: Path) -> int | None:
+    """Download every blob of the newest committed checkpoint under `dest/<step>/`; its step,
+    or None when the run has no checkpoint yet."""
+    manifest = next(iter_manifests(store), None)
+    if manifest is None:
+        return None
+    folder = dest / str(manifest.step)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in sorted(manifest.blobs):
+        final = folder / name
+        if final.exists():
+            continue
+        part = folder / f"{name}.part"
+        with open(part, "wb") as out:
+            store.get_to(blob_key(manifest.step, name), out)
+        os.replace(part, final)
+    return manifest.step
+
+
+def take_prefetched(dest: Path | None, manifest: Manifest, name: str, target: Path) -> bool:
+    """Move the prefetched blob `name` of `manifest` to `target` if it matches the manifest's
+    size and sha256; a blob that does not match is deleted (the caller downloads it). False
+    when there is no prefetched blob to take."""
+    if dest is None:
+        return False
+    path = dest / str(manifest.step) / name
+    if not path.is_file():
+        return False
+    got, want = blob_info(path), manifest.blobs[name]
+    if got != want:
+        log.warning(
+            "prefetched %s of %s does not match the manifest (size %d vs %d): downloading it again",
+            name, manifest.label, got.size, want.size,
+        )  # fmt: skip
+        path.unlink(missing_ok=True)
+        return False
+    os.replace(path, target)
+    return True

@@ -1,0 +1,36 @@
+"""`python -m skygreen.runtime.prefetch`: the rendered setup script's background download of the
+run's newest checkpoint (`skygreen.checkpoint.prefetch` says what it writes and how the runtime
+verifies it). No torch here."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from skygreen.checkpoint.prefetch import prefetch, prefetch_dir, run_url
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
+    """Prefetch the newest checkpoint of the run named by the environment; exit 0 even when
+    there is none (a first launch), 1 when the bucket could not be read (the runtime downloads)."""
+    from skygreen.checkpoint.stores import open_store
+    from skygreen.errors import SkygreenError
+
+    env = os.environ if environ is None else environ
+    bucket, run_id = env.get("SKYGREEN_BUCKET"), env.get("SKYGREEN_RUN_ID")
+    if not bucket or not run_id:
+        sys.stderr.write("prefetch: SKYGREEN_BUCKET and SKYGREEN_RUN_ID must be set\n")
+        return 2
+    url = run_url(bucket, run_id)
+    try:
+        step = prefetch(open_store(url), prefetch_dir(url))
+    except (SkygreenError, OSError) as e:
+        sys.stderr.write(f"prefetch: {url}: {str(e).splitlines()[0]}; the runtime downloads the checkpoint itself\n")
+        return 1
+    sys.stdout.write(f"prefetch: {url}: {'no checkpoint yet' if step is None else f'step {step} prefetched'}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
