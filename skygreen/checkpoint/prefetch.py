@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 
 from skygreen.checkpoint.manifest import BlobInfo, Manifest, blob_key, iter_manifests
@@ -26,6 +27,8 @@ log = logging.getLogger("skygreen.runtime")
 
 PREFETCH_ROOT = Path(".skygreen") / "prefetch"
 _CHUNK_BYTES = 1 << 20
+PART_STALL_S = 5.0
+"""A prefetch whose file has not grown for this long is taken for dead."""
 
 
 def run_url(bucket: str, run_id: str) -> str:
@@ -69,6 +72,25 @@ def prefetch(store: Store, dest: Path) -> int | None:
     return manifest.step
 
 
+def wait_for_part(part: Path, final: Path, *, stall_s: float = PART_STALL_S, poll_s: float = 0.05) -> None:
+    """While a prefetch is still writing `part`, wait for it to become `final`: the download is
+    already under way, and a second one would only halve both. Gives up when the part has not
+    grown for `stall_s` (a prefetch that died), leaving the caller to download."""
+    last_size, last_change = -1, time.monotonic()
+    while part.exists() and not final.exists():
+        try:
+            size = part.stat().st_size
+        except OSError:
+            break
+        now = time.monotonic()
+        if size != last_size:
+            last_size, last_change = size, now
+        elif now - last_change > stall_s:
+            log.warning("prefetch of %s stalled; downloading it instead", final.name)
+            return
+        time.sleep(poll_s)
+
+
 def take_prefetched(dest: Path | None, manifest: Manifest, name: str, target: Path) -> bool:
     """Move the prefetched blob `name` of `manifest` to `target` if it matches the manifest's
     size and sha256; a blob that does not match is deleted (the caller downloads it). False
@@ -76,6 +98,7 @@ def take_prefetched(dest: Path | None, manifest: Manifest, name: str, target: Pa
     if dest is None:
         return False
     path = dest / str(manifest.step) / name
+    wait_for_part(path.with_name(f"{name}.part"), path)
     if not path.is_file():
         return False
     got, want = blob_info(path), manifest.blobs[name]
