@@ -72,7 +72,7 @@ def make_state(ckpt_mb: int) -> tuple[dict, int]:
     layers = max(1, ckpt_mb // (3 * LAYER_MB))
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 1024, bias=False) for _ in range(layers)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    sum(p.sum() for p in model.parameters()).backward()
+    torch.stack([p.sum() for p in model.parameters()]).sum().backward()
     opt.step()
     return {"model": model.state_dict(), "optim": opt.state_dict()}, layers
 

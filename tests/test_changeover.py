@@ -218,7 +218,7 @@ def test_a_prefetch_still_writing_is_waited_for_and_a_dead_one_is_not(tmp_path, 
     info = blob_info(folder / "shared.pt")
     (folder / "shared.pt").rename(folder / "shared.pt.part")  # the prefetch is mid-download
     manifest = Manifest(step=7, blobs={"shared.pt": info}, created_at="2026-01-01T00:00:00Z")
-    finished = []
+    finished: list[bool] = []
 
     def prefetch_finishes_while_we_wait(_seconds: float) -> None:  # the first poll of the wait
         if not finished:
