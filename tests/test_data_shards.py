@@ -25,7 +25,7 @@ from skygreen.runtime.run import Run
 from skygreen.settings import RuntimeSettings
 
 ROWS, WIDTH, VOCAB = 45, 8, 50
-IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']"})
+IGNORE = frozenset({"state['training']['counters']['wall_s']", "state['training']['counters']['restarts']"})
 
 
 class Builder:

@@ -20,7 +20,7 @@ from helpers import user_env
 from skygreen.checkpoint.stores import open_store
 from skygreen.errors import RuntimeSetupError
 from skygreen.ledger.io import read_ledger
-from skygreen.power.ledger import Ledger
+from skygreen.power.originals import OriginalLimits
 from skygreen.power.simulated import SimulatedNvml
 from skygreen.runtime import PREEMPTED_EXIT_CODE
 from skygreen.runtime.checkpointer import Checkpointer
@@ -31,7 +31,7 @@ from test_runtime_preemption import start_tiny, tiny_env, wait_for_commit
 TOTAL_STEPS = 20
 LADDER_STEPS = 18  # 2 settling steps, then the V100 ladder: 8 limits x (1 warm-up + 1 measured)
 IGNORE = frozenset(
-    {"state['counters']['wall_s']", "state['counters']['restarts']", "state['counters']['energy_j']", "state['power']"}
+    {"state['training']['counters']['wall_s']", "state['training']['counters']['restarts']", "state['training']['counters']['energy_j']", "state['power']"}
 )
 
 
@@ -145,7 +145,7 @@ def test_sigterm_restores_the_limit(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, err
     assert board(tmp_path).set_calls_w() == [180.0, 300.0]
-    assert Ledger(tmp_path / "data" / "power" / "originals").all() == []
+    assert OriginalLimits(tmp_path / "data" / "power" / "originals").all() == []
 
 
 def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
@@ -160,7 +160,7 @@ def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
     assert limit_w(sim) == 180.0  # the cap outlives the process, as on a real GPU
     committed = Checkpointer(f"{tmp_path}/victim").load_latest()
     assert committed is not None and committed.step == step
-    energy_before_j = committed.state["counters"]["energy_j"]
+    energy_before_j = committed.state["training"]["counters"]["energy_j"]
     assert energy_before_j > 0
     board_before_j = counter_j(tmp_path)
 
@@ -172,7 +172,7 @@ def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
     assert sim.set_calls_w() == [180.0, 300.0, 180.0, 300.0]
     board_used_j = counter_j(tmp_path) - board_before_j
     done = final(tmp_path, "victim")
-    resumed_j = done.state["counters"]["energy_j"] - energy_before_j
+    resumed_j = done.state["training"]["counters"]["energy_j"] - energy_before_j
     # The second launch adds its own energy: some, and never more than the board counted while it
     # ran (the board's absolute counter would include the first launch's). How much of the
     # board's count falls outside the metered steps (start-up, the final upload, the restore)
