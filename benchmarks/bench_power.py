@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))
 
 from skygreen.gpus import GPUS  # noqa: E402
 from skygreen.power.governor import PowerGovernor  # noqa: E402
-from skygreen.power.originals import OriginalLimits  # noqa: E402
 from skygreen.power.model import MIN_LIMIT_FRACTION, model_draw_fraction, model_time_ratio  # noqa: E402
 from skygreen.power.nvml import Nvml  # noqa: E402
+from skygreen.power.originals import OriginalLimits  # noqa: E402
 from skygreen.power.policy import CapRequest, ProfilePoint, zeus_cost  # noqa: E402
 from skygreen.power.simulated import SimulatedNvml  # noqa: E402
 

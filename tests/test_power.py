@@ -16,10 +16,10 @@ from skygreen.errors import GpuLostError, NvmlMissingError, PowerError, PowerNot
 from skygreen.power import caps as caps_mod
 from skygreen.power.caps import PowerCaps, limits_of, restore_all
 from skygreen.power.entry import cap
-from skygreen.power.originals import OriginalLimits
 from skygreen.power.meter import GpuEnergyMeter
 from skygreen.power.model import model_energy_ratio, model_time_ratio
 from skygreen.power.nvml import Nvml, load_library, translate
+from skygreen.power.originals import OriginalLimits
 from skygreen.power.policy import (
     CapRequest,
     LadderProfiler,
@@ -364,21 +364,21 @@ def test_adopt_leaves_a_live_owners_cap_alone(tmp_path, data_dir):
         "{not json",
     ],
 )
-def test_a_ledger_file_that_is_not_a_record_reads_as_none_and_stops_nothing(tmp_path, data_dir, content):
-    """A foreign or hand-edited ledger file is treated as unreadable: `adopt` finds nothing to
+def test_an_originals_file_that_is_not_a_record_reads_as_none_and_stops_nothing(tmp_path, data_dir, content):
+    """A foreign or hand-edited originals file is treated as unreadable: `adopt` finds nothing to
     restore, a cap still sets and restores, and the real `skygreen power` command lists the GPU."""
     lib = sim(tmp_path)
     gpu = Nvml(lib).device(0)
     originals = OriginalLimits.default()
-    ledger.root.mkdir(parents=True)
-    (ledger.root / f"{gpu.uuid}.json").write_text(content)
-    assert ledger.get(gpu.uuid) is None and ledger.all() == []
-    assert PowerCaps(originals=ledger).adopt(gpu) is None
+    originals.root.mkdir(parents=True)
+    (originals.root / f"{gpu.uuid}.json").write_text(content)
+    assert originals.get(gpu.uuid) is None and originals.all() == []
+    assert PowerCaps(originals=originals).adopt(gpu) is None
     with cap(200, nvml=Nvml(lib)):
         assert gpu.power_limit_w() == 200.0
     assert gpu.power_limit_w() == 300.0
 
-    (ledger.root / f"{gpu.uuid}.json").write_text(content)
+    (originals.root / f"{gpu.uuid}.json").write_text(content)
     env = {**os.environ, "SKYGREEN_DATA_DIR": str(data_dir), "SKYGREEN_SIMULATED_GPU": "V100"}
     out = subprocess.run(
         [sys.executable, "-m", "skygreen.cli", "power", "--json"], env=env, capture_output=True, text=True
@@ -501,7 +501,7 @@ def test_power_section_of_the_task_file_reaches_the_runtime_settings():
         "0.3",
     )
     back = RuntimeSettings.from_env(env)
-    assert (back.power_cap, back.power_required, back.power_eta) == ("0.6", True, 0.3)
+    assert (back.power_cap, back.power_required, back.power_eta) == (CapRequest(mode="fraction", value=0.6), True, 0.3)
     with pytest.raises(SpecError, match=r"skygreen\.power\.eta"):
         parse_spec_text("skygreen: {power: {eta: 2}}\nrun: python train.py\n")
     with pytest.raises(SpecError, match=r"skygreen\.power\.required"):

@@ -22,7 +22,13 @@ from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.compare import first_difference
 from skygreen.runtime.precision import DeviceFacts
 
-IGNORE = frozenset({"state['training']['counters']['wall_s']", "state['training']['counters']['restarts']", "state['training']['batch']['micro_auto']"})
+IGNORE = frozenset(
+    {
+        "state['training']['counters']['wall_s']",
+        "state['training']['counters']['restarts']",
+        "state['training']['batch']['micro_auto']",
+    }
+)
 
 
 def memory_limit(max_rows: int, ooms: list[int]):
@@ -76,7 +82,10 @@ def test_resume_on_a_different_gpu_type_probes_again(tmp_path, monkeypatch):
     run = job.train(job.settings(tmp_path, micro_batch=None), 8, hooks=memory_limit(6, ooms))
     assert ooms == [12] and run.micro_batch == 6 and run.accum_steps == 2
     final = Checkpointer(f"{tmp_path}/run").load_latest()
-    assert final.state["training"]["batch"]["device_name"] == "bigger-device" and final.state["training"]["batch"]["micro"] == 6
+    assert (
+        final.state["training"]["batch"]["device_name"] == "bigger-device"
+        and final.state["training"]["batch"]["micro"] == 6
+    )
 
 
 def test_oom_at_micro_batch_1_is_a_clear_error(tmp_path):

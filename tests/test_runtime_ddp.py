@@ -119,5 +119,7 @@ def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identica
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for rank in (0, 1):
         a, b = load(tmp_path, "ref", rank), load(tmp_path, "victim", rank)
-        assert first_difference(a.state, b.state, ignore=IGNORE | {"state['training']['counters']['preemptions']"}) is None
+        assert (
+            first_difference(a.state, b.state, ignore=IGNORE | {"state['training']['counters']['preemptions']"}) is None
+        )
         assert first_difference(a.rank_state, b.rank_state) is None

@@ -26,7 +26,13 @@ from skygreen.runtime.preemption import CHECKS, NoticeWatcher, landed_cloud
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.py"
-IGNORE = frozenset({"state['training']['counters']['wall_s']", "state['training']['counters']['restarts']", "state['training']['counters']['preemptions']"})
+IGNORE = frozenset(
+    {
+        "state['training']['counters']['wall_s']",
+        "state['training']['counters']['restarts']",
+        "state['training']['counters']['preemptions']",
+    }
+)
 
 
 # -- the notice endpoints ------------------------------------------------------------------

@@ -20,9 +20,9 @@ from skygreen.power.entry import open_gpu
 from skygreen.power.governor import PowerGovernor
 from skygreen.power.nvml import Gpu
 from skygreen.power.originals import OriginalLimits
-from skygreen.power.policy import DEFAULT_ETA, MEASURE_STEPS, SETTLE_STEPS, WARMUP_STEPS, CapRequest
+from skygreen.power.policy import DEFAULT_ETA, MEASURE_STEPS, SETTLE_STEPS, WARMUP_STEPS
 from skygreen.runtime.ranks import World, all_reduce
-from skygreen.settings import RuntimeSettings
+from skygreen.settings import RuntimeSettings, decode
 
 PROFILE_STEPS_ENV = "SKYGREEN_POWER_PROFILE_STEPS"
 
@@ -54,7 +54,7 @@ def open_governor(
         The governor, not started: call `start()` before the first step and `close()` at the end.
 
     Raises:
-        RuntimeSetupError: a bad SKYGREEN_POWER_CAP or SKYGREEN_POWER_PROFILE_STEPS.
+        RuntimeSetupError: a bad SKYGREEN_POWER_PROFILE_STEPS.
     """
     gpu: Gpu | None
     reason: str | None
@@ -67,13 +67,9 @@ def open_governor(
     if world.size > 1 and not world.agree(gpu is None)[0]:
         reduce = _reduce
     warmup, measure, settle = _profile_steps(environ.get(PROFILE_STEPS_ENV))
-    try:
-        request = CapRequest.parse(settings.power_cap)
-    except ValueError as e:
-        raise RuntimeSetupError(f"SKYGREEN_POWER_CAP: {e}") from None
     return PowerGovernor(
         gpu,
-        request=request,
+        request=settings.power_cap,
         required=settings.power_required,
         eta=DEFAULT_ETA if settings.power_eta is None else settings.power_eta,
         run_id=settings.run_id,
@@ -97,13 +93,10 @@ def _reduce(energy_j: float, time_s: float) -> tuple[float, float]:
 def _profile_steps(raw: str | None) -> tuple[int, int, int]:
     if not raw:
         return WARMUP_STEPS, MEASURE_STEPS, SETTLE_STEPS
-    try:
-        values = [int(v) for v in raw.split(",")]
-        warmup, measure, settle = [*values, SETTLE_STEPS][:3] if len(values) in (2, 3) else (0, 0, 0)
-        if warmup < 1 or measure < 1 or settle < 0:
-            raise ValueError
-    except ValueError:
+    values = decode(raw, tuple[int, ...], PROFILE_STEPS_ENV)
+    warmup, measure, settle = [*values, SETTLE_STEPS][:3] if len(values) in (2, 3) else (0, 0, 0)
+    if warmup < 1 or measure < 1 or settle < 0:
         raise RuntimeSetupError(
             f"{PROFILE_STEPS_ENV}={raw!r}: expected WARMUP,MEASURED[,SETTLE], integers >= 1 (e.g. 1,4,5)"
-        ) from None
+        )
     return warmup, measure, settle

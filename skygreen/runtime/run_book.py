@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from skygreen.checkpoint.store import Store
-from skygreen.errors import RuntimeSetupError
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS, BudgetPolicy, BudgetTracker, send, stop_message
 from skygreen.ledger.place import current_place, gpu_catalog_name
 from skygreen.ledger.records import KILLED, PREEMPTED
@@ -37,23 +36,6 @@ def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
         return int(environ.get(name, "") or default)
     except ValueError:
         return default
-
-
-def parse_fractions(raw: str | None, name: str = "SKYGREEN_BUDGET_ALERTS") -> tuple[float, ...]:
-    """The budget alert fractions in `raw` (comma-separated, such as `0.5,0.8,1`), sorted, each once.
-
-    Empty or None gives the defaults (0.5, 0.8, 1.0). A value that is not a number, or not in
-    (0, 1], raises `RuntimeSetupError` naming the variable `name`.
-    """
-    if not raw:
-        return DEFAULT_ALERT_FRACTIONS
-    try:
-        values = tuple(sorted({float(x) for x in raw.split(",") if x.strip()}))
-    except ValueError:
-        raise RuntimeSetupError(f"{name}: expected comma-separated fractions such as 0.5,0.8,1, got {raw!r}") from None
-    if not values or any(not 0 < v <= 1 for v in values):
-        raise RuntimeSetupError(f"{name}: every fraction must be in (0, 1], got {raw!r}")
-    return values
 
 
 class RunBook:
@@ -86,7 +68,7 @@ class RunBook:
         webhook_env = settings.budget_webhook_env
         self.policy = BudgetPolicy(
             budget_usd=settings.budget_usd,
-            alert_fractions=parse_fractions(settings.budget_alerts),
+            alert_fractions=settings.budget_alerts or DEFAULT_ALERT_FRACTIONS,
             burn_usd_per_hour=settings.burn_alert_usd_per_hour,
             webhook_url=environ.get(webhook_env) if webhook_env else None,
         )
@@ -123,9 +105,6 @@ class RunBook:
 
         Returns:
             The book, or None on ranks other than 0 and in the smoke test.
-
-        Raises:
-            RuntimeSetupError: malformed budget alert fractions.
         """
         if not world.leader or smoke:
             return None
