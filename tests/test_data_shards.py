@@ -20,8 +20,8 @@ from skygreen.data.shards import MANIFEST, ShardSpec, open_prepared, prepare
 from skygreen.data.text import DEDUP_WARNING, near_duplicates, pack_blocks, token_dtype
 from skygreen.errors import InputError, RuntimeSetupError
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
 from skygreen.runtime.run import Run
+from skygreen.runtime.tensors import first_difference
 from skygreen.settings import RuntimeSettings
 
 ROWS, WIDTH, VOCAB = 45, 8, 50

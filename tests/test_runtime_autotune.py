@@ -19,8 +19,8 @@ from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import run as run_module
 from skygreen.runtime.autotune import is_out_of_memory, smaller_micro_batch
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
 from skygreen.runtime.precision import DeviceFacts
+from skygreen.runtime.tensors import first_difference
 
 IGNORE = frozenset(
     {

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
+from skygreen.runtime.tensors import first_difference
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "ddp_train.py"

@@ -27,6 +27,7 @@ from skygreen.runtime.run_book import RunBook
 from skygreen.runtime.services import open_services
 from skygreen.runtime.state import BatchShape, StateGroup, TrainingState, upgrade_layout
 from skygreen.runtime.step import Step, StepParts
+from skygreen.runtime.tensors import first_difference
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import EarlyStopConfig
 
@@ -243,3 +244,31 @@ def test_a_step_accumulates_exactly_like_the_plain_loop_and_advances_the_trainin
         step.optimizer_step()
     assert step.done and (training.step, training.samples_seen) == (1, 8)
     assert torch.equal(a.weight, b.weight)
+
+
+def test_a_checkpoint_written_before_the_training_record_resumes_bit_identical(tmp_path):
+    """A checkpoint in the earlier layout (`progress`, `batch`, `counters` at the top level) still
+    resumes, and the run ends exactly where an uninterrupted one does."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import ddp_train as job
+
+    reference = job.train(job.settings(tmp_path / "ref"), 6)
+    with pytest.raises(job.Crash):
+        job.train(job.settings(tmp_path / "new"), 6, crash_at=(5, 1))
+    with Checkpointer(f"{tmp_path}/new/run") as ck:
+        saved = ck.load_latest()
+    assert saved is not None and saved.step == 4 and saved.rank_state is not None
+    old = {k: v for k, v in saved.state.items() if k != "training"}
+    training = saved.state["training"]
+    old["progress"] = {"step": training["step"], "samples_seen": training["samples_seen"]}
+    old["batch"] = training["batch"]
+    old["counters"] = training["counters"]
+    with Checkpointer(f"{tmp_path}/old/run") as ck:
+        ck.save(4, old, rank_state=saved.rank_state, meta=dict(saved.manifest.meta))
+    resumed = job.train(job.settings(tmp_path / "old"), 6)
+    assert resumed.step_index == 6 and resumed.counters["restarts"] == 1
+    with Checkpointer(f"{tmp_path}/ref/run") as a, Checkpointer(f"{tmp_path}/old/run") as b:
+        want, got = a.load_latest(), b.load_latest()
+    assert want is not None and got is not None and reference.completed
+    ignore = frozenset({"state['training']['counters']['wall_s']", "state['training']['counters']['restarts']"})
+    assert first_difference(want.state, got.state, ignore=ignore) is None

@@ -25,7 +25,7 @@ from skygreen.power.policy import CapRequest
 from skygreen.power.simulated import SimulatedNvml
 from skygreen.runtime import PREEMPTED_EXIT_CODE
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
+from skygreen.runtime.tensors import first_difference
 from skygreen.spec import EarlyStopConfig
 from test_runtime_preemption import start_tiny, tiny_env, wait_for_commit
 

@@ -20,9 +20,9 @@ from skygreen.checkpoint.stores import open_store
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import PREEMPTED_EXIT_CODE
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 from skygreen.runtime.preemption import CHECKS, NoticeWatcher, landed_cloud
+from skygreen.runtime.tensors import first_difference
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.py"

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
+from skygreen.runtime.tensors import first_difference
 
 TOTAL_STEPS = 10
 # Wall time and the restart count legitimately differ between the two histories.
