@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skygreen.errors import RuntimeSetupError
+from skygreen.settings import decode
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -139,8 +140,8 @@ def _env_seconds(name: str, default: float, environ: Mapping[str, str]) -> float
     if not raw:
         return default
     try:
-        value = float(raw)
-    except ValueError:
+        value = decode(raw, float, name)
+    except RuntimeSetupError:
         value = -1.0
     if not value > 0:
         raise RuntimeSetupError(f"{name}: expected a number of seconds greater than 0\n  got: {raw!r}")
@@ -336,12 +337,18 @@ class PreemptionWatch:
         return self
 
     def notice(self) -> Notice | None:
-        """A preemption notice that appeared since the last call, once per notice; None otherwise."""
+        """Ask whether the cloud announced this VM's preemption.
+
+        Returns:
+            A notice that appeared since the last call (each notice once: checkpoint now, training
+            goes on); None when there is none, before `start`, or off the three clouds.
+        """
         return self.watcher.pending() if self.watcher is not None and self._started else None
 
     @property
     def sigterm(self) -> bool:
-        """Whether SIGTERM has arrived since `start`."""
+        """Whether SIGTERM has arrived since `start`: checkpoint, wait for it, exit with the
+        preempted code before the deadline (`SKYGREEN_SIGTERM_DEADLINE_S`, 25 s)."""
         return self.latch.fired
 
     def stop(self) -> None:

@@ -104,14 +104,26 @@ class RunServices:
         return stopper.update(float(value)) if value is not None else stopper.stopped
 
     def metric(self, metrics: Mapping[str, float]) -> float | None:
-        """The early-stopping metric in `metrics`, finite, for a checkpoint's `metric`; else None."""
+        """The early-stopping metric to file with a checkpoint (for `keep` by best metric).
+
+        Args:
+            metrics: the metrics last reported.
+
+        Returns:
+            The configured metric's value when present and finite; None otherwise or without a stopper.
+        """
         if self.stopper is None:
             return None
         value = metrics.get(self.stopper.config.metric)
         return value if value is not None and math.isfinite(value) else None
 
     def over_budget(self) -> bool:
-        """Send the budget alerts due now; True once the run's spend reached its budget."""
+        """Check the budget at a step boundary (at most once a second; rank 0 only).
+
+        Returns:
+            True once the run's spend reached its budget: checkpoint with state `budget` and
+            exit 0. Alerts due now are sent (log and webhook) on the way.
+        """
         return self.book is not None and self.book.over_budget()
 
     def close(self) -> None:

@@ -87,8 +87,17 @@ class TrainingState:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Progress, counters and completion come back; the batch shape saved is kept in
-        `saved_batch` for the run to decide on (a different GPU probes again)."""
+        """Put a saved training state back: progress, counters and completion.
+
+        The batch shape stays this run's: a resume reads the saved one with `saved_batch` and
+        decides (the same GPU keeps a probed micro-batch, a different one probes again).
+
+        Args:
+            state: a `state_dict()` of a training state.
+
+        Raises:
+            KeyError: `state` lacks step, samples_seen or counters.
+        """
         self.step = int(state["step"])
         self.samples_seen = int(state["samples_seen"])
         self.counters.update({k: float(v) for k, v in state["counters"].items()})
