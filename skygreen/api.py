@@ -23,11 +23,11 @@ if TYPE_CHECKING:
     from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
     from skygreen.deadline.compare import Simulation
     from skygreen.deadline.live import DeadlineTerms
+    from skygreen.deadline.watch import WatchResult
     from skygreen.launch.registry import RunRecord
     from skygreen.launch.runs import CancelResult, UpResult
     from skygreen.launch.smoke import SmokeResult
     from skygreen.launch.status import RunStatus
-    from skygreen.launch.watch import WatchResult
     from skygreen.launch.wiring import Wiring
     from skygreen.plan.catalog_update import CloudUpdate
     from skygreen.plan.rank import Plan
@@ -146,9 +146,9 @@ def up(
     `watch=False` starts no watcher: the caller runs `watch` where it can stay up.
     """
     from skygreen.deadline.clock import now_s
+    from skygreen.deadline.terms import DeadlineAsk
     from skygreen.fields import read_duration_h
     from skygreen.launch import runs
-    from skygreen.launch.deadline_terms import DeadlineAsk
 
     ask = DeadlineAsk(
         now_s=now_s(os.environ),
@@ -161,7 +161,7 @@ def up(
     if watch and result.record is not None and result.record.deadline is not None:
         import dataclasses
 
-        from skygreen.launch.watch_process import start_watcher
+        from skygreen.deadline.watch_process import start_watcher
 
         pid = start_watcher(result.record.run_id, registry_dir=w.registry.run_dir(result.record.run_id))
         result = dataclasses.replace(result, watcher_pid=pid)
@@ -175,8 +175,8 @@ def watch(
     spot and on-demand as its deadline policy says, until it ends (`once`: one poll). A run
     already watched by another process returns at once (exit code 0)."""
     from skygreen.deadline.clock import now_s
+    from skygreen.deadline.watch import Watch
     from skygreen.fields import read_duration_s
-    from skygreen.launch.watch import Watch
 
     poll_s = read_duration_s(poll, "--poll")
     env = os.environ
@@ -224,9 +224,9 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None)
     """Relaunch a stopped run with the same run id; it continues from its last checkpoint.
     `budget_usd`: a new budget (needed, and higher, for a run stopped at its budget). A run
     launched with a deadline is held to it again: its watcher starts unless one runs."""
+    from skygreen.deadline.watch_process import start_watcher
+    from skygreen.deadline.watch_state import clear_user_cancel, watcher_running
     from skygreen.launch import runs
-    from skygreen.launch.watch_process import start_watcher
-    from skygreen.launch.watch_state import clear_user_cancel, watcher_running
 
     w = wiring()
     record = runs.resume(run_id, local=local, budget_usd=budget_usd, wiring=w)

@@ -7,11 +7,11 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from skygreen.deadline.live import MODE_WORDS, DeadlineTerms
+from skygreen.deadline.watch_state import LOG_FILE
 from skygreen.figures import amount
 from skygreen.launch.registry import RunRecord
 from skygreen.launch.runs import UpResult
 from skygreen.launch.status import RunStatus
-from skygreen.launch.watch_state import LOG_FILE
 from skygreen.timestamps import utc_now_iso
 
 

@@ -22,16 +22,16 @@ import yaml
 from skygreen.checkpoint.cancellation import clear_cancel, request_cancel
 from skygreen.checkpoint.interval import preemption_rate_per_hour
 from skygreen.checkpoint.store import Store
+from skygreen.deadline.capacity import with_capacity
+from skygreen.deadline.terms import DeadlineAsk, deadline_ask, deadline_terms
+from skygreen.deadline.watch_state import clear_user_cancel, mark_user_cancel, switching_to_spot
 from skygreen.errors import BucketUnreachableError, InputError, NoCredentialsError, SkygreenError, StoreError
 from skygreen.files import write_atomic
 from skygreen.launch.bucket import check_writable, within_deadline
-from skygreen.launch.capacity import with_capacity
-from skygreen.launch.deadline_terms import DeadlineAsk, deadline_ask, deadline_terms
 from skygreen.launch.launcher import JobState, Launcher
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
 from skygreen.launch.status import BUDGET_STATE, RunStatus, run_state, run_status
-from skygreen.launch.watch_state import clear_user_cancel, mark_user_cancel, switching_to_spot
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import TaskSpec, with_deadline
@@ -93,7 +93,7 @@ def up(
 
     With a deadline (`deadline`, else the task's `skygreen.deadline`) the plan keeps only the
     offers that can finish in time, the run starts on spot, and its record carries the terms a
-    deadline watcher (`skygreen.launch.watch`) holds it to.
+    deadline watcher (`skygreen.deadline.watch`) holds it to.
     """
     environ, registry = wiring.environ, wiring.registry
     task_path = Path(task_path)
