@@ -69,7 +69,7 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
 
 def measured_speeds(spec: TaskSpec, task_path: str | Path) -> dict[str, float]:
     """Relative speeds per GPU measured by earlier runs of this task on this machine."""
-    from skygreen.costs.costing import measured_speeds as measured
+    from skygreen.costs.speeds import measured_speeds as measured
 
     return {gpu: speed for gpu, (speed, _) in measured(spec, task_path).items()}
 

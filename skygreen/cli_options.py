@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 import click
@@ -54,6 +53,8 @@ def print_notice(line: str) -> None:
     if width is None:
         sys.stderr.write(f"note: {line}\n")
         return
+    import textwrap
+
     lines = textwrap.wrap(line, width=max(width, 20), initial_indent="note: ", subsequent_indent="      ",
                           break_long_words=False, break_on_hyphens=False)  # fmt: skip
     sys.stderr.write("\n".join(lines) + "\n")
