@@ -150,6 +150,7 @@ def up(
 ) -> None:
     """Smoke-test, render and launch a run: a managed spot job, or with --local this machine."""
     from skygreen import api
+
     request = api.UpRequest(
         task_path=task, local=local, dryrun=dryrun, output=output, smoke=not no_smoke, deadline=deadline,
         compute=compute, policy=policy, watch=not no_watch, catalog_dir=catalog,
