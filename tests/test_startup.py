@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,33 @@ def test_plan_imports_neither_sky_nor_torch(tmp_path):
             f"from skygreen.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit as e:\n    assert not e.code, e.code"
         )
         assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+OFF_THE_PLAN_PATH = (
+    "skygreen.costs.costing", "skygreen.ledger.pricing", "skygreen.ledger.records", "skygreen.launch.registry",
+    "skygreen.checkpoint.store", "skygreen.settings", "secrets",
+)  # fmt: skip
+"""What `skygreen plan` has no use for: pricing ledgers, run records, buckets, runtime settings."""
+
+
+def test_plan_imports_no_pricing_registry_or_store(tmp_path):
+    """The plan reads the speeds earlier runs measured without the cost or registry modules
+    (they cost it a third of its start-up), and a task without `envs:` skips the settings."""
+    catalog = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
+    task = tmp_path / "task.yaml"
+    task.write_text("skygreen: {gpus: [L4, T4, A100]}\nrun: python train.py\n")
+    probe = (
+        f"from skygreen.cli import main\ntry:\n    main(['plan', {str(task)!r}, '--catalog', {str(catalog)!r}])\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\nimport sys\n"
+        f"print('loaded:', *(m for m in {OFF_THE_PLAN_PATH!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Best" in out.stdout  # the plan ran
+    loaded = out.stdout.splitlines()[-1]
+    assert loaded == "loaded:", loaded
 
 
 def test_planning_core_imports_no_outside_library():

@@ -13,7 +13,6 @@ import fcntl
 import json
 import os
 import re
-import secrets as _random
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -21,22 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.errors import InputError, SkygreenError
-from skygreen.files import write_atomic
+from skygreen.files import DATA_DIR_ENV as DATA_DIR_ENV
+from skygreen.files import data_dir, write_atomic
 from skygreen.timestamps import utc_now_iso
 
-DATA_DIR_ENV = "SKYGREEN_DATA_DIR"
 RECORD_VERSION = 1
 LAUNCH_LOCK_FILE = "launch.lock"
 _RUN_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
-
-
-def data_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """skygreen's folder for runs, local buckets and rendered tasks on this machine."""
-    environ = os.environ if environ is None else environ
-    if environ.get(DATA_DIR_ENV):
-        return Path(environ[DATA_DIR_ENV]).expanduser()
-    base = environ.get("XDG_DATA_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".local" / "share")
-    return Path(base).expanduser() / "skygreen"
 
 
 def default_local_bucket(environ: Mapping[str, str] | None = None) -> Path:
@@ -51,7 +41,9 @@ def new_run_id(task_name: str | None, *, now_s: float | None = None) -> str:
     if not stem[0].isalpha():
         stem = "r-" + stem
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now_s is None else now_s))
-    return f"{stem}-{stamp}-{_random.token_hex(2)}"
+    import secrets  # here, not at the top: `plan` reads the registry and never makes an id
+
+    return f"{stem}-{stamp}-{secrets.token_hex(2)}"
 
 
 def check_run_id(run_id: str) -> str:
