@@ -5,7 +5,7 @@ plain path) and speaks in string keys relative to that root, so the checkpoint p
 `skygreen.checkpoint` never sees which cloud it runs on.
 
 This module is core: it imports no outside library and no adapter.
-`skygreen.checkpoint.stores.open_store` picks the adapter by URL scheme.
+`skygreen.checkpoint.store_factory.open_store` picks the adapter by URL scheme.
 
 Retries live here, once, as a pure policy (`RetryPolicy`, `backoff_delay_s`) and one loop
 (`call_with_retries`) that every adapter wraps around its network calls. Adapters turn their
@@ -27,12 +27,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, TypeVar, runtime_checkable
 
-from skygreen.errors import InputError, StoreError, TransientStoreError
+from skygreen.errors import SpecError, StoreError, TransientStoreError
 
 log = logging.getLogger("skygreen.store")
 
-SUPPORTED_SCHEMES: tuple[str, ...] = ("s3://", "gs://", "file://")
-"""Plus plain local paths (no scheme)."""
+BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "file")
+"""The schemes a bucket URL may have; a plain local path (no scheme) is a directory too."""
+URL_FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///DIR or a local path (a directory)"
 
 T = TypeVar("T")
 
@@ -117,33 +118,76 @@ class StoreUrl:
 
 
 OpenStore = Callable[[str], Store]
-"""Opens the store for a URL: `skygreen.checkpoint.stores.open_store`, handed in by a composition root."""
+"""Opens the store for a URL: `skygreen.checkpoint.store_factory.open_store`, handed in by a composition root."""
 
 
-def parse_url(url: str) -> StoreUrl:
-    """Split a store URL; an unknown scheme or a missing bucket is an `InputError`."""
+def parse_url(url: str, *, field: str = "checkpoint.bucket") -> StoreUrl:
+    """Split a bucket URL: the one parser, for the task file and for every store opened.
+
+    A plain path (no scheme) is a local directory, as the README documents. A path that only
+    looks like one because a URL lost part of its `://` (`s3//team/ckpt`, `s3:/team`,
+    `gs:team`) is refused rather than read as a folder named `s3`: `./s3/team` says that
+    folder is meant.
+
+    Args:
+        url: The bucket as written.
+        field: The field path the error names.
+
+    Returns:
+        The scheme ("s3", "gs", "file"), the bucket (or directory) and the key prefix.
+
+    Raises:
+        SpecError: An empty value, an unknown scheme, a URL without a bucket, or a look-alike;
+            the message names `field`, the value, the forms allowed and the fix.
+    """
     if not isinstance(url, str) or not url.strip():
-        raise InputError(f"checkpoint bucket URL is empty\n  fix: {_url_help()}")
+        raise SpecError(field, "the bucket is empty", value=url, allowed=URL_FORMS)
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep:
+        _refuse_look_alike(url, field)
         return StoreUrl(scheme="file", bucket=url, prefix="")
     scheme = scheme.lower()
-    if scheme == "file":
-        return StoreUrl(scheme="file", bucket=rest or "/", prefix="")
-    if scheme not in ("s3", "gs"):
-        raise InputError(
-            f"unknown checkpoint bucket scheme {scheme + '://'!r} in {url!r}\n"
-            f"  supported: {', '.join(SUPPORTED_SCHEMES)} or a plain local path\n  fix: {_url_help()}"
+    if scheme not in BUCKET_SCHEMES:
+        raise SpecError(field, f"unsupported bucket scheme {scheme + '://'!r}", value=url, allowed=URL_FORMS)
+    if not rest.strip("/"):
+        what = "directory" if scheme == "file" else "bucket"
+        raise SpecError(
+            field, f"the bucket URL names no {what}", value=url, hint=f"write {scheme}://{what.upper()}/PREFIX"
         )
+    if scheme == "file":
+        return StoreUrl(scheme="file", bucket=rest, prefix="")
     bucket, _, prefix = rest.partition("/")
     if not bucket:
-        raise InputError(f"checkpoint bucket URL {url!r} names no bucket\n  fix: {_url_help()}")
+        raise SpecError(field, "the bucket URL names no bucket", value=url, hint=f"write {scheme}://BUCKET/PREFIX")
     return StoreUrl(scheme=scheme, bucket=bucket, prefix=prefix.strip("/"))
 
 
-def _url_help() -> str:
-    return "use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///DIR or a local directory path"
+def _refuse_look_alike(path: str, field: str) -> None:
+    """Refuse a plain path whose first part is a scheme's name (`s3//x`, `gs/x`) or holds a
+    colon (`s3:/x`, `s3:x`): a URL that lost part of its `://`, not a folder anyone meant."""
+    first = path.split("/", 1)[0]
+    name = first.partition(":")[0].lower()
+    if name not in BUCKET_SCHEMES and ":" not in first:
+        return
+    rest = path[len(name) :].lstrip(":/")
+    meant = {"file": f"file:///{rest}", "": "s3://BUCKET/PREFIX"}.get(
+        name if name in BUCKET_SCHEMES else "", f"{name}://{rest}"
+    )
+    raise SpecError(
+        field,
+        "not a bucket URL: the scheme needs '://' (a plain path is a local directory)",
+        value=path,
+        allowed=URL_FORMS,
+        hint=f"write {meant}, or ./{path} for a local folder of that name",
+    )
+
+
+def canonical_url(url: str, *, field: str = "checkpoint.bucket") -> str:
+    """The bucket as a task record keeps it: a URL with its scheme in lower case and no trailing
+    slash, a plain local path as written. Raises `SpecError` as `parse_url` does."""
+    parsed = parse_url(url, field=field)
+    return url.strip() if "://" not in url else parsed.text
 
 
 def join_url(url: str, *parts: str) -> str:
