@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from skygreen.checkpoint.bucket_url import BUCKET_SCHEMES, canonical_url
 from skygreen.checkpoint.keep import check_keep
-from skygreen.checkpoint.store import BUCKET_SCHEMES, canonical_url
 from skygreen.errors import InputError, SpecError
 from skygreen.fields import (
     check_keys,

@@ -4,7 +4,8 @@ A store is rooted at a URL (`s3://bucket/prefix`, `gs://bucket/prefix`, `file://
 plain path) and speaks in string keys relative to that root, so the checkpoint protocol in
 `skygreen.checkpoint` never sees which cloud it runs on.
 
-This module is core: it imports no outside library and no adapter.
+This module is core: it imports no outside library and no adapter. Bucket URLs are parsed in
+`skygreen.checkpoint.bucket_url` (re-exported here), which the task file reader uses too.
 `skygreen.checkpoint.store_factory.open_store` picks the adapter by URL scheme.
 
 Retries live here, once, as a pure policy (`RetryPolicy`, `backoff_delay_s`) and one loop
@@ -27,13 +28,26 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, TypeVar, runtime_checkable
 
-from skygreen.errors import SpecError, StoreError, TransientStoreError
+from skygreen.checkpoint.bucket_url import StoreUrl, join_url, parse_url
+from skygreen.errors import StoreError, TransientStoreError
 
 log = logging.getLogger("skygreen.store")
 
-BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "file")
-"""The schemes a bucket URL may have; a plain local path (no scheme) is a directory too."""
-URL_FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///DIR or a local path (a directory)"
+__all__ = [
+    "DEFAULT_RETRY",
+    "OpenStore",
+    "RetryPolicy",
+    "Store",
+    "StoreUrl",
+    "backoff_delay_s",
+    "call_with_retries",
+    "current_retry_policy",
+    "cut_back",
+    "join_url",
+    "parse_url",
+    "retry_policy",
+    "rewind",
+]
 
 T = TypeVar("T")
 
@@ -98,104 +112,8 @@ class Store(Protocol):
         ...
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StoreUrl:
-    """A parsed store URL: scheme ("s3", "gs", "file"), bucket (or directory) and key prefix."""
-
-    scheme: str
-    bucket: str
-    prefix: str
-    """Without leading or trailing slash; "" for the bucket's root."""
-
-    def key(self, key: str) -> str:
-        """The full object name of a store-relative key."""
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    @property
-    def text(self) -> str:
-        """The URL written out again, without a trailing slash: `s3://bucket/prefix`."""
-        return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
-
-
 OpenStore = Callable[[str], Store]
 """Opens the store for a URL: `skygreen.checkpoint.store_factory.open_store`, handed in by a composition root."""
-
-
-def parse_url(url: str, *, field: str = "checkpoint.bucket") -> StoreUrl:
-    """Split a bucket URL: the one parser, for the task file and for every store opened.
-
-    A plain path (no scheme) is a local directory, as the README documents. A path that only
-    looks like one because a URL lost part of its `://` (`s3//team/ckpt`, `s3:/team`,
-    `gs:team`) is refused rather than read as a folder named `s3`: `./s3/team` says that
-    folder is meant.
-
-    Args:
-        url: The bucket as written.
-        field: The field path the error names.
-
-    Returns:
-        The scheme ("s3", "gs", "file"), the bucket (or directory) and the key prefix.
-
-    Raises:
-        SpecError: An empty value, an unknown scheme, a URL without a bucket, or a look-alike;
-            the message names `field`, the value, the forms allowed and the fix.
-    """
-    if not isinstance(url, str) or not url.strip():
-        raise SpecError(field, "the bucket is empty", value=url, allowed=URL_FORMS)
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        _refuse_look_alike(url, field)
-        return StoreUrl(scheme="file", bucket=url, prefix="")
-    scheme = scheme.lower()
-    if scheme not in BUCKET_SCHEMES:
-        raise SpecError(field, f"unsupported bucket scheme {scheme + '://'!r}", value=url, allowed=URL_FORMS)
-    if not rest.strip("/"):
-        what = "directory" if scheme == "file" else "bucket"
-        raise SpecError(
-            field, f"the bucket URL names no {what}", value=url, hint=f"write {scheme}://{what.upper()}/PREFIX"
-        )
-    if scheme == "file":
-        return StoreUrl(scheme="file", bucket=rest, prefix="")
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise SpecError(field, "the bucket URL names no bucket", value=url, hint=f"write {scheme}://BUCKET/PREFIX")
-    return StoreUrl(scheme=scheme, bucket=bucket, prefix=prefix.strip("/"))
-
-
-def _refuse_look_alike(path: str, field: str) -> None:
-    """Refuse a plain path whose first part is a scheme's name (`s3//x`, `gs/x`) or holds a
-    colon (`s3:/x`, `s3:x`): a URL that lost part of its `://`, not a folder anyone meant."""
-    first = path.split("/", 1)[0]
-    name = first.partition(":")[0].lower()
-    if name not in BUCKET_SCHEMES and ":" not in first:
-        return
-    rest = path[len(name) :].lstrip(":/")
-    meant = {"file": f"file:///{rest}", "": "s3://BUCKET/PREFIX"}.get(
-        name if name in BUCKET_SCHEMES else "", f"{name}://{rest}"
-    )
-    raise SpecError(
-        field,
-        "not a bucket URL: the scheme needs '://' (a plain path is a local directory)",
-        value=path,
-        allowed=URL_FORMS,
-        hint=f"write {meant}, or ./{path} for a local folder of that name",
-    )
-
-
-def canonical_url(url: str, *, field: str = "checkpoint.bucket") -> str:
-    """The bucket as a task record keeps it: a URL with its scheme in lower case and no trailing
-    slash, a plain local path as written. Raises `SpecError` as `parse_url` does."""
-    parsed = parse_url(url, field=field)
-    return url.strip() if "://" not in url else parsed.text
-
-
-def join_url(url: str, *parts: str) -> str:
-    """`url` with path parts appended, one slash between each."""
-    out = url.rstrip("/")
-    for part in parts:
-        out += "/" + part.strip("/")
-    return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,9 +5,9 @@ the job it cancelled to switch capacity (until the relaunch), and a heartbeat; t
 `skygreen cancel` leaves its own marker beside it (`USER_CANCEL_FILE`). Everything else it needs is re-read every poll (the record, the ledger, the job's
 state), so a watcher that dies and restarts picks up where the last one stood.
 
-One watcher per run: it holds an exclusive `flock` on `<run dir>/watch.lock` for its whole
-life; the kernel drops the lock when the process dies, however it dies, so a stale lock
-cannot keep a restart out and `skygreen status` can ask whether one is running.
+One watcher per run: it holds the exclusive lock (`skygreen.locks`) on `<run dir>/watch.lock`
+for its whole life; the kernel drops the lock when the process dies, however it dies, so a
+stale lock cannot keep a restart out and `skygreen status` can ask whether one is running.
 """
 
 from __future__ import annotations
