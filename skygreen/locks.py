@@ -23,6 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 LOCK_FILE_MODE = 0o644
+POLL_INTERVAL_S = 0.01
+"""How often a waiting taker tries again (filelock polls a non-blocking `flock`): short, because
+ranks sharing a simulated board take its lock on every energy read."""
 
 
 @contextlib.contextmanager
@@ -43,7 +46,7 @@ def exclusive_lock(path: Path, *, wait_s: float | None = None) -> Iterator[bool]
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(path, timeout=-1 if wait_s is None else max(wait_s, 0.0), mode=LOCK_FILE_MODE)
     try:
-        lock.acquire(poll_interval=0.05)
+        lock.acquire(poll_interval=POLL_INTERVAL_S)
     except Timeout:
         yield False
         return
