@@ -116,8 +116,8 @@ def smoke(task_path: str | Path) -> SmokeResult:
 
 def wiring(*, catalog_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> Wiring:
     """The outside world of a run's life on this machine: the real catalog, stores, launchers."""
-    from skygreen.checkpoint.stores import open_store
-    from skygreen.launch import launchers
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.launch import launcher_factory
     from skygreen.launch.registry import Registry
     from skygreen.launch.wiring import Wiring
 
@@ -130,8 +130,8 @@ def wiring(*, catalog_dir: Path | None = None, environ: Mapping[str, str] | None
         ),
         smoke=smoke,
         open_store=open_store,
-        cloud_launcher=lambda: launchers.cloud_launcher(env),
-        local_launcher=lambda: launchers.local_launcher(env),
+        cloud_launcher=lambda: launcher_factory.cloud_launcher(env),
+        local_launcher=lambda: launcher_factory.local_launcher(env),
     )
 
 
@@ -255,7 +255,7 @@ def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None) -> int
 
 def run_cost(run_id: str, *, catalog_dir: Path | None = None) -> RunCostReport:
     """What a run cost, from its ledger; a local run also gets the same task estimated on each cloud."""
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
 
     return costing.cost_of_run(run_id, open_store=open_store, catalog_dir=catalog_dir)
@@ -275,7 +275,7 @@ def is_task_file(target: str) -> bool:
 
 def compare(run_ids: list[str], *, catalog_dir: Path | None = None) -> list[CompareRow]:
     """Runs side by side."""
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
 
     return costing.compare_runs(run_ids, open_store=open_store, catalog_dir=catalog_dir)
@@ -352,7 +352,7 @@ def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None
     bucket URL holding runs. The latest, best and pinned checkpoints never move.
     """
     from skygreen.checkpoint import gc as cold
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.launch.bucket import check_readable
 
     return cold.gc(

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from helpers import user_env, wait_for
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.deadline.clock import CLOCK_ENV
 from skygreen.deadline.market import TRACE_ENV
 from skygreen.deadline.watch_process import POLL_ENV

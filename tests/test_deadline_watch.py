@@ -24,7 +24,7 @@ import yaml
 
 from helpers import cli, wait_for
 from skygreen.checkpoint.cancellation import CANCEL_KEY
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.deadline.clock import CLOCK_ENV
 from skygreen.deadline.watch_state import LOCK_FILE, load_state, watcher_lock, watcher_running
 from skygreen.ledger.io import write_segment

@@ -67,7 +67,7 @@ def runs(private_home, tmp_path) -> list[str]:
 
 
 def test_the_figure_holds_the_expected_series(runs):
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
     from skygreen.costs.page import build_figure
 

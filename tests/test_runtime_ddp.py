@@ -79,7 +79,7 @@ def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identica
     import time
 
     from skygreen.checkpoint.manifest import committed_steps, read_manifest
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
 
     env = {"DDP_TEST_STEP_SLEEP_S": "0.05"}
     ref = torchrun(tmp_path, "ref", "3", env=env)

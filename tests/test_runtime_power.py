@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
 from helpers import user_env
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import RuntimeSetupError
 from skygreen.ledger.io import read_ledger
 from skygreen.power.originals import OriginalLimits

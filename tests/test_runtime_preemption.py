@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
 from metadata_server import MetadataServer
 from skygreen.checkpoint.manifest import committed_steps, read_manifest
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import PREEMPTED_EXIT_CODE
 from skygreen.runtime.checkpointer import Checkpointer

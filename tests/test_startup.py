@@ -100,15 +100,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "skygreen"
 
 ADAPTERS = {
     # adapter: the skygreen modules it may import (the seam it implements, errors, small helpers)
-    "skygreen.checkpoint.s3_store": {"skygreen.checkpoint.store", "skygreen.errors"},
-    "skygreen.checkpoint.gcs_store": {"skygreen.checkpoint.store", "skygreen.errors"},
+    "skygreen.checkpoint.s3_store": {"skygreen.checkpoint.store", "skygreen.checkpoint.cloud_store", "skygreen.errors"},
+    "skygreen.checkpoint.gcs_store": {
+        "skygreen.checkpoint.store",
+        "skygreen.checkpoint.cloud_store",
+        "skygreen.errors",
+    },
     "skygreen.checkpoint.local_store": {"skygreen.checkpoint.store", "skygreen.errors", "skygreen.files"},
     "skygreen.launch.skypilot_launcher": {"skygreen.launch.launcher", "skygreen.errors"},
     "skygreen.launch.local_launcher": {"skygreen.launch.launcher", "skygreen.errors", "skygreen.settings"},
     "skygreen.plan.catalog_update": {"skygreen.plan.catalog", "skygreen.errors"},
     "skygreen.power.nvml": {"skygreen.errors", "skygreen.power.simulated"},  # the stand-in library
 }
-FACTORIES = {"skygreen.checkpoint.stores", "skygreen.launch.launchers"}
+FACTORIES = {"skygreen.checkpoint.store_factory", "skygreen.launch.launcher_factory"}
 """Pick an adapter by URL scheme or setting; only composition roots use them."""
 ROOTS = (
     "skygreen.api", "skygreen.cli", "skygreen.testing", "skygreen.runtime", "skygreen.power.entry",

@@ -9,9 +9,7 @@ A record holds no credentials: the task snapshot keeps secret names only.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -22,6 +20,7 @@ from typing import Any
 from skygreen.errors import InputError, SkygreenError
 from skygreen.files import DATA_DIR_ENV as DATA_DIR_ENV
 from skygreen.files import data_dir, write_atomic
+from skygreen.locks import exclusive_lock
 from skygreen.timestamps import utc_now_iso
 
 RECORD_VERSION = 1
@@ -170,18 +169,8 @@ class Registry:
         another process holds it. A relaunch checks that the run is stopped and then launches it:
         two at once (the user's `resume` and a deadline watcher's switch) would both find it
         stopped, both launch, and the record would keep only one of the two jobs."""
-        folder = self.run_dir(run_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / LAUNCH_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)  # closing the only descriptor drops the lock
+        with exclusive_lock(self.run_dir(run_id) / LAUNCH_LOCK_FILE, wait_s=0) as taken:
+            yield taken
 
     def resolve(self, run_id: str) -> str:
         """The full id of the one run whose id is `run_id` or starts with it (as git and docker
