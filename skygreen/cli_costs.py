@@ -132,8 +132,8 @@ def simulate(
     from skygreen import api
     from skygreen.deadline.report import print_report
 
-    result = api.simulate(
-        trace,
+    request = api.SimulationRequest(
+        trace=trace,
         hours=hours,
         deadline=deadline,
         changeover=changeover,
@@ -145,6 +145,7 @@ def simulate(
         start=start,
         catalog_dir=catalog,
     )
+    result = api.simulate(request)
     if json_output:
         print_json([o.to_json() for o in result.outcomes])
     else:

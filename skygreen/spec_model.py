@@ -17,7 +17,6 @@ PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
 HALF_PRECISIONS: tuple[str, ...] = ("fp16", "bf16")
 EARLY_STOP_MODES: tuple[str, ...] = ("min", "max")
 RECOVERY_STRATEGIES: tuple[str, ...] = ("EAGER_NEXT_REGION", "FAILOVER")
-BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "file")
 SHARDINGS: tuple[str, ...] = ("fsdp", "ddp")
 FSDP_FROM_PARAMS = 1e9
 """`model.sharding` left out: FSDP from a billion parameters (16 GB of weights, gradients and

@@ -61,7 +61,7 @@ class RunStatus:
     """`skygreen.power.statement.EnergyReport` as JSON: GPU and facility kWh, PUE, CO2e, method, cap."""
     deadline: dict[str, Any] | None = None
     """For a run launched with a deadline: progress against it and the watcher's latest decision
-    (`skygreen.launch.deadline_status`)."""
+    (`skygreen.deadline.status`)."""
     changeovers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Each resumed segment's changeover (`skygreen.ledger.changeover.Changeover` as JSON)."""
 
@@ -173,7 +173,7 @@ def _deadline(record: RunRecord, wiring: Wiring) -> dict[str, Any] | None:
     if record.deadline is None:
         return None
     from skygreen.deadline.clock import now_s
-    from skygreen.launch.deadline_status import deadline_status
+    from skygreen.deadline.status import deadline_status
 
     return deadline_status(record, run_dir=wiring.registry.run_dir(record.run_id), now_s=now_s(wiring.environ))
 

@@ -13,9 +13,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from skygreen.ledger.records import Segment
+if TYPE_CHECKING:
+    from skygreen.ledger.records import Segment
 
 STAMP_DIR = Path(".skygreen") / "changeover"
 MIN_RATE_BYTES = 100_000_000

@@ -13,7 +13,7 @@ from skygreen.plan.catalog import CLOUDS, Catalog, Offer
 from skygreen.plan.memory import memory_need, smallest_nodes
 
 if TYPE_CHECKING:
-    from skygreen.plan.rank import Constraints
+    from skygreen.plan.constraints import Constraints
     from skygreen.spec import TaskSpec
 
 

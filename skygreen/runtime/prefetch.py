@@ -14,7 +14,7 @@ from skygreen.checkpoint.prefetch import prefetch, prefetch_dir, run_url
 def main(environ: Mapping[str, str] | None = None) -> int:
     """Prefetch the newest checkpoint of the run named by the environment; exit 0 even when
     there is none (a first launch), 1 when the bucket could not be read (the runtime downloads)."""
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.errors import SkygreenError
 
     env = os.environ if environ is None else environ
