@@ -46,6 +46,7 @@ from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, small
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream, loader_for
 from skygreen.runtime.early_stop import EarlyStopper
+from skygreen.runtime.fsdp import is_sharded
 from skygreen.runtime.environment import (
     autocast_factory,
     batch_shape,
@@ -121,13 +122,15 @@ class Run:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.grad_scaler)
         self.autocast = autocast_factory(self.device.type, self.precision)
         """`with run.autocast():` mixed precision for a forward pass (a no-op in fp32)."""
-        self.model = self._wrap_ddp(self.module)
+        self.sharded = is_sharded(self.module)
+        """The model was wrapped with FSDP2's `fully_shard`: no DDP, sharded checkpoints."""
+        self.model = self.module if self.sharded else self._wrap_ddp(self.module)
         self.dataset = dataset
         self.stream = SampleStream(len(dataset), seed=seed, shuffle=shuffle)
         self.seed = seed
         self._collate_fn = collate_fn
         self._num_workers = num_workers
-        self.checkpointer = checkpointer or Checkpointer(
+        self.checkpointer = checkpointer or self._sharded_checkpointer() or Checkpointer(
             f"{self.settings.bucket.rstrip('/')}/{self.settings.run_id}",
             keep=self.settings.checkpoint_keep,
             half_precision=self.settings.checkpoint_half_precision,
@@ -169,6 +172,21 @@ class Run:
             dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
         ids = [self.device.index] if self.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+
+    def _sharded_checkpointer(self) -> Any:
+        if not self.sharded:
+            return None
+        from skygreen.runtime.sharded import ShardedCheckpointer
+
+        return ShardedCheckpointer(
+            f"{self.settings.bucket.rstrip('/')}/{self.settings.run_id}",
+            template=lambda: training_state(self),
+            keep=self.settings.checkpoint_keep,
+            rank=self.rank,
+            world_size=self.world_size,
+            metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
+            environ=self._environ,
+        )
 
     def _make_stopper(self) -> EarlyStopper | None:
         return EarlyStopper(self.settings.early_stop) if self.settings.early_stop else None

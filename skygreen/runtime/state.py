@@ -15,10 +15,16 @@ if TYPE_CHECKING:
 
 
 def training_state(run: Run) -> dict[str, Any]:
-    """The shared state of `run` at its current step boundary."""
+    """The shared state of `run` at its current step boundary (an FSDP model's is sharded)."""
+    if run.sharded:
+        from skygreen.runtime.fsdp import model_and_optimizer_state
+
+        model, optimizer = model_and_optimizer_state(run.module, run.optimizer)
+    else:
+        model, optimizer = run.module.state_dict(), run.optimizer.state_dict()
     return {
-        "model": run.module.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
+        "model": model,
+        "optimizer": optimizer,
         "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
         "scaler": run.scaler.state_dict(),
         "progress": {"step": run.step_index, "samples_seen": run.samples_seen},
@@ -37,8 +43,15 @@ def training_state(run: Run) -> dict[str, Any]:
 
 def load_training_state(run: Run, state: Mapping[str, Any]) -> None:
     """Put a checkpoint's shared state back into `run` (the batch shape is the run's to decide)."""
-    run.module.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
+    if run.sharded:
+        from skygreen.runtime.fsdp import load_model_and_optimizer_state
+
+        load_model_and_optimizer_state(
+            run.module, run.optimizer, model_state=state["model"], optim_state=state["optimizer"]
+        )
+    else:
+        run.module.load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
     if run.scheduler is not None and state.get("scheduler") is not None:
         run.scheduler.load_state_dict(state["scheduler"])
     if run.precision.grad_scaler and state["scaler"]:

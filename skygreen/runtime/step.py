@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import rng
 from skygreen.runtime.autotune import is_out_of_memory
+from skygreen.runtime.fsdp import clip_grad_norm, set_gradient_sync
 from skygreen.runtime.smoke_mode import smoke_fail
 
 if TYPE_CHECKING:
@@ -62,12 +63,15 @@ class Step:
         """This rank's micro-batches of the step; DDP syncs gradients only on the last one."""
         run = self.run
         accum = run.accum_steps
-        ddp = cast(DistributedDataParallel, run.model) if run.world_size > 1 else None
+        ddp = cast(DistributedDataParallel, run.model) if run.world_size > 1 and not run.sharded else None
         for k in range(accum):
             self.phase = "forward"
             batch = run.next_micro_batch()
             self._drawn += 1
-            if ddp is not None and (k < accum - 1 or run.probing):
+            if run.sharded:
+                set_gradient_sync(run.model, k == accum - 1)
+                yield batch
+            elif ddp is not None and (k < accum - 1 or run.probing):
                 with ddp.no_sync():
                     yield batch
             else:
@@ -92,6 +96,8 @@ class Step:
         self.phase = "optimizer"
         if self.run.precision.grad_scaler:
             self.run.scaler.unscale_(self.run.optimizer)
+        if self.run.sharded:
+            return clip_grad_norm(self.run.module.parameters(), max_norm)
         return torch.nn.utils.clip_grad_norm_(self.run.module.parameters(), max_norm)
 
     def optimizer_step(self) -> None:
@@ -123,7 +129,7 @@ class Step:
                 "  fix: iterate step.micro_batches() to the end and call step.backward(loss) once per micro-batch"
             )
         run = self.run
-        if run.world_size > 1 and run.probing:
+        if run.world_size > 1 and run.probing and not run.sharded:
             if run.agree_flags(False)[0]:
                 raise ProbeRetry()
             average_gradients(run.module, run.world_size)

@@ -1,0 +1,96 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`) under `Run`: what changes when the model is sharded.
+
+A model the user wrapped with `fully_shard` before handing it to `Run` is recognised here
+(`is_sharded`), and the runtime then:
+
+- does not wrap it in DDP (FSDP reduce-scatters the gradients itself);
+- skips the gradient reduce-scatter on all but the last micro-step of an accumulation window
+  (`set_requires_gradient_sync`), as DDP's `no_sync` does, so a step costs one reduction;
+- clips the gradient norm over the sharded parameters: each rank's norm covers its shards,
+  the total is reduced across ranks (DTensor does that inside `clip_grad_norm_`), and the norm
+  handed back is a plain tensor, the same on every rank;
+- takes the model's and optimizer's state with `get_state_dict` (names, not parameter ids,
+  so the state reshards) and checkpoints it through `skygreen.runtime.sharded`.
+
+FSDP2 takes its precision when the model is sharded, not later: `mixed_precision` turns the
+task's precision into the `MixedPrecisionPolicy` to pass to `fully_shard`, and `shard` does the
+wrapping (each listed block, then the root) with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from skygreen.errors import InputError
+
+_PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """Whether `module` (the root given to `Run`) was wrapped with FSDP2's `fully_shard`."""
+    return isinstance(module, FSDPModule)
+
+
+def mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """The FSDP2 policy for a task's precision: parameters gathered and computed in bf16/fp16,
+    gradients reduced in fp32 (a sum over many ranks in half precision loses digits), the
+    sharded master weights and the optimizer in fp32. fp32 is the default policy.
+
+    Raises:
+        InputError: an unknown precision.
+    """
+    if precision not in _PARAM_DTYPES:
+        raise InputError(f"precision: {precision!r} is not one of {', '.join(_PARAM_DTYPES)}")
+    dtype = _PARAM_DTYPES[precision]
+    if dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def shard(model: torch.nn.Module, *, blocks: Iterable[torch.nn.Module], precision: str = "fp32") -> torch.nn.Module:
+    """`fully_shard` each of `blocks` (e.g. the transformer layers), then the root, with the
+    policy for `precision`; returns the model (now an `FSDPModule`). Needs a process group.
+
+    Sharding block by block lets FSDP gather one block's weights at a time, which is what
+    bounds the memory; the root holds what is left (embeddings, the head).
+    """
+    policy = mixed_precision(precision)
+    for block in blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
+    """Reduce-scatter gradients after this micro-step's backward (`sync`) or keep accumulating."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+
+
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm over sharded (DTensor) gradients; the norm as a plain tensor."""
+    params = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    full = getattr(norm, "full_tensor", None)
+    return full() if callable(full) else norm
+
+
+def model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The model's and the optimizer's state, keyed by parameter name (sharded DTensors)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(model, optimizer)
+
+
+def load_model_and_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, model_state: Mapping[str, Any], optim_state: Any
+) -> None:
+    """Put state taken by `model_and_optimizer_state` (maybe at another world size, resharded by
+    the checkpointer) back into the model and the optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=dict(model_state), optim_state_dict=optim_state)
