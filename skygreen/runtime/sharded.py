@@ -116,8 +116,8 @@ TENSOR_MARK = "__skygreen_dcp_tensor__"
 """In `shared.pt`, a tensor's place holds `{TENSOR_MARK: "<its key in DCP>"}`."""
 HOLD_UPLOAD_ENV = "SKYGREEN_TEST_HOLD_UPLOAD"
 """Tests: `STEP:RANKS:DIR`, e.g. `4:0,1:/tmp/x`: those ranks stop inside the upload of step STEP,
-after their files are up and before their note, write `DIR/upload-STEP-rank<r>` and wait to be
-killed. `skygreen up` never renders it."""
+after their files are up and before their note, write `DIR/upload-STEP-rank<r>` (holding the
+process id) and wait to be killed. `skygreen up` never renders it."""
 
 _NOTE_POLL_S = 0.2
 _UPLOAD_THREADS = 4
@@ -288,7 +288,7 @@ class UploadHold:
         if step != self.step or rank not in self.ranks:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / f"upload-{step}-rank{rank}").write_text("held\n")
+        (self.folder / f"upload-{step}-rank{rank}").write_text(f"{os.getpid()}\n")
         log.warning("rank %d held inside the upload of step %d (%s); waiting to be killed", rank, step, HOLD_UPLOAD_ENV)
         while True:
             time.sleep(0.05)
