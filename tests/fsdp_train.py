@@ -40,7 +40,11 @@ def dataset() -> torch.utils.data.TensorDataset:
 def model() -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES)
+        torch.nn.Linear(FEATURES, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, CLASSES),
     )
 
 
@@ -61,7 +65,15 @@ def main(bucket: str, run_id: str, total_steps: int, out_dir: Path) -> None:
         checkpoint_every_steps=int(os.environ.get("FSDP_TEST_EVERY", "2")),
     )
     environ = {k: v for k, v in os.environ.items() if k != "SKYGREEN_SMOKE"}
-    run = Run(model=net, optimizer=optimizer, scheduler=scheduler, dataset=dataset(), settings=settings, seed=7, environ=environ)
+    run = Run(
+        model=net,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        dataset=dataset(),
+        settings=settings,
+        seed=7,
+        environ=environ,
+    )
     log = out_dir / "steps.jsonl"
     with run:
         for step in run.steps(total_steps):
@@ -79,9 +91,13 @@ def main(bucket: str, run_id: str, total_steps: int, out_dir: Path) -> None:
             every: list[list[int]] = [[] for _ in range(dist.get_world_size())]
             dist.all_gather_object(every, seen)
             if rank == 0:
-                line = {"step": step.index, "loss": loss_sum.item() / run.effective_batch}
-                line["samples"] = sorted(i for part in every for i in part)
-                line["world_size"], line["accum"] = dist.get_world_size(), run.accum_steps
+                line = {
+                    "step": step.index,
+                    "loss": loss_sum.item() / run.effective_batch,
+                    "samples": sorted(i for part in every for i in part),
+                    "world_size": dist.get_world_size(),
+                    "accum": run.accum_steps,
+                }
                 with open(log, "a") as f:
                     f.write(json.dumps(line) + "\n")
     full = {k: v.full_tensor() for k, v in net.state_dict().items()}

@@ -15,6 +15,7 @@ at a moment it has to race for, and compares the resumed run with an uninterrupt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -44,9 +45,7 @@ def launch(nproc: int, bucket: str, run_id: str, out: Path, **env: str) -> subpr
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
     full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **env)
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), str(SCRIPT), bucket, run_id, str(STEPS)]
-    return subprocess.Popen(
-        [*cmd, str(out)], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    return subprocess.Popen([*cmd, str(out)], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -86,10 +85,8 @@ def descendants(pid: int) -> list[int]:
 def kill_all(proc: subprocess.Popen) -> None:
     """kill -9 the workers and torchrun, as a lost VM would."""
     for pid in [*descendants(proc.pid), proc.pid]:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     proc.communicate(timeout=60)
 
 

@@ -46,7 +46,6 @@ from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, small
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream, loader_for
 from skygreen.runtime.early_stop import EarlyStopper
-from skygreen.runtime.fsdp import is_sharded
 from skygreen.runtime.environment import (
     autocast_factory,
     batch_shape,
@@ -57,6 +56,7 @@ from skygreen.runtime.environment import (
     to_device,
     world,
 )
+from skygreen.runtime.fsdp import is_sharded
 from skygreen.runtime.hold import hold, hold_steps
 from skygreen.runtime.ledger import RunBook
 from skygreen.runtime.power import make_governor
@@ -130,13 +130,17 @@ class Run:
         self.seed = seed
         self._collate_fn = collate_fn
         self._num_workers = num_workers
-        self.checkpointer = checkpointer or self._sharded_checkpointer() or Checkpointer(
-            f"{self.settings.bucket.rstrip('/')}/{self.settings.run_id}",
-            keep=self.settings.checkpoint_keep,
-            half_precision=self.settings.checkpoint_half_precision,
-            rank=self.rank,
-            world_size=self.world_size,
-            metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
+        self.checkpointer = (
+            checkpointer
+            or self._sharded_checkpointer()
+            or Checkpointer(
+                f"{self.settings.bucket.rstrip('/')}/{self.settings.run_id}",
+                keep=self.settings.checkpoint_keep,
+                half_precision=self.settings.checkpoint_half_precision,
+                rank=self.rank,
+                world_size=self.world_size,
+                metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
+            )
         )
         self.stopper = self._make_stopper()
         self.step_index = 0

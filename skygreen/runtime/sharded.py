@@ -70,6 +70,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadItemType
 
 from skygreen.checkpoint.keep import check_keep
@@ -90,7 +91,7 @@ from skygreen.checkpoint.manifest import (
     step_folders,
     step_prefix,
 )
-from skygreen.checkpoint.retention import apply_retention, first_line
+from skygreen.checkpoint.retention import apply_retention
 from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.checkpoint.stores import open_store
 from skygreen.errors import (
@@ -236,6 +237,7 @@ class VerifiedReader(dcp.FileSystemReader):
     data through `torch.load(weights_only=True)` (DCP's own), pickled objects refused."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        """DCP's `Metadata` through the restricted unpickler (never `pickle.load`)."""
         from torch.distributed.checkpoint.metadata import StorageMeta
 
         path = Path(self.path) / ".metadata"
@@ -246,6 +248,7 @@ class VerifiedReader(dcp.FileSystemReader):
         return metadata
 
     def read_data(self, plan: Any, planner: Any) -> Any:
+        """DCP's reading of tensors (`weights_only=True`); a plan with a pickled object is refused."""
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:
                 raise CheckpointError(
@@ -488,7 +491,8 @@ class ShardedCheckpointer:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="skygreen-dcp-", dir=self.tmp_dir) as tmp:
             stage = Path(tmp) / f"rank{self.rank}"
-            dcp.save(staged, storage_writer=dcp.FileSystemWriter(stage, sync_files=False), process_group=group)
+            writer = dcp.FileSystemWriter(stage, sync_files=False)
+            dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
             del staged
             files = {DCP_PREFIX + p.name: p for p in sorted(stage.iterdir()) if p.is_file()}
             files[rank_blob_name(self.rank)] = _torch_save(own, Path(tmp) / rank_blob_name(self.rank))
@@ -518,7 +522,9 @@ class ShardedCheckpointer:
         self.last_committed_step = step
         self._failed_in_row = 0
         self.last_upload_s = time.perf_counter() - started
-        log.info("sharded checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s)
+        log.info(
+            "sharded checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s
+        )
         self._unloadable.pop(step, None)
         apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable)
         self._unloadable = {}
@@ -583,7 +589,7 @@ class ShardedCheckpointer:
                 self._discard_download()
             problem = problem or "did not verify on every rank"
             log.warning("skipping %s: %s", manifest.label, problem)
-            errors[manifest.step] = first_line(problem)
+            errors[manifest.step] = problem.splitlines()[0]
         step = loaded.step if loaded else -1
         if self.rank == 0:
             self._remove_uncommitted_after(step)
@@ -625,6 +631,11 @@ class ShardedCheckpointer:
             return str(e)
         if DCP_PREFIX + ".metadata" not in manifest.blobs:
             problems.append("dcp.metadata is not in the manifest")
+        if not problems:
+            try:  # refused here, on every rank alike, before DCP's collectives start
+                read_dcp_metadata((folder / DCP_PREFIX / ".metadata").read_bytes(), where="dcp.metadata")
+            except CheckpointError as e:
+                problems.append(str(e))
         return "; ".join(problems) or None
 
     def _discard_download(self) -> None:
@@ -646,10 +657,13 @@ class ShardedCheckpointer:
             raise CheckpointError(f"{manifest.label}: this run's state has no {', '.join(missing[:3])}")
         into = {key: targets[key] for key in wanted}
         try:
-            dcp.load(into, storage_reader=VerifiedReader(folder / DCP_PREFIX), process_group=self._checkpoint_group())
+            group = self._checkpoint_group()
+            dcp.load(
+                into, storage_reader=VerifiedReader(folder / DCP_PREFIX), process_group=group, no_dist=group is None
+            )
         except CheckpointError:
             raise
-        except Exception as e:  # DCP raises CheckpointException (a RuntimeError) on every rank alike
+        except (Exception, CheckpointException) as e:  # DCP raises CheckpointException on every rank alike
             raise CheckpointError(f"{manifest.label}: verified but DCP cannot load it into this run: {e}") from e
         state = join_tensors(skeleton, into)
         if rank_state is None and self.world_size > 1:
@@ -704,5 +718,3 @@ def _file_info(path: Path) -> BlobInfo:
 def _synchronize_devices() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
-
-
