@@ -655,7 +655,8 @@ class ShardedCheckpointer:
         missing = sorted(set(wanted) - set(targets))
         if missing:
             raise CheckpointError(f"{manifest.label}: this run's state has no {', '.join(missing[:3])}")
-        into = {key: targets[key] for key in wanted}
+        # fresh tensors of this run's layout: a failed load leaves the live state alone
+        into = {key: targets[key].detach().clone() for key in wanted}
         try:
             group = self._checkpoint_group()
             dcp.load(
