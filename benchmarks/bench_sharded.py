@@ -59,9 +59,15 @@ def bench_stall(total_mb: int, rounds: int, tmp: Path) -> dict[str, float]:
         stall.append(timed(lambda step=step: ck.save(step, state)))
         ck.wait()  # the next save starts with nothing in flight, as when uploads keep up
         folder = tmp / f"sync-{step}"
-        sync.append(timed(lambda folder=folder: dcp.save(state, storage_writer=dcp.FileSystemWriter(folder), no_dist=True)))
+        sync.append(
+            timed(lambda folder=folder: dcp.save(state, storage_writer=dcp.FileSystemWriter(folder), no_dist=True))
+        )
     ck.close()
-    return {"staging_s": statistics.median(staging), "stall_s": statistics.median(stall), "sync_s": statistics.median(sync)}
+    return {
+        "staging_s": statistics.median(staging),
+        "stall_s": statistics.median(stall),
+        "sync_s": statistics.median(sync),
+    }
 
 
 def worker(bucket: str, total_mb: int, rounds: int, out: Path) -> None:
@@ -75,7 +81,7 @@ def worker(bucket: str, total_mb: int, rounds: int, out: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_model(total_mb)
     shard(model, blocks=list(model))
-    ck = ShardedCheckpointer(f"{bucket}/w{world}", template=lambda: {}, rank=rank, world_size=world, keep=2, environ={})
+    ck = ShardedCheckpointer(f"{bucket}/w{world}", template=dict, rank=rank, world_size=world, keep=2, environ={})
     times = []
     for step in range(rounds):
         dist.barrier()
@@ -110,7 +116,15 @@ def bench_upload(total_mb: int, rounds: int, ranks: list[int], tmp: Path) -> dic
         torchrun = Path(sys.executable).parent / "torchrun"
         for n in ranks:
             out = tmp / f"ranks{n}.json"
-            cmd = [str(torchrun), "--standalone", "--nproc-per-node", str(n), __file__, "--worker", "s3://bench/sharded"]
+            cmd = [
+                str(torchrun),
+                "--standalone",
+                "--nproc-per-node",
+                str(n),
+                __file__,
+                "--worker",
+                "s3://bench/sharded",
+            ]
             cmd += ["--model-mb", str(total_mb), "--rounds", str(rounds), "--out", str(out)]
             env = dict(os.environ, PYTHONPATH=str(REPO))
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
