@@ -5,8 +5,10 @@
 The model is sharded with `skygreen.runtime.fsdp.shard` (each block, then the root) before it
 is handed to `Run`. The effective batch (8 samples, micro-batch 1) is the same at every world
 size, so the accumulation is 8 / N. Rank 0 appends one JSON line per optimizer step to
-`OUT_DIR/steps.jsonl`: the step, the mean loss over the step's samples and the dataset indices
-of every sample the step used on any rank; at the end it writes the gathered full weights to
+`OUT_DIR/steps.jsonl`: the step, the mean loss over the step's samples, the dataset indices
+of every sample the step used on any rank, the gradient reduce-scatters FSDP ran on this rank,
+and the gradient norm `step.clip_grad_norm_` returned beside the norm of the gathered gradients
+before and after clipping; at the end it writes the gathered full weights to
 `OUT_DIR/weights.pt`.
 """
 
@@ -28,6 +30,7 @@ from skygreen.settings import RuntimeSettings
 DATASET_LEN = 44
 FEATURES = 6
 CLASSES = 3
+MAX_GRAD_NORM = 0.5
 
 
 def dataset() -> torch.utils.data.TensorDataset:
@@ -48,9 +51,30 @@ def model() -> torch.nn.Sequential:
     )
 
 
+REDUCE_SCATTERS = [0]
+
+
+def count_reduce_scatters() -> None:
+    """Count FSDP2's gradient reduce-scatters (an observer around the real collective)."""
+    real = dist.reduce_scatter_single
+
+    def counted(*args, **kwargs):
+        REDUCE_SCATTERS[0] += 1
+        return real(*args, **kwargs)
+
+    dist.reduce_scatter_single = counted
+
+
+def full_grad_norm(net: torch.nn.Module) -> float:
+    """The global gradient norm from the gathered (unsharded) gradients."""
+    squares = sum(float(p.grad.full_tensor().double().pow(2).sum()) for p in net.parameters() if p.grad is not None)
+    return squares**0.5
+
+
 def main(bucket: str, run_id: str, total_steps: int, out_dir: Path) -> None:
     if not dist.is_initialized():
         dist.init_process_group("gloo")
+    count_reduce_scatters()
     rank = dist.get_rank()
     net = model()
     shard(net, blocks=model_blocks_of(net), precision="fp32")
@@ -80,12 +104,16 @@ def main(bucket: str, run_id: str, total_steps: int, out_dir: Path) -> None:
             loss_sum = torch.zeros(1)
             seen: list[int] = []
             with step:
+                before = REDUCE_SCATTERS[0]
                 for x, y, index in step.micro_batches():
                     loss = F.cross_entropy(run.model(x), y)
                     step.backward(loss)
                     loss_sum += loss.detach() * x.shape[0]
                     seen += index.tolist()
-                step.clip_grad_norm_(1.0)
+                reduce_scatters = REDUCE_SCATTERS[0] - before
+                unclipped = full_grad_norm(net)
+                norm = step.clip_grad_norm_(MAX_GRAD_NORM)
+                clipped = full_grad_norm(net)
                 step.optimizer_step()
             dist.all_reduce(loss_sum)
             every: list[list[int]] = [[] for _ in range(dist.get_world_size())]
@@ -97,6 +125,10 @@ def main(bucket: str, run_id: str, total_steps: int, out_dir: Path) -> None:
                     "samples": sorted(i for part in every for i in part),
                     "world_size": dist.get_world_size(),
                     "accum": run.accum_steps,
+                    "reduce_scatters": reduce_scatters,
+                    "grad_norm": float(norm),
+                    "grad_norm_gathered": unclipped,
+                    "grad_norm_after_clip": clipped,
                 }
                 with open(log, "a") as f:
                     f.write(json.dumps(line) + "\n")

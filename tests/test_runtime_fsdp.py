@@ -116,6 +116,16 @@ def assert_same_as(reference: Path, out: Path) -> None:
     assert steps_log(out) == steps_log(reference)
 
 
+def test_accumulation_reduce_scatters_once_per_step_and_clipping_sees_the_global_norm(reference):
+    for step, line in steps_log(reference).items():
+        # 3 sharded Linear layers, accumulation 4: one reduce-scatter each, on the last micro-step only
+        assert line["accum"] == 4 and line["reduce_scatters"] == 3, (step, line)
+        assert line["grad_norm"] == pytest.approx(line["grad_norm_gathered"], rel=1e-6), (step, line)
+        if line["grad_norm_gathered"] > 0.5:
+            assert line["grad_norm_after_clip"] == pytest.approx(0.5, rel=1e-4), (step, line)
+    assert any(line["grad_norm_gathered"] > 0.5 for line in steps_log(reference).values())  # clipping happened
+
+
 def test_kill_9_during_an_async_save_leaves_no_commit_and_resumes_bit_identical(tmp_path, reference):
     bucket, out, held = str(tmp_path / "bucket"), tmp_path / "out", tmp_path / "held"
     proc = launch(2, bucket, "victim", out, SKYGREEN_TEST_HOLD_UPLOAD=f"4:0,1:{held}")
@@ -169,3 +179,13 @@ def test_resharding_from_2_to_4_to_1_ranks_keeps_the_samples_and_the_loss(tmp_pa
     ref_w, got_w = weights(reference), weights(out)
     for name in ref_w:
         torch.testing.assert_close(got_w[name], ref_w[name], rtol=LOSS_RTOL, atol=1e-6)
+
+
+def test_micro_auto_is_refused_for_a_model_sharded_over_ranks_naming_the_fix():
+    from skygreen.errors import RuntimeSetupError
+    from skygreen.runtime.fsdp import check_batch
+
+    with pytest.raises(RuntimeSetupError, match=r"give the micro-batch"):
+        check_batch(micro_auto=True, world_size=2, smoke=False)
+    check_batch(micro_auto=True, world_size=1, smoke=False)  # one rank probes as before
+    check_batch(micro_auto=False, world_size=4, smoke=False)

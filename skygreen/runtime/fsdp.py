@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from skygreen.errors import InputError
+from skygreen.errors import InputError, RuntimeSetupError
 
 _PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -94,3 +94,18 @@ def load_model_and_optimizer_state(
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     set_state_dict(model, optimizer, model_state_dict=dict(model_state), optim_state_dict=optim_state)
+
+
+def check_batch(*, micro_auto: bool, world_size: int, smoke: bool) -> None:
+    """`micro: auto` probes by catching out-of-memory inside a step; under FSDP2 the other ranks
+    are then inside a collective that will never complete, so the ranks cannot agree on a
+    smaller micro-batch. Refused, with the fix, until the probe learns to do that.
+
+    Raises:
+        RuntimeSetupError: `micro: auto` with a sharded model on more than one rank.
+    """
+    if micro_auto and world_size > 1 and not smoke:
+        raise RuntimeSetupError(
+            "batch.micro: 'auto' cannot probe a model sharded with FSDP2 across ranks\n"
+            "  fix: give the micro-batch, e.g. batch: {effective: 512, micro: 8}"
+        )

@@ -56,7 +56,7 @@ from skygreen.runtime.environment import (
     to_device,
     world,
 )
-from skygreen.runtime.fsdp import is_sharded
+from skygreen.runtime.fsdp import check_batch, is_sharded
 from skygreen.runtime.hold import hold, hold_steps
 from skygreen.runtime.ledger import RunBook
 from skygreen.runtime.power import make_governor
@@ -125,6 +125,8 @@ class Run:
         self.sharded = is_sharded(self.module)
         """The model was wrapped with FSDP2's `fully_shard`: no DDP, sharded checkpoints."""
         self.model = self.module if self.sharded else self._wrap_ddp(self.module)
+        if self.sharded:
+            check_batch(micro_auto=self.micro_auto, world_size=self.world_size, smoke=self.smoke)
         self.dataset = dataset
         self.stream = SampleStream(len(dataset), seed=seed, shuffle=shuffle)
         self.seed = seed
