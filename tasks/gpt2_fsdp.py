@@ -27,8 +27,8 @@ import torch.distributed as dist
 import skygreen.runtime as sg
 from common import Rows, task_size
 from gpt2 import FINEWEB_EDU, build_model, evaluate, parse_args
-from skygreen.runtime.fsdp import shard
-from skygreen.settings import SMOKE_ENV, RuntimeSettings
+from skygreen.runtime.fsdp import shard, task_precision
+from skygreen.settings import SMOKE_ENV
 from textdata import prepare_text
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -88,8 +88,7 @@ def main() -> None:
     train, val = Rows(data, 0, len(data) - val_rows), Rows(data, len(data) - val_rows, len(data))
 
     model = build_model(tokenizer.get_vocab_size(), size).to(device)
-    precision = RuntimeSettings.from_env(os.environ).precision
-    compute = "bf16" if device.type == "cuda" and precision in ("auto", "bf16") else "fp32"
+    compute = task_precision(device)  # the task's precision, `auto` resolved for this GPU
     shard(model, blocks=model.transformer.h, precision=compute)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -115,7 +114,7 @@ def main() -> None:
         dataset=train,
         extra_state={"data": data},
         effective_batch=size.get("batch"),
-        precision="fp32" if compute == "fp32" else None,  # FSDP2 casts; autocast stays out of its way
+        precision=compute,
     )
     try:
         with run:

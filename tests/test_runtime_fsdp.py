@@ -189,3 +189,16 @@ def test_micro_auto_is_refused_for_a_model_sharded_over_ranks_naming_the_fix():
         check_batch(micro_auto=True, world_size=2, smoke=False)
     check_batch(micro_auto=True, world_size=1, smoke=False)  # one rank probes as before
     check_batch(micro_auto=False, world_size=4, smoke=False)
+
+
+def test_the_tasks_precision_becomes_fsdp2s_mixed_precision_policy():
+    from skygreen.errors import InputError
+    from skygreen.runtime.fsdp import mixed_precision, task_precision
+
+    bf16 = mixed_precision("bf16")
+    assert bf16.param_dtype == torch.bfloat16 and bf16.reduce_dtype == torch.float32
+    assert mixed_precision("fp16").param_dtype == torch.float16
+    assert mixed_precision("fp32").param_dtype is None  # FSDP2's default: no casting
+    with pytest.raises(InputError, match="'fp8' is not one of"):
+        mixed_precision("fp8")
+    assert task_precision(torch.device("cpu"), {"SKYGREEN_SMOKE": "1"}) == "fp32"

@@ -51,6 +51,22 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
+def task_precision(device: torch.device, environ: Mapping[str, str] | None = None) -> str:
+    """The precision the runtime will train in on `device` (bf16, fp16 or fp32): the task's
+    `precision`, with `auto` resolved for the GPU as `Run` resolves it; fp32 under smoke tests.
+    Call before sharding, and pass it to `shard`, so FSDP2 casts as the task asked."""
+    import os
+
+    from skygreen.runtime.environment import device_facts, pick_precision
+    from skygreen.settings import SMOKE_ENV, RuntimeSettings
+
+    env = os.environ if environ is None else environ
+    if env.get(SMOKE_ENV) == "1":
+        return "fp32"
+    settings = RuntimeSettings.from_env(env)
+    return pick_precision(settings, device_facts(device), code_precision=None, environ=env).precision
+
+
 def shard(model: torch.nn.Module, *, blocks: Iterable[torch.nn.Module], precision: str = "fp32") -> torch.nn.Module:
     """`fully_shard` each of `blocks` (e.g. the transformer layers), then the root, with the
     policy for `precision`; returns the model (now an `FSDPModule`). Needs a process group.
