@@ -18,10 +18,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from skygreen.runtime.fsdp import shard
 from skygreen.runtime.run import Run
@@ -67,8 +69,8 @@ def count_reduce_scatters() -> None:
 
 def full_grad_norm(net: torch.nn.Module) -> float:
     """The global gradient norm from the gathered (unsharded) gradients."""
-    squares = sum(float(p.grad.full_tensor().double().pow(2).sum()) for p in net.parameters() if p.grad is not None)
-    return squares**0.5
+    grads = [cast(DTensor, p.grad).full_tensor() for p in net.parameters() if p.grad is not None]
+    return sum(float(g.double().pow(2).sum()) for g in grads) ** 0.5
 
 
 def main(bucket: str, run_id: str, total_steps: int, out_dir: Path) -> None:
