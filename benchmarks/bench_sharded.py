@@ -48,7 +48,8 @@ def timed(fn) -> float:
 def bench_stall(total_mb: int, rounds: int, tmp: Path) -> dict[str, float]:
     import torch.distributed.checkpoint as dcp
 
-    from skygreen.runtime.sharded import ShardedCheckpointer, stage_tensors
+    from skygreen.runtime.dcp_files import stage_tensors
+    from skygreen.runtime.sharded import ShardedCheckpointer
 
     model = make_model(total_mb)
     state = {"model": model.state_dict()}

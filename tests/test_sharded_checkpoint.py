@@ -14,7 +14,8 @@ import torch
 from skygreen.checkpoint.manifest import Manifest, blob_info, blob_key, committed_steps, manifest_key, read_manifest
 from skygreen.errors import CheckpointError
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.sharded import ShardedCheckpointer, join_tensors, read_dcp_metadata, split_tensors
+from skygreen.runtime.dcp_files import join_tensors, read_dcp_metadata, split_tensors
+from skygreen.runtime.sharded import ShardedCheckpointer
 
 
 def state(scale: float) -> dict:

@@ -10,7 +10,8 @@ A model the user wrapped with `fully_shard` before handing it to `Run` is recogn
   the total is reduced across ranks (DTensor does that inside `clip_grad_norm_`), and the norm
   handed back is a plain tensor, the same on every rank;
 - takes the model's and optimizer's state with `get_state_dict` (names, not parameter ids,
-  so the state reshards) and checkpoints it through `skygreen.runtime.sharded`.
+  so the state reshards; `skygreen.runtime.state`) and checkpoints it through
+  `skygreen.runtime.sharded`.
 
 FSDP2 takes its precision when the model is sharded, not later: `mixed_precision` turns the
 task's precision into the `MixedPrecisionPolicy` to pass to `fully_shard`, and `shard` does the
@@ -20,12 +21,15 @@ wrapping (each listed block, then the root) with it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from skygreen.errors import InputError, RuntimeSetupError
+
+if TYPE_CHECKING:
+    from skygreen.runtime.run import Run
 
 _PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -95,23 +99,6 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
     return full() if callable(full) else norm
 
 
-def model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """The model's and the optimizer's state, keyed by parameter name (sharded DTensors)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    return get_state_dict(model, optimizer)
-
-
-def load_model_and_optimizer_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, model_state: Mapping[str, Any], optim_state: Any
-) -> None:
-    """Put state taken by `model_and_optimizer_state` (maybe at another world size, resharded by
-    the checkpointer) back into the model and the optimizer."""
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    set_state_dict(model, optimizer, model_state_dict=dict(model_state), optim_state_dict=optim_state)
-
-
 def check_batch(*, micro_auto: bool, world_size: int, smoke: bool) -> None:
     """`micro: auto` probes by catching out-of-memory inside a step; under FSDP2 the other ranks
     are then inside a collective that will never complete, so the ranks cannot agree on a
@@ -125,3 +112,24 @@ def check_batch(*, micro_auto: bool, world_size: int, smoke: bool) -> None:
             "batch.micro: 'auto' cannot probe a model sharded with FSDP2 across ranks\n"
             "  fix: give the micro-batch, e.g. batch: {effective: 512, micro: 8}"
         )
+
+
+def checkpoint_for_shards(run: Run, given: Any = None) -> Any:
+    """The checkpointer of a `Run`: `given` when the caller passed one; for a sharded model a
+    `ShardedCheckpointer` that loads into the run's own state (`training_state`), and so
+    reshards to its world size, after `check_batch`; None otherwise (the run makes the DDP one)."""
+    if given is not None or not run.sharded:
+        return given
+    from skygreen.runtime.sharded import ShardedCheckpointer
+    from skygreen.runtime.state import training_state
+
+    check_batch(micro_auto=run.micro_auto, world_size=run.world_size, smoke=run.smoke)
+    return ShardedCheckpointer(
+        f"{run.settings.bucket.rstrip('/')}/{run.settings.run_id}",
+        template=lambda: training_state(run),
+        keep=run.settings.checkpoint_keep,
+        rank=run.rank,
+        world_size=run.world_size,
+        metric_mode=run.settings.early_stop.mode if run.settings.early_stop else "min",
+        environ=run._environ,  # the environment the run was given (tests pass their own)
+    )

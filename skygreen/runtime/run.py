@@ -56,7 +56,7 @@ from skygreen.runtime.environment import (
     to_device,
     world,
 )
-from skygreen.runtime.fsdp import check_batch, is_sharded
+from skygreen.runtime.fsdp import checkpoint_for_shards, is_sharded
 from skygreen.runtime.hold import hold, hold_steps
 from skygreen.runtime.ledger import RunBook
 from skygreen.runtime.power import make_governor
@@ -122,27 +122,20 @@ class Run:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.grad_scaler)
         self.autocast = autocast_factory(self.device.type, self.precision)
         """`with run.autocast():` mixed precision for a forward pass (a no-op in fp32)."""
-        self.sharded = is_sharded(self.module)
-        """The model was wrapped with FSDP2's `fully_shard`: no DDP, sharded checkpoints."""
-        self.model = self.module if self.sharded else self._wrap_ddp(self.module)
-        if self.sharded:
-            check_batch(micro_auto=self.micro_auto, world_size=self.world_size, smoke=self.smoke)
+        self.sharded = is_sharded(self.module)  # FSDP2's fully_shard: no DDP, sharded checkpoints
+        self.model = self._wrap_ddp(self.module)
         self.dataset = dataset
         self.stream = SampleStream(len(dataset), seed=seed, shuffle=shuffle)
         self.seed = seed
         self._collate_fn = collate_fn
         self._num_workers = num_workers
-        self.checkpointer = (
-            checkpointer
-            or self._sharded_checkpointer()
-            or Checkpointer(
-                f"{self.settings.bucket.rstrip('/')}/{self.settings.run_id}",
-                keep=self.settings.checkpoint_keep,
-                half_precision=self.settings.checkpoint_half_precision,
-                rank=self.rank,
-                world_size=self.world_size,
-                metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
-            )
+        self.checkpointer = checkpoint_for_shards(self, checkpointer) or Checkpointer(
+            f"{self.settings.bucket.rstrip('/')}/{self.settings.run_id}",
+            keep=self.settings.checkpoint_keep,
+            half_precision=self.settings.checkpoint_half_precision,
+            rank=self.rank,
+            world_size=self.world_size,
+            metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
         )
         self.stopper = self._make_stopper()
         self.step_index = 0
@@ -172,27 +165,12 @@ class Run:
     # -- set-up ---------------------------------------------------------------------------
 
     def _wrap_ddp(self, module: torch.nn.Module) -> torch.nn.Module:
-        if self.world_size == 1:
+        if self.world_size == 1 or self.sharded:
             return module
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
         ids = [self.device.index] if self.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
-
-    def _sharded_checkpointer(self) -> Any:
-        if not self.sharded:
-            return None
-        from skygreen.runtime.sharded import ShardedCheckpointer
-
-        return ShardedCheckpointer(
-            f"{self.settings.bucket.rstrip('/')}/{self.settings.run_id}",
-            template=lambda: training_state(self),
-            keep=self.settings.checkpoint_keep,
-            rank=self.rank,
-            world_size=self.world_size,
-            metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
-            environ=self._environ,
-        )
 
     def _make_stopper(self) -> EarlyStopper | None:
         return EarlyStopper(self.settings.early_stop) if self.settings.early_stop else None

@@ -32,11 +32,8 @@ Loading trusts nothing it did not verify, and unpickles nothing from the bucket:
 
 - every file the manifest lists is downloaded and checked against its size and sha256 before
   any of it is read; every rank checks, and the ranks agree (all-reduce) before DCP reads;
-- DCP's `.metadata` is a pickle, and `FileSystemReader` unpickles it with `pickle.load`. A
-  sha256 proves only that the bytes are those rank 0 wrote to the manifest, and whoever can
-  write the bucket can write a manifest too; so `.metadata` is read by a restricted unpickler
-  that resolves only DCP's own metadata classes, `torch.Size`, dtypes and layouts, and refuses
-  any other global (`os.system`, `builtins.eval`, ...) before it can be called;
+- DCP's `.metadata` is a pickle: it is read by a restricted unpickler, never `pickle.load`
+  (`skygreen.runtime.dcp_files` says why a matching sha256 is not enough);
 - tensor data is read by DCP with `torch.load(weights_only=True)`; DCP's other item kind, a
   pickled object (`BYTE_IO`, `torch.load(weights_only=False)`), is never written by skygreen
   and refused on read; `shared.pt` and `rank<r>.pt` load with `weights_only=True`.
@@ -53,17 +50,13 @@ Layout (file names have no slash, like every step folder's):
 
 from __future__ import annotations
 
-import hashlib
-import io
 import logging
 import os
-import pickle
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +64,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.planner import LoadItemType
 
 from skygreen.checkpoint.keep import check_keep
 from skygreen.checkpoint.manifest import (
@@ -102,7 +94,21 @@ from skygreen.errors import (
     StoreError,
     TransientStoreError,
 )
-from skygreen.runtime.checkpointer import MAX_FAILED_SAVES_IN_ROW, Loaded, _note, _read_note
+from skygreen.runtime.checkpointer import MAX_FAILED_SAVES_IN_ROW, Loaded, _note
+from skygreen.runtime.dcp_files import (
+    UploadHold,
+    VerifiedReader,
+    collect_rank_notes,
+    file_info,
+    join_tensors,
+    placeholders,
+    read_dcp_metadata,
+    split_tensors,
+    stage_tensors,
+    synchronize_devices,
+    torch_load_verified,
+    torch_save_to,
+)
 from skygreen.runtime.ranks import all_reduce, distributed
 from skygreen.runtime.tensors import to_host
 from skygreen.timestamps import utc_now_iso
@@ -113,188 +119,8 @@ LAYOUT = "sharded-dcp"
 """The manifest's `layout` for checkpoints written here."""
 DCP_PREFIX = "dcp"
 """Blob names of DCP's files: `dcp` + DCP's own file name (`dcp.metadata`, `dcp__0_0.distcp`)."""
-TENSOR_MARK = "__skygreen_dcp_tensor__"
-"""In `shared.pt`, a tensor's place holds `{TENSOR_MARK: "<its key in DCP>"}`."""
-HOLD_UPLOAD_ENV = "SKYGREEN_TEST_HOLD_UPLOAD"
-"""Tests: `STEP:RANKS:DIR`, e.g. `4:0,1:/tmp/x`: those ranks stop inside the upload of step STEP,
-after their files are up and before their note, write `DIR/upload-STEP-rank<r>` (holding the
-process id) and wait to be killed. `skygreen up` never renders it."""
 
-_NOTE_POLL_S = 0.2
 _UPLOAD_THREADS = 4
-_HASH_CHUNK_BYTES = 8 * 1024 * 1024
-
-
-# ---------------------------------------------------------------------------------------
-# Splitting a state into tensors (for DCP) and the rest (for shared.pt)
-
-
-def split_tensors(state: Any, *, path: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
-    """(skeleton, tensors): `state` with each tensor replaced by a placeholder naming its key,
-    and those tensors (DTensor shards included, not copied) by key, for DCP.
-
-    Keys are the path of the tensor in the state, joined with dots (`model.0.weight`,
-    `optimizer.state.0.weight.exp_avg`): the same key on every rank and at every world size.
-    """
-    tensors: dict[str, torch.Tensor] = {}
-
-    def walk(obj: Any, where: str) -> Any:
-        if isinstance(obj, torch.Tensor):
-            tensors[where] = obj
-            return {TENSOR_MARK: where}
-        if isinstance(obj, Mapping):
-            return {k: walk(v, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [walk(v, f"{where}.{i}") for i, v in enumerate(obj)]
-        if isinstance(obj, tuple):
-            return tuple(walk(v, f"{where}.{i}") for i, v in enumerate(obj))
-        return obj
-
-    return walk(state, path), tensors
-
-
-def join_tensors(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    """The inverse of `split_tensors`: the skeleton with each placeholder replaced by its tensor.
-
-    Raises:
-        CheckpointError: a placeholder names a tensor that `tensors` lacks.
-    """
-    if isinstance(skeleton, Mapping):
-        if set(skeleton) == {TENSOR_MARK}:
-            key = skeleton[TENSOR_MARK]
-            if key not in tensors:
-                raise CheckpointError(f"the checkpoint holds tensor {key!r}, which this run's state lacks")
-            return tensors[key]
-        return {k: join_tensors(v, tensors) for k, v in skeleton.items()}
-    if isinstance(skeleton, list):
-        return [join_tensors(v, tensors) for v in skeleton]
-    if isinstance(skeleton, tuple):
-        return tuple(join_tensors(v, tensors) for v in skeleton)
-    return skeleton
-
-
-def stage_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A host-memory copy of each tensor (a DTensor stays a DTensor of copied local shards):
-    training may change the originals the moment `save` returns."""
-    return {k: t.detach().to("cpu", copy=True) for k, t in tensors.items()}
-
-
-# ---------------------------------------------------------------------------------------
-# Reading DCP's files without unpickling anything but DCP's own metadata
-
-
-_META_MODULE = "torch.distributed.checkpoint.metadata"
-_ALLOWED_GLOBALS = frozenset(
-    {
-        (_META_MODULE, "Metadata"),
-        (_META_MODULE, "MetadataIndex"),
-        (_META_MODULE, "ChunkStorageMetadata"),
-        (_META_MODULE, "TensorStorageMetadata"),
-        (_META_MODULE, "BytesStorageMetadata"),
-        (_META_MODULE, "TensorProperties"),
-        (_META_MODULE, "StorageMeta"),
-        (_META_MODULE, "_MEM_FORMAT_ENCODING"),
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("torch.serialization", "_get_layout"),
-        ("torch", "Size"),
-        ("pathlib", "PosixPath"),
-        ("pathlib", "PurePosixPath"),
-        ("collections", "OrderedDict"),
-    }
-)
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Resolves only the globals DCP's `.metadata` needs; anything else is refused unresolved."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from checkpoint metadata")
-
-
-def read_dcp_metadata(data: bytes, *, where: str) -> Any:
-    """DCP's `Metadata` from the bytes of `.metadata`, through the restricted unpickler.
-
-    Raises:
-        CheckpointError: the bytes are no DCP metadata, or name a global it does not need.
-    """
-    from torch.distributed.checkpoint.metadata import Metadata
-
-    try:
-        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-    except Exception as e:  # pickle raises many kinds for bad bytes
-        raise CheckpointError(f"{where}: DCP metadata cannot be loaded safely: {e}") from e
-    if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"{where}: DCP metadata is a {type(metadata).__name__}, not DCP's Metadata")
-    return metadata
-
-
-class VerifiedReader(dcp.FileSystemReader):
-    """DCP's file reader over verified files: metadata through the restricted unpickler, tensor
-    data through `torch.load(weights_only=True)` (DCP's own), pickled objects refused."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        """DCP's `Metadata` through the restricted unpickler (never `pickle.load`)."""
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        path = Path(self.path) / ".metadata"
-        metadata = read_dcp_metadata(path.read_bytes(), where=str(path))
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-    def read_data(self, plan: Any, planner: Any) -> Any:
-        """DCP's reading of tensors (`weights_only=True`); a plan with a pickled object is refused."""
-        for item in plan.items:
-            if item.type == LoadItemType.BYTE_IO:
-                raise CheckpointError(
-                    f"checkpoint item {item.dest_index.fqn!r} is a pickled object; skygreen never writes one "
-                    "and does not unpickle them"
-                )
-        return super().read_data(plan, planner)
-
-
-# ---------------------------------------------------------------------------------------
-# The test-only hold inside an upload
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class UploadHold:
-    """Where `SKYGREEN_TEST_HOLD_UPLOAD` stops an upload: a step, the ranks, the marker folder."""
-
-    step: int
-    ranks: frozenset[int]
-    folder: Path
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> UploadHold | None:
-        """The hold named by the environment; None when unset.
-
-        Raises:
-            InputError: the variable is not `STEP:RANKS:DIR`.
-        """
-        raw = environ.get(HOLD_UPLOAD_ENV, "").strip()
-        if not raw:
-            return None
-        try:
-            step, ranks, folder = raw.split(":", 2)
-            return cls(step=int(step), ranks=frozenset(int(r) for r in ranks.split(",")), folder=Path(folder))
-        except ValueError as e:
-            raise InputError(f"{HOLD_UPLOAD_ENV}={raw!r}: expected STEP:RANK[,RANK...]:DIR, e.g. 4:1:/tmp/x") from e
-
-    def wait_if_due(self, step: int, rank: int) -> None:
-        """At the held step on a held rank: leave the marker, then wait for the kill that must come."""
-        if step != self.step or rank not in self.ranks:
-            return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / f"upload-{step}-rank{rank}").write_text(f"{os.getpid()}\n")
-        log.warning("rank %d held inside the upload of step %d (%s); waiting to be killed", rank, step, HOLD_UPLOAD_ENV)
-        while True:
-            time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------------------
@@ -408,7 +234,7 @@ class ShardedCheckpointer:
         waited = time.perf_counter()
         skeleton, tensors = split_tensors(state)
         staged = stage_tensors(tensors)
-        _synchronize_devices()
+        synchronize_devices()
         skeleton = to_host(skeleton, path="state")
         own = to_host(rank_state if rank_state is not None else {}, path="rank_state")
         meta_json = dict(meta or {})
@@ -495,9 +321,9 @@ class ShardedCheckpointer:
             dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
             del staged
             files = {DCP_PREFIX + p.name: p for p in sorted(stage.iterdir()) if p.is_file()}
-            files[rank_blob_name(self.rank)] = _torch_save(own, Path(tmp) / rank_blob_name(self.rank))
+            files[rank_blob_name(self.rank)] = torch_save_to(own, Path(tmp) / rank_blob_name(self.rank))
             if self.rank == 0:
-                files[SHARED_BLOB] = _torch_save(skeleton, Path(tmp) / SHARED_BLOB)
+                files[SHARED_BLOB] = torch_save_to(skeleton, Path(tmp) / SHARED_BLOB)
             blobs = self._upload_all(step, files)
             if self.hold is not None:
                 self.hold.wait_if_due(step, self.rank)
@@ -506,7 +332,7 @@ class ShardedCheckpointer:
             self.last_upload_s = time.perf_counter() - started
             self._failed_in_row = 0
             return
-        blobs.update(self._collect_rank_notes(step))
+        blobs.update(collect_rank_notes(self.store, step, world_size=self.world_size, wait_s=self.rank_wait_s))
         manifest = Manifest(
             step=step,
             created_at=utc_now_iso(microseconds=True),
@@ -533,34 +359,13 @@ class ShardedCheckpointer:
         """Hash and upload this rank's files, several at once; their sizes and sha256s."""
 
         def one(name: str) -> BlobInfo:
-            info = _file_info(files[name])
+            info = file_info(files[name])
             self.store.put_file(blob_key(step, name), files[name])
             return info
 
         with ThreadPoolExecutor(max_workers=_UPLOAD_THREADS, thread_name_prefix="skygreen-upload") as pool:
             futures = {name: pool.submit(one, name) for name in files}
             return {name: f.result() for name, f in futures.items()}
-
-    def _collect_rank_notes(self, step: int) -> dict[str, BlobInfo]:
-        pending = set(range(1, self.world_size))
-        found: dict[str, BlobInfo] = {}
-        deadline = time.monotonic() + self.rank_wait_s
-        while pending:
-            for rank in sorted(pending):
-                try:
-                    raw = self.store.get(blob_key(step, rank_note_name(rank)))
-                except KeyNotFoundError:
-                    continue
-                found.update(_read_note(raw, step, rank, self.url))
-                pending.discard(rank)
-            if pending and time.monotonic() > deadline:
-                raise RankTimeoutError(
-                    f"{self.url}: checkpoint step {step} not committed: rank(s) "
-                    f"{', '.join(map(str, sorted(pending)))} did not upload their part within {self.rank_wait_s:g} s"
-                )
-            if pending:
-                time.sleep(_NOTE_POLL_S)
-        return found
 
     # -- loading ------------------------------------------------------------------------
 
@@ -614,7 +419,7 @@ class ShardedCheckpointer:
                     self.store.get_to(blob_key(manifest.step, name), out)
                 except KeyNotFoundError:
                     return f"{name} is missing"
-            got, want = _file_info(local), manifest.blobs[name]
+            got, want = file_info(local), manifest.blobs[name]
             if got != want:
                 return (
                     f"{name} does not match the manifest (size {got.size} vs {want.size}, "
@@ -647,11 +452,11 @@ class ShardedCheckpointer:
         """DCP-load the verified files into this run's current state (resharding it)."""
         assert self._download is not None
         folder = Path(self._download.name)
-        skeleton = _torch_load(folder / SHARED_BLOB, manifest, SHARED_BLOB)
+        skeleton = torch_load_verified(folder / SHARED_BLOB, manifest, SHARED_BLOB)
         own_path = folder / rank_blob_name(self.rank)
-        rank_state = _torch_load(own_path, manifest, own_path.name) if own_path.exists() else None
+        rank_state = torch_load_verified(own_path, manifest, own_path.name) if own_path.exists() else None
         _, targets = split_tensors(self.template())
-        wanted = _placeholders(skeleton)
+        wanted = placeholders(skeleton)
         missing = sorted(set(wanted) - set(targets))
         if missing:
             raise CheckpointError(f"{manifest.label}: this run's state has no {', '.join(missing[:3])}")
@@ -681,41 +486,3 @@ class ShardedCheckpointer:
         for stale in sorted(s for s in folders if s > step and MANIFEST_NAME not in folders[s]):
             log.info("removing uncommitted leftovers of step %d (%s)", stale, step_prefix(stale))
             delete_step(self.store, stale)
-
-
-def _placeholders(skeleton: Any) -> list[str]:
-    """The tensor keys a skeleton's placeholders name."""
-    if isinstance(skeleton, Mapping):
-        if set(skeleton) == {TENSOR_MARK}:
-            return [skeleton[TENSOR_MARK]]
-        return [k for v in skeleton.values() for k in _placeholders(v)]
-    if isinstance(skeleton, (list, tuple)):
-        return [k for v in skeleton for k in _placeholders(v)]
-    return []
-
-
-def _torch_save(obj: Any, path: Path) -> Path:
-    torch.save(obj, path)
-    return path
-
-
-def _torch_load(path: Path, manifest: Manifest, name: str) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises UnpicklingError, RuntimeError, ... for bad files
-        raise CheckpointError(f"{manifest.label}: {name} verified but cannot be loaded safely: {e}") from e
-
-
-def _file_info(path: Path) -> BlobInfo:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return BlobInfo(size=size, sha256=digest.hexdigest())
-
-
-def _synchronize_devices() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()

@@ -16,10 +16,10 @@ if TYPE_CHECKING:
 
 def training_state(run: Run) -> dict[str, Any]:
     """The shared state of `run` at its current step boundary (an FSDP model's is sharded)."""
-    if run.sharded:
-        from skygreen.runtime.fsdp import model_and_optimizer_state
+    if run.sharded:  # keyed by parameter name, sharded DTensors: the sharded checkpointer reshards them
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model, optimizer = model_and_optimizer_state(run.module, run.optimizer)
+        model, optimizer = get_state_dict(run.module, run.optimizer)
     else:
         model, optimizer = run.module.state_dict(), run.optimizer.state_dict()
     return {
@@ -44,11 +44,9 @@ def training_state(run: Run) -> dict[str, Any]:
 def load_training_state(run: Run, state: Mapping[str, Any]) -> None:
     """Put a checkpoint's shared state back into `run` (the batch shape is the run's to decide)."""
     if run.sharded:
-        from skygreen.runtime.fsdp import load_model_and_optimizer_state
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        load_model_and_optimizer_state(
-            run.module, run.optimizer, model_state=state["model"], optim_state=state["optimizer"]
-        )
+        set_state_dict(run.module, run.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     else:
         run.module.load_state_dict(state["model"])
         run.optimizer.load_state_dict(state["optimizer"])
