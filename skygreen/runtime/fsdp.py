@@ -9,9 +9,10 @@ A model the user wrapped with `fully_shard` before handing it to `Run` is recogn
 - clips the gradient norm over the sharded parameters: each rank's norm covers its shards,
   the total is reduced across ranks (DTensor does that inside `clip_grad_norm_`), and the norm
   handed back is a plain tensor, the same on every rank;
-- takes the model's and optimizer's state with `get_state_dict` (names, not parameter ids,
-  so the state reshards; `skygreen.runtime.state`) and checkpoints it through
-  `skygreen.runtime.sharded`.
+- checkpoints the model and the optimizer as `sharded_states` (their state taken with
+  `get_model_state_dict` / `get_optimizer_state_dict`: keyed by names, not parameter ids, so
+  the state reshards) through `skygreen.runtime.sharded`, in the same mapping of named
+  stateful objects as every run (`Checkpointer.save_state` / `restore_state`).
 
 FSDP2 takes its precision when the model is sharded, not later: `mixed_precision` turns the
 task's precision into the `MixedPrecisionPolicy` to pass to `fully_shard`, and `shard` does the
@@ -21,15 +22,13 @@ wrapping (each listed block, then the root) with it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from skygreen.errors import InputError, RuntimeSetupError
-
-if TYPE_CHECKING:
-    from skygreen.runtime.run import Run
+from skygreen.runtime.state import Stateful
 
 _PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -114,22 +113,65 @@ def check_batch(*, micro_auto: bool, world_size: int, smoke: bool) -> None:
         )
 
 
-def checkpoint_for_shards(run: Run, given: Any = None) -> Any:
-    """The checkpointer of a `Run`: `given` when the caller passed one; for a sharded model a
-    `ShardedCheckpointer` that loads into the run's own state (`training_state`), and so
-    reshards to its world size, after `check_batch`; None otherwise (the run makes the DDP one)."""
-    if given is not None or not run.sharded:
-        return given
-    from skygreen.runtime.sharded import ShardedCheckpointer
-    from skygreen.runtime.state import training_state
+class ShardedModelState:
+    """The state of a sharded model as a checkpoint holds it: sharded DTensors keyed by parameter
+    name, which the sharded checkpointer reshards to whatever world size loads them.
 
-    check_batch(micro_auto=run.micro_auto, world_size=run.world_size, smoke=run.smoke)
-    return ShardedCheckpointer(
-        f"{run.settings.bucket.rstrip('/')}/{run.settings.run_id}",
-        template=lambda: training_state(run),
-        keep=run.settings.checkpoint_keep,
-        rank=run.rank,
-        world_size=run.world_size,
-        metric_mode=run.settings.early_stop.mode if run.settings.early_stop else "min",
-        environ=run._environ,  # the environment the run was given (tests pass their own)
-    )
+    Args:
+        model: the root module wrapped with `fully_shard`.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shards of every parameter and buffer, by name."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put loaded (already resharded) shards back into the model."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, dict(state))
+
+
+class ShardedOptimizerState:
+    """The state of an optimizer over a sharded model, keyed by parameter name (a plain
+    `optimizer.state_dict()` is keyed by parameter id, which does not survive resharding).
+
+    Args:
+        model: the root module wrapped with `fully_shard`.
+        optimizer: the optimizer over its parameters.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shards of the optimizer's state, with its hyper-parameters."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put a loaded optimizer state back (after the model's)."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, dict(state))
+
+
+def sharded_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Stateful]:
+    """The `model` and `optimizer` entries of a checkpoint's state mapping for a sharded model,
+    to pass to `ShardedCheckpointer.save_state` / `restore_state` with the other named states.
+
+    Args:
+        model: the root module wrapped with `fully_shard`.
+        optimizer: the optimizer over its parameters.
+
+    Returns:
+        `{"model": ..., "optimizer": ...}`, each with `state_dict()` / `load_state_dict()`.
+    """
+    return {"model": ShardedModelState(model), "optimizer": ShardedOptimizerState(model, optimizer)}

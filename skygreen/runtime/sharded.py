@@ -50,6 +50,7 @@ Layout (file names have no slash, like every step folder's):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
@@ -109,8 +110,10 @@ from skygreen.runtime.dcp_files import (
     torch_load_verified,
     torch_save_to,
 )
-from skygreen.runtime.ranks import all_reduce, distributed
+from skygreen.runtime.ranks import World, all_reduce, distributed
+from skygreen.runtime.state import Stateful, apply, capture, upgrade_layout
 from skygreen.runtime.tensors import to_host
+from skygreen.settings import RuntimeSettings
 from skygreen.timestamps import utc_now_iso
 
 log = logging.getLogger("skygreen.checkpoint")
@@ -123,6 +126,35 @@ DCP_PREFIX = "dcp"
 _UPLOAD_THREADS = 4
 
 
+def open_sharded_checkpointer(
+    settings: RuntimeSettings, *, world: World, environ: Mapping[str, str] | None = None
+) -> ShardedCheckpointer:
+    """The checkpointer of an FSDP2 run: `<bucket>/<run_id>`, with the settings' keep and
+    early-stopping mode, as `open_checkpointer` opens a full one (weights are never stored
+    in half precision here: each rank's shards are saved as trained).
+
+    Args:
+        settings: the run's settings.
+        world: this process's rank and world size (one checkpointer per rank).
+        environ: the process environment (for the test-only upload hold; default `os.environ`).
+
+    Returns:
+        The checkpointer; `close()` it at the end.
+
+    Raises:
+        InputError: a bad keep or metric mode.
+        StoreError: the bucket URL's scheme is unknown.
+    """
+    return ShardedCheckpointer(
+        f"{settings.bucket.rstrip('/')}/{settings.run_id}",
+        keep=settings.checkpoint_keep,
+        rank=world.rank,
+        world_size=world.size,
+        metric_mode=settings.early_stop.mode if settings.early_stop else "min",
+        environ=environ,
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # The checkpointer
 
@@ -130,13 +162,15 @@ _UPLOAD_THREADS = 4
 class ShardedCheckpointer:
     """Asynchronous, verified, resharding checkpoints of one FSDP2 run (one instance per rank).
 
-    The same surface as `skygreen.runtime.checkpointer.Checkpointer` (`save`, `wait`,
-    `close`, `load_latest`, `last_save_cost_s`, `last_upload_s`), so `Run` drives either.
+    The same surface as `skygreen.runtime.checkpointer.Checkpointer` (`save_state`,
+    `restore_state`, `save`, `wait`, `close`, `load_latest`, `last_save_cost_s`,
+    `last_upload_s`), so `Run` drives either.
 
     Args:
         url: the run's checkpoint URL (`s3://`, `gs://`, `file://` or a path).
         template: returns this run's current state (sharded as the run now is); `load_latest`
             loads into its tensors, which is how a checkpoint reshards to this world size.
+            Without one, the states last given to `save_state` / `restore_state` are the template.
         keep: committed checkpoints to keep.
         rank: this process's rank.
         world_size: the number of ranks.
@@ -155,7 +189,7 @@ class ShardedCheckpointer:
         self,
         url: str,
         *,
-        template: Callable[[], dict],
+        template: Callable[[], dict] | None = None,
         keep: int = 3,
         rank: int = 0,
         world_size: int = 1,
@@ -174,7 +208,7 @@ class ShardedCheckpointer:
             raise InputError(f"checkpoint metric_mode: {metric_mode!r} is not one of {', '.join(METRIC_MODES)}")
         self.url = url
         self.store: Store = open_store(url, retry=retry)
-        self.template = template
+        self.template: Callable[[], dict] | None = template
         self.keep = keep
         self.rank = rank
         self.world_size = world_size
@@ -193,6 +227,7 @@ class ShardedCheckpointer:
         self.last_stage_s: float | None = None
         """Seconds the last `save` spent copying tensors to host memory (the staging copy)."""
         self._unloadable: dict[int, str] = {}
+        self._states: Mapping[str, Stateful | None] | None = None
 
     # -- saving -------------------------------------------------------------------------
 
@@ -246,6 +281,66 @@ class ShardedCheckpointer:
             name=f"skygreen-sharded-checkpoint-{step}",
         )
         self._thread.start()
+
+    def save_state(
+        self,
+        step: int,
+        states: Mapping[str, Stateful | None],
+        *,
+        rank_state: dict | None = None,
+        metric: float | None = None,
+        meta: dict | None = None,
+        pin: bool = False,
+    ) -> dict[str, Any]:
+        """Checkpoint a mapping of named stateful objects at `step`, sharded (as
+        `Checkpointer.save_state`; a sharded model's entries come from `fsdp.sharded_states`).
+
+        Args:
+            step: the optimizer steps done; the checkpoint's name.
+            states: name -> object with `state_dict()`/`load_state_dict()`; None values are left out.
+                Every rank must call this with the same names.
+            rank_state: this rank's own state (its RNG), saved as its own blob.
+            metric: the early-stopping metric at this step, for `keep` by best metric.
+            meta: JSON-able facts `skygreen status` reads from the manifest without loading weights.
+            pin: keep this checkpoint whatever retention says (the final one).
+
+        Returns:
+            The state dict handed to the checkpointer (name -> state).
+
+        Raises:
+            CheckpointError: after close, a bad step, or the earlier failed saves that stop training.
+            TypeError: an object in `states` has no `state_dict`/`load_state_dict`.
+        """
+        state = capture(states)
+        self._states = states
+        self.save(step, state, rank_state=rank_state, metric=metric, meta=meta, pin=pin)
+        return state
+
+    def restore_state(self, states: Mapping[str, Stateful | None]) -> Loaded | None:
+        """Load the newest checkpoint that verifies on every rank into a mapping of named
+        stateful objects, resharded to this run's layout (their current state is the template).
+
+        Every rank must call this. Entries the checkpoint lacks leave their object as it is and
+        are logged.
+
+        Args:
+            states: name -> object with `load_state_dict()`, as given to `save_state`.
+
+        Returns:
+            The checkpoint loaded (its state in today's layout), or None when there is none.
+
+        Raises:
+            CheckpointError: the bucket cannot be read.
+        """
+        self._states = states
+        loaded = self.load_latest()
+        if loaded is None:
+            return None
+        loaded = dataclasses.replace(loaded, state=upgrade_layout(loaded.state))
+        missing = apply(states, loaded.state)
+        if missing:
+            log.warning("%s has no state for %s; they start fresh", loaded.manifest.label, ", ".join(missing))
+        return loaded
 
     def wait(self) -> None:
         """Block until the in-flight save committed; re-raise its error if it failed."""
@@ -455,7 +550,7 @@ class ShardedCheckpointer:
         skeleton = torch_load_verified(folder / SHARED_BLOB, manifest, SHARED_BLOB)
         own_path = folder / rank_blob_name(self.rank)
         rank_state = torch_load_verified(own_path, manifest, own_path.name) if own_path.exists() else None
-        _, targets = split_tensors(self.template())
+        _, targets = split_tensors(self._template())
         wanted = placeholders(skeleton)
         missing = sorted(set(wanted) - set(targets))
         if missing:
@@ -480,6 +575,14 @@ class ShardedCheckpointer:
                 manifest.world_size,
             )
         return Loaded(step=manifest.step, state=state, rank_state=rank_state, manifest=manifest)
+
+    def _template(self) -> dict:
+        """This run's current state, whose tensors a load fills (and so reshards to)."""
+        if self.template is not None:
+            return self.template()
+        if self._states is not None:
+            return capture(self._states)
+        raise CheckpointError(f"{self.url}: nothing to load into; call restore_state with the run's states")
 
     def _remove_uncommitted_after(self, step: int) -> None:
         folders = step_folders(self.store.list(CKPT_DIR + "/"))
