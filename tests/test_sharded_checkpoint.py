@@ -16,6 +16,7 @@ from skygreen.errors import CheckpointError
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.dcp_files import join_tensors, read_dcp_metadata, split_tensors
 from skygreen.runtime.sharded import ShardedCheckpointer
+from skygreen.runtime.state import BatchShape, TrainingState
 
 
 def state(scale: float) -> dict:
@@ -130,3 +131,35 @@ def test_a_sharded_run_skips_a_full_checkpoint(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="skygreen.checkpoint"):
         assert checkpointer(str(tmp_path), state(0.0)).load_latest() is None
     assert "written by a DDP run" in caplog.text
+
+
+def test_save_state_and_restore_state_take_the_same_named_states_as_the_full_checkpointer(tmp_path):
+    """The mapping `Run` hands either checkpointer: restored objects hold the saved tensors and
+    progress; the states given are what a load fills, so no template is needed."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    training = TrainingState(batch=BatchShape(effective=8, micro=2))
+    training.advance()
+    saver = ShardedCheckpointer(str(tmp_path), environ={})
+    saved = saver.save_state(1, {"model": model, "optimizer": opt, "training": training, "scheduler": None})
+    saver.close()
+    assert set(saved) == {"model", "optimizer", "training"}
+
+    fresh_model = torch.nn.Linear(4, 3)
+    fresh_opt = torch.optim.AdamW(fresh_model.parameters(), lr=0.1)
+    fresh_opt.zero_grad()
+    fresh_model(torch.randn(5, 4)).sum().backward()
+    fresh_opt.step()  # the optimizer has state of its own, which the load must replace
+    fresh_training = TrainingState(batch=BatchShape(effective=8, micro=2))
+    loader = ShardedCheckpointer(str(tmp_path), environ={})
+    with pytest.raises(CheckpointError, match="nothing to load into"):
+        loader.load_latest()
+    loaded = loader.restore_state({"model": fresh_model, "optimizer": fresh_opt, "training": fresh_training})
+    assert loaded is not None and loaded.step == 1
+    assert torch.equal(fresh_model.weight, model.weight) and torch.equal(fresh_model.bias, model.bias)
+    want, got = opt.state_dict()["state"][0], fresh_opt.state_dict()["state"][0]
+    assert torch.equal(got["exp_avg"], want["exp_avg"]) and torch.equal(got["step"], want["step"])
+    assert (fresh_training.step, fresh_training.samples_seen) == (1, 8)

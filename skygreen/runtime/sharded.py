@@ -470,8 +470,13 @@ class ShardedCheckpointer:
 
         Older commits are tried in turn when a newer one fails anywhere; rank 0 removes
         uncommitted step folders newer than the one loaded (leftovers of a life that died mid-save).
+
+        Raises:
+            CheckpointError: no template and no states saved or restored yet (nothing to load
+                into); raised before any checkpoint is tried, so none is judged unloadable for it.
         """
         self.wait()
+        _, targets = split_tensors(self._template())
         errors: dict[int, str] = {}
         loaded: Loaded | None = None
         for manifest in iter_manifests(self.store):
@@ -479,7 +484,7 @@ class ShardedCheckpointer:
             ok = int(all_reduce([int(problem is None)], op="MIN", dtype=torch.int64)[0])
             if ok:
                 try:
-                    loaded = self._read(manifest)
+                    loaded = self._read(manifest, targets)
                     break
                 except CheckpointError as e:
                     problem = str(e)
@@ -543,14 +548,13 @@ class ShardedCheckpointer:
             self._download.cleanup()
             self._download = None
 
-    def _read(self, manifest: Manifest) -> Loaded:
+    def _read(self, manifest: Manifest, targets: Mapping[str, torch.Tensor]) -> Loaded:
         """DCP-load the verified files into this run's current state (resharding it)."""
         assert self._download is not None
         folder = Path(self._download.name)
         skeleton = torch_load_verified(folder / SHARED_BLOB, manifest, SHARED_BLOB)
         own_path = folder / rank_blob_name(self.rank)
         rank_state = torch_load_verified(own_path, manifest, own_path.name) if own_path.exists() else None
-        _, targets = split_tensors(self._template())
         wanted = placeholders(skeleton)
         missing = sorted(set(wanted) - set(targets))
         if missing:
