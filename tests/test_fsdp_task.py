@@ -44,7 +44,7 @@ def test_gpt2_fsdp_trains_under_up_local_with_two_cpu_ranks(private_home, tmp_pa
     (run,) = runs(env)
     assert run["completed"] and run["step"] == 10
     from skygreen.checkpoint.manifest import latest_manifest
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
 
     bucket = next(Path(private_home).rglob("ckpt")).parent
     manifest = latest_manifest(open_store(str(bucket)))

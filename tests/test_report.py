@@ -199,7 +199,7 @@ def _shown(text) -> tuple[str, bool]:
 
 
 def test_dollar_amounts_in_labels_are_drawn_as_text_not_mathtext(runs):
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
     from skygreen.costs.page import build_figure
 
@@ -219,7 +219,7 @@ def test_dollar_amounts_in_labels_are_drawn_as_text_not_mathtext(runs):
 
 
 def test_a_local_run_says_no_cloud_spend_instead_of_empty_panels(private_home, tmp_path):
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
     from skygreen.costs.page import build_figure
     from skygreen.ledger.place import LOCAL, Place
@@ -243,7 +243,7 @@ def test_a_local_run_says_no_cloud_spend_instead_of_empty_panels(private_home, t
 
 
 def test_a_cloud_run_keeps_its_cost_panels(runs):
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
     from skygreen.costs.page import build_figure
 

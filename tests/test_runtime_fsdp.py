@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from skygreen.checkpoint.manifest import committed_steps, manifest_key, read_manifest
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "fsdp_train.py"

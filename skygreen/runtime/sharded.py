@@ -86,7 +86,7 @@ from skygreen.checkpoint.manifest import (
 )
 from skygreen.checkpoint.retention import apply_retention
 from skygreen.checkpoint.store import RetryPolicy, Store
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import (
     CheckpointError,
     InputError,
