@@ -35,6 +35,7 @@ PUBLIC = [
     "PREEMPTED_EXIT_CODE", "BatchShape", "Checkpointer", "EarlyStopper", "Loaded", "PowerGovernor",
     "PreemptionWatch", "Run", "RunBook", "RunServices", "RuntimeSettings", "StateGroup", "Stateful", "Step",
     "StepParts", "TrainingState", "World", "open_checkpointer", "open_governor", "open_services", "open_stopper",
+    "ShardedCheckpointer", "open_sharded_checkpointer", "shard", "sharded_states", "task_precision",
 ]  # fmt: skip
 
 
@@ -48,7 +49,7 @@ def test_the_public_surface_is_pinned_documented_and_imports_no_torch():
         obj = getattr(sg, name)
         if inspect.isclass(obj) or inspect.isfunction(obj):
             assert inspect.getdoc(obj), f"{name} has no docstring"
-    for fn in (sg.open_services, sg.open_checkpointer, sg.open_governor):
+    for fn in (sg.open_services, sg.open_checkpointer, sg.open_governor, sg.open_sharded_checkpointer):
         doc = inspect.getdoc(fn) or ""
         assert "Args:" in doc and "Returns:" in doc and "Raises:" in doc, fn.__name__
     probe = "import sys, skygreen.runtime as sg; sg.__all__; print('torch' in sys.modules)"
@@ -59,7 +60,16 @@ def test_the_public_surface_is_pinned_documented_and_imports_no_torch():
 def test_runtime_modules_take_no_run():
     """No part reads a whole `Run` (typed as such or as Any): each takes explicit arguments."""
     root = Path(sg.__file__).parent
-    for name in ("power.py", "run_book.py", "step.py", "state.py", "services.py", "checkpointer.py"):
+    for name in (
+        "power.py",
+        "run_book.py",
+        "step.py",
+        "state.py",
+        "services.py",
+        "checkpointer.py",
+        "fsdp.py",
+        "sharded.py",
+    ):
         source = (root / name).read_text(encoding="utf-8")
         tree = ast.parse(source)
         args = [a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs]

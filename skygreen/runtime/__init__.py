@@ -25,6 +25,11 @@ same parts without a `Run`:
     services.checkpointer.save_state(step, {"model": model, "optimizer": opt, "training": training})
     services.close()
 
+A model sharded with FSDP2 (`sg.shard(model, blocks=model.layers, precision=sg.task_precision(device))`)
+goes to `Run` as it is (no DDP; sharded checkpoints); a loop of its own passes
+`checkpointer=sg.open_sharded_checkpointer(settings, world=world)` to `open_services` and
+`{**sg.sharded_states(model, opt), "training": training}` as the states.
+
 Importing this package does not import torch: the laptop side reads `PREEMPTED_EXIT_CODE`
 without paying torch's 2.3 s start-up; every other name loads its module on first use.
 """
@@ -56,6 +61,11 @@ _LAZY = {
     "EarlyStopper": "skygreen.runtime.early_stop",
     "PreemptionWatch": "skygreen.runtime.preemption",
     "RuntimeSettings": "skygreen.settings",
+    "shard": "skygreen.runtime.fsdp",
+    "task_precision": "skygreen.runtime.fsdp",
+    "sharded_states": "skygreen.runtime.fsdp",
+    "ShardedCheckpointer": "skygreen.runtime.sharded",
+    "open_sharded_checkpointer": "skygreen.runtime.sharded",
 }
 
 
@@ -79,6 +89,7 @@ __all__ = [
     "RunBook",
     "RunServices",
     "RuntimeSettings",
+    "ShardedCheckpointer",
     "StateGroup",
     "Stateful",
     "Step",
@@ -88,5 +99,9 @@ __all__ = [
     "open_checkpointer",
     "open_governor",
     "open_services",
+    "open_sharded_checkpointer",
     "open_stopper",
+    "shard",
+    "sharded_states",
+    "task_precision",
 ]

@@ -431,6 +431,10 @@ class Checkpointer:
         unverified bytes from running code. `model_sha256` is not recomputed: the blob's
         sha256 already proves the bytes are the ones saved.
         """
+        if manifest.layout != "full":
+            raise CheckpointError(
+                f"written by an FSDP run (layout {manifest.layout!r}); a model wrapped with fully_shard loads it"
+            )
         own_name = rank_blob_name(self.rank)
         with (
             tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp,

@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,7 @@ from skygreen.runtime.environment import (
     show_runtime_logs,
     to_device,
 )
+from skygreen.runtime.fsdp import check_batch, is_sharded, sharded_states
 from skygreen.runtime.hold import hold, hold_steps
 from skygreen.runtime.preemption import landed_cloud
 from skygreen.runtime.ranks import World, all_reduce
@@ -62,6 +63,9 @@ from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
 from skygreen.runtime.state import TRAINING, BatchShape, Stateful, StateGroup, TrainingState
 from skygreen.runtime.step import Step, StepParts
 from skygreen.settings import SMOKE_ENV, SMOKE_LINE, RuntimeSettings
+
+if TYPE_CHECKING:
+    from skygreen.runtime.sharded import ShardedCheckpointer
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -89,7 +93,7 @@ class Run:
         seed: int = 0,
         extra_state: Mapping[str, Any] | None = None,
         settings: RuntimeSettings | None = None,
-        checkpointer: Checkpointer | None = None,
+        checkpointer: Checkpointer | ShardedCheckpointer | None = None,
         device: str | torch.device | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
@@ -118,6 +122,7 @@ class Run:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.grad_scaler)
         self.autocast = autocast_factory(self.device.type, self.precision)
         """`with run.autocast():` mixed precision for a forward pass (a no-op in fp32)."""
+        self.sharded = is_sharded(self.module)  # FSDP2's fully_shard: no DDP, sharded checkpoints
         self.model = self._wrap_ddp(self.module)
         self.dataset = dataset
         self.stream = SampleStream(len(dataset), seed=seed, shuffle=shuffle)
@@ -135,7 +140,7 @@ class Run:
             device=self.device,
             world=self.world,
             environ=self._environ,
-            checkpointer=checkpointer,
+            checkpointer=checkpointer or self._sharded_checkpointer(),
             smoke=self.smoke,
         )
         self.checkpointer = self.services.checkpointer
@@ -154,6 +159,7 @@ class Run:
             training=self.training,
             world=self.world,
             smoke=self.smoke,
+            sharded=self.sharded,
         )
         self.total_steps: int | None = None
         """Set by `steps(total_steps)`; the run ledger records it as progress's denominator."""
@@ -171,12 +177,21 @@ class Run:
     # -- set-up ---------------------------------------------------------------------------
 
     def _wrap_ddp(self, module: torch.nn.Module) -> torch.nn.Module:
-        if self.world_size == 1:
+        if self.world_size == 1 or self.sharded:
             return module
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
         ids = [self.device.index] if self.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+
+    def _sharded_checkpointer(self) -> ShardedCheckpointer | None:
+        """For a model sharded with FSDP2: DCP checkpoints, each rank saving its own shards."""
+        if not self.sharded:
+            return None
+        from skygreen.runtime.sharded import open_sharded_checkpointer
+
+        check_batch(micro_auto=self.micro_auto, world_size=self.world_size, smoke=self.smoke)
+        return open_sharded_checkpointer(self.settings, world=self.world, environ=self._environ)
 
     @property
     def step_index(self) -> int:
@@ -209,9 +224,11 @@ class Run:
 
     def state_mapping(self) -> dict[str, Stateful | None]:
         """The named stateful objects a checkpoint of this run holds (each rank's RNG goes apart)."""
+        parts: dict[str, Stateful] = {"model": self.module, "optimizer": self.optimizer}
+        if self.sharded:  # by parameter name, this rank's shards: they reshard on load
+            parts = sharded_states(self.module, self.optimizer)
         return {
-            "model": self.module,
-            "optimizer": self.optimizer,
+            **parts,
             "scheduler": self.scheduler,
             "scaler": self.scaler,
             TRAINING: self.training,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +33,9 @@ from skygreen.runtime.preemption import PreemptionWatch, landed_cloud
 from skygreen.runtime.ranks import World
 from skygreen.runtime.run_book import RunBook
 from skygreen.settings import RuntimeSettings
+
+if TYPE_CHECKING:
+    from skygreen.runtime.sharded import ShardedCheckpointer
 
 
 def open_checkpointer(settings: RuntimeSettings, *, world: World, retry: RetryPolicy | None = None) -> Checkpointer:
@@ -72,7 +76,8 @@ class RunServices:
 
     settings: RuntimeSettings
     world: World
-    checkpointer: Checkpointer
+    checkpointer: Checkpointer | ShardedCheckpointer
+    """Full checkpoints (`Checkpointer`), or an FSDP2 run's sharded ones (`ShardedCheckpointer`)."""
     governor: PowerGovernor
     book: RunBook | None
     """The run ledger and budget; None on ranks other than 0 and in the smoke test."""
@@ -140,7 +145,7 @@ def open_services(
     device: torch.device,
     world: World,
     environ: Mapping[str, str],
-    checkpointer: Checkpointer | None = None,
+    checkpointer: Checkpointer | ShardedCheckpointer | None = None,
     originals: OriginalLimits | None = None,
     smoke: bool = False,
 ) -> RunServices:
@@ -155,7 +160,8 @@ def open_services(
         device: this rank's torch device.
         world: this process's rank, world size and local rank (`World.from_env`).
         environ: the process environment (the cloud, the simulated GPU, timeouts, the webhook).
-        checkpointer: one already made (default: `open_checkpointer(settings, world=world)`).
+        checkpointer: one already made (default: `open_checkpointer(settings, world=world)`;
+            a model sharded with FSDP2 passes `open_sharded_checkpointer(settings, world=world)`).
         originals: where the GPU's original power limit is recorded (default: this machine's).
         smoke: the CPU smoke test: no GPU, no ledger, no notice watcher.
 

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import rng
 from skygreen.runtime.autotune import is_out_of_memory
+from skygreen.runtime.fsdp import clip_grad_norm, set_gradient_sync
 from skygreen.runtime.precision import PrecisionChoice
 from skygreen.runtime.ranks import World
 from skygreen.runtime.smoke_mode import smoke_fail
@@ -43,6 +44,9 @@ class StepParts:
     training: TrainingState
     world: World
     smoke: bool = False
+    sharded: bool = False
+    """The model is sharded with FSDP2's `fully_shard` (`skygreen.runtime.fsdp`): no DDP; FSDP
+    reduce-scatters on the last micro-batch only, and the gradient norm is clipped over the shards."""
 
 
 class BatchFeed(Protocol):
@@ -115,12 +119,16 @@ class Step:
         """This rank's micro-batches of the step; DDP syncs gradients only on the last one."""
         feed = self.feed
         accum = feed.accum_steps
-        ddp = cast(DistributedDataParallel, self.parts.model) if self.parts.world.size > 1 else None
+        sharded = self.parts.sharded
+        ddp = cast(DistributedDataParallel, self.parts.model) if self.parts.world.size > 1 and not sharded else None
         for k in range(accum):
             self.phase = "forward"
             batch = feed.next_micro_batch()
             self._drawn += 1
-            if ddp is not None and (k < accum - 1 or feed.probing):
+            if sharded:
+                set_gradient_sync(self.parts.model, k == accum - 1)
+                yield batch
+            elif ddp is not None and (k < accum - 1 or feed.probing):
                 with ddp.no_sync():
                     yield batch
             else:
@@ -145,6 +153,8 @@ class Step:
         self.phase = "optimizer"
         if self.parts.precision.grad_scaler:
             self.parts.scaler.unscale_(self.parts.optimizer)
+        if self.parts.sharded:
+            return clip_grad_norm(self.parts.module.parameters(), max_norm)
         return torch.nn.utils.clip_grad_norm_(self.parts.module.parameters(), max_norm)
 
     def optimizer_step(self) -> None:
@@ -176,7 +186,7 @@ class Step:
                 "  fix: iterate step.micro_batches() to the end and call step.backward(loss) once per micro-batch"
             )
         world = self.parts.world
-        if world.size > 1 and self.feed.probing:
+        if world.size > 1 and self.feed.probing and not self.parts.sharded:
             if world.agree(False)[0]:
                 raise ProbeRetry()
             average_gradients(self.parts.module, world.size)
