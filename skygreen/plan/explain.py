@@ -11,7 +11,7 @@ from skygreen.plan.cost import RunModel
 from skygreen.spec import GreenSpec
 
 if TYPE_CHECKING:
-    from skygreen.plan.rank import Candidate
+    from skygreen.plan.candidate import Candidate
 
 METRIC: dict[str, Callable[[Candidate], float]] = {
     "cost": lambda c: c.est_cost_usd,

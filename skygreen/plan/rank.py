@@ -10,13 +10,13 @@ loosen, and by how much.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 
 from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
 from skygreen.errors import NoOfferError, SpecError, did_you_mean
 from skygreen.plan import carbon
+from skygreen.plan.candidate import Candidate, Plan
 from skygreen.plan.catalog import CLOUDS, Catalog, Offer
 from skygreen.plan.constraints import Constraints
 from skygreen.plan.cost import (
@@ -30,111 +30,7 @@ from skygreen.plan.explain import METRIC, assumptions, explain, money, night_hin
 from skygreen.plan.fit import describe_model, fitted_shape, memory_notice, smallest_fit, task_nodes
 from skygreen.plan.memory import checkpoint_gb
 from skygreen.power.policy import DEFAULT_ETA
-from skygreen.spec import OBJECTIVES, TaskSpec
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Candidate:
-    """One offer the job could run on, with what the run is expected to take there."""
-
-    cloud: str
-    region: str
-    zone: str | None
-    """The cheapest zone when the catalog has zones (AWS: a zone ID such as "use1-az1"), else None."""
-    instance_type: str
-    """For GCP: the host VM type (e.g. "a2-highgpu-1g")."""
-    accelerator: str
-    accelerator_count: int
-    """GPUs per node."""
-    spot: bool
-    price_usd_per_hour: float
-    """The price of this offer per node (the spot price when spot), equal to SkyPilot's."""
-    on_demand_price_usd_per_hour: float | None
-    spot_price_usd_per_hour: float | None
-    est_hours: float
-    """Wall hours including the expected preemption overhead."""
-    est_cost_usd: float
-    """For the whole run, all nodes."""
-    energy_kwh: float
-    co2e_kg: float
-    num_nodes: int = 1
-    compute_hours: float = 0.0
-    """Hours of uninterrupted training; est_hours minus this is the spot overhead."""
-    expected_preemptions: float = 0.0
-    checkpoint_interval_s: float | None = None
-    on_demand_hours: float = 0.0
-    """Under a deadline: expected hours a spot run spends on its on-demand fallback."""
-    deadline_source: str | None = None
-    """Under a deadline, where the expected cost of a spot run came from: "traces" or "model"."""
-    memory_per_gpu_gb: float | None = None
-    """With `skygreen.model`: what each GPU holds (training state and activations), in GB."""
-    restart_s: float = DEFAULT_RESTART_S
-    """Per preemption: provisioning, setup and the checkpoint's restore."""
-    checkpoint_save_s: float = DEFAULT_CHECKPOINT_COST_S
-    """The blocking part of one checkpoint save."""
-
-    def __post_init__(self) -> None:
-        if self.cloud not in CLOUDS:
-            raise ValueError(f"unknown cloud {self.cloud!r}")
-        if self.accelerator_count < 1 or self.num_nodes < 1:
-            raise ValueError("accelerator_count and num_nodes must be >= 1")
-        for name in ("price_usd_per_hour", "est_hours", "est_cost_usd", "energy_kwh", "co2e_kg"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-
-    @property
-    def label(self) -> str:
-        """A short human name: `aws us-east-1 g6.xlarge (L4x1, spot)`."""
-        kind = "spot" if self.spot else "on-demand"
-        nodes = f" x{self.num_nodes} nodes" if self.num_nodes > 1 else ""
-        return f"{self.cloud} {self.region} {self.instance_type} ({self.accelerator}x{self.accelerator_count}{nodes}, {kind})"
-
-    def to_json(self) -> dict:
-        """Every field under its own name, values as they are (all plain JSON values); no `label`."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Plan:
-    """The ranked candidates, best first, and what the ranking assumed."""
-
-    candidates: tuple[Candidate, ...]
-    objective: str
-    best_per_cloud: Mapping[str, Candidate] = field(default_factory=dict)
-    reason: tuple[str, ...] = ()
-    """One or two sentences on why the winner won."""
-    assumptions: tuple[str, ...] = ()
-    night_hint: str = ""
-    """One sourced line: what starting the winner at the region's night would save, for a job that can wait."""
-    notices: tuple[str, ...] = ()
-    catalog_source: str = ""
-    offers_considered: int = 0
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {self.objective!r}")
-        if not self.candidates:
-            raise ValueError("a plan has at least one candidate")
-
-    @property
-    def best(self) -> Candidate:
-        """The winner: the first candidate (a plan always has one)."""
-        return self.candidates[0]
-
-    def to_json(self) -> dict:
-        """The plan for `skygreen plan --json`: every field but `offers_considered`, the catalog's
-        source under the key `catalog`."""
-        return {
-            "candidates": [c.to_json() for c in self.candidates],
-            "objective": self.objective,
-            "best_per_cloud": {cloud: c.to_json() for cloud, c in self.best_per_cloud.items()},
-            "reason": list(self.reason),
-            "assumptions": list(self.assumptions),
-            "night_hint": self.night_hint,
-            "notices": list(self.notices),
-            "catalog": self.catalog_source,
-        }
+from skygreen.spec import TaskSpec
 
 
 def run_model(

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from skygreen.figures import amount, duration_h, usd, usd_per_hour
-from skygreen.plan.rank import Candidate, Plan
+from skygreen.plan.candidate import Candidate, Plan
 from skygreen.terminal import output_width
 
 WIDE_CONSOLE = 200
