@@ -44,6 +44,11 @@ CKPT_DIR = "ckpt"
 MANIFEST_NAME = "manifest.json"
 SHARED_BLOB = "shared.pt"
 METRIC_MODES = ("min", "max")
+STATE_KIND = "state"
+"""A manifest of the runtime's own state (`shared.pt` and rank blobs), loaded by `sg.Run`."""
+FOLDER_KIND = "folder"
+"""A manifest of a trainer's checkpoint folder (`skygreen.checkpoint.folders`): files, not state."""
+KINDS = (STATE_KIND, FOLDER_KIND)
 
 _STEP_KEY = re.compile(r"^ckpt/(\d{12})/([^/]+)\Z")
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -134,6 +139,10 @@ class Manifest:
     world_size: int = 1
     meta: Mapping[str, Any] = field(default_factory=dict)
     """Free-form JSON from the runtime: state, energy_j, wall_s, preemptions, ..."""
+    kind: str = STATE_KIND
+    """What the blobs are (`KINDS`): the runtime loads only `state`; folder checkpoints are
+    restored as files by `skygreen.checkpoint.folders`. Written only when not `state`, so
+    manifests of the runtime's own state keep their bytes."""
 
     def __post_init__(self) -> None:
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
@@ -147,7 +156,9 @@ class Manifest:
             raise ValueError(f"Manifest.model_sha256 must be 64 hex digits, got {self.model_sha256!r}")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"Manifest.world_size must be an integer >= 1, got {self.world_size!r}")
-        if SHARED_BLOB not in self.blobs:
+        if self.kind not in KINDS:
+            raise ValueError(f"Manifest.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == STATE_KIND and SHARED_BLOB not in self.blobs:
             raise ValueError(f"Manifest.blobs must include {SHARED_BLOB!r}")
 
     @property
@@ -162,7 +173,8 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as a dict for `json.dumps`, blobs sorted by name; `loads` parses its JSON back."""
-        return {
+        kind = {} if self.kind == STATE_KIND else {"kind": self.kind}
+        return kind | {
             "format_version": self.format_version,
             "step": self.step,
             "created_at": self.created_at,
@@ -206,6 +218,7 @@ class Manifest:
                 pinned=bool(raw.get("pinned", False)),
                 world_size=raw.get("world_size", 1),
                 meta=raw.get("meta") or {},
+                kind=raw.get("kind", STATE_KIND),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{where}: unreadable checkpoint manifest: {e}") from e

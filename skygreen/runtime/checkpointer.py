@@ -46,6 +46,7 @@ from skygreen.checkpoint.manifest import (
     MANIFEST_NAME,
     METRIC_MODES,
     SHARED_BLOB,
+    STATE_KIND,
     BlobInfo,
     HashingWriter,
     Manifest,
@@ -365,6 +366,8 @@ class Checkpointer:
         unverified bytes from running code. `model_sha256` is not recomputed: the blob's
         sha256 already proves the bytes are the ones saved.
         """
+        if manifest.kind != STATE_KIND:
+            raise CheckpointError(f"a {manifest.kind} checkpoint (a trainer's files), not the runtime's own state")
         own_name = rank_blob_name(self.rank)
         with (
             tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp,
