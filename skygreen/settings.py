@@ -22,7 +22,7 @@ from typing import Any
 
 from skygreen.errors import RuntimeSetupError, SpecError
 from skygreen.fields import read_choice, read_int, read_number
-from skygreen.spec import EARLY_STOP_MODES, HALF_PRECISIONS, PRECISIONS, EarlyStopConfig, GreenSpec
+from skygreen.spec import EARLY_STOP_MODES, HALF_PRECISIONS, PRECISIONS, TRAINERS, EarlyStopConfig, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
 SMOKE_ENV = "SKYGREEN_SMOKE"
@@ -52,6 +52,13 @@ class RuntimeSettings:
     checkpoint_every_s: float | None = None
     checkpoint_keep: int = 3
     checkpoint_half_precision: str | None = None
+    checkpoint_dir: str | None = None
+    """Folder mode: the folder the script saves checkpoint folders into (`skygreen.folder_mode`)."""
+    checkpoint_marker: str | None = None
+    checkpoint_quiet_s: float | None = None
+    trainer: str | None = None
+    """What owns the loop (`skygreen.spec.TRAINERS`) where it is not `sg.Run` (None); the smoke
+    test and the integrations read it."""
     power_cap: str = "auto"
     """auto | off | <watts> | <fraction of the default limit>, as written in the task file."""
     power_required: bool = False
@@ -116,6 +123,10 @@ class RuntimeSettings:
             checkpoint_every_s=spec.checkpoint.every_s,
             checkpoint_keep=spec.checkpoint.keep,
             checkpoint_half_precision=spec.checkpoint.half_precision,
+            checkpoint_dir=spec.checkpoint.dir,
+            checkpoint_marker=spec.checkpoint.marker,
+            checkpoint_quiet_s=spec.checkpoint.quiet_s,
+            trainer=None if spec.trainer == "runtime" else spec.trainer,
             power_cap=cap,
             power_required=power.required,
             power_eta=power.eta,
@@ -205,6 +216,7 @@ _INTS = {
 }
 _FLOATS = {
     "checkpoint_every_s",
+    "checkpoint_quiet_s",
     "early_stop_min_delta",
     "preemptions_per_hour",
     "budget_usd",
@@ -212,7 +224,12 @@ _FLOATS = {
     "power_eta",
 }
 _BOOLS = {"power_required"}
-_CHOICES = {"precision": PRECISIONS, "checkpoint_half_precision": HALF_PRECISIONS, "early_stop_mode": EARLY_STOP_MODES}
+_CHOICES = {
+    "trainer": TRAINERS,
+    "precision": PRECISIONS,
+    "checkpoint_half_precision": HALF_PRECISIONS,
+    "early_stop_mode": EARLY_STOP_MODES,
+}
 
 
 def _parse_rates(raw: str, env_name: str) -> dict[str, float]:

@@ -18,6 +18,13 @@ HALF_PRECISIONS: tuple[str, ...] = ("fp16", "bf16")
 EARLY_STOP_MODES: tuple[str, ...] = ("min", "max")
 RECOVERY_STRATEGIES: tuple[str, ...] = ("EAGER_NEXT_REGION", "FAILOVER")
 BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "file")
+TRAINERS: tuple[str, ...] = ("runtime", "transformers", "lightning", "folder")
+"""What owns the training loop: `runtime` (the script trains through `sg.Run`), `transformers`
+or `lightning` (the script's Trainer carries skygreen's callback), `folder` (any script that saves
+checkpoint folders into `checkpoint.dir`; skygreen wraps the command)."""
+DEFAULT_QUIET_S = 30.0
+"""Folder mode without a marker file: a checkpoint folder counts as complete once no file in it
+changed for this long."""
 
 # Top-level keys of a SkyPilot 0.14.1 task (sky/utils/schemas.py::get_task_schema), so that a
 # misspelt key (`skygren:`, `rn:`) is caught here with a suggestion, before SkyPilot sees it.
@@ -69,6 +76,13 @@ class CheckpointSpec:
     keep: int = 3
     half_precision: str | None = None
     """Store weights as fp16 or bf16 (smaller, not bit-exact); None stores them as trained."""
+    dir: str | None = None
+    """Folder mode: the folder the script saves its checkpoint folders into (relative to the workdir)."""
+    marker: str | None = None
+    """Folder mode: a checkpoint folder is complete once it holds this file (`trainer_state.json`,
+    `.metadata`); None: once nothing in it changed for `quiet_s`."""
+    quiet_s: float | None = None
+    """Folder mode without a marker: the quiet period; None means `DEFAULT_QUIET_S`."""
 
     @property
     def every_auto(self) -> bool:
@@ -170,6 +184,8 @@ class GreenSpec:
     recovery: RecoverySpec = RecoverySpec()
     deadline: float | None = None
     """Hours from launch by which the run must be done (`deadline: 36h`); None: no deadline."""
+    trainer: str = "runtime"
+    """One of `TRAINERS`; `folder` when `checkpoint.dir` is set and the task names no trainer."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
