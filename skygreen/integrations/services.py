@@ -151,6 +151,14 @@ class TrainerServices:
         if self.book is not None:
             self.book.progress(step=step, samples=samples, energy_j=self.energy_j())
 
+    def hold_if_asked(self, step: int) -> None:
+        """After the commit of `step`: wait there when a test asks (`SKYGREEN_TEST_HOLD_AT_STEPS`,
+        `skygreen.runtime.hold`), so whatever kills the run never races it."""
+        from skygreen.runtime.hold import hold, hold_steps
+
+        if step in hold_steps(self.environ):
+            hold(step, stopped=lambda: self.latch is not None and self.latch.fired, environ=self.environ)
+
     # -- the run's life --------------------------------------------------------------------
 
     def start(self, *, step: int, samples: int = 0, total_steps: int | None = None, device: Any = None) -> None:
@@ -212,7 +220,9 @@ class TrainerServices:
     def close(self, *, step: int, samples: int = 0, end: str | None = None) -> None:
         """Close the ledger segment with how it ended, put the power limit back, stop watching."""
         if self.book is not None:
-            self.book.progress(step=step, samples=samples, energy_j=self.energy_j(), end=end or self.stop_reason or COMPLETED)
+            self.book.progress(
+                step=step, samples=samples, energy_j=self.energy_j(), end=end or self.stop_reason or COMPLETED
+            )
             self.book = None
         if self.power is not None:
             self.power.close()

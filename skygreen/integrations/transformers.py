@@ -135,6 +135,9 @@ class SkygreenCallback(TrainerCallback):
                 raise
         if services.smoke:
             self._smoke_check(services, folder)
+        services.hold_if_asked(state.global_step)
+        if services.latch is not None and services.latch.fired:
+            services.stop_reason = PREEMPTED
         if services.stop_reason == PREEMPTED:
             services.close(step=state.global_step, samples=_samples(args, state.global_step))
             log.warning("SIGTERM: checkpoint of step %d committed; exiting for the restart", state.global_step)
@@ -162,9 +165,9 @@ class SkygreenCallback(TrainerCallback):
 
         with tempfile.TemporaryDirectory(prefix="skygreen-smoke-restore-") as scratch:
             restored = restore_latest(services.store, scratch)
-            ok = restored is not None and [
-                (r, p.read_bytes()) for r, p in folder_files(restored.path)
-            ] == [(r, p.read_bytes()) for r, p in folder_files(folder)]
+            ok = restored is not None and [(r, p.read_bytes()) for r, p in folder_files(restored.path)] == [
+                (r, p.read_bytes()) for r, p in folder_files(folder)
+            ]
         step = restored.step if restored else None
         services.close(step=step or 0)
         if not ok:
