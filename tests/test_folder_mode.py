@@ -5,6 +5,7 @@ refused, SIGTERM waiting for the last save, the smoke test, and the task file's 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -270,3 +271,24 @@ def test_the_folder_mode_imports_nothing_the_vm_does_not_install():
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     )
     assert not loaded & {"sky", "click", "rich", "torch", "transformers", "lightning"}
+
+
+@pytest.mark.slow
+def test_the_folder_mode_task_passes_its_smoke_test_and_runs_with_up_local(tmp_path, private_home):
+    work = tmp_path / "task"
+    work.mkdir()
+    for name in ("folder_mode.py", "folder-mode.yaml"):
+        shutil.copy(REPO / "tasks" / name, work / name)
+    env = user_env(private_home, FOLDER_STEPS="300", FOLDER_SAVE_EVERY="100")
+    smoke = subprocess.run([sys.executable, "-m", "skygreen.cli", "smoke", str(work / "folder-mode.yaml")], env=env,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    assert "folder mode: checkpoint folder of step 100 committed and restored" in smoke.stdout
+    assert not list((work / "out" / "folder-mode").glob("step_*"))
+    up = subprocess.run([sys.executable, "-m", "skygreen.cli", "up", str(work / "folder-mode.yaml"), "--local"],
+                        env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    assert (work / "out" / "folder-mode" / "final.pt").is_file()
+    (run,) = json.loads(subprocess.run([sys.executable, "-m", "skygreen.cli", "status", "--json"], env=env,
+                                       capture_output=True, text=True, timeout=120).stdout)  # fmt: skip
+    assert run["state"] == "SUCCEEDED" and run["step"] == 300
