@@ -22,6 +22,7 @@ from helpers import user_env, wait_for
 from skygreen.checkpoint.folders import committed_folder_steps
 from skygreen.checkpoint.store import join_url
 from skygreen.checkpoint.stores import open_store
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.settings import SMOKE_LINE, RuntimeSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,3 +198,22 @@ def test_up_local_killed_at_a_checkpoint_then_resume_ends_with_the_uninterrupted
     assert after.keys() == before.keys()
     for name, tensor in before.items():
         assert bool((after[name] == tensor).all()), name
+
+
+@pytest.mark.slow
+def test_sigterm_exits_with_the_preempted_code_after_the_commit(tmp_path):
+    bucket = tmp_path / "bucket"
+    store = open_store(join_url(str(bucket), RUN_ID))
+    work = workdir_of(tmp_path, "work")
+    proc = train(work, env_for(tmp_path, bucket, SKYGREEN_TEST_HOLD_AT_STEPS="4"))
+    try:
+        wait_for(lambda: 4 in committed_folder_steps(store) or proc.poll() is not None, "the commit of step 4", 900)
+        assert proc.poll() is None, "the run ended before the test could signal it"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == PREEMPTED_EXIT_CODE, out
+    assert committed_folder_steps(store) == [4]
+    assert not (work / FINAL).exists()
