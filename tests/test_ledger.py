@@ -243,7 +243,7 @@ def test_ledger_and_cost_modules_import_no_outside_library():
 
     probe = (
         "import skygreen.ledger, skygreen.ledger.pricing, skygreen.ledger.budget, skygreen.ledger.writer, "
-        "skygreen.costs.costing, skygreen.costs.report, skygreen.costs.page, skygreen.runtime.ledger\n"
+        "skygreen.costs.costing, skygreen.costs.report, skygreen.costs.page, skygreen.runtime.run_book\n"
         "import sys\nprint(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -104,11 +104,13 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def imported_modules(path: Path, known: set[str]) -> set[str]:
-    """skygreen modules `path` imports anywhere (function-local ones too), bar `if TYPE_CHECKING:`."""
+def imported_modules(path: Path, known: set[str], *, type_checking: bool = False) -> set[str]:
+    """skygreen modules `path` imports anywhere (function-local ones too); those under
+    `if TYPE_CHECKING:` only with `type_checking`."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block)
-               for stmt in block.body for n in ast.walk(stmt)}  # fmt: skip
+    skipped = set() if type_checking else {
+        id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block)
+        for stmt in block.body for n in ast.walk(stmt)}  # fmt: skip
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -126,17 +128,50 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
         # importing a.b.c runs the packages a and a.b first
         parts = name.split(".")
         modules.update(".".join(parts[: i + 1]) for i in range(1, len(parts)) if ".".join(parts[: i + 1]) in known)
-    return modules - {module_name(path)}
+    return modules
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(*, type_checking: bool = False) -> dict[str, set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
     known = {module_name(p) for p in paths}
-    return {module_name(p): imported_modules(p, known) for p in paths}
+    return {module_name(p): imported_modules(p, known, type_checking=type_checking) - {module_name(p)} for p in paths}
 
 
-def test_no_import_circle_counting_function_local_imports():
-    graph = import_graph()
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle in `graph` (its modules, the first repeated at the end), or None."""
+    try:
+        _assert_no_circle(graph)
+    except AssertionError as e:
+        return str(e).removeprefix("import circle: ").split(" -> ")
+    return None
+
+
+def test_the_circle_finder_finds_a_circle_through_a_type_checking_import(tmp_path):
+    """The check below can fail: two modules that name each other only for the type checker."""
+    (tmp_path / "a.py").write_text("import skygreen.b\n")
+    (tmp_path / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import skygreen.a\n")
+    known = {"skygreen.a", "skygreen.b"}
+    graph = {f"skygreen.{n}": imported_modules(tmp_path / f"{n}.py", known, type_checking=True) - {f"skygreen.{n}"}
+             for n in ("a", "b")}  # fmt: skip
+    assert find_circle(graph) == ["skygreen.a", "skygreen.b", "skygreen.a"]
+    without = {f"skygreen.{n}": imported_modules(tmp_path / f"{n}.py", known) - {f"skygreen.{n}"} for n in ("a", "b")}
+    assert find_circle(without) is None
+
+
+TYPE_ONLY_EDGES_TO_CUT = {("skygreen.plan.explain", "skygreen.plan.rank")}
+"""Type-only imports still closing a circle, outside the runtime; each one listed must still
+exist (the test below fails once it is gone, so the list only shrinks)."""
+
+
+def test_no_import_circle_counting_function_local_and_type_checking_imports():
+    graph = import_graph(type_checking=True)
+    for source, target in TYPE_ONLY_EDGES_TO_CUT:
+        assert target in graph[source], f"{source} no longer imports {target}: drop it from the list"
+        graph[source] = graph[source] - {target}
+    _assert_no_circle(graph)
+
+
+def _assert_no_circle(graph: dict[str, set[str]]) -> None:
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -202,10 +237,10 @@ def test_log_lines_carry_one_prefix():
     assert not doubled, doubled
 
 
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 800
 
 
-def test_no_module_is_over_500_lines():
+def test_no_module_is_over_800_lines():
     """A module that outgrows one screenful of responsibilities is split, not scrolled."""
     long = {
         str(path.relative_to(PACKAGE)): n

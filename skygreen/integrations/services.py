@@ -1,21 +1,23 @@
-"""What a trainer that owns its loop gets from skygreen, assembled in one place.
+"""What a trainer that owns its loop gets from skygreen: the runtime's parts, around folder checkpoints.
 
 `sg.Run` builds the runtime's parts around the user's own loop. The trainer integrations
-(`skygreen.integrations.transformers`, `.lightning`) build the same parts around a loop the
-framework drives, and only ever talk to `TrainerServices`:
+(`skygreen.integrations.transformers`, `.lightning`) open the same parts, through the runtime's
+public surface (`skygreen.runtime.open_checkpointer`, `open_services`), around a loop the framework
+drives, and only ever talk to `TrainerServices`:
 
-- the run's settings (`SKYGREEN_*`, rendered by `skygreen up`) and its store in the bucket;
+- the run's settings (`SKYGREEN_*`, rendered by `skygreen up`), its world and its store in the
+  bucket (the checkpointer's, `<bucket>/<run_id>`);
 - folder checkpoints (`skygreen.checkpoint.folders`): restore the newest that verifies, commit
-  each one the trainer saves, retention by the task's `keep`;
-- the power cap and energy meter (`skygreen.power.governor.PowerGovernor`), with energy counted
-  across restarts through the commits' meta;
-- the run ledger and the budget (`skygreen.runtime.ledger.RunBook`), so `status`, `cost`,
-  `compare` and `report` read a trainer's run as they read an own-loop one;
-- the cloud's preemption notice (`NoticeWatcher`) and SIGTERM (`SigtermLatch`);
-- early stopping on evaluation metrics (`EarlyStopper`).
+  each one the trainer saves, retention by the task's `keep`. The framework writes its own
+  checkpoint files, so they are committed as folders, not through `Checkpointer.save_state`;
+- the power cap and energy meter (`RunServices.governor`), with energy counted across restarts
+  through the commits' meta;
+- the run ledger and the budget (`RunServices.book`), so `status`, `cost`, `compare` and
+  `report` read a trainer's run as they read an own-loop one;
+- the cloud's preemption notice and SIGTERM (`RunServices.preemption`);
+- early stopping on evaluation metrics (`RunServices.stopper`).
 
-All assembly of runtime parts lives in this module, so that a change of their construction
-touches one file. Imports torch only to find the CUDA device for NVML.
+torch is imported when the parts are opened (`start`), not with this module.
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skygreen.checkpoint.folders import RestoredFolder, commit_and_retain, restore_latest
-from skygreen.checkpoint.store import Store, join_url
+from skygreen.checkpoint.store import Store
 from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.records import BUDGET, COMPLETED, EARLY_STOPPED, FAILED, PREEMPTED
 from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
+
+if TYPE_CHECKING:
+    from skygreen.runtime import Checkpointer, RunServices, World
 
 log = logging.getLogger("skygreen.integrations")
 
@@ -62,32 +66,38 @@ class TrainerServices:
     """skygreen's parts for one training process whose loop a framework drives."""
 
     settings: RuntimeSettings
-    store: Store
-    rank: int = 0
+    world: World
+    checkpointer: Checkpointer
     smoke: bool = False
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    power: Any = None
-    book: Any = None
-    notices: Any = None
-    latch: Any = None
-    stopper: Any = None
+    parts: RunServices | None = None
+    """The runtime's parts (`open_services`), opened by `start` once the device is known."""
     energy_base_j: float = 0.0
     stop_reason: str | None = None
     """Why training stops early: PREEMPTED, BUDGET or EARLY_STOPPED; None while it goes on."""
-    _started: bool = False
+    _stopper_state: dict[str, Any] | None = None
     _first_step: bool = False
     _scratch: tempfile.TemporaryDirectory[str] | None = None
 
     # -- setup -----------------------------------------------------------------------------
 
     @classmethod
-    def from_env(cls, *, trainer: str, environ: Mapping[str, str] | None = None, rank: int = 0) -> TrainerServices:
+    def from_env(cls, *, trainer: str, environ: Mapping[str, str] | None = None) -> TrainerServices:
         """The services of a run started by `skygreen up` (or `--local`, or the smoke test).
+
+        Args:
+            trainer: the integration asking (`transformers`, `lightning`), checked against the task.
+            environ: the process environment (default `os.environ`).
+
+        Returns:
+            The services, parts not opened yet: `restore`, then `start` before the first step.
 
         Raises:
             RuntimeSetupError: the script was not started by skygreen (no run id or bucket), or
                 the task says another trainer drives the loop.
         """
+        import skygreen.runtime as sg
+
         environ = dict(os.environ if environ is None else environ)
         settings = RuntimeSettings.from_env(environ)
         if settings.trainer not in (None, trainer):
@@ -95,15 +105,29 @@ class TrainerServices:
                 f"the task says `trainer: {settings.trainer}`, and this script uses skygreen's {trainer} callback\n"
                 f"  fix: set `trainer: {trainer}` in the task's skygreen section (or remove checkpoint.dir)"
             )
-        from skygreen.checkpoint.stores import open_store
+        world = sg.World.from_env(environ)
+        return cls(
+            settings=settings,
+            world=world,
+            checkpointer=sg.open_checkpointer(settings, world=world),
+            smoke=environ.get(SMOKE_ENV) == "1",
+            environ=environ,
+        )
 
-        store = open_store(join_url(settings.bucket, settings.run_id))
-        return cls(settings=settings, store=store, rank=rank, smoke=environ.get(SMOKE_ENV) == "1", environ=environ)
+    @property
+    def store(self) -> Store:
+        """The run's bucket folder, `<bucket>/<run_id>`."""
+        return self.checkpointer.store
 
     @property
     def is_writer(self) -> bool:
         """Rank 0 commits checkpoints and writes the ledger."""
-        return self.rank == 0
+        return self.world.leader
+
+    @property
+    def sigterm(self) -> bool:
+        """Whether SIGTERM arrived since `start`."""
+        return self.parts is not None and self.parts.preemption.sigterm
 
     def scratch_dir(self) -> Path:
         """A throw-away folder for the smoke test's checkpoints, removed with the services."""
@@ -120,36 +144,36 @@ class TrainerServices:
         if restored is not None:
             meta = restored.manifest.meta
             self.energy_base_j = float(meta.get(ENERGY_META) or 0.0)
-            if self.stopper is not None and isinstance(meta.get(EARLY_STOP_META), Mapping):
-                self.stopper.load_state_dict(dict(meta[EARLY_STOP_META]))
+            if isinstance(meta.get(EARLY_STOP_META), Mapping):
+                self._stopper_state = dict(meta[EARLY_STOP_META])
         return restored
 
     def commit(self, folder: str | Path, *, step: int, samples: int = 0, state: str = "running") -> None:
         """Commit the checkpoint folder the trainer just saved, apply retention, book progress."""
         if not self.is_writer:
             return
+        parts = self.parts
         meta: dict[str, Any] = {
             "state": state,
             "run_id": self.settings.run_id,
             ENERGY_META: self.energy_j(),
             "samples_seen": samples,
-            "power": self.power.summary() if self.power is not None else None,
+            "power": parts.governor.summary() if parts is not None else None,
         }
-        metric = None
-        if self.stopper is not None:
-            meta[EARLY_STOP_META] = self.stopper.state_dict()
-            metric = self.stopper.best
+        stopper = parts.stopper if parts is not None else None
+        if stopper is not None:
+            meta[EARLY_STOP_META] = stopper.state_dict()
         commit_and_retain(
             self.store,
             folder,
             step=step,
             keep=self.settings.checkpoint_keep,
-            metric=metric,
-            metric_mode=self.stopper.config.mode if self.stopper is not None else "min",
+            metric=stopper.best if stopper is not None else None,
+            metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
             meta=meta,
         )
-        if self.book is not None:
-            self.book.progress(step=step, samples=samples, energy_j=self.energy_j())
+        if parts is not None and parts.book is not None:
+            parts.book.progress(step=step, samples=samples, energy_j=self.energy_j())
 
     def hold_if_asked(self, step: int) -> None:
         """After the commit of `step`: wait there when a test asks (`SKYGREEN_TEST_HOLD_AT_STEPS`,
@@ -157,145 +181,97 @@ class TrainerServices:
         from skygreen.runtime.hold import hold, hold_steps
 
         if step in hold_steps(self.environ):
-            hold(step, stopped=lambda: self.latch is not None and self.latch.fired, environ=self.environ)
+            hold(step, stopped=lambda: self.sigterm, environ=self.environ)
 
     # -- the run's life --------------------------------------------------------------------
 
     def start(self, *, step: int, samples: int = 0, total_steps: int | None = None, device: Any = None) -> None:
-        """Before the first step: power cap, ledger segment, notice watcher, SIGTERM latch."""
-        if self._started:
+        """Before the first step: open the runtime's parts on `device` (CPU when None), start the
+        power cap, the ledger segment and the preemption watch."""
+        if self.parts is not None:
             return
-        self._started = True
-        from skygreen.runtime.early_stop import EarlyStopper
+        import torch
 
-        if self.settings.early_stop is not None and self.stopper is None:
-            self.stopper = EarlyStopper(self.settings.early_stop)
-        self.power = self._governor(device)
-        self.power.start(None)
-        if self.is_writer and not self.smoke:
-            self.book = self._book(device)
-            self.book.started(
+        import skygreen.runtime as sg
+
+        parts = sg.open_services(
+            self.settings,
+            device=torch.device(device if device is not None else "cpu"),
+            world=self.world,
+            environ=self.environ,
+            checkpointer=self.checkpointer,
+            smoke=self.smoke,
+        )
+        self.parts = parts
+        if parts.stopper is not None and self._stopper_state is not None:
+            parts.stopper.load_state_dict(self._stopper_state)
+        parts.governor.start(None)
+        if parts.book is not None:
+            parts.book.started(
                 step=step, samples=samples, samples_per_epoch=None, energy_j=self.energy_j(), total_steps=total_steps
             )
-        self.latch = self._latch()
-        self.notices = self._notices()
+        parts.preemption.start()
 
     def step_done(self, *, step: int, samples: int = 0) -> None:
         """After each optimizer step: power profile, budget; sets `stop_reason` when it must stop."""
-        if self.power is not None:
-            self.power.step_done()
-        if self.book is not None:
+        parts = self.parts
+        if parts is None:
+            return
+        parts.governor.step_done()
+        if parts.book is not None:
             if not self._first_step:
                 self._first_step = True
-                self.book.step_started()
-            if self.book.over_budget() and self.stop_reason is None:
-                log.warning("%s", self.book.stop_message())
+                parts.book.step_started()
+            if parts.over_budget() and self.stop_reason is None:
+                log.warning("%s", parts.book.stop_message())
                 self.stop_reason = BUDGET
-        if self.latch is not None and self.latch.fired and self.stop_reason is None:
+        if parts.preemption.sigterm and self.stop_reason is None:
             self.stop_reason = PREEMPTED
 
     def notice_pending(self) -> bool:
         """A preemption notice arrived since the last look (each notice counts once)."""
-        return self.notices is not None and self.notices.pending() is not None
+        return self.parts is not None and self.parts.preemption.notice() is not None
 
-    def evaluated(self, metrics: Mapping[str, float], step: int) -> bool:
-        """Record evaluation metrics; True when early stopping says stop."""
-        if self.book is not None:
-            self.book.reported({k: float(v) for k, v in metrics.items() if _is_number(v)}, step)
-        if self.stopper is None:
+    def evaluated(self, metrics: Mapping[str, Any], step: int) -> bool:
+        """Record evaluation metrics; True when early stopping says stop.
+
+        The task's metric is also found under the framework's own name for it (`val_loss` is
+        the HF Trainer's `eval_loss`), and filed under the task's name."""
+        parts = self.parts
+        if parts is None:
             return False
-        name = self.settings.early_stop.metric if self.settings.early_stop else ""
-        value = _metric(metrics, name)
-        if value is None:
-            return False
-        if self.stopper.update(value) and self.stop_reason is None:
-            log.info("early stopping: %s did not improve for %d evaluations", name, self.stopper.config.patience)
+        numbers = {k: float(v) for k, v in metrics.items() if _is_number(v)}
+        config = self.settings.early_stop
+        if config is not None and config.metric not in numbers:
+            value = _metric(numbers, config.metric)
+            if value is not None:
+                numbers[config.metric] = value
+        stop = parts.report(numbers, step=step)
+        if stop and self.stop_reason is None and config is not None:
+            log.info("early stopping: %s did not improve for %d evaluations", config.metric, config.patience)
             self.stop_reason = EARLY_STOPPED
         return self.stop_reason == EARLY_STOPPED
 
     def energy_j(self) -> float:
         """Joules used by this run so far, earlier lives included."""
-        return self.energy_base_j + (self.power.energy_j() if self.power is not None else 0.0)
+        return self.energy_base_j + (self.parts.governor.energy_j() if self.parts is not None else 0.0)
 
     def close(self, *, step: int, samples: int = 0, end: str | None = None) -> None:
-        """Close the ledger segment with how it ended, put the power limit back, stop watching."""
-        if self.book is not None:
-            self.book.progress(
+        """Close the ledger segment with how it ended, put the power limit back, stop watching;
+        a second call does nothing more."""
+        parts = self.parts
+        if parts is not None and parts.book is not None:
+            parts.book.progress(
                 step=step, samples=samples, energy_j=self.energy_j(), end=end or self.stop_reason or COMPLETED
             )
-            self.book = None
-        if self.power is not None:
-            self.power.close()
-        if self.notices is not None:
-            self.notices.stop()
-            self.notices = None
-        if self.latch is not None:
-            self.latch.uninstall()
-            self.latch = None
+            parts.book = None
+        if parts is not None:
+            parts.close()
+        else:
+            self.checkpointer.close()
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
-
-    # -- parts -----------------------------------------------------------------------------
-
-    def _governor(self, device: Any) -> Any:
-        from skygreen.power.entry import open_gpu
-        from skygreen.power.governor import PowerGovernor
-        from skygreen.power.ledger import Ledger
-        from skygreen.power.policy import DEFAULT_ETA, CapRequest
-
-        gpu: Any
-        reason: str | None
-        if self.smoke:
-            gpu, reason = None, "smoke test on CPU"
-        else:
-            local_rank = int(self.environ.get("LOCAL_RANK", 0) or 0)
-            gpu, reason = open_gpu(cuda_uuid=_cuda_uuid(device), local_rank=local_rank, environ=self.environ)
-        try:
-            request = CapRequest.parse(self.settings.power_cap)
-        except ValueError as e:
-            raise RuntimeSetupError(f"SKYGREEN_POWER_CAP: {e}") from None
-        eta = DEFAULT_ETA if self.settings.power_eta is None else self.settings.power_eta
-        return PowerGovernor(
-            gpu,
-            request=request,
-            required=self.settings.power_required,
-            eta=eta,
-            run_id=self.settings.run_id,
-            ledger=Ledger.default(self.environ),
-            reason=reason,
-        )
-
-    def _book(self, device: Any) -> Any:
-        from skygreen.runtime.ledger import RunBook
-
-        name = _cuda_name(device)
-        return RunBook(
-            store=self.store,
-            settings=self.settings,
-            device_name=name,
-            gpu_count=int(self.environ.get("LOCAL_WORLD_SIZE", 1) or 1) if name else 0,
-            environ=self.environ,
-            started_at=time.time(),
-            metering=self.power is not None and self.power.gpu is not None,
-        )
-
-    def _latch(self) -> Any:
-        from skygreen.runtime.preemption import SigtermLatch
-
-        return SigtermLatch.from_env(exit_code=PREEMPTED_EXIT_CODE, environ=self.environ).install()
-
-    def _notices(self) -> Any:
-        from skygreen.runtime.preemption import NoticeWatcher, landed_cloud
-
-        cloud = None if self.smoke else landed_cloud(self.settings.cloud, self.environ)
-        if cloud is None or cloud == "local":
-            return None
-        try:
-            return NoticeWatcher.from_env(cloud, self.environ).start()
-        except RuntimeSetupError as e:
-            log.warning("preemption notices: %s", e)
-            return None
 
 
 def _metric(metrics: Mapping[str, Any], name: str) -> float | None:
@@ -308,19 +284,3 @@ def _metric(metrics: Mapping[str, Any], name: str) -> float | None:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _cuda_uuid(device: Any) -> str | None:
-    if device is None or getattr(device, "type", None) != "cuda":
-        return None
-    import torch
-
-    return str(torch.cuda.get_device_properties(device).uuid)
-
-
-def _cuda_name(device: Any) -> str | None:
-    if device is None or getattr(device, "type", None) != "cuda":
-        return None
-    import torch
-
-    return torch.cuda.get_device_name(device)

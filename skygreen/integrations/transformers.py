@@ -68,7 +68,7 @@ class SkygreenCallback(TrainerCallback):
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Read the task's settings, check the precision, restore the latest checkpoint."""
         try:
-            services = TrainerServices.from_env(trainer="transformers", rank=args.process_index)
+            services = TrainerServices.from_env(trainer="transformers")
             check_precision(services.settings.precision, args)
             if services.smoke:
                 args.output_dir = str(services.scratch_dir())
@@ -136,7 +136,7 @@ class SkygreenCallback(TrainerCallback):
         if services.smoke:
             self._smoke_check(services, folder)
         services.hold_if_asked(state.global_step)
-        if services.latch is not None and services.latch.fired:
+        if services.sigterm:
             services.stop_reason = PREEMPTED
         if services.stop_reason == PREEMPTED:
             services.close(step=state.global_step, samples=_samples(args, state.global_step))

@@ -75,7 +75,7 @@ def round_trip(save: Callable[[], Any], checkpointer: Checkpointer, step: int) -
         loaded = checkpointer.load_latest()
         if loaded is None or loaded.step != step:
             raise CheckpointError("the checkpoint just saved was not found")
-        from skygreen.runtime.compare import first_difference
+        from skygreen.runtime.tensors import first_difference
 
         diff = first_difference(saved, loaded.state)
         if diff:
