@@ -35,9 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skygreen.checkpoint.folders import (
     TEMP_PREFIX,
@@ -50,8 +51,15 @@ from skygreen.checkpoint.folders import (
 from skygreen.checkpoint.store import Store, join_url
 from skygreen.errors import InputError, SkygreenError
 from skygreen.exit_codes import BAD_INPUT, FAILED
+from skygreen.ledger.records import BUDGET as BUDGET_END
+from skygreen.ledger.records import COMPLETED as COMPLETED_END
+from skygreen.ledger.records import FAILED as FAILED_END
+from skygreen.ledger.records import PREEMPTED as PREEMPTED_END
 from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
 from skygreen.spec_model import DEFAULT_QUIET_S
+
+if TYPE_CHECKING:
+    from skygreen.runtime import RunBook
 
 log = logging.getLogger("skygreen.folder_mode")
 
@@ -59,6 +67,8 @@ RUN_MARKER = ".skygreen-run"
 """The file in the checkpoint folder that names the run its checkpoint folders belong to."""
 POLL_S = 1.0
 SMOKE_TIMEOUT_S = 600.0
+PROGRESS_EVERY_S = 30.0
+"""How often the ledger segment's time is written between commits."""
 
 Signature = tuple[tuple[str, int, int], ...]
 """What a folder looks like now: (relative path, size, mtime in ns) of each file."""
@@ -262,9 +272,18 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run(command: str, config: FolderModeConfig, store: Store, *, poll_s: float = POLL_S) -> int:
+def run(
+    command: str, config: FolderModeConfig, store: Store, *, poll_s: float = POLL_S, book: RunBook | None = None
+) -> int:
     """Restore, run `command` while mirroring its checkpoint folders, commit the last ones;
-    returns the command's exit code."""
+    returns the command's exit code (0 after a budget stop).
+
+    With a `book` (rank 0 of a `skygreen up` run) this VM's ledger segment is written: wall
+    time from the command's start, the step of the newest committed folder, no energy (the
+    wrapper cannot meter the script's GPU), and how it ended, so `status`, `cost`, `compare` and
+    `report` read the run. Budget alerts go out as for an own-loop run; at the budget the
+    command gets SIGTERM (its last complete folder is committed) and the run ends with state
+    `budget`."""
     claim_folder(config)
     restored = restore_into(config, store)
     log.info("folder mode: %s", f"resumed from step {restored}" if restored is not None else "no checkpoint yet")
@@ -274,17 +293,88 @@ def run(command: str, config: FolderModeConfig, store: Store, *, poll_s: float =
         completeness=Completeness(marker=config.marker, quiet_s=config.quiet_s),
         committed=set(committed_folder_steps(store)),
     )
+    ledger = SegmentLog(book=book, step=restored or 0)
     supervisor = Supervisor(command=command)
     child = supervisor.start()
+    ledger.started()
+    over_budget = False
     while child.poll() is None:
-        mirror.scan()
+        ledger.progress(mirror.scan(), mirror.committed)
+        if not over_budget and ledger.over_budget():
+            over_budget = True
+            supervisor.stop()
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=poll_s)
     code = exit_code(child.returncode)
     # The folder the command saved last, before it ended. Nobody writes now: with a marker, a
     # folder holding it is complete; without one, only a command that succeeded finished its saves.
     mirror.scan(mirror.completeness.marked if config.marker else (lambda _folder: code == 0))
+    if over_budget:
+        ledger.ended(mirror.committed, BUDGET_END)
+        return 0
+    ledger.ended(
+        mirror.committed, COMPLETED_END if code == 0 else PREEMPTED_END if supervisor.terminated else FAILED_END
+    )
     return code
+
+
+@dataclass(kw_only=True, slots=True)
+class SegmentLog:
+    """This VM's ledger segment as the wrapper sees the run: the command's wall time and the
+    newest committed step; nothing when there is no book."""
+
+    book: RunBook | None
+    step: int
+    progress_every_s: float = PROGRESS_EVERY_S
+    _written_at: float = 0.0
+
+    def started(self) -> None:
+        """The command started: the segment begins at the restored step, its time counts from now."""
+        if self.book is not None:
+            self.book.started(step=self.step, samples=0, samples_per_epoch=None, energy_j=0.0)
+            self.book.step_started()
+            self._written_at = time.monotonic()
+
+    def progress(self, new: list[int], committed: set[int]) -> None:
+        """Write progress after a commit, and every `progress_every_s` for the time."""
+        if self.book is None:
+            return
+        if not new and time.monotonic() - self._written_at < self.progress_every_s:
+            return
+        self.step = max(committed, default=self.step)
+        self.book.progress(step=self.step, samples=0, energy_j=0.0)
+        self._written_at = time.monotonic()
+
+    def over_budget(self) -> bool:
+        """Whether the run's spend reached its budget (alerts due now are sent on the way)."""
+        if self.book is None or not self.book.over_budget():
+            return False
+        log.warning("%s", self.book.stop_message())
+        return True
+
+    def ended(self, committed: set[int], end: str) -> None:
+        """Close the segment with how the command ended."""
+        if self.book is not None:
+            self.step = max(committed, default=self.step)
+            self.book.progress(step=self.step, samples=0, energy_j=0.0, end=end)
+
+
+def open_book(settings: RuntimeSettings, store: Store, environ: Mapping[str, str]) -> RunBook | None:
+    """The run book of the node that writes the ledger (node 0 of a `skygreen up` run), without
+    energy metering; None on other nodes and in the smoke test."""
+    if environ.get(SMOKE_ENV) == "1" or environ.get("SKYPILOT_NODE_RANK", "0") not in ("", "0"):
+        return None
+    import skygreen.runtime as sg
+
+    return sg.RunBook(
+        store=store,
+        settings=settings,
+        device_name=None,
+        gpu_count=0,
+        environ=environ,
+        started_at=time.time(),
+        metering=False,
+    )
 
 
 def smoke(command: str, config: FolderModeConfig, store: Store, *, poll_s: float = 0.2) -> int:
@@ -365,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = open_store(join_url(settings.bucket, settings.run_id))
         if os.environ.get(SMOKE_ENV) == "1":
             return smoke(command, config, store)
-        return run(command, config, store)
+        return run(command, config, store, book=open_book(settings, store, os.environ))
     except SkygreenError as e:
         if os.environ.get("SKYGREEN_DEBUG") == "1":
             raise

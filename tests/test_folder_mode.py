@@ -24,6 +24,7 @@ from skygreen.checkpoint.stores import open_store
 from skygreen.errors import SpecError
 from skygreen.folder_mode import RUN_MARKER, Completeness
 from skygreen.launch.render import render_task
+from skygreen.ledger.io import read_ledger
 from skygreen.settings import SMOKE_LINE, RuntimeSettings
 from skygreen.spec import parse_spec, parse_spec_text
 
@@ -152,6 +153,9 @@ def test_sigterm_forwards_the_signal_and_commits_the_save_it_triggers(tmp_path, 
             proc.kill()
     assert proc.returncode == 143, stderr  # the script's own code: the run script turns it into "preempted"
     assert committed_folder_steps(store) == [4, 5]
+    (segment,) = read_ledger(store)  # the wrapper's segment: ended by SIGTERM at the last committed step
+    assert (segment.end, segment.start_step, segment.step) == ("preempted", 0, 5)
+    assert segment.energy_j is None, "the wrapper meters nothing"
 
 
 def test_quiet_period_completes_a_folder_without_a_marker(tmp_path):
@@ -292,3 +296,11 @@ def test_the_folder_mode_task_passes_its_smoke_test_and_runs_with_up_local(tmp_p
     (run,) = json.loads(subprocess.run([sys.executable, "-m", "skygreen.cli", "status", "--json"], env=env,
                                        capture_output=True, text=True, timeout=120).stdout)  # fmt: skip
     assert run["state"] == "SUCCEEDED" and run["step"] == 300
+    # the wrapper wrote the run's ledger segment: cost, report and compare read the run
+    for args in (["cost", run["run_id"]], ["report", run["run_id"]], ["compare", run["run_id"]]):
+        out = subprocess.run([sys.executable, "-m", "skygreen.cli", *args], env=env, capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path)  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+    cost = subprocess.run([sys.executable, "-m", "skygreen.cli", "cost", run["run_id"]], env=env, capture_output=True,
+                          text=True, timeout=120).stdout  # fmt: skip
+    assert "completed at step 300" in cost and "energy not metered" in cost
