@@ -179,3 +179,22 @@ def test_up_local_killed_at_a_checkpoint_then_resume_ends_with_the_uninterrupted
         assert after[name].dtype == tensor.dtype and bool((after[name] == tensor).all()), name
     cost = skygreen(env, "cost", run_id)
     assert cost.returncode == 0, cost.stdout + cost.stderr
+
+
+@pytest.mark.slow
+def test_early_stopping_on_a_logged_metric_saves_and_stops_the_trainer(tmp_path):
+    from skygreen.ledger.io import read_ledger
+
+    bucket = tmp_path / "bucket"
+    store = open_store(join_url(str(bucket), RUN_ID))
+    work = workdir_of(tmp_path, "work")
+    # val_loss falls epoch after epoch, so with mode max the second evaluation does not improve
+    stop = {"SKYGREEN_EARLY_STOP_METRIC": "val_loss", "SKYGREEN_EARLY_STOP_MODE": "max",
+            "SKYGREEN_EARLY_STOP_PATIENCE": "1"}  # fmt: skip
+    proc = train(work, env_for(tmp_path, bucket, LT_EPOCHS="5", **stop))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert committed_folder_steps(store) == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH], "stopped after epoch 2, saved"
+    (segment,) = read_ledger(store)
+    assert (segment.end, segment.step) == ("early-stopped", 2 * STEPS_PER_EPOCH)
+    assert "val_loss" in segment.metrics
