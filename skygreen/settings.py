@@ -41,7 +41,7 @@ from typing import Any
 
 from skygreen.errors import RuntimeSetupError, SpecError
 from skygreen.power.policy import CapRequest
-from skygreen.spec import HALF_PRECISIONS, PRECISIONS, EarlyStopConfig, GreenSpec
+from skygreen.spec import HALF_PRECISIONS, PRECISIONS, TRAINERS, EarlyStopConfig, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
 SMOKE_ENV = "SKYGREEN_SMOKE"
@@ -75,6 +75,15 @@ class RuntimeSettings:
     checkpoint_every_s: float | None = None
     checkpoint_keep: int = 3
     checkpoint_half_precision: str | None = None
+    checkpoint_dir: str | None = None
+    """Folder mode: the folder the script saves checkpoint folders into (`skygreen.folder_mode`)."""
+    checkpoint_marker: str | None = None
+    """Folder mode: the file whose presence makes a checkpoint folder complete."""
+    checkpoint_quiet_s: float | None = None
+    """Folder mode: seconds without a write after which a folder counts as complete."""
+    trainer: str | None = None
+    """What owns the loop (`skygreen.spec.TRAINERS`) where it is not `sg.Run` (None); the smoke
+    test and the integrations read it."""
     power_cap: CapRequest = field(default_factory=CapRequest)
     """auto | off | <watts> | <fraction of the default limit>; travels as that text (`0.6`)."""
     power_required: bool = False
@@ -109,12 +118,15 @@ class RuntimeSettings:
         _choice("precision", self.precision, PRECISIONS)
         if self.checkpoint_half_precision is not None:
             _choice("checkpoint_half_precision", self.checkpoint_half_precision, HALF_PRECISIONS)
+        if self.trainer is not None:
+            _choice("trainer", self.trainer, TRAINERS)
         for name in ("effective_batch", "micro_batch", "checkpoint_every_steps", "checkpoint_keep"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 _bad(name, value, "must be an integer >= 1", "set a whole number such as 4")
         for name in (
             "checkpoint_every_s",
+            "checkpoint_quiet_s",
             "power_eta",
             "preemptions_per_hour",
             "budget_usd",
@@ -173,6 +185,10 @@ class RuntimeSettings:
             checkpoint_every_s=spec.checkpoint.every_s,
             checkpoint_keep=spec.checkpoint.keep,
             checkpoint_half_precision=spec.checkpoint.half_precision,
+            checkpoint_dir=spec.checkpoint.dir,
+            checkpoint_marker=spec.checkpoint.marker,
+            checkpoint_quiet_s=spec.checkpoint.quiet_s,
+            trainer=None if spec.trainer == "runtime" else spec.trainer,
             power_cap=CapRequest(mode=power.mode, value=cap_value),
             power_required=power.required,
             power_eta=power.eta,

@@ -63,6 +63,7 @@ from skygreen.spec_model import (
     SECTION,
     SHARDINGS,
     SKYPILOT_TASK_KEYS,
+    TRAINERS,
     Batch,
     BudgetAlertSpec,
     CheckpointSpec,
@@ -88,6 +89,7 @@ __all__ = [
     "RECOVERY_STRATEGIES",
     "SECTION",
     "SKYPILOT_TASK_KEYS",
+    "TRAINERS",
     "Batch",
     "BudgetAlertSpec",
     "CheckpointSpec",
@@ -189,6 +191,8 @@ def _parse_green(raw: Any, path: str) -> GreenSpec:
     get(values, "recovery", _parse_recovery)
     get(values, "deadline", read_duration_h)
     get(values, "model", _parse_model)
+    get(values, "trainer", lambda v, p: read_choice(v, p, TRAINERS))
+    _check_trainer(values, path)
     spec = GreenSpec(**values)
     if not spec.spot and spec.on_demand_fallback:
         raise SpecError(
@@ -302,9 +306,31 @@ def _parse_every(raw: Any, path: str) -> tuple[int | None, float | None]:
     return read_int(raw, path, minimum=1), None
 
 
+def _check_trainer(values: dict[str, Any], path: str) -> None:
+    """`checkpoint.dir` means the folder mode: it cannot go with a loop skygreen drives itself."""
+    folder = values.get("checkpoint", CheckpointSpec()).dir
+    trainer = values.get("trainer")
+    if folder is not None and trainer not in (None, "folder"):
+        raise SpecError(
+            f"{path}.checkpoint.dir",
+            f"is the folder mode, and this task says `trainer: {trainer}`, which checkpoints through skygreen itself",
+            value=folder,
+            hint="remove checkpoint.dir (sg.Run and the trainer callbacks commit their own checkpoints), "
+            "or set `trainer: folder` for a script that saves checkpoint folders on its own",
+        )
+    if trainer == "folder" and folder is None:
+        raise SpecError(
+            f"{path}.checkpoint.dir",
+            "is required with `trainer: folder`: the folder the script saves its checkpoint folders into",
+            hint="add e.g. `checkpoint: {dir: out, marker: trainer_state.json}`",
+        )
+    if folder is not None:
+        values["trainer"] = "folder"
+
+
 def _parse_checkpoint(raw: Any, path: str) -> CheckpointSpec:
     raw = read_mapping(raw, path)
-    check_keys(raw, ("bucket", "every", "keep", "half_precision"), path)
+    check_keys(raw, ("bucket", "every", "keep", "half_precision", "dir", "marker", "quiet_s"), path)
     values: dict[str, Any] = {}
     if raw.get("bucket") is not None:
         values["bucket"] = _parse_bucket(raw["bucket"], f"{path}.bucket")
@@ -314,7 +340,44 @@ def _parse_checkpoint(raw: Any, path: str) -> CheckpointSpec:
         values["keep"] = check_keep(read_int(raw["keep"], f"{path}.keep", maximum=1000), f"{path}.keep")
     if raw.get("half_precision") not in (None, False):
         values["half_precision"] = read_choice(raw["half_precision"], f"{path}.half_precision", HALF_PRECISIONS)
+    values.update(_parse_folder_mode(raw, path))
     return CheckpointSpec(**values)
+
+
+def _parse_folder_mode(raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """`dir`, `marker` and `quiet_s`: where the script saves its checkpoint folders, and when one
+    is complete. A relative `dir` stays relative to the task's workdir."""
+    values: dict[str, Any] = {}
+    if "dir" in raw:
+        folder = read_str(raw["dir"], f"{path}.dir").strip()
+        if ".." in Path(folder).parts:
+            raise SpecError(f"{path}.dir", "may not leave the workdir with `..`", value=folder)
+        values["dir"] = folder
+    if raw.get("marker") is not None:
+        marker = read_str(raw["marker"], f"{path}.marker").strip()
+        if "/" in marker or marker in (".", ".."):
+            raise SpecError(
+                f"{path}.marker", "must be a file name inside each checkpoint folder", value=marker,
+                hint="e.g. trainer_state.json (HF Trainer) or .metadata (torch.distributed.checkpoint)",
+            )  # fmt: skip
+        values["marker"] = marker
+    if raw.get("quiet_s") is not None:
+        values["quiet_s"] = read_number(raw["quiet_s"], f"{path}.quiet_s", positive=True)
+    for key in ("marker", "quiet_s"):
+        if key in values and "dir" not in values:
+            raise SpecError(
+                f"{path}.{key}",
+                "only means something with checkpoint.dir (the folder mode)",
+                value=values[key],
+                hint="add `dir:` naming the folder the script saves its checkpoint folders into, or remove it",
+            )
+    if "marker" in values and "quiet_s" in values:
+        raise SpecError(
+            f"{path}.quiet_s",
+            "and checkpoint.marker both say when a folder is complete; give one",
+            value=values["quiet_s"],
+        )
+    return values
 
 
 def _parse_bucket(raw: Any, path: str) -> str:

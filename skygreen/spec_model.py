@@ -22,6 +22,13 @@ FSDP_FROM_PARAMS = 1e9
 """`model.sharding` left out: FSDP from a billion parameters (16 GB of weights, gradients and
 AdamW states, more than most single GPUs hold beside activations), DDP below."""
 DEFAULT_MAX_NODES = 4
+TRAINERS: tuple[str, ...] = ("runtime", "transformers", "lightning", "folder")
+"""What owns the training loop: `runtime` (the script trains through `sg.Run`), `transformers`
+or `lightning` (the script's Trainer carries skygreen's callback), `folder` (any script that saves
+checkpoint folders into `checkpoint.dir`; skygreen wraps the command)."""
+DEFAULT_QUIET_S = 30.0
+"""Folder mode without a marker file: a checkpoint folder counts as complete once no file in it
+changed for this long."""
 
 # Top-level keys of a SkyPilot 0.14.1 task (sky/utils/schemas.py::get_task_schema), so that a
 # misspelt key (`skygren:`, `rn:`) is caught here with a suggestion, before SkyPilot sees it.
@@ -98,6 +105,13 @@ class CheckpointSpec:
     keep: int = 3
     half_precision: str | None = None
     """Store weights as fp16 or bf16 (smaller, not bit-exact); None stores them as trained."""
+    dir: str | None = None
+    """Folder mode: the folder the script saves its checkpoint folders into (relative to the workdir)."""
+    marker: str | None = None
+    """Folder mode: a checkpoint folder is complete once it holds this file (`trainer_state.json`,
+    `.metadata`); None: once nothing in it changed for `quiet_s`."""
+    quiet_s: float | None = None
+    """Folder mode without a marker: the quiet period; None means `DEFAULT_QUIET_S`."""
 
     @property
     def every_auto(self) -> bool:
@@ -203,6 +217,8 @@ class GreenSpec:
     """Hours from launch by which the run must be done (`deadline: 36h`); None: no deadline."""
     model: ModelSpec | None = None
     """None: the plan does not know the model's size and ranks every GPU."""
+    trainer: str = "runtime"
+    """One of `TRAINERS`; `folder` when `checkpoint.dir` is set and the task names no trainer."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -116,9 +116,10 @@ FACTORIES = {"skygreen.checkpoint.store_factory", "skygreen.launch.launcher_fact
 """Pick an adapter by URL scheme or setting; only composition roots use them."""
 ROOTS = (
     "skygreen.api", "skygreen.cli", "skygreen.testing", "skygreen.runtime", "skygreen.power.entry",
-    "skygreen.data.shards",
+    "skygreen.data.shards", "skygreen.folder_mode", "skygreen.integrations",
 )  # fmt: skip
-"""The laptop's composition root (`api`, with `cli` over it), the container's (`runtime`), where
+"""The laptop's composition root (`api`, with `cli` over it), the container's (`runtime`, and for
+trainers that own their loop `integrations` and the folder mode's entry point), where
 NVML is opened for `skygreen.power.cap()` and a run's GPU (`power.entry`), where a task's script
 opens the bucket for its prepared data (`data.shards.prepare`), and the fakes."""
 

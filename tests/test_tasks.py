@@ -18,7 +18,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "tasks"
-SHIPPED = ("bert-mlm", "gpt2", "gpt2-fsdp", "resnet50", "tiny")
+SHIPPED = ("bert-mlm", "folder-mode", "gpt2", "gpt2-fsdp", "hf-trainer", "lightning", "resnet50", "tiny")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -55,7 +55,16 @@ def test_task_size_rejects_a_typo(tmp_path):
 
 @pytest.mark.parametrize(
     "name, low_usd, high_usd",
-    [("bert-mlm", 1, 100), ("gpt2", 3, 300), ("gpt2-fsdp", 9, 900), ("resnet50", 1, 100), ("tiny", 0, 1)],
+    [
+        ("bert-mlm", 1, 100),
+        ("gpt2", 3, 300),
+        ("gpt2-fsdp", 9, 900),
+        ("hf-trainer", 0, 5),
+        ("folder-mode", 0, 5),
+        ("lightning", 0, 5),
+        ("resnet50", 1, 100),
+        ("tiny", 0, 1),
+    ],
 )
 def test_plan_prices_each_task_believably(name, low_usd, high_usd):
     """Work sized from published throughput: dollars to tens of dollars per run on spot, not cents or thousands."""

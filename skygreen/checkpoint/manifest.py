@@ -45,6 +45,11 @@ MANIFEST_NAME = "manifest.json"
 SHARED_BLOB = "shared.pt"
 METRIC_MODES = ("min", "max")
 LAYOUTS = ("full", "sharded-dcp")
+STATE_KIND = "state"
+"""A manifest of the runtime's own state (`shared.pt` and rank blobs), loaded by `sg.Run`."""
+FOLDER_KIND = "folder"
+"""A manifest of a trainer's checkpoint folder (`skygreen.checkpoint.folders`): files, not state."""
+KINDS = (STATE_KIND, FOLDER_KIND)
 
 _STEP_KEY = re.compile(r"^ckpt/(\d{12})/([^/]+)\Z")
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -138,6 +143,10 @@ class Manifest:
     "sharded-dcp" (each rank's shards in DCP files; FSDP runs, `skygreen.runtime.sharded`)."""
     meta: Mapping[str, Any] = field(default_factory=dict)
     """Free-form JSON from the runtime: state, energy_j, wall_s, preemptions, ..."""
+    kind: str = STATE_KIND
+    """What the blobs are (`KINDS`): the runtime loads only `state`; folder checkpoints are
+    restored as files by `skygreen.checkpoint.folders`. Written only when not `state`, so
+    manifests of the runtime's own state keep their bytes."""
 
     def __post_init__(self) -> None:
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
@@ -153,7 +162,9 @@ class Manifest:
             raise ValueError(f"Manifest.world_size must be an integer >= 1, got {self.world_size!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"Manifest.layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if SHARED_BLOB not in self.blobs:
+        if self.kind not in KINDS:
+            raise ValueError(f"Manifest.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == STATE_KIND and SHARED_BLOB not in self.blobs:
             raise ValueError(f"Manifest.blobs must include {SHARED_BLOB!r}")
 
     @property
@@ -168,8 +179,9 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as a dict for `json.dumps`, blobs sorted by name; `loads` parses its JSON back.
-        `layout` is written only when not "full", so full manifests read as before."""
-        out = {
+        `layout` is written only when not "full" and `kind` only when not "state", so manifests of
+        a full runtime state read as before."""
+        out: dict[str, Any] = {
             "format_version": self.format_version,
             "step": self.step,
             "created_at": self.created_at,
@@ -183,6 +195,8 @@ class Manifest:
         }
         if self.layout != "full":
             out["layout"] = self.layout
+        if self.kind != STATE_KIND:
+            out["kind"] = self.kind
         return out
 
     def dumps(self) -> bytes:
@@ -217,6 +231,7 @@ class Manifest:
                 world_size=raw.get("world_size", 1),
                 layout=raw.get("layout", "full"),
                 meta=raw.get("meta") or {},
+                kind=raw.get("kind", STATE_KIND),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{where}: unreadable checkpoint manifest: {e}") from e

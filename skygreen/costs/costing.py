@@ -136,9 +136,12 @@ def cost_of_run(
     cost = load_run_cost(record, open_store=open_store, catalog_dir=catalog_dir, registry=registry)
     if cost is None:
         raise InputError(
-            f"run {run_id} has no ledger at {record.checkpoint_url}/ledger yet\n"
-            "  fix: wait for its first step (the runtime writes the ledger when training starts), "
-            "or check that the run uses this version of the skygreen runtime"
+            f"run {run_id} has no ledger at {record.checkpoint_url}/ledger yet: the ledger (time, steps, "
+            "energy) is written once training starts by skygreen.runtime's Run, the HF and Lightning "
+            "callbacks (skygreen.integrations) and the folder mode (checkpoint.dir); a script that uses "
+            "none of them writes none\n"
+            "  fix: wait for its first step; for a run that ended without one, add skygreen's callback or "
+            "checkpoint.dir to the task (README: Bring your own trainer)"
         )
     estimate, why = None, None
     if cost.local:

@@ -336,6 +336,8 @@ def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool, ranks:
     command = str(command).strip()
     if distributed and ranks > 1:
         command = torchrun_command(command, spec)
+    if spec.green.trainer == "folder":  # restores, mirrors and commits the script's checkpoint folders
+        command = f"python -m skygreen.folder_mode -- {shlex.quote(command)}"
     return _template("run.sh.tmpl").substitute(
         version=__version__,
         run_id=settings.run_id,

@@ -13,6 +13,7 @@ This module runs on the laptop (`skygreen up`, `skygreen smoke`): it imports no 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,12 +62,43 @@ def run_smoke(
     if not command:
         raise SmokeTestError("the task has no `run` command to smoke-test\n  fix: add `run: python train.py`")
     workdir = _workdir(spec)
+    if spec.green.trainer == "folder":  # the wrapper stops the script after its first checkpoint folder
+        command = f"python -m skygreen.folder_mode -- {shlex.quote(str(command))}"
+    else:
+        check_uses_skygreen(str(command), workdir)
     bucket = tempfile.mkdtemp(prefix="skygreen-smoke-")
     try:
         env = _environment(spec, bucket, os.environ if environ is None else environ)
         return _run(str(command), workdir, env, timeout_s)
     finally:
         shutil.rmtree(bucket, ignore_errors=True)
+
+
+def check_uses_skygreen(command: str, workdir: Path) -> None:
+    """Fail at once, with the fix, when the command's Python script (and the modules beside it)
+    never mention skygreen: such a script would train for its whole run and never run a smoke
+    test. A command whose script cannot be found is left to the run itself."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return
+    scripts = [workdir / w for w in words if w.endswith(".py") and (workdir / w).is_file()]
+    if not scripts:
+        return
+    neighbours = {p for script in scripts for p in script.parent.glob("*.py")}
+    for path in sorted(neighbours):
+        try:
+            if "skygreen" in path.read_text(encoding="utf-8", errors="replace"):
+                return
+        except OSError:
+            return
+    raise SmokeTestError(
+        f"smoke test: {scripts[0].name} does not use skygreen, so nothing would checkpoint it and the smoke "
+        "test could not stop it early\n"
+        "  fix: train through skygreen.runtime.Run; or, for an HF Trainer or Lightning script, add "
+        "`callbacks=[SkygreenCallback()]` from skygreen.integrations.transformers / .lightning; or, for any "
+        "script that saves checkpoint folders, set `checkpoint: {dir: FOLDER}` in the task (the folder mode)"
+    )
 
 
 def _workdir(spec: TaskSpec) -> Path:
@@ -120,7 +152,9 @@ def _run(command: str, workdir: Path, env: dict[str, str], timeout_s: float) -> 
     if proc.returncode == 0:
         raise SmokeTestError(
             f"smoke test: `{command}` exited 0 without running the skygreen runtime's smoke test\n"
-            "  fix: train through skygreen.runtime.Run (see the README's Runtime section)"
+            "  fix: train through skygreen.runtime.Run (see the README's Runtime section), add skygreen's "
+            "callback to an HF or Lightning Trainer, or set checkpoint.dir for the folder mode "
+            "(README: Bring your own trainer)"
         )
     tail = "\n".join("    " + ln for ln in output.strip().splitlines()[-8:])
     fix = ""

@@ -47,6 +47,7 @@ from skygreen.checkpoint.manifest import (
     MANIFEST_NAME,
     METRIC_MODES,
     SHARED_BLOB,
+    STATE_KIND,
     BlobInfo,
     HashingWriter,
     Manifest,
@@ -431,6 +432,8 @@ class Checkpointer:
         unverified bytes from running code. `model_sha256` is not recomputed: the blob's
         sha256 already proves the bytes are the ones saved.
         """
+        if manifest.kind != STATE_KIND:
+            raise CheckpointError(f"a {manifest.kind} checkpoint (a trainer's files), not the runtime's own state")
         if manifest.layout != "full":
             raise CheckpointError(
                 f"written by an FSDP run (layout {manifest.layout!r}); a model wrapped with fully_shard loads it"

@@ -72,6 +72,7 @@ from skygreen.checkpoint.manifest import (
     MANIFEST_NAME,
     METRIC_MODES,
     SHARED_BLOB,
+    STATE_KIND,
     BlobInfo,
     Manifest,
     blob_key,
@@ -506,6 +507,8 @@ class ShardedCheckpointer:
 
     def _fetch_and_verify(self, manifest: Manifest) -> str | None:
         """Download every file of `manifest` into a fresh folder, checking each; the problem, or None."""
+        if manifest.kind != STATE_KIND:
+            return f"a {manifest.kind} checkpoint (a trainer's files), not the runtime's own state"
         if manifest.layout != LAYOUT:
             return f"written by a DDP run (layout {manifest.layout!r}), not sharded"
         self._download = tempfile.TemporaryDirectory(prefix="skygreen-dcp-load-", dir=self.tmp_dir)

@@ -1,0 +1,362 @@
+"""skygreen for PyTorch Lightning scripts: one callback, one argument.
+
+    from skygreen.integrations.lightning import SkygreenCallback
+
+    skygreen = SkygreenCallback()
+    trainer = L.Trainer(..., callbacks=[skygreen, ModelCheckpoint(...)])
+    trainer.fit(model, datamodule, ckpt_path=skygreen.ckpt_path)
+
+What the callback does, started by `skygreen up` (or `up --local`):
+
+- when it is built, it restores the newest checkpoint that verifies from the task's bucket
+  (falling back past corrupt ones) into a local folder and names the `.ckpt` file in
+  `ckpt_path`. Lightning reads where to resume from as an argument of `fit()` and restores the
+  model, optimizers, schedulers and loop progress before any callback hook that could change
+  it, so the caller hands the file in, as with `ckpt_path="last"`. On a first start it is None,
+  which `fit()` takes as a fresh start;
+- in `setup` it puts `SkygreenCheckpointIO` in front of the strategy's `CheckpointIO`: every
+  checkpoint Lightning writes (`ModelCheckpoint`, `trainer.save_checkpoint`) is written as
+  usual and then committed as a verified, manifest-last folder commit, followed by retention by
+  the task's `keep`. `ModelCheckpoint(save_top_k=...)` only prunes local files: the bucket
+  keeps what `keep` says. Loading reads with `torch.load(weights_only=True)`;
+- a cloud preemption notice saves a checkpoint at once; SIGTERM saves, commits and exits with
+  the preempted code SkyPilot recovers;
+- the task's power cap, energy metering, ledger segments and budget, and `early_stopping` on
+  the metrics the module logs (`self.log("val_loss", ...)`);
+- the task's precision must agree with `Trainer(precision=...)`: Lightning builds its precision
+  plugin before any callback runs, so a mismatch is an error naming the fix;
+- under the smoke test (`SKYGREEN_SMOKE=1`) checkpoints go to a scratch folder; after two steps
+  it saves, commits, restores and compares the checkpoint, prints the smoke line and exits 0.
+
+Resuming is exact where Lightning's restore is: model, optimizer, scheduler and loop progress
+come back, the global RNG state and a dataloader's position inside an epoch do not. Save at
+epoch ends (`ModelCheckpoint(every_n_epochs=1)`) and shuffle with a sampler that has
+`set_epoch` (Lightning calls it each epoch) for bit-identical resumes; tasks/lightning_task.py
+does so.
+
+For `lightning` (`import lightning as L`) and `pytorch_lightning`: the callback derives from the
+Lightning package the script imported first (`lightning` where neither or both are).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NoReturn
+
+from skygreen.errors import RuntimeSetupError, SkygreenError
+from skygreen.integrations.services import (
+    BUDGET,
+    PREEMPTED,
+    PREEMPTED_EXIT_CODE,
+    SMOKE_FAILED,
+    SMOKE_LINE,
+    SMOKE_STEPS,
+    TrainerServices,
+)
+
+
+def _framework() -> tuple[Any, Any]:
+    """Lightning's `Callback` and `CheckpointIO` from the package the script imported first
+    (`lightning` where neither or both are, `pytorch_lightning` where only it is installed)."""
+    import importlib
+
+    pairs = [("lightning.pytorch", "lightning.fabric.plugins"), ("pytorch_lightning", "lightning_fabric.plugins")]
+    if "pytorch_lightning" in sys.modules and "lightning" not in sys.modules:
+        pairs.reverse()
+    for trainer_module, plugins_module in pairs:
+        try:
+            trainer, plugins = importlib.import_module(trainer_module), importlib.import_module(plugins_module)
+        except ImportError:
+            continue
+        return trainer.Callback, plugins.CheckpointIO
+    raise ImportError("skygreen.integrations.lightning needs lightning: pip install 'skygreen[lightning]'")
+
+
+_Callback: Any
+_CheckpointIO: Any
+_Callback, _CheckpointIO = _framework()
+
+log = logging.getLogger("skygreen.integrations")
+
+__all__ = ["SkygreenCallback", "SkygreenCheckpointIO", "check_precision"]
+
+CKPT_SUFFIX = ".ckpt"
+LIGHTNING_PRECISIONS = {"bf16": "bf16", "16": "fp16", "32": "fp32", "64": "fp64"}
+"""`Trainer.precision` ("bf16-mixed", "16-true", "32-true", ...) by its number, as the task names it."""
+
+
+class SkygreenCheckpointIO(_CheckpointIO):
+    """Lightning's storage plugin: writes through the strategy's own `CheckpointIO`, then commits
+    each checkpoint file as a verified folder commit of its step in the task's bucket.
+
+    Args:
+        callback: the callback whose services commit, and whose counts go into the commit.
+        inner: the `CheckpointIO` that writes and removes local files (Lightning's default).
+    """
+
+    def __init__(self, callback: SkygreenCallback, inner: Any) -> None:
+        self.callback = callback
+        self.inner = inner
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        """Write the file, then commit it (rank 0; Lightning calls this on rank 0 only)."""
+        self.inner.save_checkpoint(checkpoint, path, storage_options)
+        step = int(checkpoint.get("global_step", 0))
+        self.callback.committed(Path(path), step=step)
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
+        """Read a checkpoint with `torch.load(weights_only=True)`: bucket contents are untrusted."""
+        import torch
+
+        return torch.load(path, map_location=map_location or "cpu", weights_only=True)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Remove the local file only; the bucket's retention follows the task's `keep`."""
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        """Let the inner plugin clean up."""
+        self.inner.teardown()
+
+
+class SkygreenCallback(_Callback):
+    """Verified checkpoints in the task's bucket, exact resume, power, energy, ledger, budget and
+    early stopping for a Lightning `Trainer`; see the module's docstring for the lines to add.
+
+    Raises:
+        SystemExit: with skygreen's exit code and message (no traceback unless SKYGREEN_DEBUG=1)
+            when the script was not started by skygreen or the bucket cannot be read.
+    """
+
+    def __init__(self, *, restore_dir: str | os.PathLike[str] = "skygreen-restored") -> None:
+        self.ckpt_path: str | None = None
+        """The restored checkpoint file, for `trainer.fit(..., ckpt_path=...)`; None on a fresh start."""
+        self._start_step = 0
+        self._last_commit: int | None = None
+        self._trainer: Any = None
+        try:
+            services = TrainerServices.from_env(trainer="lightning")
+            parent = services.scratch_dir() / "restored" if services.smoke else Path(restore_dir)
+            restored = services.restore(parent)
+        except SkygreenError as e:
+            _fail(e, smoke=os.environ.get("SKYGREEN_SMOKE") == "1")
+        self.services = services
+        if restored is not None:
+            files = sorted(restored.path.glob(f"*{CKPT_SUFFIX}"))
+            if not files:
+                _fail(RuntimeSetupError(f"the checkpoint folder of step {restored.step} holds no .ckpt file\n"
+                                        "  fix: check the bucket; the run's commits were not made by this callback"),
+                      smoke=services.smoke)  # fmt: skip
+            self.ckpt_path = str(files[0])
+            log.info("resume: trainer.fit(..., ckpt_path=%s)", self.ckpt_path)
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Check the precision, put the storage plugin in place, send the smoke test's saves to scratch."""
+        if stage != "fit":
+            return
+        services = self.services
+        try:
+            check_precision(services.settings.precision, str(trainer.precision))
+        except SkygreenError as e:
+            _fail(e, smoke=services.smoke)
+        self._trainer = trainer
+        strategy = trainer.strategy
+        if not isinstance(strategy.checkpoint_io, SkygreenCheckpointIO):
+            strategy.checkpoint_io = SkygreenCheckpointIO(self, strategy.checkpoint_io)
+        if services.smoke:
+            for checkpoint in trainer.checkpoint_callbacks:
+                checkpoint.dirpath = str(services.scratch_dir() / "checkpoints")
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Power cap, ledger segment and preemption watch, at the resumed step."""
+        if self.ckpt_path and trainer.global_step == 0:
+            log.warning(
+                "a checkpoint was restored to %s, and the Trainer starts from step 0: pass "
+                "ckpt_path=callback.ckpt_path to trainer.fit()",
+                self.ckpt_path,
+            )
+        self._start_step = trainer.global_step
+        self.services.start(
+            step=trainer.global_step,
+            samples=self._samples(trainer),
+            total_steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
+            device=trainer.strategy.root_device,
+        )
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Budget and power after each batch; a notice saves, SIGTERM saves and exits, a budget stop saves and stops."""
+        services = self.services
+        step = trainer.global_step
+        services.step_done(step=step, samples=self._samples(trainer))
+        if services.smoke and step - self._start_step >= SMOKE_STEPS:
+            self._smoke_check(trainer)
+        if services.notice_pending():
+            log.warning("preemption notice: saving a checkpoint now")
+            self._save(trainer)
+        if services.stop_reason == PREEMPTED:
+            self._save(trainer)
+            services.close(step=step, samples=self._samples(trainer))
+            log.warning("SIGTERM: checkpoint of step %d committed; exiting for the restart", step)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+        if services.stop_reason == BUDGET:
+            self._save(trainer)
+            trainer.should_stop = True
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """Early stopping on the task's metric among the logged ones; a stop saves first."""
+        if trainer.sanity_checking or self.services.parts is None:
+            return
+        metrics = {k: _number(v) for k, v in trainer.callback_metrics.items()}
+        numbers = {k: v for k, v in metrics.items() if v is not None}
+        if self.services.evaluated(numbers, trainer.global_step) and not trainer.should_stop:
+            self._save(trainer)
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """Close the ledger segment (completed, early-stopped or budget) and put the power back."""
+        if self.services.smoke:
+            self.services.close(step=trainer.global_step)
+            _smoke_exit(f"{SMOKE_FAILED} train: the Trainer finished before {SMOKE_STEPS} steps")
+        self.services.close(step=trainer.global_step, samples=self._samples(trainer))
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """A failed or interrupted fit closes its ledger segment with how it ended."""
+        if isinstance(exception, SystemExit):
+            return
+        end = "cancelled" if isinstance(exception, KeyboardInterrupt) else "failed"
+        self.services.close(step=trainer.global_step, samples=self._samples(trainer), end=end)
+
+    # -- called by the storage plugin ------------------------------------------------------
+
+    def committed(self, file: Path, *, step: int) -> None:
+        """Commit the checkpoint file just written as the folder commit of `step`, then hold
+        there when a test asks (`SKYGREEN_TEST_HOLD_AT_STEPS`)."""
+        services = self.services
+        if step == self._last_commit:  # a second file of one step (`save_last`): one commit per step
+            return
+        with tempfile.TemporaryDirectory(prefix="skygreen-ckpt-") as tmp:
+            folder = Path(tmp) / f"step-{step}"
+            folder.mkdir()
+            _link_or_copy(file, folder / file.name)
+            try:
+                services.commit(folder, step=step, samples=self._samples(self._trainer))
+            except SkygreenError as e:
+                if services.smoke:
+                    _fail(e, smoke=True, phase="save")
+                raise
+        self._last_commit = step
+        services.hold_if_asked(step)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _save(self, trainer: Any) -> None:
+        """Save a checkpoint of the current step into the first ModelCheckpoint's folder (or
+        `<default_root_dir>/checkpoints`), unless this step is already committed."""
+        if trainer.global_step == self._last_commit:
+            return
+        dirpath = next((c.dirpath for c in trainer.checkpoint_callbacks if c.dirpath), None)
+        folder = Path(dirpath or Path(trainer.default_root_dir) / "checkpoints")
+        trainer.save_checkpoint(str(folder / f"skygreen-step={trainer.global_step}{CKPT_SUFFIX}"))
+
+    def _samples(self, trainer: Any) -> int:
+        """Samples seen: optimizer steps x batch size x accumulation x ranks (0 when the batch size is unknown)."""
+        if trainer is None:
+            return 0
+        loader = getattr(trainer, "train_dataloader", None)
+        batch = getattr(loader, "batch_size", None) or 0
+        return int(trainer.global_step * batch * trainer.accumulate_grad_batches * max(trainer.world_size, 1))
+
+    def _smoke_check(self, trainer: Any) -> NoReturn:
+        """Save, restore the commit into a scratch folder, compare the bytes, print the smoke line, exit."""
+        from skygreen.checkpoint.folders import restore_latest
+
+        services = self.services
+        step = trainer.global_step
+        self._save(trainer)
+        with tempfile.TemporaryDirectory(prefix="skygreen-smoke-restore-") as scratch:
+            restored = restore_latest(services.store, scratch)
+            ok = restored is not None and restored.step == step and bool(list(restored.path.glob(f"*{CKPT_SUFFIX}")))
+            if ok and restored is not None:
+                back = next(restored.path.glob(f"*{CKPT_SUFFIX}"))
+                saved = Path(self._scratch_checkpoints()) / back.name
+                ok = saved.exists() and saved.read_bytes() == back.read_bytes()
+                if ok:
+                    self._loads(trainer, back)
+        services.close(step=step)
+        if not ok:
+            _smoke_exit(f"{SMOKE_FAILED} load: the checkpoint did not come back identical")
+        print(f"{SMOKE_LINE}: Lightning: {SMOKE_STEPS} steps, checkpoint of step {step} committed and restored",
+              flush=True)  # fmt: skip
+        raise SystemExit(0)
+
+    def _scratch_checkpoints(self) -> str:
+        dirpath = next((c.dirpath for c in self._trainer.checkpoint_callbacks if c.dirpath), None)
+        return str(dirpath or Path(self._trainer.default_root_dir) / "checkpoints")
+
+    def _loads(self, trainer: Any, file: Path) -> None:
+        """The restored checkpoint loads as `fit(ckpt_path=...)` would read it, weights equal to the module's."""
+        import torch
+
+        state = trainer.strategy.checkpoint_io.load_checkpoint(file)
+        module_state = trainer.lightning_module.state_dict()
+        for name, tensor in state["state_dict"].items():
+            if not torch.equal(tensor, module_state[name].detach().cpu()):
+                _smoke_exit(f"{SMOKE_FAILED} load: {name} differs after the round trip")
+
+
+def check_precision(task_precision: str, trainer_precision: str) -> None:
+    """The task's precision against `Trainer(precision=...)`; `auto` accepts the script's.
+
+    Args:
+        task_precision: the task's `precision` (auto, bf16, fp16, fp32).
+        trainer_precision: the Trainer's, as Lightning names it ("bf16-mixed", "32-true", ...).
+
+    Raises:
+        RuntimeSetupError: they disagree; the message names both and the switch to set.
+    """
+    script = LIGHTNING_PRECISIONS.get(trainer_precision.split("-")[0], trainer_precision)
+    if task_precision in ("auto", script):
+        return
+    switch = {"bf16": '"bf16-mixed"', "fp16": '"16-mixed"', "fp32": '"32-true"'}[task_precision]
+    raise RuntimeSetupError(
+        f"the task says precision: {task_precision}, and the script's Trainer trains in {script} "
+        f"(precision={trainer_precision!r})\n"
+        f"  fix: Trainer(..., precision={switch}), or set `precision: {script}` (or auto) in the task"
+    )
+
+
+def _number(value: Any) -> float | None:
+    """A logged metric (a tensor of one element, or a number) as a float; None otherwise."""
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _smoke_exit(line: str) -> NoReturn:
+    print(line, flush=True)
+    raise SystemExit(1)
+
+
+def _fail(error: SkygreenError, *, smoke: bool, phase: str = "setup") -> NoReturn:
+    """Stop the script with skygreen's message and exit code, without a traceback unless SKYGREEN_DEBUG=1."""
+    if os.environ.get("SKYGREEN_DEBUG") == "1":
+        raise error
+    if smoke:
+        print(f"{SMOKE_FAILED} {phase}: {error}", flush=True)
+    print(f"skygreen: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(error.exit_code)

@@ -1,0 +1,286 @@
+"""What a trainer that owns its loop gets from skygreen: the runtime's parts, around folder checkpoints.
+
+`sg.Run` builds the runtime's parts around the user's own loop. The trainer integrations
+(`skygreen.integrations.transformers`, `.lightning`) open the same parts, through the runtime's
+public surface (`skygreen.runtime.open_checkpointer`, `open_services`), around a loop the framework
+drives, and only ever talk to `TrainerServices`:
+
+- the run's settings (`SKYGREEN_*`, rendered by `skygreen up`), its world and its store in the
+  bucket (the checkpointer's, `<bucket>/<run_id>`);
+- folder checkpoints (`skygreen.checkpoint.folders`): restore the newest that verifies, commit
+  each one the trainer saves, retention by the task's `keep`. The framework writes its own
+  checkpoint files, so they are committed as folders, not through `Checkpointer.save_state`;
+- the power cap and energy meter (`RunServices.governor`), with energy counted across restarts
+  through the commits' meta;
+- the run ledger and the budget (`RunServices.book`), so `status`, `cost`, `compare` and
+  `report` read a trainer's run as they read an own-loop one;
+- the cloud's preemption notice and SIGTERM (`RunServices.preemption`);
+- early stopping on evaluation metrics (`RunServices.stopper`).
+
+torch is imported when the parts are opened (`start`), not with this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from skygreen.checkpoint.folders import RestoredFolder, commit_and_retain, restore_latest
+from skygreen.checkpoint.store import Store
+from skygreen.errors import RuntimeSetupError
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
+from skygreen.ledger.records import BUDGET, COMPLETED, EARLY_STOPPED, FAILED, PREEMPTED
+from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
+
+if TYPE_CHECKING:
+    from skygreen.runtime import Checkpointer, RunServices, World
+
+log = logging.getLogger("skygreen.integrations")
+
+SMOKE_STEPS = 2
+"""The smoke test trains this many optimizer steps, saves, restores, and stops."""
+ENERGY_META = "energy_j"
+EARLY_STOP_META = "early_stop"
+
+__all__ = [
+    "BUDGET",
+    "COMPLETED",
+    "EARLY_STOPPED",
+    "FAILED",
+    "PREEMPTED",
+    "PREEMPTED_EXIT_CODE",
+    "SMOKE_FAILED",
+    "SMOKE_LINE",
+    "SMOKE_STEPS",
+    "TrainerServices",
+]
+
+
+@dataclass(kw_only=True)
+class TrainerServices:
+    """skygreen's parts for one training process whose loop a framework drives."""
+
+    settings: RuntimeSettings
+    world: World
+    checkpointer: Checkpointer
+    smoke: bool = False
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    parts: RunServices | None = None
+    """The runtime's parts (`open_services`), opened by `start` once the device is known."""
+    energy_base_j: float = 0.0
+    stop_reason: str | None = None
+    """Why training stops early: PREEMPTED, BUDGET or EARLY_STOPPED; None while it goes on."""
+    _stopper_state: dict[str, Any] | None = None
+    _first_step: bool = False
+    _scratch: tempfile.TemporaryDirectory[str] | None = None
+
+    # -- setup -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_env(cls, *, trainer: str, environ: Mapping[str, str] | None = None) -> TrainerServices:
+        """The services of a run started by `skygreen up` (or `--local`, or the smoke test).
+
+        Args:
+            trainer: the integration asking (`transformers`, `lightning`), checked against the task.
+            environ: the process environment (default `os.environ`).
+
+        Returns:
+            The services, parts not opened yet: `restore`, then `start` before the first step.
+
+        Raises:
+            RuntimeSetupError: the script was not started by skygreen (no run id or bucket), or
+                the task says another trainer drives the loop.
+        """
+        import skygreen.runtime as sg
+
+        environ = dict(os.environ if environ is None else environ)
+        settings = RuntimeSettings.from_env(environ)
+        if settings.trainer not in (None, trainer):
+            raise RuntimeSetupError(
+                f"the task says `trainer: {settings.trainer}`, and this script uses skygreen's {trainer} callback\n"
+                f"  fix: set `trainer: {trainer}` in the task's skygreen section (or remove checkpoint.dir)"
+            )
+        world = sg.World.from_env(environ)
+        return cls(
+            settings=settings,
+            world=world,
+            checkpointer=sg.open_checkpointer(settings, world=world),
+            smoke=environ.get(SMOKE_ENV) == "1",
+            environ=environ,
+        )
+
+    @property
+    def store(self) -> Store:
+        """The run's bucket folder, `<bucket>/<run_id>`."""
+        return self.checkpointer.store
+
+    @property
+    def is_writer(self) -> bool:
+        """Rank 0 commits checkpoints and writes the ledger."""
+        return self.world.leader
+
+    @property
+    def sigterm(self) -> bool:
+        """Whether SIGTERM arrived since `start`."""
+        return self.parts is not None and self.parts.preemption.sigterm
+
+    def scratch_dir(self) -> Path:
+        """A throw-away folder for the smoke test's checkpoints, removed with the services."""
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="skygreen-smoke-out-")
+        return Path(self._scratch.name)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def restore(self, parent: str | Path) -> RestoredFolder | None:
+        """The newest verified checkpoint folder restored under `parent`; its meta seeds the
+        energy count and early stopping."""
+        restored = restore_latest(self.store, parent)
+        if restored is not None:
+            meta = restored.manifest.meta
+            self.energy_base_j = float(meta.get(ENERGY_META) or 0.0)
+            if isinstance(meta.get(EARLY_STOP_META), Mapping):
+                self._stopper_state = dict(meta[EARLY_STOP_META])
+        return restored
+
+    def commit(self, folder: str | Path, *, step: int, samples: int = 0, state: str = "running") -> None:
+        """Commit the checkpoint folder the trainer just saved, apply retention, book progress."""
+        if not self.is_writer:
+            return
+        parts = self.parts
+        meta: dict[str, Any] = {
+            "state": state,
+            "run_id": self.settings.run_id,
+            ENERGY_META: self.energy_j(),
+            "samples_seen": samples,
+            "power": parts.governor.summary() if parts is not None else None,
+        }
+        stopper = parts.stopper if parts is not None else None
+        if stopper is not None:
+            meta[EARLY_STOP_META] = stopper.state_dict()
+        commit_and_retain(
+            self.store,
+            folder,
+            step=step,
+            keep=self.settings.checkpoint_keep,
+            metric=stopper.best if stopper is not None else None,
+            metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
+            meta=meta,
+        )
+        if parts is not None and parts.book is not None:
+            parts.book.progress(step=step, samples=samples, energy_j=self.energy_j())
+
+    def hold_if_asked(self, step: int) -> None:
+        """After the commit of `step`: wait there when a test asks (`SKYGREEN_TEST_HOLD_AT_STEPS`,
+        `skygreen.runtime.hold`), so whatever kills the run never races it."""
+        from skygreen.runtime.hold import hold, hold_steps
+
+        if step in hold_steps(self.environ):
+            hold(step, stopped=lambda: self.sigterm, environ=self.environ)
+
+    # -- the run's life --------------------------------------------------------------------
+
+    def start(self, *, step: int, samples: int = 0, total_steps: int | None = None, device: Any = None) -> None:
+        """Before the first step: open the runtime's parts on `device` (CPU when None), start the
+        power cap, the ledger segment and the preemption watch."""
+        if self.parts is not None:
+            return
+        import torch
+
+        import skygreen.runtime as sg
+
+        parts = sg.open_services(
+            self.settings,
+            device=torch.device(device if device is not None else "cpu"),
+            world=self.world,
+            environ=self.environ,
+            checkpointer=self.checkpointer,
+            smoke=self.smoke,
+        )
+        self.parts = parts
+        if parts.stopper is not None and self._stopper_state is not None:
+            parts.stopper.load_state_dict(self._stopper_state)
+        parts.governor.start(None)
+        if parts.book is not None:
+            parts.book.started(
+                step=step, samples=samples, samples_per_epoch=None, energy_j=self.energy_j(), total_steps=total_steps
+            )
+        parts.preemption.start()
+
+    def step_done(self, *, step: int, samples: int = 0) -> None:
+        """After each optimizer step: power profile, budget; sets `stop_reason` when it must stop."""
+        parts = self.parts
+        if parts is None:
+            return
+        parts.governor.step_done()
+        if parts.book is not None:
+            if not self._first_step:
+                self._first_step = True
+                parts.book.step_started()
+            if parts.over_budget() and self.stop_reason is None:
+                log.warning("%s", parts.book.stop_message())
+                self.stop_reason = BUDGET
+        if parts.preemption.sigterm and self.stop_reason is None:
+            self.stop_reason = PREEMPTED
+
+    def notice_pending(self) -> bool:
+        """A preemption notice arrived since the last look (each notice counts once)."""
+        return self.parts is not None and self.parts.preemption.notice() is not None
+
+    def evaluated(self, metrics: Mapping[str, Any], step: int) -> bool:
+        """Record evaluation metrics; True when early stopping says stop.
+
+        The task's metric is also found under the framework's own name for it (`val_loss` is
+        the HF Trainer's `eval_loss`), and filed under the task's name."""
+        parts = self.parts
+        if parts is None:
+            return False
+        numbers = {k: float(v) for k, v in metrics.items() if _is_number(v)}
+        config = self.settings.early_stop
+        if config is not None and config.metric not in numbers:
+            value = _metric(numbers, config.metric)
+            if value is not None:
+                numbers[config.metric] = value
+        stop = parts.report(numbers, step=step)
+        if stop and self.stop_reason is None and config is not None:
+            log.info("early stopping: %s did not improve for %d evaluations", config.metric, config.patience)
+            self.stop_reason = EARLY_STOPPED
+        return self.stop_reason == EARLY_STOPPED
+
+    def energy_j(self) -> float:
+        """Joules used by this run so far, earlier lives included."""
+        return self.energy_base_j + (self.parts.governor.energy_j() if self.parts is not None else 0.0)
+
+    def close(self, *, step: int, samples: int = 0, end: str | None = None) -> None:
+        """Close the ledger segment with how it ended, put the power limit back, stop watching;
+        a second call does nothing more."""
+        parts = self.parts
+        if parts is not None and parts.book is not None:
+            parts.book.progress(
+                step=step, samples=samples, energy_j=self.energy_j(), end=end or self.stop_reason or COMPLETED
+            )
+            parts.book = None
+        if parts is not None:
+            parts.close()
+        else:
+            self.checkpointer.close()
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+
+
+def _metric(metrics: Mapping[str, Any], name: str) -> float | None:
+    """The metric by its task name, also under the Trainer's `eval_` prefix (`loss` -> `eval_loss`)."""
+    for key in (name, f"eval_{name}", name.removeprefix("eval_"), name.replace("val_", "eval_", 1)):
+        if key in metrics and _is_number(metrics[key]):
+            return float(metrics[key])
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,215 @@
+"""skygreen for Hugging Face `Trainer` scripts: one callback, one argument.
+
+    from skygreen.integrations.transformers import SkygreenCallback
+
+    skygreen = SkygreenCallback()
+    trainer = Trainer(model=model, args=args, ..., callbacks=[skygreen])
+    trainer.train(resume_from_checkpoint=skygreen.resume_from_checkpoint)
+
+What the callback does, started by `skygreen up` (or `up --local`):
+
+- when the Trainer is built, it restores the newest checkpoint folder that verifies from the
+  task's bucket into `output_dir` (falling back past corrupt ones) and names it in
+  `resume_from_checkpoint`. The Trainer reads where to resume from as an argument of `train()`,
+  and loads model, optimizer, scheduler, RNG and data position before any callback event, so
+  the caller must hand the folder in; the callback cannot arrange it without patching the
+  Trainer. On a first start the attribute is None, which `train()` takes as a fresh start;
+- every `checkpoint-N` the Trainer saves becomes a verified, manifest-last commit (`on_save`),
+  followed by retention by the task's `keep`. The Trainer's own `save_total_limit` only prunes
+  local folders that are already committed: the bucket keeps what `keep` says;
+- a cloud preemption notice sets `control.should_save`; SIGTERM saves, commits and exits with
+  the preempted code SkyPilot recovers;
+- the task's power cap, energy metering, ledger segments and budget, and `early_stopping` on
+  the Trainer's evaluation metrics (`val_loss` also matches the Trainer's `eval_loss`);
+- the task's precision must agree with `TrainingArguments(bf16=..., fp16=...)`: the Trainer
+  builds its mixed precision before any callback runs, so a mismatch is an error naming the fix;
+- under the smoke test (`SKYGREEN_SMOKE=1`) the Trainer saves into a scratch folder, trains
+  two steps, commits, restores and compares the checkpoint, prints the smoke line and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NoReturn
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from skygreen.errors import SkygreenError
+from skygreen.integrations.services import (
+    PREEMPTED,
+    PREEMPTED_EXIT_CODE,
+    SMOKE_FAILED,
+    SMOKE_LINE,
+    SMOKE_STEPS,
+    TrainerServices,
+)
+
+log = logging.getLogger("skygreen.integrations")
+
+__all__ = ["SkygreenCallback", "check_precision"]
+
+
+class SkygreenCallback(TrainerCallback):
+    """Verified checkpoints in the task's bucket, exact resume, power, energy, ledger, budget and
+    early stopping for an HF `Trainer`; see the module's docstring for the lines to add."""
+
+    def __init__(self) -> None:
+        self.services: TrainerServices | None = None
+        self.resume_from_checkpoint: str | None = None
+        """The restored checkpoint folder, for `trainer.train(resume_from_checkpoint=...)`; None on a fresh start."""
+        self._start_step = 0
+
+    # -- events ----------------------------------------------------------------------------
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Read the task's settings, check the precision, restore the latest checkpoint."""
+        try:
+            services = TrainerServices.from_env(trainer="transformers")
+            check_precision(services.settings.precision, args)
+            if services.smoke:
+                args.output_dir = str(services.scratch_dir())
+            restored = services.restore(_output_dir(args))
+        except SkygreenError as e:
+            _fail(e, smoke=os.environ.get("SKYGREEN_SMOKE") == "1")
+        self.services = services
+        self.resume_from_checkpoint = str(restored.path) if restored else None
+        if restored:
+            log.info("resume: trainer.train(resume_from_checkpoint=%s)", restored.path)
+        return control
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Power cap, ledger segment, notice watcher and SIGTERM latch, at the resumed step."""
+        services = self._services()
+        if self.resume_from_checkpoint and state.global_step == 0:
+            log.warning(
+                "a checkpoint was restored to %s, and the Trainer starts from step 0: pass "
+                "resume_from_checkpoint=callback.resume_from_checkpoint to trainer.train()",
+                self.resume_from_checkpoint,
+            )
+        self._start_step = state.global_step
+        services.start(
+            step=state.global_step,
+            samples=_samples(args, state.global_step),
+            total_steps=state.max_steps or None,
+            device=args.device,
+        )
+        return control
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Budget and power after each step; a notice or SIGTERM asks for a save."""
+        services = self._services()
+        services.step_done(step=state.global_step, samples=_samples(args, state.global_step))
+        if services.notice_pending():
+            log.warning("preemption notice: saving a checkpoint now")
+            control.should_save = True
+        if services.stop_reason is not None:
+            control.should_save = True
+            control.should_training_stop = True
+        if services.smoke and state.global_step - self._start_step >= SMOKE_STEPS:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Early stopping on the task's metric; a stop saves first."""
+        metrics = kwargs.get("metrics") or {}
+        if self._services().evaluated(metrics, state.global_step):
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Commit the folder the Trainer just saved; after SIGTERM, exit with the preempted code."""
+        services = self._services()
+        folder = _output_dir(args) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero:
+            try:
+                services.commit(folder, step=state.global_step, samples=_samples(args, state.global_step))
+            except SkygreenError as e:
+                if services.smoke:
+                    _fail(e, smoke=True, phase="save")
+                raise
+        if services.smoke:
+            self._smoke_check(services, folder)
+        services.hold_if_asked(state.global_step)
+        if services.sigterm:
+            services.stop_reason = PREEMPTED
+        if services.stop_reason == PREEMPTED:
+            services.close(step=state.global_step, samples=_samples(args, state.global_step))
+            log.warning("SIGTERM: checkpoint of step %d committed; exiting for the restart", state.global_step)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+        return control
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Close the ledger segment (completed, early-stopped or budget) and put the power back."""
+        services = self._services()
+        services.close(step=state.global_step, samples=_samples(args, state.global_step))
+        if services.smoke:
+            raise SystemExit(1)  # `_smoke_check` exits 0 once the round trip passed; no save came
+        return control
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _services(self) -> TrainerServices:
+        if self.services is None:
+            raise RuntimeError("SkygreenCallback: pass it to Trainer(callbacks=[...]) so it sees on_init_end")
+        return self.services
+
+    def _smoke_check(self, services: TrainerServices, folder: Path) -> NoReturn:
+        """Restore the commit into a scratch folder, compare every file, print the smoke line, exit."""
+        from skygreen.checkpoint.folders import folder_files, restore_latest
+
+        with tempfile.TemporaryDirectory(prefix="skygreen-smoke-restore-") as scratch:
+            restored = restore_latest(services.store, scratch)
+            ok = restored is not None and [(r, p.read_bytes()) for r, p in folder_files(restored.path)] == [
+                (r, p.read_bytes()) for r, p in folder_files(folder)
+            ]
+        step = restored.step if restored else None
+        services.close(step=step or 0)
+        if not ok:
+            print(f"{SMOKE_FAILED} load: the checkpoint folder did not come back identical", flush=True)
+            raise SystemExit(1)
+        print(f"{SMOKE_LINE}: HF Trainer: {SMOKE_STEPS} steps, checkpoint-{step} committed and restored", flush=True)
+        raise SystemExit(0)
+
+
+def check_precision(task_precision: str, args: TrainingArguments) -> None:
+    """The task's precision against the script's `TrainingArguments`; `auto` accepts the script's.
+
+    Raises:
+        RuntimeSetupError: they disagree; the message names both and the switch to set.
+    """
+    from skygreen.errors import RuntimeSetupError
+
+    script = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    if task_precision in ("auto", script):
+        return
+    switch = {"bf16": "bf16=True", "fp16": "fp16=True", "fp32": "bf16=False, fp16=False"}[task_precision]
+    raise RuntimeSetupError(
+        f"the task says precision: {task_precision}, and the script's TrainingArguments train in {script} "
+        f"(bf16={args.bf16}, fp16={args.fp16})\n"
+        f"  fix: TrainingArguments(..., {switch}), or set `precision: {script}` (or auto) in the task"
+    )
+
+
+def _output_dir(args: TrainingArguments) -> Path:
+    """Where the Trainer saves its `checkpoint-N` folders (its default when the script names none)."""
+    return Path(args.output_dir or "trainer_output")
+
+
+def _samples(args: TrainingArguments, step: int) -> int:
+    return step * args.train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1)
+
+
+def _fail(error: SkygreenError, *, smoke: bool, phase: str = "setup") -> NoReturn:
+    """Stop the script with skygreen's message and exit code, without a traceback unless SKYGREEN_DEBUG=1."""
+    if os.environ.get("SKYGREEN_DEBUG") == "1":
+        raise error
+    if smoke:
+        print(f"{SMOKE_FAILED} {phase}: {error}", flush=True)
+    print(f"skygreen: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(error.exit_code)
