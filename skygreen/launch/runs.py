@@ -21,6 +21,7 @@ import yaml
 
 from skygreen.checkpoint.cancellation import clear_cancel, request_cancel
 from skygreen.checkpoint.interval import preemption_rate_per_hour
+from skygreen.checkpoint.lease import LAUNCH_ENV
 from skygreen.checkpoint.store import Store
 from skygreen.errors import BucketUnreachableError, InputError, NoCredentialsError, SkygreenError, StoreError
 from skygreen.files import write_atomic
@@ -28,7 +29,7 @@ from skygreen.launch.bucket import check_writable, within_deadline
 from skygreen.launch.capacity import with_capacity
 from skygreen.launch.deadline_terms import DeadlineAsk, deadline_ask, deadline_terms
 from skygreen.launch.launcher import JobState, Launcher
-from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
+from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, launch_name, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
 from skygreen.launch.status import BUDGET_STATE, RunStatus, run_state, run_status
 from skygreen.launch.watch_state import clear_user_cancel, mark_user_cancel, switching_to_spot
@@ -235,8 +236,10 @@ def _launch(
     *,
     spot: bool | None = None,
 ) -> RunRecord:
+    number = len(record.launches) + 1
+    task = {**task, "envs": {**(task.get("envs") or {}), LAUNCH_ENV: str(number)}}
     try:
-        job_id = launcher.launch(task, name=record.run_id, secrets=secrets)
+        job_id = launcher.launch(task, name=launch_name(record.run_id, number), secrets=secrets)
     except SkygreenError:
         registry.save(dataclasses.replace(record, state="LAUNCH_FAILED"))
         raise
