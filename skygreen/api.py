@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from skygreen.launch.registry import RunRecord
     from skygreen.launch.runs import CancelResult, UpResult
     from skygreen.launch.smoke import SmokeResult
-    from skygreen.launch.status import RunStatus
+    from skygreen.launch.status import RunStatus, UnknownJob
     from skygreen.launch.watch import WatchResult
     from skygreen.launch.wiring import Wiring
     from skygreen.plan.catalog_update import CloudUpdate
@@ -243,6 +243,21 @@ def cancel(run_id: str) -> CancelResult:
     from skygreen.launch import runs
 
     return runs.cancel(run_id, wiring=wiring())
+
+
+def unknown_jobs() -> list[UnknownJob]:
+    """Jobs still going that skygreen launched but no run record on this machine knows."""
+    from skygreen.launch.status import unknown_jobs as find_unknown
+
+    w = wiring()
+    return find_unknown(w.registry.list(), wiring=w)
+
+
+def cancel_unknown_jobs(name: str) -> list[UnknownJob]:
+    """Stop the unknown jobs (`unknown_jobs`) named `name` or of run id `name`; returns them."""
+    from skygreen.launch import runs
+
+    return runs.cancel_unknown_jobs(name, wiring=wiring())
 
 
 def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None) -> int | None:

@@ -261,12 +261,19 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
             "--statement needs a RUN\n  fix: skygreen status RUN --statement (skygreen status lists the runs)"
         )
     rows = api.status(run)
+    unknown = api.unknown_jobs() if run is None and not statement else []
     if statement:
         print_statement(rows[0], sys.stdout)
     elif json_output:
-        print_json([r.to_json() for r in rows] if run is None else rows[0].to_json())
+        print_json([r.to_json() for r in [*rows, *unknown]] if run is None else rows[0].to_json())
     elif run is None:
-        print_status_table(rows, sys.stdout, width=output_width(sys.stdout))
+        if rows or not unknown:
+            print_status_table(rows, sys.stdout, width=output_width(sys.stdout))
+        for job in unknown:  # a paid job nobody watches: say so, and how to stop it
+            sys.stdout.write(
+                f"unknown skygreen job {job.name} ({job.launcher} job {job.job_id}, {job.state}): "
+                f"no run record here knows it; `skygreen cancel {job.name}` stops it\n"
+            )
     else:
         print_status_detail(rows[0], sys.stdout)
     unreachable = {r.progress_error for r in rows if r.unreachable_bucket and r.progress_error}
@@ -321,8 +328,17 @@ def watch(run: str, poll: str, once: bool) -> None:
 def cancel(run: str) -> None:
     """Stop a run; it commits a checkpoint first, so `skygreen resume` can continue it."""
     from skygreen import api
+    from skygreen.errors import InputError
 
-    result = api.cancel(run)
+    try:
+        result = api.cancel(run)
+    except InputError:
+        stopped = api.cancel_unknown_jobs(run)  # a job launched for a run no record here knows
+        if not stopped:
+            raise
+        for job in stopped:
+            sys.stdout.write(f"cancelled unknown skygreen job {job.name} ({job.launcher} job {job.job_id})\n")
+        return
     final = result.status
     step = final.step if final.step is not None else "-"
     if result.already_ended:

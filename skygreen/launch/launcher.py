@@ -89,6 +89,16 @@ class JobStatus:
         }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchedJob:
+    """One job in a launcher's own list, by the name it was launched with."""
+
+    job_id: str
+    name: str
+    state: JobState | None = None
+    """None when the list does not say (ask `status`)."""
+
+
 @runtime_checkable
 class Launcher(Protocol):
     """Runs rendered tasks. Every method raises `skygreen.errors.LaunchError` (with the fix)
@@ -114,3 +124,10 @@ class Launcher(Protocol):
         """Write the job's output to `out`; with `follow`, until it ends (returns its exit
         code where known)."""
         ...
+
+
+def launcher_jobs(launcher: Launcher) -> list[LaunchedJob] | None:
+    """The launcher's own list of jobs (its optional `jobs()` method), so `status` can find jobs
+    no record knows; None for a launcher that cannot list them."""
+    jobs = getattr(launcher, "jobs", None)
+    return None if jobs is None else list(jobs())

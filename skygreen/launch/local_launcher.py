@@ -31,7 +31,7 @@ from typing import Any, TextIO
 
 from skygreen.errors import InputError, LaunchError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
-from skygreen.launch.launcher import JobState, JobStatus
+from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob
 from skygreen.launch.registry import run_of_job
 
 CANCEL_GRACE_S = 60.0
@@ -190,6 +190,13 @@ class LocalLauncher:
                     break
                 time.sleep(_POLL_S)
         return self._exit_code(job_id)
+
+    def jobs(self) -> list[LaunchedJob]:
+        """Every job with a folder under `root`, named by its folder (`launch` names it); their
+        states are left to `status`, which looks at the processes."""
+        if not self.root.is_dir():
+            return []
+        return [LaunchedJob(job_id=p.parent.name, name=p.parent.name) for p in sorted(self.root.glob("*/job.json"))]
 
     # ------------------------------------------------------------ helpers
 

@@ -121,6 +121,10 @@ class RunRecord:
     """Set by `skygreen cancel`, so a stopped process reads as cancelled, not killed."""
     deadline: Mapping[str, Any] | None = None
     """`skygreen.deadline.live.DeadlineTerms` as JSON, for a run launched with a deadline."""
+    pending_launch: int | None = None
+    """The number of a launch whose launcher call has not returned (set just before it). A command
+    killed inside that call leaves it set: `status` then adopts the job named for it
+    (`launch_name`), so a paid job never goes unrecorded."""
     updated_at: str = ""
     version: int = RECORD_VERSION
 
@@ -145,7 +149,7 @@ class RunRecord:
         """A copy with one more launch (on `spot` capacity when a watcher chose it), stamped now (UTC), in
         `state`, and no longer marked cancelled; not saved."""
         launch = Launch(at=utc_now_iso(), job_id=job_id, pid=pid, spot=spot)
-        return replace(self, launches=(*self.launches, launch), state=state, cancelled=False)
+        return replace(self, launches=(*self.launches, launch), state=state, cancelled=False, pending_launch=None)
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain JSON values, as run.json holds it."""

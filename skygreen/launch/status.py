@@ -6,16 +6,18 @@ registry come in through a `Wiring` (`skygreen.launch.wiring`); this module impo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from skygreen.checkpoint.manifest import Manifest, latest_manifest
-from skygreen.errors import BucketUnreachableError, CheckpointError, LaunchError, StoreError
+from skygreen.errors import BucketUnreachableError, CheckpointError, InputError, LaunchError, StoreError
 from skygreen.launch.bucket import within_deadline
-from skygreen.launch.launcher import JobStatus
-from skygreen.launch.registry import RunRecord
+from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, Launcher, launcher_jobs
+from skygreen.launch.launchers import LAUNCHER_ENV
+from skygreen.launch.registry import RunRecord, launch_name, run_of_job
 from skygreen.launch.spend import run_spend
 from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
 
@@ -69,10 +71,94 @@ class RunStatus:
 
 
 def status(run_id: str | None = None, *, wiring: Wiring) -> list[RunStatus]:
-    """The named run, or every run on this machine (newest last)."""
+    """The named run, or every run on this machine (newest last). A record whose launch call never
+    returned first adopts the job its launcher holds for that launch (`adopt_pending`)."""
     records = [wiring.registry.load(run_id)] if run_id else wiring.registry.list()
+    records = [adopt_pending(record, wiring) for record in records]
     unreachable: dict[str, str] = {}  # one wait per bucket that does not answer, not one per run
     return [run_status(record, wiring=wiring, unreachable=unreachable) for record in records]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnknownJob:
+    """A job that is still going, named as skygreen names its jobs (`<run>-<launch>`), that no run
+    record on this machine knows: a paid machine nobody watches. `skygreen cancel NAME` stops it."""
+
+    name: str
+    run_id: str
+    launch: int
+    job_id: str
+    launcher: str
+    state: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field as plain JSON values, marked as an unknown job for `status --json`."""
+        return {"unknown_job": True, **dataclasses.asdict(self)}
+
+
+def adopt_pending(record: RunRecord, wiring: Wiring) -> RunRecord:
+    """The record, with the job of its pending launch adopted when the launcher has it.
+
+    `skygreen up`, `resume` or a deadline watcher killed inside the launcher's launch call leaves
+    the record's `pending_launch` set and the job unrecorded; the launcher lists that job under the
+    name `launch_name(run, launch)`. A launcher that cannot list its jobs, or does not answer,
+    leaves the record as it is (the next `status` tries again)."""
+    if record.pending_launch is None:
+        return record
+    try:
+        launcher = launcher_for(record, wiring)
+        jobs = launcher_jobs(launcher)
+    except (LaunchError, InputError):
+        return record
+    recorded = {launch.job_id for launch in record.launches}
+    name = launch_name(record.run_id, record.pending_launch)
+    found = [job for job in jobs or () if job.name == name and job.job_id not in recorded]
+    if not found:
+        return record
+    job = found[-1]
+    state = (job.state or launcher.status(job.job_id).state).value
+    pid = launcher.pid(job.job_id) if hasattr(launcher, "pid") else None
+    return wiring.registry.save(record.with_launch(job.job_id, pid=pid, state=state))
+
+
+def unknown_jobs(records: list[RunRecord], *, wiring: Wiring) -> list[UnknownJob]:
+    """Jobs still going that skygreen launched (by their name) but no record here knows, on this
+    machine's launcher and on the cloud launcher (SkyPilot's queue only when some run here used it:
+    reading it starts SkyPilot's API server)."""
+    known = {(r.run_id, launch.job_id) for r in records for launch in r.launches}
+    found = []
+    for launcher in _launchers_to_reconcile(records, wiring):
+        try:
+            jobs = launcher_jobs(launcher) or []
+        except LaunchError:
+            continue  # `status` of each run says what the launcher answered
+        for job in jobs:
+            parsed = run_of_job(job.name)
+            if parsed is None or (parsed[0], job.job_id) in known:
+                continue
+            state = _state_of(launcher, job)
+            if state is not None and not state.terminal:
+                found.append(UnknownJob(name=job.name, run_id=parsed[0], launch=parsed[1], job_id=job.job_id,
+                                        launcher=launcher.kind, state=state.value))  # fmt: skip
+    return found
+
+
+def _launchers_to_reconcile(records: list[RunRecord], wiring: Wiring) -> list[Launcher]:
+    launchers = [wiring.local_launcher()]
+    chosen = bool(wiring.environ.get(LAUNCHER_ENV))  # a named launcher (a fake, a plugin) is cheap to ask
+    if chosen or any(record.launcher == "skypilot" for record in records):
+        with contextlib.suppress(InputError, LaunchError, ImportError):  # no cloud launcher here: none to list
+            launchers.append(wiring.cloud_launcher())
+    return launchers
+
+
+def _state_of(launcher: Launcher, job: LaunchedJob) -> JobState | None:
+    if job.state is not None:
+        return job.state
+    try:
+        return launcher.status(job.job_id).state
+    except (LaunchError, InputError):
+        return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
