@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers import user_env, wait_for
-from skygreen.launch.registry import launch_name
+from skygreen.launch.launcher import launch_name
 from skygreen.testing import FakeLauncher
 
 REPO = Path(__file__).resolve().parents[1]

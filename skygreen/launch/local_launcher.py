@@ -31,8 +31,7 @@ from typing import Any, TextIO
 
 from skygreen.errors import InputError, LaunchError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
-from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob
-from skygreen.launch.registry import run_of_job
+from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, run_of_job
 
 CANCEL_GRACE_S = 60.0
 """How long `cancel` waits after SIGTERM for the final checkpoint before SIGKILL."""

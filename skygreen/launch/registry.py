@@ -54,21 +54,6 @@ def new_run_id(task_name: str | None, *, now_s: float | None = None) -> str:
     return f"{stem}-{stamp}-{_random.token_hex(2)}"
 
 
-def launch_name(run_id: str, launch: int) -> str:
-    """The name of the job of the run's `launch`-th launch: `<run_id>-<launch>`. Every launcher
-    gets it, so a job whose launch call never returned (the command was killed inside it) can
-    still be told apart and tied to its run (`run_of_job`)."""
-    return f"{run_id}-{launch}"
-
-
-def run_of_job(name: str) -> tuple[str, int] | None:
-    """The run id and launch number a job name carries (`launch_name`), or None for another name."""
-    run_id, sep, number = (name or "").rpartition("-")
-    if not sep or not number.isdigit() or not _RUN_ID.match(run_id):
-        return None
-    return run_id, int(number)
-
-
 def check_run_id(run_id: str) -> str:
     """`run_id` itself when it is a run id: a lowercase letter, then up to 62 lowercase letters,
     digits and dashes (so it is always one safe folder name); else `InputError`.

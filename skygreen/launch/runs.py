@@ -28,8 +28,8 @@ from skygreen.files import write_atomic
 from skygreen.launch.bucket import check_writable, within_deadline
 from skygreen.launch.capacity import with_capacity
 from skygreen.launch.deadline_terms import DeadlineAsk, deadline_ask, deadline_terms
-from skygreen.launch.launcher import JobState, Launcher
-from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, launch_name, new_run_id
+from skygreen.launch.launcher import JobState, Launcher, launch_name
+from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
 from skygreen.launch.status import (
     BUDGET_STATE,

@@ -15,12 +15,13 @@ from typing import Any
 from skygreen.checkpoint.manifest import Manifest, latest_manifest
 from skygreen.errors import BucketUnreachableError, CheckpointError, InputError, LaunchError, StoreError
 from skygreen.launch.bucket import within_deadline
-from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, Launcher, launcher_jobs
-from skygreen.launch.launchers import LAUNCHER_ENV
-from skygreen.launch.registry import RunRecord, launch_name, run_of_job
+from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, Launcher, launch_name, launcher_jobs, run_of_job
+from skygreen.launch.registry import RunRecord
 from skygreen.launch.spend import run_spend
 from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
 
+_LAUNCHER_ENV = "SKYGREEN_LAUNCHER"
+"""`skygreen.launch.launchers.LAUNCHER_ENV`: a launcher named by the environment (a fake, a plugin)."""
 BUDGET_STATE = "budget"
 """The runtime's checkpoint state when it stopped at `budget_usd` (shown as BUDGET)."""
 
@@ -145,7 +146,7 @@ def unknown_jobs(records: list[RunRecord], *, wiring: Wiring) -> list[UnknownJob
 
 def _launchers_to_reconcile(records: list[RunRecord], wiring: Wiring) -> list[Launcher]:
     launchers = [wiring.local_launcher()]
-    chosen = bool(wiring.environ.get(LAUNCHER_ENV))  # a named launcher (a fake, a plugin) is cheap to ask
+    chosen = bool(wiring.environ.get(_LAUNCHER_ENV))  # a named launcher (a fake, a plugin) is cheap to ask
     if chosen or any(record.launcher == "skypilot" for record in records):
         with contextlib.suppress(InputError, LaunchError, ImportError):  # no cloud launcher here: none to list
             launchers.append(wiring.cloud_launcher())
