@@ -265,7 +265,9 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
     if statement:
         print_statement(rows[0], sys.stdout)
     elif json_output:
-        print_json([r.to_json() for r in [*rows, *unknown]] if run is None else rows[0].to_json())
+        print_json(
+            [*(r.to_json() for r in rows), *(j.to_json() for j in unknown)] if run is None else rows[0].to_json()
+        )
     elif run is None:
         if rows or not unknown:
             print_status_table(rows, sys.stdout, width=output_width(sys.stdout))
