@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from skygreen.launch.registry import RunRecord
     from skygreen.launch.runs import CancelResult, UpResult
     from skygreen.launch.smoke import SmokeResult
-    from skygreen.launch.status import RunStatus, UnknownJob
+    from skygreen.launch.status import ResumePoint, RunStatus, UnknownJob
     from skygreen.launch.watch import WatchResult
     from skygreen.launch.wiring import Wiring
     from skygreen.plan.catalog_update import CloudUpdate
@@ -235,6 +235,14 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None)
     if record.deadline is not None and not watcher_running(run_dir):
         start_watcher(record.run_id, registry_dir=run_dir)
     return record
+
+
+def resume_point(run_id: str) -> ResumePoint:
+    """Where a `resume` of the run would continue: its latest checkpoint's step, or step 0."""
+    from skygreen.launch.status import resume_point as point
+
+    w = wiring()
+    return point(w.registry.load(run_id), wiring=w)
 
 
 def cancel(run_id: str) -> CancelResult:

@@ -295,12 +295,24 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
     default=None,
     help="A new budget (a run stopped at its budget needs a higher one).",
 )
-def resume(run: str, local: bool, detach: bool, budget_usd: float | None) -> None:
-    """Relaunch a stopped run with the same id; it continues from its latest checkpoint."""
+@json_option
+def resume(run: str, local: bool, detach: bool, budget_usd: float | None, json_output: bool) -> None:
+    """Relaunch a stopped run with the same id; it continues from its latest checkpoint.
+
+    A run with no checkpoint yet restarts from step 0, and says so. With --json: the run id, job,
+    launch number and the step it continues from (null: from step 0), without following.
+    """
     from skygreen import api
 
+    start = api.resume_point(run)
     record = api.resume(run, local=local, budget_usd=budget_usd)
+    if json_output:
+        print_json({"run_id": record.run_id, "job_id": record.job_id, "launch": len(record.launches),
+                    "from_step": start.step, "from_scratch": start.from_scratch, "note": start.note})  # fmt: skip
+        return
     sys.stdout.write(f"resumed run {record.run_id} (job {record.job_id}, launch {len(record.launches)})\n")
+    if start.note:
+        sys.stdout.write(f"  {start.note}\n")
     if record.deadline is not None:  # the watcher may switch jobs: following one would end at a switch
         sys.stdout.write(
             f"  held to its deadline by its watcher: `skygreen status {record.run_id}` shows where it is\n"

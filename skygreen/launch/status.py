@@ -14,6 +14,7 @@ from typing import Any
 
 from skygreen.checkpoint.manifest import Manifest, latest_manifest
 from skygreen.errors import BucketUnreachableError, CheckpointError, InputError, LaunchError, StoreError
+from skygreen.exit_codes import STOPPED_WITH_CHECKPOINT, for_outcome
 from skygreen.launch.bucket import within_deadline
 from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, Launcher, launch_name, launcher_jobs, run_of_job
 from skygreen.launch.registry import RunRecord
@@ -194,6 +195,10 @@ def run_state(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] 
     detail = job_error or (job.detail if job else None)
     if job and job.failure_reason:
         detail = f"{detail}: {job.failure_reason}" if detail else job.failure_reason
+    if job and job.exit_code == STOPPED_WITH_CHECKPOINT and manifest is None and progress_error is None:
+        # the wrapper's "stopped after a checkpoint" code, from a script that never committed one
+        code = for_outcome(job.state.value, has_checkpoint=False)
+        detail = f"exit code {code}: stopped with no checkpoint to resume from (a resume starts at step 0)"
     if job and job.state.value != record.state:
         wiring.registry.save(dataclasses.replace(record, state=job.state.value))
     if manifest and manifest.meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
@@ -202,6 +207,29 @@ def run_state(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] 
             f"stopped at its budget; raise it with `skygreen resume {record.run_id} --budget-usd N`",
         )
     return RunState(job=job, state=state, detail=detail, manifest=manifest, progress_error=progress_error)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResumePoint:
+    """Where a relaunch of a run continues: the step of its latest checkpoint, or from scratch."""
+
+    step: int | None
+    from_scratch: bool
+    """No checkpoint in the bucket (and the bucket answered): training starts again at step 0."""
+    note: str | None
+    """One line for the user when it restarts from step 0."""
+
+
+def resume_point(record: RunRecord, *, wiring: Wiring) -> ResumePoint:
+    """The run's latest checkpoint, read before a relaunch; a bucket that does not answer is no
+    claim either way (the relaunch's own bucket check says what is wrong)."""
+    manifest, error = _progress(record, wiring, {})
+    if manifest is not None:
+        return ResumePoint(step=manifest.step, from_scratch=False, note=None)
+    if error is not None:
+        return ResumePoint(step=None, from_scratch=False, note=None)
+    note = f"no checkpoint in {record.checkpoint_url} yet: the run restarts from step 0"
+    return ResumePoint(step=None, from_scratch=True, note=note)
 
 
 def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] | None = None) -> RunStatus:
