@@ -23,6 +23,7 @@ from skygreen.checkpoint.cancellation import clear_cancel, request_cancel
 from skygreen.checkpoint.interval import preemption_rate_per_hour
 from skygreen.checkpoint.lease import LAUNCH_ENV
 from skygreen.checkpoint.store import Store
+from skygreen.deadline.clock import now_s
 from skygreen.errors import BucketUnreachableError, InputError, NoCredentialsError, SkygreenError, StoreError
 from skygreen.files import write_atomic
 from skygreen.launch.bucket import check_writable, within_deadline
@@ -149,7 +150,7 @@ def up(
     )
     record = registry.save(record)
     spot = None if terms is None else True
-    record = _launch(registry, record, launcher, task, secret_values(spec, environ), spot=spot)
+    record = _launch(registry, record, launcher, task, secret_values(spec, environ), spot=spot, environ=environ)
     return UpResult(
         yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result, notices=_notices(spec, plan)
     )
@@ -243,6 +244,7 @@ def _launch(
     secrets: Mapping[str, str],
     *,
     spot: bool | None = None,
+    environ: Mapping[str, str],
 ) -> RunRecord:
     """Launch the run's next life: its job is named for the run and the launch number, and the
     number travels to the runtime (`SKYGREEN_LAUNCH`, its writer lease). The record says a launch
@@ -250,14 +252,16 @@ def _launch(
     record that `status` reconciles with the launcher's jobs."""
     number = len(record.launches) + 1
     task = {**task, "envs": {**(task.get("envs") or {}), LAUNCH_ENV: str(number)}}
-    record = registry.save(dataclasses.replace(record, pending_launch=number))
+    started_at_s = now_s(environ)
+    record = registry.save(dataclasses.replace(record, pending_launch=number, pending_at_s=started_at_s))
     try:
         job_id = launcher.launch(task, name=launch_name(record.run_id, number), secrets=secrets)
     except SkygreenError:
-        registry.save(dataclasses.replace(record, state="LAUNCH_FAILED", pending_launch=None))
+        registry.save(dataclasses.replace(record, state="LAUNCH_FAILED", pending_launch=None, pending_at_s=None))
         raise
     pid = launcher.pid(job_id) if hasattr(launcher, "pid") else None
-    return registry.save(record.with_launch(job_id, pid=pid, state=JobState.PENDING.value, spot=spot))
+    launched = record.with_launch(job_id, pid=pid, state=JobState.PENDING.value, spot=spot, started_at_s=started_at_s)
+    return registry.save(launched)
 
 
 # ---------------------------------------------------------------- resume, cancel, logs
@@ -322,7 +326,7 @@ def _resume(run_id: str, *, local: bool, budget_usd: float | None, spot: bool | 
     _clear_cancel(record, wiring)
     if spot is None and record.launches:  # a plain resume keeps the capacity a watcher chose last
         spot = record.launches[-1].spot
-    return _launch(registry, record, launcher, task, _resume_secrets(record, environ), spot=spot)
+    return _launch(registry, record, launcher, task, _resume_secrets(record, environ), spot=spot, environ=environ)
 
 
 def _check_new_budget(record: RunRecord, budget_usd: float | None) -> None:

@@ -120,7 +120,7 @@ def adopt_pending(record: RunRecord, wiring: Wiring) -> RunRecord:
     job = found[-1]
     state = (job.state or launcher.status(job.job_id).state).value
     pid = launcher.pid(job.job_id) if hasattr(launcher, "pid") else None
-    return wiring.registry.save(record.with_launch(job.job_id, pid=pid, state=state))
+    return wiring.registry.save(record.with_launch(job.job_id, pid=pid, state=state, started_at_s=record.pending_at_s))
 
 
 def unknown_jobs(records: list[RunRecord], *, wiring: Wiring) -> list[UnknownJob]:
