@@ -251,7 +251,7 @@ def test_a_spot_job_the_user_resumed_is_dated_by_its_launch_and_not_taken_for_an
     set_clock(env, 2.0)  # the user relaunches it by hand, two hours in
     with watcher_lock(run_dir) as watching:
         assert watching
-        code, out, err = cli(capsys, "resume", run_id)
+        code, _, err = cli(capsys, "resume", run_id)
     assert code == 0, err
     launches = record_of(env, run_id)["launches"]
     assert [launch["started_at_s"] for launch in launches] == [T0, T0 + 2 * H]  # every launch dated
