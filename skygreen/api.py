@@ -278,6 +278,31 @@ def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None) -> int
 # ---------------------------------------------------------------- cost, compare
 
 
+def cost_before_ledger(run_id: str) -> dict[str, Any]:
+    """What is known of the spend of a run launched but not training yet (no ledger): its state,
+    how long since its latest launch started, the time its launcher reports it has run (paid,
+    from the VM's first second), and that time priced at the plan's offer (an estimate)."""
+    from skygreen.launch.status import status as run_statuses
+    from skygreen.timestamps import parse_iso_s
+
+    w = wiring()
+    record = w.registry.load(run_id)
+    (now,) = run_statuses(record.run_id, wiring=w)
+    launched = record.launches[-1].at if record.launches else None
+    since_s = max(0.0, time.time() - parse_iso_s(launched)) if launched else None
+    return {
+        "run_id": record.run_id,
+        "state": now.state,
+        "ledger": None,
+        "launches": now.launches,
+        "since_launch_s": since_s,
+        "paid_s": now.job_duration_s,
+        "spend_usd": now.spend_usd,
+        "spend_estimated": now.spend_estimated,
+        "note": "no ledger yet: the runtime writes it when training starts; until then the launcher's run time is the time paid",
+    }
+
+
 def run_cost(run_id: str, *, catalog_dir: Path | None = None) -> RunCostReport:
     """What a run cost, from its ledger; a local run also gets the same task estimated on each cloud."""
     from skygreen.checkpoint.stores import open_store

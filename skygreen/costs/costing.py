@@ -29,6 +29,11 @@ MEASURED_FILE = "measured.json"
 # ---------------------------------------------------------------- one run
 
 
+class NoLedgerYetError(InputError):
+    """The run has no ledger yet (launched, not training yet): `skygreen cost` answers from its
+    launcher instead (`skygreen.api.cost_before_ledger`)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunCostReport:
     """A run's cost with what it ran and, for local runs, what the clouds would have charged."""
@@ -136,7 +141,7 @@ def cost_of_run(
     record = registry.load(run_id)
     cost = load_run_cost(record, open_store=open_store, catalog_dir=catalog_dir, registry=registry)
     if cost is None:
-        raise InputError(
+        raise NoLedgerYetError(
             f"run {run_id} has no ledger at {record.checkpoint_url}/ledger yet\n"
             "  fix: wait for its first step (the runtime writes the ledger when training starts), "
             "or check that the run uses this version of the skygreen runtime"

@@ -66,6 +66,8 @@ class RunStatus:
     deadline: dict[str, Any] | None = None
     """For a run launched with a deadline: progress against it and the watcher's latest decision
     (`skygreen.launch.deadline_status`)."""
+    job_duration_s: float | None = None
+    """The current launch's run time as its launcher reports it (None when it does not say)."""
 
     def to_json(self) -> dict[str, Any]:
         """Every field as plain JSON values, for `skygreen status --json`."""
@@ -266,6 +268,7 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
         unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
         energy=_energy(meta, job if record.mode != LOCAL else None) if manifest else None,
         deadline=_deadline(record, wiring),
+        job_duration_s=job.duration_s if job else None,
     )
 
 
