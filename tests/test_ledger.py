@@ -8,9 +8,15 @@ import pytest
 
 from skygreen.checkpoint.local_store import LocalStore
 from skygreen.ledger import Place, Segment, read_ledger, write_segment
-from skygreen.ledger.budget import Alert, BudgetPolicy, BudgetTracker
+from skygreen.ledger.budget import Alert, BudgetPolicy, BudgetTracker, StoredCheckpoints
 from skygreen.ledger.place import current_place, gpu_catalog_name, offers_env, parse_offers
-from skygreen.ledger.pricing import CONTROLLER_AUTOSTOP_S, CONTROLLER_USD_PER_HOUR, run_cost
+from skygreen.ledger.pricing import (
+    CONTROLLER_AUTOSTOP_S,
+    CONTROLLER_USD_PER_HOUR,
+    HOURS_PER_MONTH,
+    STORAGE_USD_PER_GB_MONTH,
+    run_cost,
+)
 from skygreen.ledger.records import (
     KILLED,
     MAX_SERIES_POINTS,
@@ -235,6 +241,46 @@ def test_budget_fractions_passed_by_earlier_vms_are_not_sent_again():
     assert tracker.check(current, T0 + 7000) == ([], False)  # 85% already: 50% and 80% were sent before
     alerts, stop = tracker.check(current, T0 + 7000 + 0.3 * 3600)
     assert [a.fraction for a in alerts] == [1.0] and stop
+
+
+def test_the_budget_counts_checkpoint_storage_as_cost_does(tmp_path):
+    place = Place(
+        cloud="aws", region="us-east-1", spot=True, gpu="L4", gpu_count=1, price_usd_per_hour=1.0, price_source="plan"
+    )
+    current = Segment(run_id="r", key=new_segment_key(T0), place=place, started_at=T0, updated_at=T0)
+    stored = 50_000 * 10**9  # 50 TB of checkpoints kept in S3
+    storage_usd = stored / 1e9 * STORAGE_USD_PER_GB_MONTH["s3"] * 1.0 / HOURS_PER_MONTH  # one hour of it
+    without = BudgetTracker(BudgetPolicy(budget_usd=2.0), earlier=[], managed=False)
+    counted = BudgetTracker(BudgetPolicy(budget_usd=2.0), earlier=[], managed=False, storage=lambda: (stored, "s3"))
+    assert without.spent_usd(current, T0 + 3600) == pytest.approx(1.0)
+    assert counted.spent_usd(current, T0 + 3600) == pytest.approx(1.0 + storage_usd)
+    live = Segment(run_id="r", key=current.key, place=place, started_at=T0, updated_at=T0 + 3600)
+    assert counted.spent_usd(current, T0 + 3600) == pytest.approx(
+        run_cost("r", [live], managed=False, storage_bytes=stored, storage_scheme="s3").total_usd
+    )
+    assert without.check(current, T0 + 3600)[1] is False  # compute alone: $1 of $2
+    assert counted.check(current, T0 + 3600)[1] is True  # with the storage it charges: over $2
+
+
+def test_the_budget_reads_the_stored_checkpoints_from_the_manifests_at_most_once_a_minute(tmp_path):
+    import torch
+
+    from skygreen.checkpoint.manifest import iter_manifests
+    from skygreen.runtime.checkpointer import Checkpointer
+
+    with Checkpointer(str(tmp_path / "run"), keep=2) as ck:
+        ck.save(1, {"model": torch.nn.Linear(64, 64).state_dict()})
+    store = LocalStore(str(tmp_path / "run"))
+    now = [0.0]
+    meter = StoredCheckpoints(store, refresh_s=60.0, clock=lambda: now[0])
+    first = sum(b.size for m in iter_manifests(store) for b in m.blobs.values())
+    assert meter() == (first, "file") and first > 64 * 64 * 4
+    with Checkpointer(str(tmp_path / "run"), keep=2) as ck:
+        ck.save(2, {"model": torch.nn.Linear(64, 64).state_dict()})
+    now[0] = 30.0
+    assert meter() == (first, "file")  # not read again within the minute
+    now[0] = 61.0
+    assert meter()[0] == sum(b.size for m in iter_manifests(store) for b in m.blobs.values()) > first
 
 
 def test_ledger_and_cost_modules_import_no_outside_library():

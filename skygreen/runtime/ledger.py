@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from skygreen.errors import RuntimeSetupError
-from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS, BudgetPolicy, BudgetTracker, send, stop_message
+from skygreen.ledger.budget import (
+    DEFAULT_ALERT_FRACTIONS,
+    BudgetPolicy,
+    BudgetTracker,
+    StoredCheckpoints,
+    send,
+    stop_message,
+)
 from skygreen.ledger.place import current_place, gpu_catalog_name
 from skygreen.ledger.records import KILLED, PREEMPTED
 from skygreen.ledger.writer import LedgerWriter
@@ -143,7 +150,12 @@ class RunBook:
             total_steps=total_steps,
         )
         if self.policy.active:
-            self.tracker = BudgetTracker(self.policy, earlier=self.writer.earlier, managed=self.place.cloud != "local")
+            self.tracker = BudgetTracker(
+                self.policy,
+                earlier=self.writer.earlier,
+                managed=self.place.cloud != "local",
+                storage=StoredCheckpoints(self.writer.store),
+            )
             if self.place.price_usd_per_hour is None and self.place.cloud != "local":
                 log.warning(
                     "budget: no price known for %s (not among the plan's offers); this VM's time is not counted",
