@@ -243,6 +243,18 @@ def test_budget_fractions_passed_by_earlier_vms_are_not_sent_again():
     assert [a.fraction for a in alerts] == [1.0] and stop
 
 
+def test_a_local_run_on_a_simulated_gpu_names_the_board_and_claims_no_gpu(tmp_path):
+    place = current_place({"SKYGREEN_SIMULATED_GPU": "V100:2"}, gpu=None)
+    assert place.label == "local (simulated V100x2 on CPU)" and place.gpu is None and place.gpu_count == 0
+    assert current_place({"SKYGREEN_SIMULATED_GPU": "T4"}, gpu=None).label == "local (simulated T4x1 on CPU)"
+    assert current_place({}, gpu=None).label == "local (CPU)"
+    store = LocalStore(str(tmp_path / "run"))
+    writer = LedgerWriter(store, run_id="r", place=place, started_at=T0)
+    writer.begin(step=0, samples=0, samples_per_epoch=None, energy_j_total=None)
+    (read,) = read_ledger(store)
+    assert read.place == place  # kept in the ledger, so `cost` shows it too
+
+
 def test_the_budget_counts_checkpoint_storage_as_cost_does(tmp_path):
     place = Place(
         cloud="aws", region="us-east-1", spot=True, gpu="L4", gpu_count=1, price_usd_per_hour=1.0, price_source="plan"

@@ -58,6 +58,9 @@ class Place:
     """Per node, the catalog price of this offer when the run was planned; None when unknown."""
     price_source: str | None = None
     """Where the price came from: "plan" (rendered at launch) or "catalog"."""
+    simulated_gpu: str | None = None
+    """A local run on a simulated board (`SKYGREEN_SIMULATED_GPU`): its name and count ("T4x1").
+    Training ran on the CPU, so `gpu` stays None and no speed is measured for that GPU."""
 
     def __post_init__(self) -> None:
         if not self.cloud:
@@ -71,9 +74,11 @@ class Place:
 
     @property
     def label(self) -> str:
-        """`gcp/us-central1 g2-standard-4 (L4x1, spot)`, or `local (CPU)`."""
+        """`gcp/us-central1 g2-standard-4 (L4x1, spot)`, `local (CPU)`, or `local (simulated T4x1 on CPU)`."""
         where = "/".join(p for p in (self.cloud, self.region) if p)
         gpus = f"{self.gpu}x{self.gpu_count}" if self.gpu else "CPU"
+        if not self.gpu and self.simulated_gpu:
+            gpus = f"simulated {self.simulated_gpu} on CPU"
         kind = {True: ", spot", False: ", on-demand", None: ""}[self.spot]
         nodes = f" x{self.nodes} nodes" if self.nodes > 1 else ""
         itype = f" {self.instance_type}" if self.instance_type else ""
