@@ -243,6 +243,26 @@ def test_budget_fractions_passed_by_earlier_vms_are_not_sent_again():
     assert [a.fraction for a in alerts] == [1.0] and stop
 
 
+def test_a_vm_killed_between_checkpoints_is_billed_to_its_heartbeat_and_its_redone_steps_count(tmp_path):
+    store = LocalStore(str(tmp_path / "run"))
+    clock = [T0]
+    writer = LedgerWriter(store, run_id="r-1", place=T4, started_at=T0, clock=lambda: clock[0])
+    writer.begin(step=0, samples=0, samples_per_epoch=None, energy_j_total=None)
+    writer.first_step()
+    clock[0] = T0 + 100
+    writer.update(step=100, samples=3200, train_s=100.0, energy_j_total=None)  # a checkpoint at step 100
+    clock[0] = T0 + 140
+    writer.heartbeat(step=140)  # 40 more steps, then kill -9: no checkpoint, no end
+    resumed = seg(T0 + 200, place=T4, dur_s=400, start_step=100, step=300, first_s=20.0)
+    write_segment(store, resumed)
+    killed, _ = read_ledger(store)
+    assert (killed.end, killed.step, killed.reached_step, killed.duration_s) == ("killed", 100, 140, 140.0)
+    cost = run_cost("r-1", read_ledger(store))
+    assert cost.preemptions == 1
+    assert cost.lost_s == pytest.approx(20.0 + 40 / (100 / 100.0))  # restart + 40 redone steps at 1 step/s
+    assert cost.segments[0].cost_usd == pytest.approx(T4.price_usd_per_hour * T4.nodes * 140 / 3600)  # 140 s, not 100
+
+
 def test_a_local_run_on_a_simulated_gpu_names_the_board_and_claims_no_gpu(tmp_path):
     place = current_place({"SKYGREEN_SIMULATED_GPU": "V100:2"}, gpu=None)
     assert place.label == "local (simulated V100x2 on CPU)" and place.gpu is None and place.gpu_count == 0

@@ -273,7 +273,8 @@ def _preemption_loss(priced: Sequence[SegmentCost]) -> tuple[float, float, int]:
         count += prev.segment.end != BUDGET
         s = nxt.segment
         restart_s = s.startup_s
-        redo = max(0, prev.segment.step - s.start_step)
+        reached = max(prev.segment.step, prev.segment.reached_step or 0)  # the heartbeat's, past the checkpoint
+        redo = max(0, reached - s.start_step)
         rate = prev.segment.steps_per_s
         seg_lost = restart_s + (redo / rate if rate else 0.0)
         lost_s += seg_lost

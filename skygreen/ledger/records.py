@@ -101,7 +101,10 @@ class Segment:
     """`running` or one of END_REASONS; `killed` only on the read side."""
     start_step: int = 0
     step: int = 0
-    """The last optimizer step this segment reached (at its last update)."""
+    """The step of this segment's last update at a checkpoint save (its last checkpoint's step)."""
+    reached_step: int | None = None
+    """The furthest step this segment trained to, from its heartbeat between checkpoints; steps
+    past `step` on a VM killed without a word were redone by the next one. None: no heartbeat."""
     start_samples: int = 0
     samples: int = 0
     samples_per_epoch: int | None = None

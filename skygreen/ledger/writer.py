@@ -99,6 +99,15 @@ class LedgerWriter:
         )
         self._write()
 
+    def heartbeat(self, *, step: int) -> None:
+        """Between checkpoints: the time billed so far and the step reached, so a VM killed without
+        a word is billed to its last heartbeat and the steps it trained past its last checkpoint
+        count as redone (`skygreen.ledger.pricing`)."""
+        now = self.clock()
+        reached = max(step, self.segment.step, self.segment.reached_step or 0)
+        self.segment = replace(self.segment, updated_at=max(now, self.segment.started_at), reached_step=reached)
+        self._write()
+
     def _write(self) -> None:
         try:
             write_segment(self.store, self.segment)

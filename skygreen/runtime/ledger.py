@@ -33,6 +33,19 @@ BUDGET_CHECK_EVERY_S = 1.0
 """Spend grows with time, not steps: checking once a second is plenty and costs nothing."""
 
 
+HEARTBEAT_ENV = "SKYGREEN_LEDGER_HEARTBEAT_S"
+HEARTBEAT_S = 30.0
+"""Seconds between ledger heartbeats (`RunBook.tick`): one small write to the bucket each."""
+
+
+def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        value = float(environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
 def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
     try:
         return int(environ.get(name, "") or default)
@@ -85,6 +98,8 @@ class RunBook:
             log.warning("budget alert webhook: $%s is not set; alerts go to the log only", webhook_env)
         self.tracker: BudgetTracker | None = None
         self._last_check_s = 0.0
+        self.heartbeat_s = _float_env(environ, HEARTBEAT_ENV, HEARTBEAT_S)
+        self._last_beat_s: float | None = None
         self.metering = metering
         """Whether energy is measured (a GPU's counter or a simulated board): else energy_j is None."""
 
@@ -186,6 +201,16 @@ class RunBook:
         seg = self.writer.segment
         train_s = max(0.0, time.time() - seg.first_step_at) if seg.first_step_at is not None else 0.0
         self.writer.update(step=step, samples=samples, train_s=train_s, energy_j_total=self._energy(energy_j), end=end)
+
+    def tick(self, step: int) -> None:
+        """After each step: a ledger heartbeat every `SKYGREEN_LEDGER_HEARTBEAT_S` (30 s) between
+        checkpoints, so time and steps a VM spends after its last checkpoint are on the record."""
+        now = time.monotonic()
+        if self._last_beat_s is not None and now - self._last_beat_s < self.heartbeat_s:
+            return
+        if self._last_beat_s is not None:
+            self.writer.heartbeat(step=step)
+        self._last_beat_s = now
 
     def over_budget(self) -> bool:
         """Alerts due now are sent; True once spend reached the budget."""

@@ -235,6 +235,8 @@ class Run:
     def _after_step(self) -> None:
         """Boundary work: agree on signals across ranks, then checkpoint if something asks."""
         self.power.step_done()
+        if self._book:
+            self._book.tick(self.step_index)
         notice = self._watcher.pending() if self._watcher else None
         sigterm = bool(self._sigterm and self._sigterm.fired)
         stop = self.rank == 0 and self.stopper is not None and self.stopper.stopped
