@@ -263,6 +263,27 @@ def test_a_vm_killed_between_checkpoints_is_billed_to_its_heartbeat_and_its_redo
     assert cost.segments[0].cost_usd == pytest.approx(T4.price_usd_per_hour * T4.nodes * 140 / 3600)  # 140 s, not 100
 
 
+def test_a_cloud_vm_is_billed_from_its_first_setup_line(tmp_path):
+    import string
+    import subprocess
+    from importlib import resources
+
+    from skygreen.runtime.ledger import vm_started_at
+
+    template = resources.files("skygreen").joinpath("templates", "setup.sh.tmpl").read_text(encoding="utf-8")
+    code_lines = [line for line in template.splitlines() if line.strip() and not line.startswith("#")]
+    assert "vm-started-at" in code_lines[0]  # the VM's first setup line
+    home = tmp_path / "home"
+    home.mkdir()
+    first = string.Template(code_lines[0]).substitute({})
+    subprocess.run(["bash", "-c", first], env={"HOME": str(home), "PATH": "/usr/bin:/bin"}, check=True)
+    noted = float((home / ".skygreen" / "vm-started-at").read_text())
+    cloud = {"HOME": str(home), "SKYPILOT_CLUSTER_INFO": '{"cloud": "aws"}'}
+    assert vm_started_at(cloud, now_s=noted + 240) == noted  # four minutes of setup and restore, paid
+    assert vm_started_at(cloud, now_s=noted + 7 * 3600) == noted + 7 * 3600  # another life's note
+    assert vm_started_at({"HOME": str(home)}, now_s=noted + 240) == noted + 240  # local: no setup runs
+
+
 def test_a_local_run_on_a_simulated_gpu_names_the_board_and_claims_no_gpu(tmp_path):
     place = current_place({"SKYGREEN_SIMULATED_GPU": "V100:2"}, gpu=None)
     assert place.label == "local (simulated V100x2 on CPU)" and place.gpu is None and place.gpu_count == 0

@@ -155,6 +155,7 @@ def _segment_json(sc: SegmentCost) -> dict:
         "end": s.end,
         "start_step": s.start_step,
         "step": s.step,
+        "reached_step": s.reached_step,
         "steps_done": s.steps_done,
         "samples_per_s": s.samples_per_s,
         "price_usd_per_hour": sc.price_usd_per_hour,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from skygreen.errors import RuntimeSetupError
@@ -36,6 +37,24 @@ BUDGET_CHECK_EVERY_S = 1.0
 HEARTBEAT_ENV = "SKYGREEN_LEDGER_HEARTBEAT_S"
 HEARTBEAT_S = 30.0
 """Seconds between ledger heartbeats (`RunBook.tick`): one small write to the bucket each."""
+
+
+VM_STARTED_FILE = ".skygreen/vm-started-at"
+"""Under $HOME on a cloud VM: Unix seconds of the VM's first setup line (`setup.sh.tmpl`)."""
+VM_STARTED_MAX_AGE_S = 6 * 3600.0
+"""A note older than this is another life's (a reused image); the process start is used then."""
+
+
+def vm_started_at(environ: Mapping[str, str], *, now_s: float) -> float:
+    """When this VM began: its setup's note on a SkyPilot cluster (setup and restore are paid
+    time too), else now. A note from the future or older than `VM_STARTED_MAX_AGE_S` is ignored."""
+    if not environ.get("SKYPILOT_CLUSTER_INFO") or not environ.get("HOME"):
+        return now_s
+    try:
+        noted = float((Path(environ["HOME"]) / VM_STARTED_FILE).read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return now_s
+    return noted if 0.0 <= now_s - noted <= VM_STARTED_MAX_AGE_S else now_s
 
 
 def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -121,7 +140,7 @@ class RunBook:
             device_name=run.facts.name if cuda else None,
             gpu_count=_int_env(environ, "LOCAL_WORLD_SIZE", 1) if cuda else 0,
             environ=environ,
-            started_at=time.time(),
+            started_at=vm_started_at(environ, now_s=time.time()),
             metering=run.power.gpu is not None,
         )
 
