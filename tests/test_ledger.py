@@ -270,7 +270,7 @@ def test_a_cloud_vm_is_billed_from_its_first_setup_line(tmp_path):
 
     from skygreen.runtime.ledger import vm_started_at
 
-    template = resources.files("skygreen").joinpath("templates", "setup.sh.tmpl").read_text(encoding="utf-8")
+    template = resources.files("skygreen").joinpath("templates").joinpath("setup.sh.tmpl").read_text(encoding="utf-8")
     code_lines = [line for line in template.splitlines() if line.strip() and not line.startswith("#")]
     assert "vm-started-at" in code_lines[0]  # the VM's first setup line
     home = tmp_path / "home"
