@@ -263,6 +263,20 @@ def test_a_vm_killed_between_checkpoints_is_billed_to_its_heartbeat_and_its_redo
     assert cost.segments[0].cost_usd == pytest.approx(T4.price_usd_per_hour * T4.nodes * 140 / 3600)  # 140 s, not 100
 
 
+def test_a_killed_segment_says_the_step_its_successor_resumed_from(tmp_path):
+    """Killed after the ledger wrote step 60 for a save that never committed: the next VM resumed
+    from the checkpoint at 40. Ledger and bucket (status) then say the same step, 40, and the 20
+    steps trained past it count as redone."""
+    store = LocalStore(str(tmp_path / "run"))
+    write_segment(store, seg(T0, place=T4, dur_s=600, ended=False, end="running", step=60))
+    writer = LedgerWriter(store, run_id="r-1", place=T4, started_at=T0 + 700, clock=lambda: T0 + 720)
+    writer.begin(step=40, samples=0, samples_per_epoch=None, energy_j_total=None)
+    killed, resumed = read_ledger(store)
+    assert (killed.end, killed.step, killed.reached_step) == ("killed", 40, 60)
+    assert writer.earlier == [killed]  # the budget sees the same settled past
+    assert run_cost("r-1", [killed, resumed]).lost_s == pytest.approx(resumed.startup_s + 20 / killed.steps_per_s)
+
+
 def test_a_cloud_vm_is_billed_from_its_first_setup_line(tmp_path):
     import string
     import subprocess

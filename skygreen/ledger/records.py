@@ -223,13 +223,23 @@ def is_segment_key(key: str) -> bool:
 
 def settle(segments: Sequence[Segment]) -> list[Segment]:
     """Order segments by key, number them from 1, and mark as `killed` each one that never
-    wrote an end but was replaced by a later segment (its VM is gone)."""
+    wrote an end but was replaced by a later segment (its VM is gone).
+
+    A killed segment's `step` becomes the step the next one resumed from: its last committed
+    checkpoint, the step `status` shows. The ledger is written at each save, before that save
+    commits, so a kill in between left the ledger one save off the bucket; the steps it trained
+    past the checkpoint stay in `reached_step` (redone by the next segment)."""
     ordered = sorted(segments, key=lambda s: s.key)
     out = []
     for i, seg in enumerate(ordered):
         replaced = i < len(ordered) - 1
         end = KILLED if seg.end == RUNNING and replaced else seg.end
-        out.append(replace(seg, segment=i + 1, end=end))
+        seg = replace(seg, segment=i + 1, end=end)
+        if end == KILLED and ordered[i + 1].start_step >= seg.start_step:
+            resumed_at = ordered[i + 1].start_step
+            reached = max(seg.step, seg.reached_step or 0)
+            seg = replace(seg, step=resumed_at, reached_step=reached if reached > resumed_at else seg.reached_step)
+        out.append(seg)
     return out
 
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from skygreen.checkpoint.store import Store
 from skygreen.errors import StoreError
 from skygreen.ledger.io import read_ledger, write_segment
-from skygreen.ledger.records import KILLED, RUNNING, Place, Segment, add_point, new_segment_key
+from skygreen.ledger.records import RUNNING, Place, Segment, add_point, new_segment_key, settle
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -47,12 +47,11 @@ class LedgerWriter:
     ) -> None:
         """Read the earlier segments (for budgets) and write this one at its resume point."""
         try:
-            # This VM replaces any segment still marked running: its VM is gone.
-            self.earlier = [
-                replace(s, end=KILLED) if s.end == RUNNING else s
-                for s in read_ledger(self.store)
-                if s.key != self.segment.key
-            ]
+            # This VM replaces any segment still marked running: its VM is gone (settled as
+            # `read_ledger` will settle them once this segment is written).
+            mine = replace(self.segment, start_step=step, step=step)
+            before = [s for s in read_ledger(self.store) if s.key != mine.key]
+            self.earlier = [s for s in settle([*before, mine]) if s.key != mine.key]
         except StoreError as e:
             self._warn(e)
         self._energy_base_j = energy_j_total
