@@ -310,9 +310,9 @@ def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tu
     controller (only when `managed`), storage at the scheme's price, and energy."""
     lines = [
         (
-            "compute: catalog price of each segment's offer x the runtime's lifetime on that VM x nodes "
-            "(provisioning and setup before training starts are not seen; a VM killed without warning "
-            "counts until its last ledger update)"
+            "compute: catalog price of each segment's offer x the VM's time x nodes (from its first "
+            "setup line on a cloud, from the process start locally; provisioning before setup is not "
+            "seen; a VM killed without warning counts until its last ledger heartbeat, every 30 s)"
         ),
     ]
     if managed:
