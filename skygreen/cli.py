@@ -271,11 +271,7 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
     elif run is None:
         if rows or not unknown:
             print_status_table(rows, sys.stdout, width=output_width(sys.stdout))
-        for job in unknown:  # a paid job nobody watches: say so, and how to stop it
-            sys.stdout.write(
-                f"unknown skygreen job {job.name} ({job.launcher} job {job.job_id}, {job.state}): "
-                f"no run record here knows it; `skygreen cancel {job.name}` stops it\n"
-            )
+        sys.stdout.writelines(job.line() + "\n" for job in unknown)  # paid jobs nobody watches
     else:
         print_status_detail(rows[0], sys.stdout)
     unreachable = {r.progress_error for r in rows if r.unreachable_bucket and r.progress_error}
@@ -297,11 +293,8 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
 )
 @json_option
 def resume(run: str, local: bool, detach: bool, budget_usd: float | None, json_output: bool) -> None:
-    """Relaunch a stopped run with the same id; it continues from its latest checkpoint.
-
-    A run with no checkpoint yet restarts from step 0, and says so. With --json: the run id, job,
-    launch number and the step it continues from (null: from step 0), without following.
-    """
+    """Relaunch a stopped run with the same id; it continues from its latest checkpoint, or says
+    it restarts from step 0 (--json: run id, job, launch and from_step, without following)."""
     from skygreen import api
 
     start = api.resume_point(run)
@@ -350,8 +343,9 @@ def cancel(run: str) -> None:
         stopped = api.cancel_unknown_jobs(run)  # a job launched for a run no record here knows
         if not stopped:
             raise
-        for job in stopped:
-            sys.stdout.write(f"cancelled unknown skygreen job {job.name} ({job.launcher} job {job.job_id})\n")
+        sys.stdout.writelines(
+            f"cancelled unknown skygreen job {j.name} ({j.launcher} job {j.job_id})\n" for j in stopped
+        )
         return
     final = result.status
     step = final.step if final.step is not None else "-"

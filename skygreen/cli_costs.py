@@ -40,7 +40,7 @@ def cost(target: str, catalog: Path | None, json_output: bool, plot: Path | None
             return
         print_task_estimate(estimate, sys.stdout)
         return
-    from skygreen.costs.costing import NoLedgerYetError
+    from skygreen.errors import NoLedgerYetError
 
     try:
         result = api.run_cost(target, catalog_dir=catalog)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.checkpoint.store import OpenStore
-from skygreen.errors import CheckpointError, InputError, SkygreenError, StoreError
+from skygreen.errors import CheckpointError, NoLedgerYetError, SkygreenError, StoreError
 from skygreen.launch.registry import Registry, RunRecord
 from skygreen.ledger.pricing import RunCost, catalog_lookup, first_metrics, run_cost
 from skygreen.ledger.records import Segment
@@ -27,11 +27,6 @@ MEASURED_FILE = "measured.json"
 
 
 # ---------------------------------------------------------------- one run
-
-
-class NoLedgerYetError(InputError):
-    """The run has no ledger yet (launched, not training yet): `skygreen cost` answers from its
-    launcher instead (`skygreen.api.cost_before_ledger`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

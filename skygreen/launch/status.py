@@ -99,6 +99,13 @@ class UnknownJob:
         """Every field as plain JSON values, marked as an unknown job for `status --json`."""
         return {"unknown_job": True, **dataclasses.asdict(self)}
 
+    def line(self) -> str:
+        """The job as `skygreen status` lists it after the runs, with the command that stops it."""
+        return (
+            f"unknown skygreen job {self.name} ({self.launcher} job {self.job_id}, {self.state}): "
+            f"no run record here knows it; `skygreen cancel {self.name}` stops it"
+        )
+
 
 def adopt_pending(record: RunRecord, wiring: Wiring) -> RunRecord:
     """The record, with the job of its pending launch adopted when the launcher has it.
