@@ -29,6 +29,7 @@ def seeded_home(catalog_dir: Path) -> Path:
 
 def clean_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SKY_", "SKYPILOT_", "SKYGREEN_"))}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # users run from .pyc files: the warm-up run writes them
     env.update(HOME=str(home), XDG_DATA_HOME=str(home / ".local" / "share"), OMP_NUM_THREADS="1")
     return env
 

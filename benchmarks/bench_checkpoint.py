@@ -64,7 +64,7 @@ def bench_upload(kind: str, blob: Path, rounds: int) -> dict[str, tuple[float, f
     upload deleted again (untimed) before the next: the servers keep every object in memory and
     slow down as they fill, and the shared machine's load drifts, so a ratio is taken within a
     round, never across rounds."""
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
 
     bucket = f"bench-{kind}-{os.getpid()}"
     if kind == "s3":

@@ -2,6 +2,7 @@
 SkyPilot's own `sky.catalog.list_accelerators` answering the same query.
 
     .venv/bin/python benchmarks/bench_plan.py [--runs 5] [--catalog ../shared/catalog/v8]
+    .venv/bin/python benchmarks/bench_plan.py --against 3f65a0b [--runs 9]
 
 The query: every GPU, one per node, spot prices, all regions of AWS, GCP and Azure. Both
 sides run as a user runs them, in a fresh process each time (skygreen: the `skygreen plan
@@ -9,11 +10,17 @@ sides run as a user runs them, in a fresh process each time (skygreen: the `skyg
 interleaved so machine noise hits both alike. Also reported: the query alone inside a warm
 process (skygreen: read catalog + rank; SkyPilot: the call after `import sky`).
 Target: skygreen plan <= 1.0 s wall on a 2-core machine.
+
+`--against COMMIT`: this tree's `skygreen plan` side by side with the same command at COMMIT
+(checked out with `git worktree add` into a temporary folder and removed after), one task,
+fresh processes alternating, the median wall time of each and their ratio. Target: at most
+1.05x of 3f65a0b, the plan of the first round.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,6 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _sky import REPO, SHARED_CATALOG, clean_env, run_python, seeded_home
 
 TASK = "name: bench\nskygreen: {work: {gpu_hours: 24, gpu: A100}}\nrun: python train.py\n"
+OLD_TASK = "name: bench\nskygreen: {work: {gpu_hours: 24}}\nrun: python train.py\n"
+"""For `--against`: a task both trees read alike (the work's GPU key was renamed since; its
+default is the A100 either way)."""
 
 SKY_QUERY = """
 import json, time
@@ -62,12 +72,60 @@ def time_process(argv: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
+def time_in(argv: list[str], env: dict[str, str], tree: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of `argv` run from `tree`, whose `skygreen` package comes first on
+    the path. CPU is user + system time of the child: on a shared machine it moves far less
+    with the load than the wall time does."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, env={**env, "PYTHONPATH": str(tree)}, cwd=tree)
+    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def against(commit: str, runs: int, catalog: Path) -> None:
+    """`skygreen plan` here and at `commit`, alternating fresh processes; prints both medians and the ratio."""
+    home = seeded_home(catalog)
+    task = Path(tempfile.mkdtemp()) / "task.yaml"
+    task.write_text(OLD_TASK)
+    env = clean_env(home)
+    argv = [sys.executable, "-m", "skygreen.cli", "plan", str(task), "--catalog", str(catalog)]
+    old = Path(tempfile.mkdtemp(prefix="skygreen-bench-old-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), commit], cwd=REPO, check=True)
+    try:
+        for tree in (REPO, old):  # warm the page cache and .pyc files of both
+            time_in(argv, env, tree)
+        ours, theirs = [], []
+        for _ in range(runs):
+            ours.append(time_in(argv, env, REPO))
+            theirs.append(time_in(argv, env, old))
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=REPO, check=True)
+    print(f"skygreen plan TASK --catalog {catalog}: {runs} runs each, alternating")
+    print(f"{'':24} {'wall median':>12} {'wall min':>9} {'CPU median':>11}")
+    for name, times in (("this tree", ours), (commit, theirs)):
+        walls, cpus = [w for w, _ in times], [c for _, c in times]
+        print(f"{name:24} {statistics.median(walls):12.3f} {min(walls):9.3f} {statistics.median(cpus):11.3f}")
+    wall = statistics.median(w for w, _ in ours) / statistics.median(w for w, _ in theirs)
+    cpu = statistics.median(c for _, c in ours) / statistics.median(c for _, c in theirs)
+    print(
+        f"ratio this/{commit}: wall {wall:.3f}x, CPU {cpu:.3f}x (target <= 1.05x: {'met' if wall <= 1.05 else 'MISSED'})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--catalog", type=Path, default=SHARED_CATALOG)
+    parser.add_argument("--against", default=None, help="Compare with `skygreen plan` at this commit instead.")
     args = parser.parse_args()
     catalog = args.catalog.resolve()
+    if args.against:
+        against(args.against, args.runs, catalog)
+        return
     home = seeded_home(catalog)
     task = Path(tempfile.mkdtemp()) / "task.yaml"
     task.write_text(TASK)

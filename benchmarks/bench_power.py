@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))
 
 from skygreen.gpus import GPUS  # noqa: E402
 from skygreen.power.governor import PowerGovernor  # noqa: E402
-from skygreen.power.ledger import Ledger  # noqa: E402
 from skygreen.power.model import MIN_LIMIT_FRACTION, model_draw_fraction, model_time_ratio  # noqa: E402
 from skygreen.power.nvml import Nvml  # noqa: E402
+from skygreen.power.originals import OriginalLimits  # noqa: E402
 from skygreen.power.policy import CapRequest, ProfilePoint, zeus_cost  # noqa: E402
 from skygreen.power.simulated import SimulatedNvml  # noqa: E402
 
@@ -71,7 +71,7 @@ def profile_once(gpu: str, eta: float, *, host_s: float, wall: bool, root: Path)
     clock: Any = time.monotonic if wall else virtual
     sleep = time.sleep if wall else virtual.sleep
     lib = SimulatedNvml(gpu, state_dir=root / f"sim-{gpu}-{eta}-{wall}", clock=clock, sleep=sleep)
-    gov = PowerGovernor(Nvml(lib).device(0), request=CapRequest(mode="auto"), eta=eta, ledger=Ledger(root / "ledger"),
+    gov = PowerGovernor(Nvml(lib).device(0), request=CapRequest(mode="auto"), eta=eta, originals=OriginalLimits(root / "ledger"),
                         warmup_steps=1, measure_steps=10 if wall else 3, settle_steps=0, clock=clock)  # fmt: skip
     gov.start()
     steps = 0

@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from skygreen.power.policy import CapRequest  # noqa: E402
 from skygreen.runtime.precision import choose_precision, cpu_facts, cuda_facts  # noqa: E402
 from skygreen.runtime.run import Run  # noqa: E402
 from skygreen.settings import RuntimeSettings  # noqa: E402
@@ -119,7 +120,7 @@ def measure(
     settings = RuntimeSettings(
         run_id=f"gpu-check-{precision}", bucket=bucket, precision=precision,
         effective_batch=effective, micro_batch=shape["micro"], checkpoint_every_steps=10**9,
-        power_cap="off",  # a check reads the GPU; it never changes its limit
+        power_cap=CapRequest(mode="off"),  # a check reads the GPU; it never changes its limit
     )  # fmt: skip
     data = Tokens(effective * (warmup + steps + 1), **shape)
     run = Run(model=model, optimizer=optimizer, dataset=data, settings=settings, device=device, environ={})

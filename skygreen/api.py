@@ -21,16 +21,29 @@ from skygreen.task_checks import load_task
 if TYPE_CHECKING:
     from skygreen.checkpoint.gc import GcResult
     from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
-    from skygreen.deadline.compare import Simulation
+    from skygreen.deadline.compare import Simulation, SimulationRequest
     from skygreen.deadline.live import DeadlineTerms
+    from skygreen.deadline.watch import WatchResult
     from skygreen.launch.registry import RunRecord
-    from skygreen.launch.runs import CancelResult, UpResult
+    from skygreen.launch.runs import CancelResult, UpRequest, UpResult
     from skygreen.launch.smoke import SmokeResult
     from skygreen.launch.status import ResumePoint, RunStatus, UnknownJob
-    from skygreen.launch.watch import WatchResult
     from skygreen.launch.wiring import Wiring
     from skygreen.plan.catalog_update import CloudUpdate
     from skygreen.plan.rank import Plan
+
+
+_REQUESTS = {"UpRequest": "skygreen.launch.runs", "SimulationRequest": "skygreen.deadline.compare"}
+"""The request records the commands take, importable from here (`api.UpRequest`) without
+loading their modules until one is used: `plan` never does."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REQUESTS:
+        import importlib
+
+        return getattr(importlib.import_module(_REQUESTS[name]), name)
+    raise AttributeError(f"module 'skygreen.api' has no attribute {name!r}")
 
 
 def plan(
@@ -69,7 +82,7 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
 
 def measured_speeds(spec: TaskSpec, task_path: str | Path) -> dict[str, float]:
     """Relative speeds per GPU measured by earlier runs of this task on this machine."""
-    from skygreen.costs.costing import measured_speeds as measured
+    from skygreen.costs.speeds import measured_speeds as measured
 
     return {gpu: speed for gpu, (speed, _) in measured(spec, task_path).items()}
 
@@ -103,8 +116,8 @@ def smoke(task_path: str | Path) -> SmokeResult:
 
 def wiring(*, catalog_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> Wiring:
     """The outside world of a run's life on this machine: the real catalog, stores, launchers."""
-    from skygreen.checkpoint.stores import open_store
-    from skygreen.launch import launchers
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.launch import launcher_factory
     from skygreen.launch.registry import Registry
     from skygreen.launch.wiring import Wiring
 
@@ -117,51 +130,36 @@ def wiring(*, catalog_dir: Path | None = None, environ: Mapping[str, str] | None
         ),
         smoke=smoke,
         open_store=open_store,
-        cloud_launcher=lambda: launchers.cloud_launcher(env),
-        local_launcher=lambda: launchers.local_launcher(env),
+        cloud_launcher=lambda: launcher_factory.cloud_launcher(env),
+        local_launcher=lambda: launcher_factory.local_launcher(env),
     )
 
 
-def up(
-    task_path: str | Path,
-    *,
-    local: bool = False,
-    dryrun: bool = False,
-    output: str | Path | None = None,
-    smoke: bool = True,
-    catalog_dir: Path | None = None,
-    deadline: str | None = None,
-    compute: str | None = None,
-    policy: str | None = None,
-    watch: bool = True,
-) -> UpResult:
+def up(request: UpRequest) -> UpResult:
     """Validate, plan, CPU smoke-test, preflight the checkpoint bucket, render the SkyPilot
-    task and launch it (a managed spot job; `local=True` runs it on this machine). `dryrun`
-    only writes the YAML (to `output`, else under the data dir).
+    task and launch it (a managed spot job; `request.local` runs it on this machine).
+    `request.dryrun` only writes the YAML (to `request.output`, else under the data dir).
 
-    `deadline` (`36h`; else the task's `skygreen.deadline`) holds the run to a deadline: it
-    starts on spot and a watcher started in the background (`watch`) moves it to on-demand
-    and back as `policy` says (default: skygreen's own). `compute` (`20h`): the compute hours the run needs, when the
-    plan's estimate (or, for a local run, the measured throughput) should not be used.
-    `watch=False` starts no watcher: the caller runs `watch` where it can stay up.
+    A deadline (`request.deadline`, `36h`; else the task's `skygreen.deadline`) holds the run
+    to it: it starts on spot and a watcher started in the background (`request.watch`) moves it
+    to on-demand and back as `request.policy` says (default: skygreen's own). `request.compute`
+    (`20h`): the compute the run needs, when the plan's estimate (or, for a local run, the
+    measured throughput) should not be used. `watch=False` starts no watcher: the caller runs
+    `watch` where it can stay up.
     """
     from skygreen.deadline.clock import now_s
-    from skygreen.fields import read_duration_h
+    from skygreen.deadline.terms import DeadlineAsk
     from skygreen.launch import runs
-    from skygreen.launch.deadline_terms import DeadlineAsk
 
     ask = DeadlineAsk(
-        now_s=now_s(os.environ),
-        deadline_h=None if deadline is None else read_duration_h(deadline, "--deadline"),
-        compute_h=None if compute is None else read_duration_h(compute, "--compute"),
-        policy=policy,
+        now_s=now_s(os.environ), deadline_h=request.deadline_h, compute_h=request.compute_h, policy=request.policy
     )
-    w = wiring(catalog_dir=catalog_dir)
-    result = runs.up(task_path, local=local, dryrun=dryrun, output=output, smoke=smoke, deadline=ask, wiring=w)
-    if watch and result.record is not None and result.record.deadline is not None:
+    w = wiring(catalog_dir=request.catalog_dir)
+    result = runs.up(request, deadline=ask, wiring=w)
+    if request.watch and result.record is not None and result.record.deadline is not None:
         import dataclasses
 
-        from skygreen.launch.watch_process import start_watcher
+        from skygreen.deadline.watch_process import start_watcher
 
         pid = start_watcher(result.record.run_id, registry_dir=w.registry.run_dir(result.record.run_id))
         result = dataclasses.replace(result, watcher_pid=pid)
@@ -175,8 +173,8 @@ def watch(
     spot and on-demand as its deadline policy says, until it ends (`once`: one poll). A run
     already watched by another process returns at once (exit code 0)."""
     from skygreen.deadline.clock import now_s
+    from skygreen.deadline.watch import Watch
     from skygreen.fields import read_duration_s
-    from skygreen.launch.watch import Watch
 
     poll_s = read_duration_s(poll, "--poll")
     env = os.environ
@@ -224,9 +222,9 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None)
     """Relaunch a stopped run with the same run id; it continues from its last checkpoint.
     `budget_usd`: a new budget (needed, and higher, for a run stopped at its budget). A run
     launched with a deadline is held to it again: its watcher starts unless one runs."""
+    from skygreen.deadline.watch_process import start_watcher
+    from skygreen.deadline.watch_state import clear_user_cancel, watcher_running
     from skygreen.launch import runs
-    from skygreen.launch.watch_process import start_watcher
-    from skygreen.launch.watch_state import clear_user_cancel, watcher_running
 
     w = wiring()
     record = runs.resume(run_id, local=local, budget_usd=budget_usd, wiring=w)
@@ -305,7 +303,7 @@ def cost_before_ledger(run_id: str) -> dict[str, Any]:
 
 def run_cost(run_id: str, *, catalog_dir: Path | None = None) -> RunCostReport:
     """What a run cost, from its ledger; a local run also gets the same task estimated on each cloud."""
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
 
     return costing.cost_of_run(run_id, open_store=open_store, catalog_dir=catalog_dir)
@@ -325,7 +323,7 @@ def is_task_file(target: str) -> bool:
 
 def compare(run_ids: list[str], *, catalog_dir: Path | None = None) -> list[CompareRow]:
     """Runs side by side."""
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
 
     return costing.compare_runs(run_ids, open_store=open_store, catalog_dir=catalog_dir)
@@ -358,50 +356,12 @@ def write_report(run_id: str, output: Path | None = None, *, catalog_dir: Path |
 # ---------------------------------------------------------------- deadlines
 
 
-def simulate(
-    trace: Path,
-    *,
-    hours: str,
-    deadline: str,
-    changeover: str,
-    policy: str,
-    nodes: int | None = None,
-    zone: str | None = None,
-    spot_price: float | None = None,
-    on_demand_price: float | None = None,
-    start: str = "0",
-    catalog_dir: Path | None = None,
-) -> Simulation:
-    """Replay a spot trace against deadline policies (`skygreen simulate`). Durations as the
-    task file writes them (`48h`, `90m`, or hours); bad input is a `SpecError` naming the flag."""
+def simulate(request: SimulationRequest) -> Simulation:
+    """Replay a spot trace against deadline policies (`skygreen simulate`): the request's
+    durations are already read (`48h`, `90m`, or hours), and `SpecError` names a bad flag."""
     from skygreen.deadline import compare as deadline_compare
-    from skygreen.errors import SpecError, suggestion
-    from skygreen.fields import read_duration_h
 
-    if policy not in deadline_compare.CHOICES:
-        raise SpecError(
-            "--policy",
-            "unknown policy",
-            value=policy,
-            allowed=", ".join(deadline_compare.CHOICES),
-            hint=suggestion(policy, deadline_compare.CHOICES) or "use --policy all to compare them",
-        )
-    if nodes is not None and nodes < 1:
-        raise SpecError("--nodes", "must be at least 1", value=nodes, hint="e.g. --nodes 16 for a 16-node gang")
-    start_h = 0.0 if start.strip() in ("0", "0h") else read_duration_h(start, "--start")
-    return deadline_compare.run(
-        trace,
-        compute_h=read_duration_h(hours, "--hours"),
-        deadline_h=read_duration_h(deadline, "--deadline"),
-        changeover_h=read_duration_h(changeover, "--changeover"),
-        policy=policy,
-        nodes=nodes,
-        zone=zone,
-        spot_price=spot_price,
-        on_demand_price=on_demand_price,
-        start_h=start_h,
-        catalog_dir=catalog_dir,
-    )
+    return deadline_compare.run(request)
 
 
 # ---------------------------------------------------------------- demo
@@ -440,7 +400,7 @@ def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None
     bucket URL holding runs. The latest, best and pinned checkpoints never move.
     """
     from skygreen.checkpoint import gc as cold
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.launch.bucket import check_readable
 
     return cold.gc(

@@ -151,18 +151,11 @@ def up(
     """Smoke-test, render and launch a run: a managed spot job, or with --local this machine."""
     from skygreen import api
 
-    result = api.up(
-        task,
-        local=local,
-        dryrun=dryrun,
-        output=output,
-        smoke=not no_smoke,
-        catalog_dir=catalog,
-        deadline=deadline,
-        compute=compute,
-        policy=policy,
-        watch=not no_watch,
-    )
+    request = api.UpRequest(
+        task_path=task, local=local, dryrun=dryrun, output=output, smoke=not no_smoke, deadline=deadline,
+        compute=compute, policy=policy, watch=not no_watch, catalog_dir=catalog,
+    )  # fmt: skip
+    result = api.up(request)
     for line in result.notices:
         print_notice(line)
     if result.plan is not None and dryrun:

@@ -142,8 +142,8 @@ def simulate(
     from skygreen import api
     from skygreen.deadline.report import print_report
 
-    result = api.simulate(
-        trace,
+    request = api.SimulationRequest(
+        trace=trace,
         hours=hours,
         deadline=deadline,
         changeover=changeover,
@@ -155,6 +155,7 @@ def simulate(
         start=start,
         catalog_dir=catalog,
     )
+    result = api.simulate(request)
     if json_output:
         print_json([o.to_json() for o in result.outcomes])
     else:

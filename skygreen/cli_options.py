@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from skygreen.terminal import output_width
+
 # click, not Typer: Typer builds its parameters through pydantic (about 0.3 s of imports),
 # which would eat a third of `skygreen plan`'s one-second budget.
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -45,8 +47,17 @@ def print_json(data: object) -> None:
 
 
 def print_notice(line: str) -> None:
-    """A one-line remark for the user on stderr, so `--json` output stays clean."""
-    sys.stderr.write(f"note: {line}\n")
+    """A remark for the user on stderr, so `--json` output stays clean; wrapped to the terminal's
+    width (or `$COLUMNS`), its continuation lines indented under the text, one line when piped."""
+    width = output_width(sys.stderr)
+    if width is None:
+        sys.stderr.write(f"note: {line}\n")
+        return
+    import textwrap
+
+    lines = textwrap.wrap(line, width=max(width, 20), initial_indent="note: ", subsequent_indent="      ",
+                          break_long_words=False, break_on_hyphens=False)  # fmt: skip
+    sys.stderr.write("\n".join(lines) + "\n")
 
 
 def plot_option(f):

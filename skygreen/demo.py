@@ -274,7 +274,7 @@ def _train_until_killed(
     """Launch the run, wait for its checkpoint at the held step, and SIGKILL its process group.
     `launched` gets the run id at once, so a caller can stop the run if anything fails later."""
     view.stage("training")
-    result = api.up(task, local=True, smoke=False)
+    result = api.up(api.UpRequest(task_path=task, local=True, smoke=False))
     run_id = result.run_id
     launched.append(run_id)
     gpu = os.environ.get("SKYGREEN_SIMULATED_GPU", SIMULATED_GPU)

@@ -11,11 +11,22 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 TEMP_PREFIX = ".tmp-"
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
+DATA_DIR_ENV = "SKYGREEN_DATA_DIR"
+
+
+def data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """skygreen's folder for runs, local buckets and rendered tasks on this machine."""
+    environ = os.environ if environ is None else environ
+    if environ.get(DATA_DIR_ENV):
+        return Path(environ[DATA_DIR_ENV]).expanduser()
+    base = environ.get("XDG_DATA_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".local" / "share")
+    return Path(base).expanduser() / "skygreen"
 
 
 def write_atomic(target: Path, data: str | bytes | bytearray | memoryview | BinaryIO) -> None:

@@ -1,8 +1,24 @@
 """The runtime settings contract between `skygreen up` (laptop) and `skygreen.runtime` (container).
 
-`skygreen up` renders these as `envs` of the SkyPilot task (and `--local` sets the same
-variables for its subprocess); the runtime reads them back with `RuntimeSettings.from_env`.
-Code that constructs the runtime can pass its own values, which win over the environment.
+`RuntimeSettings` holds typed records (the power-cap request, budget alert fractions, the
+per-cloud preemption rates, the early-stop config) and validates itself once, in
+`__post_init__`, whoever builds it: `from_spec` on the laptop, `from_env` on the VM, or code.
+
+One codec, driven by the field types, carries it: `to_env` writes and `from_env` reads one
+`SKYGREEN_<FIELD>` variable per field (a nested record such as `early_stop` is spread into
+`SKYGREEN_EARLY_STOP_<FIELD>`; a record with one text form, `CapRequest`, travels as that text).
+Ints, floats, booleans, strings, tuples (`0.5,0.8,1`) and string-keyed mappings
+(`aws=0.47,gcp=0.24`) are read by the same `decode`, which other runtime variables (the
+profile ladder, test holds, simulated faults) use too, so the VM has no second parser.
+
+Why one variable per field and not one JSON variable: users override a single setting at
+launch with `sky jobs launch --env SKYGREEN_BUDGET_USD=40` (or in a cluster's defaults), the
+README documents such variables (`SKYGREEN_RUN_ID`, `SKYGREEN_BUCKET`, `SKYGREEN_CLOUD`,
+`SKYGREEN_PREEMPTIONS_PER_HOUR(_BY_CLOUD)`, `SKYGREEN_OFFERS`, `SKYGREEN_BUDGET_USD`), and a
+task's `envs:` is checked against these names; one JSON blob would make every such override
+rewrite the whole blob. `skygreen up` renders these as `envs` of the SkyPilot task (and
+`--local` sets the same variables for its subprocess). Code that constructs the runtime can
+pass its own values, which win over the environment.
 
 One variable a cluster can set for everybody: `SKYGREEN_DEFAULT_PRECISION`, which stands in for
 `auto` (the default) unless the training code names a precision itself, so nobody forgets the
@@ -15,14 +31,17 @@ credential chain (instance roles, SkyPilot `secrets`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from skygreen.errors import RuntimeSetupError, SpecError
-from skygreen.fields import read_choice, read_int, read_number
-from skygreen.spec import EARLY_STOP_MODES, HALF_PRECISIONS, PRECISIONS, EarlyStopConfig, GreenSpec
+from skygreen.power.policy import CapRequest
+from skygreen.spec import HALF_PRECISIONS, PRECISIONS, EarlyStopConfig, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
 SMOKE_ENV = "SKYGREEN_SMOKE"
@@ -39,7 +58,11 @@ to try a task on a laptop."""
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RuntimeSettings:
-    """Everything the in-container runtime needs to know about its run."""
+    """Everything the in-container runtime needs to know about its run, validated on construction.
+
+    Raises:
+        RuntimeSetupError: a field out of range, naming its variable, the value and the fix.
+    """
 
     run_id: str
     bucket: str
@@ -52,8 +75,8 @@ class RuntimeSettings:
     checkpoint_every_s: float | None = None
     checkpoint_keep: int = 3
     checkpoint_half_precision: str | None = None
-    power_cap: str = "auto"
-    """auto | off | <watts> | <fraction of the default limit>, as written in the task file."""
+    power_cap: CapRequest = field(default_factory=CapRequest)
+    """auto | off | <watts> | <fraction of the default limit>; travels as that text (`0.6`)."""
     power_required: bool = False
     """True: stop before training when the cap cannot be applied."""
     power_eta: float | None = None
@@ -67,17 +90,52 @@ class RuntimeSettings:
     """Assumed spot preemption rate per node-hour on each cloud the run may land on (the
     planner's table, with the task's `preemption.rate_per_hour`). A managed job's fallbacks
     span clouds, so `up` cannot know the rate; the runtime picks its cloud's row once it
-    knows where it landed (`SKYPILOT_CLUSTER_INFO`). Rendered as `aws=0.47,gcp=0.24`."""
+    knows where it landed (`SKYPILOT_CLUSTER_INFO`). Travels as `aws=0.47,gcp=0.24`."""
     cloud: str | None = None
     budget_usd: float | None = None
     """Stop cleanly (checkpoint, state `budget`) when the run's spend reaches it."""
-    budget_alerts: str | None = None
-    """Comma-separated fractions of the budget that raise an alert (default 0.5,0.8,1)."""
+    budget_alerts: tuple[float, ...] | None = None
+    """Fractions of the budget that raise an alert, sorted, each once (None: 0.5, 0.8, 1)."""
     budget_webhook_env: str | None = None
     """Name of the environment variable holding the alert webhook URL (the URL is a secret)."""
     burn_alert_usd_per_hour: float | None = None
     offers: str | None = None
     """The plan's offers with prices (`skygreen.ledger.place.offers_env`), for the ledger."""
+
+    def __post_init__(self) -> None:
+        for name in ("run_id", "bucket"):
+            if not getattr(self, name):
+                _bad(name, getattr(self, name), "must not be empty", "start the script with `skygreen up`")
+        _choice("precision", self.precision, PRECISIONS)
+        if self.checkpoint_half_precision is not None:
+            _choice("checkpoint_half_precision", self.checkpoint_half_precision, HALF_PRECISIONS)
+        for name in ("effective_batch", "micro_batch", "checkpoint_every_steps", "checkpoint_keep"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                _bad(name, value, "must be an integer >= 1", "set a whole number such as 4")
+        for name in (
+            "checkpoint_every_s",
+            "power_eta",
+            "preemptions_per_hour",
+            "budget_usd",
+            "burn_alert_usd_per_hour",
+        ):
+            value = getattr(self, name)
+            if value is not None and not _non_negative(value):
+                _bad(name, value, "must be a finite number >= 0", "set a number such as 0.5")
+        if not isinstance(self.power_cap, CapRequest):
+            _bad("power_cap", self.power_cap, "must be a CapRequest", "CapRequest.parse('0.6')")
+        if self.preemptions_per_hour_by_cloud is not None:
+            rates = {str(k).strip().lower(): v for k, v in self.preemptions_per_hour_by_cloud.items()}
+            if not rates or any(not k or not _non_negative(v) for k, v in rates.items()):
+                _bad("preemptions_per_hour_by_cloud", self.preemptions_per_hour_by_cloud,
+                     "needs CLOUD=RATE pairs, each rate a number >= 0", "aws=0.47,gcp=0.24")  # fmt: skip
+            object.__setattr__(self, "preemptions_per_hour_by_cloud", rates)
+        if self.budget_alerts is not None:
+            alerts = tuple(sorted(set(self.budget_alerts)))
+            if not alerts or any(not (_non_negative(v) and 0 < v <= 1) for v in alerts):
+                _bad("budget_alerts", self.budget_alerts, "every fraction must be in (0, 1]", "0.5,0.8,1")
+            object.__setattr__(self, "budget_alerts", alerts)
 
     def preemption_rate_on(self, cloud: str | None) -> float | None:
         """The rate to assume on `cloud`: the fixed rate, else the cloud's row of the table,
@@ -105,7 +163,6 @@ class RuntimeSettings:
         """Settings for a run of a task; `bucket` is the resolved base URL."""
         power = spec.power
         cap_value = {"watts": power.cap_w, "fraction": power.cap_fraction}.get(power.mode)
-        cap = power.mode if cap_value is None else f"{cap_value:g}"
         return cls(
             run_id=run_id,
             bucket=bucket,
@@ -116,7 +173,7 @@ class RuntimeSettings:
             checkpoint_every_s=spec.checkpoint.every_s,
             checkpoint_keep=spec.checkpoint.keep,
             checkpoint_half_precision=spec.checkpoint.half_precision,
-            power_cap=cap,
+            power_cap=CapRequest(mode=power.mode, value=cap_value),
             power_required=power.required,
             power_eta=power.eta,
             early_stop=spec.early_stopping,
@@ -126,43 +183,48 @@ class RuntimeSettings:
             else None,
             cloud=cloud,
             budget_usd=spec.budget_usd,
-            budget_alerts=",".join(f"{f:g}" for f in spec.budget_alerts.at) if spec.budget_alerts.at else None,
+            budget_alerts=tuple(spec.budget_alerts.at) if spec.budget_alerts.at else None,
             budget_webhook_env=spec.budget_alerts.webhook_env,
             burn_alert_usd_per_hour=spec.budget_alerts.burn_usd_per_hour,
             offers=offers,
         )
 
     def to_env(self) -> dict[str, str]:
-        """The `SKYGREEN_*` variables for SkyPilot `envs`; unset fields are left out."""
-        flat: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        stop = flat.pop("early_stop")
-        if stop is not None:
-            flat.update({f"early_stop_{f.name}": getattr(stop, f.name) for f in dataclasses.fields(stop)})
-        for name, value in flat.items():
-            if isinstance(value, Mapping):  # `aws=0.47,gcp=0.24`; an empty table is left out
-                flat[name] = ",".join(f"{k}={v:g}" for k, v in sorted(value.items())) or None
-        return {_env_name(name): _env_value(value) for name, value in flat.items() if value is not None}
+        """The `SKYGREEN_*` variables for SkyPilot `envs`, one per field; unset fields are left out."""
+        env: dict[str, str] = {}
+        for path, hint in _flat_fields():
+            value = _get(self, path)
+            if value is not None:
+                env[_env_name(path)] = encode(value, hint)
+        return env
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RuntimeSettings:
         """Settings from the environment, with `overrides` (from code) winning.
 
-        A malformed variable is a `RuntimeSetupError` naming the variable.
+        Raises:
+            RuntimeSetupError: a malformed or out-of-range variable, naming it; RUN_ID or
+                BUCKET not set.
         """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for field_name in _flat_field_names():
-            name = _env_name(field_name)
-            if name in environ and environ[name] != "":
-                values[field_name] = _parse_env(field_name, environ[name], name)
-        stop = {k.removeprefix("early_stop_"): values.pop(k) for k in list(values) if k.startswith("early_stop_")}
-        if stop.get("metric"):
-            values["early_stop"] = EarlyStopConfig(**stop)
+        nested: dict[str, dict[str, Any]] = {}
+        for path, hint in _flat_fields():
+            name = _env_name(path)
+            raw = environ.get(name, "")
+            if raw == "":
+                continue
+            if len(path) == 1:
+                values[path[0]] = decode(raw, hint, name)
+            else:
+                nested.setdefault(path[0], {})[path[1]] = decode(raw, hint, name)
+        for outer, inner in nested.items():
+            values[outer] = _build_record(outer, inner)
         values.update({k: v for k, v in overrides.items() if v is not None})
         for required in ("run_id", "bucket"):
             if required not in values:
                 raise RuntimeSetupError(
-                    f"{_env_name(required)} is not set\n"
+                    f"{_env_name((required,))} is not set\n"
                     "  fix: start the script with `skygreen up` (or `--local`), or pass "
                     f"{required}= to the runtime"
                 )
@@ -172,88 +234,157 @@ class RuntimeSettings:
             raise RuntimeSetupError(f"bad runtime settings: {e}") from e
 
 
-def _flat_field_names() -> list[str]:
-    """Every setting as it travels: the fields, with `early_stop` spread into its own."""
-    names = [f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "early_stop"]
-    return names + [f"early_stop_{f.name}" for f in dataclasses.fields(EarlyStopConfig)]
+# -- the codec ------------------------------------------------------------------------------
+
+
+def encode(value: Any, hint: Any) -> str:
+    """One setting's value as the text of its variable: floats as `%g`, booleans as
+    `true`/`false`, tuples comma-separated, mappings as `key=value` pairs, a record with a text
+    form (`to_text`) as that text."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if hasattr(value, "to_text"):
+        return str(value.to_text())
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={encode(v, None)}" for k, v in sorted(value.items()))
+    if isinstance(value, (tuple, list, frozenset)):
+        return ",".join(encode(v, None) for v in value)
+    return str(value)
+
+
+def decode(raw: str, hint: Any, name: str) -> Any:
+    """Read the text of variable `name` as type `hint`; the one parser of runtime variables.
+
+    Args:
+        raw: the variable's text.
+        hint: the type to read: int, float, bool, str, `tuple[X, ...]`, `Mapping[str, X]`, a
+            record with a `parse` classmethod, or any of those `| None`.
+        name: the variable, for the error.
+
+    Returns:
+        The value, of type `hint`.
+
+    Raises:
+        RuntimeSetupError: `raw` is not a `hint`, naming the variable, the value and an example.
+    """
+    hint = _strip_none(hint)
+    origin = typing.get_origin(hint)
+    try:
+        if origin is tuple:
+            item = typing.get_args(hint)[0]
+            return tuple(decode(part.strip(), item, name) for part in raw.split(",") if part.strip())
+        if origin in (Mapping, dict, typing.get_origin(Mapping[str, str])):
+            item = typing.get_args(hint)[1]
+            pairs = {}
+            for part in raw.split(","):
+                key, sep, value = part.strip().partition("=")
+                if not sep or not key.strip():
+                    raise SpecError(name, "expected KEY=VALUE pairs separated by commas", value=raw,
+                                    allowed="aws=0.47,gcp=0.24")  # fmt: skip
+                pairs[key.strip().lower()] = decode(value.strip(), item, f"{name} ({key.strip()})")
+            return pairs
+        if hint is bool:
+            if raw.strip().lower() not in ("true", "false", "1", "0"):
+                raise SpecError(name, "expected true or false", value=raw)
+            return raw.strip().lower() in ("true", "1")
+        if hint is int:
+            try:
+                return int(raw)
+            except ValueError:
+                raise SpecError(name, "expected an integer", value=raw) from None
+        if hint is float:
+            try:
+                return float(raw)
+            except ValueError:
+                raise SpecError(name, "expected a number", value=raw) from None
+        if hasattr(hint, "parse"):
+            try:
+                return hint.parse(raw)
+            except ValueError as e:
+                raise SpecError(name, str(e), value=raw) from None
+    except SpecError as e:
+        raise RuntimeSetupError(str(e)) from None
+    return raw
+
+
+def _strip_none(hint: Any) -> Any:
+    """`X | None` -> X."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0] if len(args) == 1 else hint
+    return hint
+
+
+def _is_spread(hint: Any) -> bool:
+    """A nested record whose fields travel as variables of their own (not one with a text form)."""
+    hint = _strip_none(hint)
+    return dataclasses.is_dataclass(hint) and not hasattr(hint, "parse")
+
+
+def _flat_fields() -> list[tuple[tuple[str, ...], Any]]:
+    """Every setting as it travels, with its type: a spread record's fields under its name."""
+    out: list[tuple[tuple[str, ...], Any]] = []
+    for f in dataclasses.fields(RuntimeSettings):
+        hint = _HINTS[f.name]
+        if _is_spread(hint):
+            record = _strip_none(hint)
+            inner = typing.get_type_hints(record)
+            out.extend(((f.name, g.name), inner[g.name]) for g in dataclasses.fields(record))
+        else:
+            out.append(((f.name,), hint))
+    return out
+
+
+def _build_record(outer: str, values: dict[str, Any]) -> Any:
+    """A spread record from the variables given; one missing a required field names it."""
+    record = _strip_none(_HINTS[outer])
+    required = [g.name for g in dataclasses.fields(record)
+                if g.default is dataclasses.MISSING and g.default_factory is dataclasses.MISSING]  # fmt: skip
+    missing = [name for name in required if name not in values]
+    given = ", ".join(_env_name((outer, name)) for name in values)
+    if missing:
+        raise RuntimeSetupError(
+            f"{given} set but {_env_name((outer, missing[0]))} is not\n"
+            f"  fix: set {_env_name((outer, missing[0]))} too, or unset {given}"
+        )
+    try:
+        return record(**values)
+    except ValueError as e:
+        raise RuntimeSetupError(f"{given}: {e}") from None
+
+
+def _get(settings: RuntimeSettings, path: tuple[str, ...]) -> Any:
+    value: Any = settings
+    for part in path:
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value
 
 
 def env_names() -> frozenset[str]:
     """The `SKYGREEN_*` variables skygreen owns in every run's environment (a task's own
     `envs:` may not set them)."""
-    return frozenset(_env_name(name) for name in _flat_field_names())
+    return frozenset(_env_name(path) for path, _ in _flat_fields())
 
 
-def _env_name(field_name: str) -> str:
-    return "SKYGREEN_" + field_name.upper()
+def _env_name(path: tuple[str, ...]) -> str:
+    return "SKYGREEN_" + "_".join(path).upper()
 
 
-def _env_value(value: Any) -> str:
-    """Floats as `%g`, booleans as `true`/`false`, the rest as `str`."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    return f"{value:g}" if isinstance(value, float) else str(value)
+def _non_negative(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-_INTS = {
-    "effective_batch",
-    "micro_batch",
-    "checkpoint_every_steps",
-    "checkpoint_keep",
-    "early_stop_patience",
-    "early_stop_grace",
-}
-_FLOATS = {
-    "checkpoint_every_s",
-    "early_stop_min_delta",
-    "preemptions_per_hour",
-    "budget_usd",
-    "burn_alert_usd_per_hour",
-    "power_eta",
-}
-_BOOLS = {"power_required"}
-_CHOICES = {"precision": PRECISIONS, "checkpoint_half_precision": HALF_PRECISIONS, "early_stop_mode": EARLY_STOP_MODES}
+def _bad(name: str, value: Any, problem: str, fix: str) -> None:
+    raise RuntimeSetupError(f"{_env_name((name,))} ({name}): {problem}, got {value!r}\n  fix: {fix}")
 
 
-def _parse_rates(raw: str, env_name: str) -> dict[str, float]:
-    """`aws=0.47,gcp=0.24` -> {"aws": 0.47, "gcp": 0.24}."""
-    rates = {}
-    for item in raw.split(","):
-        cloud, sep, rate = item.strip().partition("=")
-        try:
-            value = float(rate)
-        except ValueError:
-            value = None
-        if not sep or not cloud.strip() or value is None:
-            raise SpecError(
-                env_name, "expected CLOUD=RATE pairs separated by commas", value=raw, allowed="aws=0.47,gcp=0.24"
-            )
-        rates[cloud.strip().lower()] = read_number(value, f"{env_name} ({cloud.strip()})", minimum=0.0)
-    return rates
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        _bad(name, value, f"must be one of {', '.join(allowed)}", f"one of {', '.join(allowed)}")
 
 
-def _parse_env(field_name: str, raw: str, env_name: str) -> Any:
-    try:
-        if field_name == "preemptions_per_hour_by_cloud":
-            return _parse_rates(raw, env_name)
-        if field_name in _INTS:
-            try:
-                number = int(raw)
-            except ValueError:
-                raise SpecError(env_name, "expected an integer", value=raw) from None
-            return read_int(number, env_name, minimum=0 if field_name == "early_stop_grace" else 1)
-        if field_name in _FLOATS:
-            try:
-                real = float(raw)
-            except ValueError:
-                raise SpecError(env_name, "expected a number", value=raw) from None
-            return read_number(real, env_name, minimum=0.0)
-        if field_name in _BOOLS:
-            if raw.lower() not in ("true", "false", "1", "0"):
-                raise SpecError(env_name, "expected true or false", value=raw)
-            return raw.lower() in ("true", "1")
-        if field_name in _CHOICES:
-            return read_choice(raw, env_name, _CHOICES[field_name])
-    except SpecError as e:
-        raise RuntimeSetupError(str(e)) from None
-    return raw
+_HINTS = typing.get_type_hints(RuntimeSettings)

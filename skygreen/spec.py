@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from skygreen.checkpoint.bucket_url import BUCKET_SCHEMES, canonical_url
 from skygreen.checkpoint.keep import check_keep
 from skygreen.errors import InputError, SpecError
 from skygreen.fields import (
@@ -51,7 +52,6 @@ from skygreen.fields import (
 )
 from skygreen.spec_gpus import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
 from skygreen.spec_model import (
-    BUCKET_SCHEMES,
     CLOUDS,
     EARLY_STOP_MODES,
     HALF_PRECISIONS,
@@ -312,20 +312,9 @@ def _parse_checkpoint(raw: Any, path: str) -> CheckpointSpec:
 
 
 def _parse_bucket(raw: Any, path: str) -> str:
-    url = read_str(raw, path).strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url  # a local path
-    if scheme.lower() not in BUCKET_SCHEMES:
-        raise SpecError(
-            path,
-            f"unsupported bucket scheme {scheme!r}",
-            value=url,
-            allowed="s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///PATH or a local path",
-        )
-    if not rest.strip("/"):
-        raise SpecError(path, "the bucket URL names no bucket", value=url, hint=f"write {scheme}://BUCKET/PREFIX")
-    return f"{scheme.lower()}://{rest}"
+    """The bucket through the one URL parser the stores use, so the task file takes exactly
+    the buckets a run can open."""
+    return canonical_url(read_str(raw, path), field=path)
 
 
 def _parse_power(raw: Any, path: str) -> PowerSpec:

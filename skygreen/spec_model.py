@@ -17,7 +17,6 @@ PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
 HALF_PRECISIONS: tuple[str, ...] = ("fp16", "bf16")
 EARLY_STOP_MODES: tuple[str, ...] = ("min", "max")
 RECOVERY_STRATEGIES: tuple[str, ...] = ("EAGER_NEXT_REGION", "FAILOVER")
-BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "file")
 
 # Top-level keys of a SkyPilot 0.14.1 task (sky/utils/schemas.py::get_task_schema), so that a
 # misspelt key (`skygren:`, `rn:`) is caught here with a suggestion, before SkyPilot sees it.

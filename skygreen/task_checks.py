@@ -18,7 +18,6 @@ from pathlib import Path
 
 from skygreen.errors import SpecError
 from skygreen.gpus import GPUS
-from skygreen.settings import env_names
 from skygreen.spec import TaskSpec, load_spec
 
 _PYTHON = ("python", "python3")
@@ -132,6 +131,8 @@ def check_envs(spec: TaskSpec) -> None:
         return
     if not isinstance(envs, Mapping):
         raise SpecError("envs", "expected a mapping of names to values", value=envs)
+
+    from skygreen.settings import env_names  # only for a task that sets envs: off the plan path
 
     ours = env_names()  # the runtime's contract
     for key, value in envs.items():

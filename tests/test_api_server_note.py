@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -47,23 +48,47 @@ def sky_env(home: Path, port: int, s3_endpoint: str) -> dict[str, str]:
     return env
 
 
+def stopped_listening(port: int) -> bool:
+    return not listening(port)
+
+
+def port_taken_under_the_server(home: Path, out: subprocess.CompletedProcess) -> bool:
+    """Whether SkyPilot's API server died because another process bound its port first: the
+    port was only free when it was picked."""
+    log = home / ".sky" / "api_server" / "server.log"
+    said = out.stdout + out.stderr + (log.read_text(errors="replace") if log.exists() else "")
+    return "exited unexpectedly" in said and "already in use" in said.lower()
+
+
+def up_through_sky(tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> tuple[subprocess.CompletedProcess, int, bool]:
+    """`skygreen up` in a private HOME whose API server port is picked free, tried again on a new
+    port (and a new HOME) when another process takes it before the server binds it, as
+    `tests/servers.py` does for the storage servers. Returns (result, port, server started)."""
+    for attempt in range(3):
+        home = tmp_path / f"home-{attempt}"
+        home.mkdir()
+        port = free_port()
+        env = sky_env(home, port, s3_endpoint)
+        task = tmp_path / "task.yaml"
+        task.write_text(yaml.safe_dump({"name": "demo", "skygreen": {"gpus": ["L4", "T4"], "checkpoint": {"bucket": f"s3://{s3_bucket}/runs"}},
+                                        "run": "python train.py"}))  # fmt: skip
+        try:
+            out = subprocess.run([*SKYGREEN, "up", str(task), "--no-smoke", "--catalog", str(SMALL_CATALOG)],
+                                 env=env, capture_output=True, text=True, timeout=420, cwd=tmp_path)  # fmt: skip
+            started = listening(port)
+        finally:
+            subprocess.run(
+                [sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120
+            )
+        # its processes may take a moment to release the port after `api_stop` returns
+        wait_for(partial(stopped_listening, port), "the SkyPilot API server to stop listening", timeout_s=120)
+        if not port_taken_under_the_server(home, out) or attempt == 2:
+            return out, port, started
+    raise AssertionError("unreachable")
+
+
 def test_a_failed_launch_names_the_api_server_it_started_and_prints_no_colour(tmp_path, moto_server, s3_bucket):
-    home = tmp_path / "home"
-    home.mkdir()
-    port = free_port()
-    env = sky_env(home, port, moto_server.url)
-    task = tmp_path / "task.yaml"
-    task.write_text(yaml.safe_dump({"name": "demo", "skygreen": {"gpus": ["L4", "T4"], "checkpoint": {"bucket": f"s3://{s3_bucket}/runs"}},
-                                    "run": "python train.py"}))  # fmt: skip
-    assert not listening(port)
-    try:
-        out = subprocess.run([*SKYGREEN, "up", str(task), "--no-smoke", "--catalog", str(SMALL_CATALOG)],
-                             env=env, capture_output=True, text=True, timeout=420, cwd=tmp_path)  # fmt: skip
-        started = listening(port)
-    finally:
-        subprocess.run([sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120)
-    # its processes may take a moment to release the port after `api_stop` returns
-    wait_for(lambda: not listening(port), "the SkyPilot API server to stop listening", timeout_s=120)
+    out, port, started = up_through_sky(tmp_path, moto_server.url, s3_bucket)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
     assert "sky check" in out.stderr and "Traceback" not in out.stderr
     assert started, "the launch was expected to start SkyPilot's local API server"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import user_env
-from servers import FAKE_AWS_ENV, free_port, moto_process
+from servers import FAKE_AWS_ENV, moto_process
 
 REPO = Path(__file__).resolve().parents[1]
 SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
@@ -47,8 +47,14 @@ def assert_one_line_failure(out: subprocess.CompletedProcess, bucket: str) -> No
 
 
 def test_up_against_a_closed_port_fails_in_one_line_and_launches_nothing(private_home, tmp_path):
-    env = s3_env(private_home, f"http://127.0.0.1:{free_port()}")
-    out = skygreen(env, "up", str(task(tmp_path, "s3://nowhere/runs", "python -c 'print(1)'")), "--local", "--no-smoke")
+    """The port is bound here and never listened on, so it stays closed (connections are
+    refused) and no other process can take it while the test runs."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        env = s3_env(private_home, f"http://127.0.0.1:{closed.getsockname()[1]}")
+        out = skygreen(
+            env, "up", str(task(tmp_path, "s3://nowhere/runs", "python -c 'print(1)'")), "--local", "--no-smoke"
+        )
     assert_one_line_failure(out, "s3://nowhere/runs")
     assert "Could not connect" in out.stderr
     assert json.loads(skygreen(env, "status", "--json").stdout) == []

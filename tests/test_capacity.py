@@ -1,10 +1,10 @@
-"""Relaunching a rendered task on the other kind of capacity (`skygreen.launch.capacity`)."""
+"""Relaunching a rendered task on the other kind of capacity (`skygreen.deadline.capacity`)."""
 
 from __future__ import annotations
 
 import json
 
-from skygreen.launch.capacity import with_capacity
+from skygreen.deadline.capacity import with_capacity
 from skygreen.ledger.place import current_place
 
 TASK = {

@@ -24,7 +24,7 @@ from skygreen.checkpoint.manifest import (
     parse_step_key,
 )
 from skygreen.checkpoint.retention import apply_retention, deletable_steps, retained_steps
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import CheckpointError, InputError
 from skygreen.fields import read_duration_s
 from skygreen.timestamps import utc_now_iso
@@ -128,7 +128,7 @@ def test_reading_progress_imports_no_torch_or_cloud_library(tmp_path):
     commit(store, 3)
     code = (
         "import sys\nfrom skygreen.checkpoint.manifest import latest_manifest\n"
-        "from skygreen.checkpoint.stores import open_store\n"
+        "from skygreen.checkpoint.store_factory import open_store\n"
         f"print(latest_manifest(open_store({str(tmp_path)!r})).step)\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'boto3', 'google', 'sky'}))"
     )

@@ -5,6 +5,8 @@ loaded, and nothing committed is lost."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from faultproxy import FaultProxy
 from servers import gcs_process, make_gcs_bucket, make_s3_bucket, moto_process, point_gcs_at, point_s3_at, unique_bucket
 from skygreen.checkpoint.manifest import committed_steps
 from skygreen.checkpoint.store import RetryPolicy
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import StoreError, TransientStoreError
 from skygreen.runtime.checkpointer import Checkpointer
 
@@ -151,3 +153,40 @@ def test_s3_server_killed_mid_upload_is_a_clear_error_and_training_goes_on(tmp_p
     finally:
         proxy.stop()
         server.stop()
+
+
+ONE_LAYER = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0, deadline_s=None)
+
+
+def test_a_bucket_answering_503_to_everything_gets_exactly_the_policys_requests(proxied_url, tmp_path):
+    """One retry layer: the libraries' own retries are off, so each operation makes exactly
+    `max_attempts` requests, counted at the wire, whatever path it takes (one request, a
+    multipart or resumable upload, a managed download, a listing)."""
+    url, proxy = proxied_url
+    store = open_store(url, retry=ONE_LAYER)
+    store.put("present", b"here")  # before the faults: the reads below have something to find
+    small, large = tmp_path / "small.bin", tmp_path / "large.bin"
+    small.write_bytes(b"s" * 1000)
+    large.write_bytes(b"l" * (17 * 1024 * 1024))  # S3 multipart (> 16 MiB), GCS resumable (> 8 MiB)
+    cold = "STANDARD_IA" if url.startswith("s3") else "NEARLINE"
+    operations = {
+        "put bytes": lambda: store.put("k", b"data"),
+        "put stream": lambda: store.put("k", io.BytesIO(b"data")),
+        "put_file": lambda: store.put_file("k", small),
+        "put_file large": lambda: store.put_file("k", large),
+        "get": lambda: store.get("present"),
+        "get_to": lambda: store.get_to("present", io.BytesIO()),
+        "list": lambda: store.list(""),
+        "delete": lambda: store.delete("present"),
+        "exists": lambda: store.exists("present"),
+        "size": lambda: store.size("present"),
+        "storage_class": lambda: store.storage_class("present"),
+        "set_storage_class": lambda: store.set_storage_class("present", cold),
+    }
+    proxy.inject("503", times=1_000_000)
+    for name, operation in operations.items():
+        before = len(proxy.log)
+        with pytest.raises(TransientStoreError, match=r"still failing after 3 attempt\(s\)"):
+            operation()
+        requests = proxy.log[before:]
+        assert [outcome for _, _, outcome in requests] == ["503"] * ONE_LAYER.max_attempts, (name, requests)

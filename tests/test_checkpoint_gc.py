@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, manifest_key
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.cli import main
 
 OLD = "2020-01-01T00:00:00.000000Z"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, committed_steps, manifest_key
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import CheckpointError, InputError, RankTimeoutError
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.tensors import model_sha256

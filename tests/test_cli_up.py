@@ -58,7 +58,7 @@ def up_json(capsys, *args: str) -> dict:
 def commit_checkpoint(url: str, step: int, *, meta: dict) -> str:
     """A checkpoint as the runtime commits it: blob first, then the manifest."""
     from skygreen.checkpoint.manifest import SHARED_BLOB, Manifest, blob_info, blob_key, manifest_key
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.timestamps import utc_now_iso
 
     store = open_store(url)

@@ -258,3 +258,21 @@ def test_a_local_run_whose_task_file_is_gone_still_gets_its_cost(task, tmp_path)
     out = skygreen("cost", "demo-l")
     assert out.returncode == 0, out.stderr
     assert "total $0.00" in out.stdout and "no estimate on the clouds: task file not found" in out.stdout
+
+
+def test_cost_task_fits_columns_and_keeps_every_offer_whole(task):
+    data = json.loads(skygreen("cost", str(task), "--catalog", str(CATALOG), "--json").stdout)
+    offers = [c[kind] for c in data["clouds"] for kind in ("spot", "on_demand") if c[kind]]
+    labels = [f"{o['region']} {o['instance_type']} ({o['accelerator']}x{o['accelerator_count']})" for o in offers]
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    wide = subprocess.run([sys.executable, "-m", "skygreen.cli", "cost", str(task), "--catalog", str(CATALOG)],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    narrow = subprocess.run([sys.executable, "-m", "skygreen.cli", "cost", str(task), "--catalog", str(CATALOG)],
+                            capture_output=True, text=True, timeout=120, env={**env, "COLUMNS": "80"})  # fmt: skip
+    assert wide.returncode == 0 and narrow.returncode == 0, wide.stderr + narrow.stderr
+    assert max(len(line) for line in wide.stdout.splitlines()) > 80  # piped: one wide table, nothing folded
+    # every line fits, but for a path longer than the line, which stands alone rather than cut
+    assert all(len(line) <= 80 or len(line.split()) == 1 for line in narrow.stdout.splitlines()), narrow.stdout
+    for text in (wide.stdout, narrow.stdout):
+        assert all(label in text for label in labels), (labels, text)  # never cut or folded mid-name
+        assert "best spot offer" in text and "best on-demand offer" in text

@@ -20,12 +20,12 @@ from skygreen.data.shards import MANIFEST, ShardSpec, open_prepared, prepare
 from skygreen.data.text import DEDUP_WARNING, near_duplicates, pack_blocks, token_dtype
 from skygreen.errors import InputError, RuntimeSetupError
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
 from skygreen.runtime.run import Run
+from skygreen.runtime.tensors import first_difference
 from skygreen.settings import RuntimeSettings
 
 ROWS, WIDTH, VOCAB = 45, 8, 50
-IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']"})
+IGNORE = frozenset({"state['training']['counters']['wall_s']", "state['training']['counters']['restarts']"})
 
 
 class Builder:

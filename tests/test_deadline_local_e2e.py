@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from helpers import user_env, wait_for
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.deadline.clock import CLOCK_ENV
 from skygreen.deadline.market import TRACE_ENV
-from skygreen.launch.watch_process import POLL_ENV
+from skygreen.deadline.watch_process import POLL_ENV
 from skygreen.ledger.io import read_ledger
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 from test_local_e2e import launch_log, skygreen, status

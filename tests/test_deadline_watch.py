@@ -24,9 +24,9 @@ import yaml
 
 from helpers import cli, wait_for
 from skygreen.checkpoint.cancellation import CANCEL_KEY
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.deadline.clock import CLOCK_ENV
-from skygreen.launch.watch_state import LOCK_FILE, load_state, watcher_lock, watcher_running
+from skygreen.deadline.watch_state import LOCK_FILE, load_state, watcher_lock, watcher_running
 from skygreen.ledger.io import write_segment
 from skygreen.ledger.records import Place, Segment, new_segment_key
 from skygreen.testing import FakeLauncher
@@ -496,7 +496,7 @@ def test_a_duration_out_of_range_says_which_end_and_how_to_fix_it(env, tmp_path,
 def test_a_deadline_run_launches_as_it_would_after_two_switches_even_when_its_plan_has_on_demand_offers(
     env, tmp_path, capsys, s3_bucket
 ):
-    from skygreen.launch.capacity import with_capacity
+    from skygreen.deadline.capacity import with_capacity
 
     task = write_task(tmp_path, f"s3://{s3_bucket}/runs", on_demand_fallback=True, max_candidates=10)
     run_id = up_deadline(capsys, env, task, "--deadline", "30h", "--no-watch")

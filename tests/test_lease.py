@@ -24,7 +24,7 @@ from skygreen.checkpoint.lease import (
 )
 from skygreen.checkpoint.manifest import committed_steps
 from skygreen.checkpoint.retention import apply_retention
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.exit_codes import SUPERSEDED
 from skygreen.runtime.checkpointer import Checkpointer
 

@@ -282,7 +282,7 @@ def test_a_cloud_vm_is_billed_from_its_first_setup_line(tmp_path):
     import subprocess
     from importlib import resources
 
-    from skygreen.runtime.ledger import vm_started_at
+    from skygreen.runtime.run_book import vm_started_at
 
     template = resources.files("skygreen").joinpath("templates").joinpath("setup.sh.tmpl").read_text(encoding="utf-8")
     code_lines = [line for line in template.splitlines() if line.strip() and not line.startswith("#")]
@@ -356,7 +356,7 @@ def test_ledger_and_cost_modules_import_no_outside_library():
 
     probe = (
         "import skygreen.ledger, skygreen.ledger.pricing, skygreen.ledger.budget, skygreen.ledger.writer, "
-        "skygreen.costs.costing, skygreen.costs.report, skygreen.costs.page, skygreen.runtime.ledger\n"
+        "skygreen.costs.costing, skygreen.costs.report, skygreen.costs.page, skygreen.runtime.run_book\n"
         "import sys\nprint(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -23,7 +23,7 @@ import yaml
 
 from helpers import user_env, wait_for
 from skygreen.checkpoint.manifest import committed_steps, latest_manifest
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.exit_codes import SUPERSEDED
 from skygreen.launch.launcher import JobState
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from skygreen.deadline.cost import DeadlineCost, Share, share_at, trace_shares, under_deadline
 from skygreen.errors import SpecError
-from skygreen.plan.deadline import DeadlineCost, Share, share_at, trace_shares, under_deadline
 from skygreen.spec import parse_spec_text
 
 FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"

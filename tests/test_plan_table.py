@@ -112,3 +112,44 @@ def test_durations(hours, text):
 def test_prices_per_hour_and_amounts():
     assert usd_per_hour(3.6731) == "3.673" and usd_per_hour(0.004) == "0.0040"
     assert amount(0.0123) == "0.012" and amount(3.21) == "3.2" and amount(123.4) == "123"
+
+
+def table_headings(text: str) -> list[list[str]]:
+    """Each table's column headings (the words of its header lines, in order), top to bottom."""
+    tables: list[list[str]] = []
+    for block in re.findall(r"┏[^\n]*\n((?:┃[^\n]*\n)+)┡", text):
+        lines = [[cell.strip() for cell in line.strip().strip("┃").split("┃")] for line in block.splitlines()]
+        tables.append([" ".join(part for part in column if part) for column in zip(*lines, strict=True)])
+    return tables
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_both_tables_show_the_same_columns_and_the_footer_names_the_rest(tmp_path, columns):
+    text = plan(tmp_path, "{work: {gpu_hours: 24, gpu: A100}}", columns=columns).stdout
+    ranked, per_cloud = table_headings(text)
+    assert ranked == per_cloud  # "Best per cloud" shows no figure the ranked table leaves out
+    footer = re.search(rf"Not shown at {columns} columns: ([^(]*) \(", text)
+    assert footer is not None, text
+    left_out = footer.group(1).split(", ")
+    every = ["#", "cloud", "region", "instance", "GPUs", "spot", "$/h", "on-demand $/h", "est. time", "est. cost $",
+             "energy kWh", "CO2e kg"]  # fmt: skip
+    assert sorted([*ranked, *left_out]) == sorted(every)
+
+
+def test_notes_wrap_to_the_terminal_width(tmp_path):
+    """With no SkyPilot catalog the plan's first line is a note on stderr (the embedded price
+    table); at 80 columns it wraps, and piped without COLUMNS it stays one line."""
+    task = tmp_path / "task.yaml"
+    task.write_text("name: t\nskygreen: {work: {gpu_hours: 24, gpu: A100}}\nrun: python train.py\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKY_", "SKYPILOT_", "SKYGREEN_", "COLUMNS"))}
+    env.update(HOME=str(tmp_path))
+    argv = [sys.executable, "-m", "skygreen.cli", "plan", str(task)]
+    narrow = subprocess.run(argv, capture_output=True, text=True, env={**env, "COLUMNS": "80"}, timeout=120)
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert narrow.returncode == 0 and piped.returncode == 0, narrow.stderr + piped.stderr
+    assert narrow.stderr.startswith("note: no SkyPilot catalog at")
+    # every line fits, but for a path longer than the line, which stands alone rather than cut
+    assert all(len(line) <= 80 or len(line.split()) == 1 for line in narrow.stderr.splitlines()), narrow.stderr
+    assert all(line.startswith(("note: ", "      ")) for line in narrow.stderr.splitlines())
+    assert len(piped.stderr.splitlines()) == 1 and len(narrow.stderr.splitlines()) > 1
+    assert " ".join(narrow.stderr.split()) == " ".join(piped.stderr.split())  # the same words

@@ -16,10 +16,10 @@ from skygreen.errors import GpuLostError, NvmlMissingError, PowerError, PowerNot
 from skygreen.power import caps as caps_mod
 from skygreen.power.caps import PowerCaps, limits_of, restore_all
 from skygreen.power.entry import cap
-from skygreen.power.ledger import Ledger
 from skygreen.power.meter import GpuEnergyMeter
 from skygreen.power.model import model_energy_ratio, model_time_ratio
 from skygreen.power.nvml import Nvml, load_library, translate
+from skygreen.power.originals import OriginalLimits
 from skygreen.power.policy import (
     CapRequest,
     LadderProfiler,
@@ -266,10 +266,10 @@ def test_cap_context_sets_once_and_restores(tmp_path, data_dir):
     lib = sim(tmp_path)
     with cap(0.6, nvml=Nvml(lib)) as caps:
         assert caps is not None and caps.active_w == {"GPU-simulated-v100-0": 180.0}
-        original = Ledger.default().get("GPU-simulated-v100-0")
+        original = OriginalLimits.default().get("GPU-simulated-v100-0")
         assert original is not None and original.original_limit_w == 300.0
     assert sets(lib) == [(0, 180000), (0, 300000)]
-    assert Ledger.default().get("GPU-simulated-v100-0") is None
+    assert OriginalLimits.default().get("GPU-simulated-v100-0") is None
     with cap(300, nvml=Nvml(lib)):  # already there: no call
         pass
     assert sets(lib) == [(0, 180000), (0, 300000)]
@@ -293,7 +293,7 @@ def test_no_permission_is_one_line_then_uncapped_unless_required(tmp_path, data_
     assert [r.message for r in caplog.records] == [
         "power cap 0.6 of the default limit not applied (no permission to set power limits); running uncapped"
     ]
-    assert Ledger.default().get("GPU-simulated-v100-0") is None
+    assert OriginalLimits.default().get("GPU-simulated-v100-0") is None
     with pytest.raises(PowerPermissionError), cap(0.6, nvml=Nvml(lib), required=True):
         pytest.fail("the block must not run")
 
@@ -301,7 +301,7 @@ def test_no_permission_is_one_line_then_uncapped_unless_required(tmp_path, data_
 def test_restore_all_restores_every_live_cap(tmp_path, data_dir):
     lib = sim(tmp_path, count=2)
     nvml = Nvml(lib)
-    caps = PowerCaps(ledger=Ledger.default(), run_id="r1")
+    caps = PowerCaps(originals=OriginalLimits.default(), run_id="r1")
     for gpu in nvml.devices():
         caps.set(gpu, 200.0)
     assert restore_all() == 2
@@ -326,7 +326,7 @@ def test_kill_9_leaves_the_cap_and_the_next_start_restores_the_original(tmp_path
     lib = SimulatedNvml("V100", state_dir=data_dir / "simulated-gpu")
     gpu = Nvml(lib).device(0)
     assert gpu.power_limit_w() == 200.0  # the board keeps the cap, as a real one would
-    left = Ledger.default(env_now).get(gpu.uuid)
+    left = OriginalLimits.default(env_now).get(gpu.uuid)
     assert left is not None and left.original_limit_w == 300.0 and not left.owner_alive
     # the next start caps again: it must first put back 300 W (not keep 200 W as "original")
     with cap(0.5, nvml=Nvml(lib)):
@@ -340,13 +340,13 @@ def test_adopt_leaves_a_live_owners_cap_alone(tmp_path, data_dir):
     gpu = Nvml(lib).device(0)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])  # killed below
     try:
-        from skygreen.power.ledger import Original
+        from skygreen.power.originals import Original
 
-        Ledger.default().record(
+        OriginalLimits.default().record(
             Original(uuid=gpu.uuid, gpu=gpu.name, original_limit_w=300.0, run_id="other", pid=holder.pid)
         )
         with pytest.raises(PowerError, match="another live skygreen process"):
-            PowerCaps(ledger=Ledger.default()).adopt(gpu)
+            PowerCaps(originals=OriginalLimits.default()).adopt(gpu)
     finally:
         holder.kill()
         holder.wait()
@@ -364,21 +364,21 @@ def test_adopt_leaves_a_live_owners_cap_alone(tmp_path, data_dir):
         "{not json",
     ],
 )
-def test_a_ledger_file_that_is_not_a_record_reads_as_none_and_stops_nothing(tmp_path, data_dir, content):
-    """A foreign or hand-edited ledger file is treated as unreadable: `adopt` finds nothing to
+def test_an_originals_file_that_is_not_a_record_reads_as_none_and_stops_nothing(tmp_path, data_dir, content):
+    """A foreign or hand-edited originals file is treated as unreadable: `adopt` finds nothing to
     restore, a cap still sets and restores, and the real `skygreen power` command lists the GPU."""
     lib = sim(tmp_path)
     gpu = Nvml(lib).device(0)
-    ledger = Ledger.default()
-    ledger.root.mkdir(parents=True)
-    (ledger.root / f"{gpu.uuid}.json").write_text(content)
-    assert ledger.get(gpu.uuid) is None and ledger.all() == []
-    assert PowerCaps(ledger=ledger).adopt(gpu) is None
+    originals = OriginalLimits.default()
+    originals.root.mkdir(parents=True)
+    (originals.root / f"{gpu.uuid}.json").write_text(content)
+    assert originals.get(gpu.uuid) is None and originals.all() == []
+    assert PowerCaps(originals=originals).adopt(gpu) is None
     with cap(200, nvml=Nvml(lib)):
         assert gpu.power_limit_w() == 200.0
     assert gpu.power_limit_w() == 300.0
 
-    (ledger.root / f"{gpu.uuid}.json").write_text(content)
+    (originals.root / f"{gpu.uuid}.json").write_text(content)
     env = {**os.environ, "SKYGREEN_DATA_DIR": str(data_dir), "SKYGREEN_SIMULATED_GPU": "V100"}
     out = subprocess.run(
         [sys.executable, "-m", "skygreen.cli", "power", "--json"], env=env, capture_output=True, text=True
@@ -501,7 +501,7 @@ def test_power_section_of_the_task_file_reaches_the_runtime_settings():
         "0.3",
     )
     back = RuntimeSettings.from_env(env)
-    assert (back.power_cap, back.power_required, back.power_eta) == ("0.6", True, 0.3)
+    assert (back.power_cap, back.power_required, back.power_eta) == (CapRequest(mode="fraction", value=0.6), True, 0.3)
     with pytest.raises(SpecError, match=r"skygreen\.power\.eta"):
         parse_spec_text("skygreen: {power: {eta: 2}}\nrun: python train.py\n")
     with pytest.raises(SpecError, match=r"skygreen\.power\.required"):

@@ -9,9 +9,9 @@ import pytest
 from skygreen.errors import RuntimeSetupError
 from skygreen.power.entry import open_gpu
 from skygreen.power.governor import PowerGovernor
-from skygreen.power.ledger import Ledger
 from skygreen.power.model import model_draw_fraction, model_time_ratio
 from skygreen.power.nvml import Nvml
+from skygreen.power.originals import OriginalLimits
 from skygreen.power.policy import CapRequest, Limits, ProfilePoint, choose, ladder_w
 from skygreen.power.simulated import SimulatedNvml
 
@@ -37,7 +37,7 @@ def clock():
 def make(tmp_path, clock, cap="auto", *, faults=(), gpu="V100", **kw):
     lib = SimulatedNvml(gpu, state_dir=tmp_path / "sim", faults=faults, clock=clock, sleep=clock.sleep)
     device = Nvml(lib).device(0)
-    gov = PowerGovernor(device, request=CapRequest.parse(cap), ledger=Ledger(tmp_path / "ledger"), run_id="r",
+    gov = PowerGovernor(device, request=CapRequest.parse(cap), originals=OriginalLimits(tmp_path / "ledger"), run_id="r",
                         warmup_steps=1, measure_steps=2, settle_steps=0, clock=clock, **kw)  # fmt: skip
     return lib, gov
 
@@ -205,7 +205,10 @@ def test_without_the_ledger_the_checkpoint_still_restores_the_original(tmp_path,
 
     caps_mod._LIVE.remove(gov.caps)  # ...and its in-memory registry with it
     again = PowerGovernor(
-        Nvml(lib).device(0), request=CapRequest.parse("0.5"), ledger=Ledger(tmp_path / "ledger2"), clock=clock
+        Nvml(lib).device(0),
+        request=CapRequest.parse("0.5"),
+        originals=OriginalLimits(tmp_path / "ledger2"),
+        clock=clock,
     )
     again.start(saved)
     assert sets_w(lib) == [180.0, 300.0, 150.0]  # the original first, then the new cap

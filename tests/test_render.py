@@ -291,6 +291,25 @@ def test_the_vm_installs_the_runtime_extra_without_the_laptop_side():
     assert not names & set(LAPTOP_ONLY)
 
 
+def test_requirement_lines_are_read_as_pip_reads_them():
+    """Spacing, quoting, name case, extras and environment markers of `Requires-Dist` lines:
+    the runtime extra's requirements (markers dropped), base ones unless laptop-only."""
+    from skygreen.launch.render import runtime_requirements
+
+    declared = [
+        "Rich >= 13",  # laptop-only, whatever its case and spacing
+        "Click>=8.0",
+        "PyYAML>=6",
+        "torch >= 2.4 ; extra == 'runtime'",
+        'numpy>=1.24; python_version >= "3.8" and extra == "runtime"',
+        "boto3[crt]>=1.28;extra=='runtime'",
+        "datasets>=2.19; extra == 'tasks'",
+        'tomli>=2; python_version < "3.0"',  # a base requirement for another interpreter
+        'matplotlib>=3.7; extra == "report"',
+    ]
+    assert runtime_requirements(declared) == ("PyYAML>=6", "torch>=2.4", "numpy>=1.24", "boto3[crt]>=1.28")
+
+
 def test_the_runtime_imports_nothing_the_vm_does_not_install():
     """What training imports in the container (runtime, stores, settings) loads no laptop-only
     package, so installing skygreen with --no-deps plus `container_requirements()` suffices."""

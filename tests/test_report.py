@@ -67,7 +67,7 @@ def runs(private_home, tmp_path) -> list[str]:
 
 
 def test_the_figure_holds_the_expected_series(runs):
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
     from skygreen.costs.page import build_figure
 
@@ -190,3 +190,62 @@ def test_report_page_of_a_run_without_a_checkpoint_says_so(runs, tmp_path):
     out = skygreen("report", "demo-b", "-o", str(page))
     assert out.returncode == 0, out.stderr
     assert "<p class='statement'>run demo-b has no committed checkpoint yet: no energy to state</p>" in page.read_text()
+
+
+def _shown(text) -> tuple[str, bool]:
+    """What matplotlib draws for a Text artist: the string after its `$` handling, and whether it
+    reads the string as a mathtext formula (which eats the spaces between two dollar amounts)."""
+    return text._preprocess_math(text.get_text())
+
+
+def test_dollar_amounts_in_labels_are_drawn_as_text_not_mathtext(runs):
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.costs import costing
+    from skygreen.costs.page import build_figure
+
+    report = costing.cost_of_run("demo-a", open_store=open_store)
+    from matplotlib.text import Text
+
+    fig = build_figure([report])
+    _, _, ax_spend, _ = fig.axes
+    texts = [t for ax in fig.axes for t in ax.findobj(lambda a: isinstance(a, Text) and "$" in a.get_text())]
+    assert texts, "no dollar amount in the figure"
+    assert all(not _shown(t)[1] for t in texts)
+    (legend,) = ax_spend.get_legend().get_texts()
+    total = f"{report.cost.total_usd:,.2f}"
+    assert total != "1.25"  # the controller and storage are on top of the $1.25 of compute
+    assert _shown(legend)[0] == f"demo-a: compute $1.25 (run total with controller and storage ${total})"
+    fig.canvas.draw()  # draws without a mathtext error
+
+
+def test_a_local_run_says_no_cloud_spend_instead_of_empty_panels(private_home, tmp_path):
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.costs import costing
+    from skygreen.costs.page import build_figure
+    from skygreen.ledger.place import LOCAL, Place
+
+    task = tmp_path / "task.yaml"
+    task.write_text(TASK)
+    here = Place(cloud=LOCAL, gpu=None, gpu_count=0, nodes=1, price_usd_per_hour=0.0, price_source="local")
+    add_run(task, "local-a", [
+        {"place": here, "at_h": 0, "hours": 0.1, "steps": (0, 50), "samples": (0, 1600), "losses": [(50, 1.0)]},
+    ], mode="local", bucket=tmp_path / "bucket")  # fmt: skip
+    fig = build_figure([costing.cost_of_run("local-a", open_store=open_store)])
+    ax_cloud, ax_seg, ax_spend, ax_loss = fig.axes
+    for ax in (ax_cloud, ax_seg, ax_spend):
+        assert [t.get_text() for t in ax.texts] == ["local run: no cloud spend"]
+        assert not ax.patches and not ax.get_lines() and not ax.axison
+    assert any("val_loss" in str(line.get_label()) for line in ax_loss.get_lines())  # the metric is still drawn
+    png = tmp_path / "local.png"
+    out = skygreen("cost", "local-a", "--plot", str(png))
+    assert out.returncode == 0, out.stderr
+    assert png_size(png.read_bytes()) == (1300, 850)
+
+
+def test_a_cloud_run_keeps_its_cost_panels(runs):
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.costs import costing
+    from skygreen.costs.page import build_figure
+
+    fig = build_figure([costing.cost_of_run("demo-a", open_store=open_store)])
+    assert all(ax.axison and not any("no cloud spend" in t.get_text() for t in ax.texts) for ax in fig.axes)

@@ -24,7 +24,7 @@ import torch
 from helpers import user_env, wait_for
 from skygreen.checkpoint.manifest import SHARED_BLOB, blob_key, committed_steps
 from skygreen.checkpoint.retention import QUARANTINE_DIR, deletable_steps
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 

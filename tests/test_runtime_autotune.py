@@ -19,10 +19,16 @@ from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import run as run_module
 from skygreen.runtime.autotune import is_out_of_memory, smaller_micro_batch
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
 from skygreen.runtime.precision import DeviceFacts
+from skygreen.runtime.tensors import first_difference
 
-IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']", "state['batch']['micro_auto']"})
+IGNORE = frozenset(
+    {
+        "state['training']['counters']['wall_s']",
+        "state['training']['counters']['restarts']",
+        "state['training']['batch']['micro_auto']",
+    }
+)
 
 
 def memory_limit(max_rows: int, ooms: list[int]):
@@ -52,7 +58,7 @@ def test_oom_halves_the_micro_batch_and_the_result_equals_a_run_at_that_size(tmp
     job.train(job.settings(tmp_path / "fixed", micro_batch=3), 8)
     a = Checkpointer(f"{tmp_path}/auto/run").load_latest()
     b = Checkpointer(f"{tmp_path}/fixed/run").load_latest()
-    assert a.state["batch"]["micro"] == 3 and a.manifest.meta["micro_batch"] == 3
+    assert a.state["training"]["batch"]["micro"] == 3 and a.manifest.meta["micro_batch"] == 3
     assert first_difference(a.state, b.state, ignore=IGNORE) is None, first_difference(a.state, b.state, ignore=IGNORE)
     assert first_difference(a.rank_state, b.rank_state) is None
 
@@ -76,7 +82,10 @@ def test_resume_on_a_different_gpu_type_probes_again(tmp_path, monkeypatch):
     run = job.train(job.settings(tmp_path, micro_batch=None), 8, hooks=memory_limit(6, ooms))
     assert ooms == [12] and run.micro_batch == 6 and run.accum_steps == 2
     final = Checkpointer(f"{tmp_path}/run").load_latest()
-    assert final.state["batch"]["device_name"] == "bigger-device" and final.state["batch"]["micro"] == 6
+    assert (
+        final.state["training"]["batch"]["device_name"] == "bigger-device"
+        and final.state["training"]["batch"]["micro"] == 6
+    )
 
 
 def test_oom_at_micro_batch_1_is_a_clear_error(tmp_path):

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
+from skygreen.runtime.tensors import first_difference
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "ddp_train.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']"})
+IGNORE = frozenset({"state['training']['counters']['wall_s']", "state['training']['counters']['restarts']"})
 STEPS = 10
 
 pytestmark = pytest.mark.skipif(not TORCHRUN.exists() and not shutil.which("torchrun"), reason="torchrun not installed")
@@ -71,7 +71,7 @@ def test_all_ranks_agree_on_the_micro_batch_when_one_runs_out_of_memory(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     # per-rank batch 6: rank 1 fails at 6, both ranks move to 3 (accumulation 2)
     assert "rank 0 micro 3 accum 2" in out.stdout and "rank 1 micro 3 accum 2" in out.stdout
-    assert load(tmp_path, "auto", 0).state["batch"]["micro"] == 3
+    assert load(tmp_path, "auto", 0).state["training"]["batch"]["micro"] == 3
 
 
 def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identical(tmp_path):
@@ -79,7 +79,7 @@ def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identica
     import time
 
     from skygreen.checkpoint.manifest import committed_steps, read_manifest
-    from skygreen.checkpoint.stores import open_store
+    from skygreen.checkpoint.store_factory import open_store
 
     env = {"DDP_TEST_STEP_SLEEP_S": "0.05"}
     ref = torchrun(tmp_path, "ref", "3", env=env)
@@ -119,5 +119,7 @@ def test_sigterm_to_torchrun_commits_one_step_on_both_ranks_and_resumes_identica
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for rank in (0, 1):
         a, b = load(tmp_path, "ref", rank), load(tmp_path, "victim", rank)
-        assert first_difference(a.state, b.state, ignore=IGNORE | {"state['counters']['preemptions']"}) is None
+        assert (
+            first_difference(a.state, b.state, ignore=IGNORE | {"state['training']['counters']['preemptions']"}) is None
+        )
         assert first_difference(a.rank_state, b.rank_state) is None

@@ -17,21 +17,27 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
 from helpers import user_env
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import RuntimeSetupError
 from skygreen.ledger.io import read_ledger
-from skygreen.power.ledger import Ledger
+from skygreen.power.originals import OriginalLimits
+from skygreen.power.policy import CapRequest
 from skygreen.power.simulated import SimulatedNvml
 from skygreen.runtime import PREEMPTED_EXIT_CODE
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
+from skygreen.runtime.tensors import first_difference
 from skygreen.spec import EarlyStopConfig
 from test_runtime_preemption import start_tiny, tiny_env, wait_for_commit
 
 TOTAL_STEPS = 20
 LADDER_STEPS = 18  # 2 settling steps, then the V100 ladder: 8 limits x (1 warm-up + 1 measured)
 IGNORE = frozenset(
-    {"state['counters']['wall_s']", "state['counters']['restarts']", "state['counters']['energy_j']", "state['power']"}
+    {
+        "state['training']['counters']['wall_s']",
+        "state['training']['counters']['restarts']",
+        "state['training']['counters']['energy_j']",
+        "state['power']",
+    }
 )
 
 
@@ -78,7 +84,9 @@ def reference(tmp_path_factory):
 def test_auto_profiles_real_steps_resumes_without_profiling_and_stays_bit_identical(tmp_path, reference):
     env = sim_env(tmp_path)
     with pytest.raises(job.Crash):  # dies after the profile finished (exception path)
-        job.train(job.settings(tmp_path / "b", power_cap="auto"), TOTAL_STEPS, crash_at=(18, 1), environ=env)
+        job.train(
+            job.settings(tmp_path / "b", power_cap=CapRequest.parse("auto")), TOTAL_STEPS, crash_at=(18, 1), environ=env
+        )
     sim = board(tmp_path)
     first = sim.set_calls_w()
     assert limit_w(sim) == 300.0 and first[-1] == 300.0  # restored on the exception
@@ -94,7 +102,7 @@ def test_auto_profiles_real_steps_resumes_without_profiling_and_stays_bit_identi
     assert saved.step >= LADDER_STEPS
     assert saved.manifest.meta["power"]["method"] == "simulated" and saved.manifest.meta["power"]["cap_w"] == chosen
 
-    run = job.train(job.settings(tmp_path / "b", power_cap="auto"), TOTAL_STEPS, environ=env)
+    run = job.train(job.settings(tmp_path / "b", power_cap=CapRequest.parse("auto")), TOTAL_STEPS, environ=env)
     # the saved profile: no ladder again (on this noisy CPU the choice may be the max, already set)
     assert sim.set_calls_w()[len(first) :] == ([] if chosen == 300.0 else [chosen, 300.0])
     assert limit_w(sim) == 300.0 and run.counters["energy_j"] > 0
@@ -107,10 +115,10 @@ def test_auto_profiles_real_steps_resumes_without_profiling_and_stays_bit_identi
 
 def test_fixed_cap_is_set_once_and_restored_at_the_end_and_on_early_stop(tmp_path):
     env = sim_env(tmp_path)
-    job.train(job.settings(tmp_path / "b", power_cap="0.6"), 6, environ=env)
+    job.train(job.settings(tmp_path / "b", power_cap=CapRequest.parse("0.6")), 6, environ=env)
     assert board(tmp_path).set_calls_w() == [180.0, 300.0]
     stopped = job.train(
-        job.settings(tmp_path / "c", power_cap="200", early_stop=EarlyStopConfig(metric="val_loss", patience=1)),
+        job.settings(tmp_path / "c", power_cap=CapRequest.parse("200"), early_stop=EarlyStopConfig(metric="val_loss", patience=1)),
         TOTAL_STEPS, metrics={1: 1.0, 2: 2.0, 3: 3.0}, environ=env,
     )  # fmt: skip
     assert stopped.step_index < TOTAL_STEPS  # early stop
@@ -119,16 +127,16 @@ def test_fixed_cap_is_set_once_and_restored_at_the_end_and_on_early_stop(tmp_pat
 
 def test_no_permission_meters_only_and_required_stops_before_training(tmp_path):
     env = sim_env(tmp_path, SKYGREEN_SIMULATED_GPU_FAULTS="no-permission")
-    run = job.train(job.settings(tmp_path / "b", power_cap="0.6"), 4, environ=env)
+    run = job.train(job.settings(tmp_path / "b", power_cap=CapRequest.parse("0.6")), 4, environ=env)
     assert run.counters["energy_j"] > 0 and run.power.cap_w is None
     assert final(tmp_path / "b").manifest.meta["power"]["cap_w"] is None
     with pytest.raises(RuntimeSetupError, match=r"power\.required is true"):
-        job.train(job.settings(tmp_path / "c", power_cap="0.6", power_required=True), 4, environ=env)
+        job.train(job.settings(tmp_path / "c", power_cap=CapRequest.parse("0.6"), power_required=True), 4, environ=env)
     assert Checkpointer(f"{tmp_path / 'c'}/run").load_latest() is None  # no step trained
 
 
 def test_cpu_run_says_none_and_why(tmp_path):
-    job.train(job.settings(tmp_path / "b", power_cap="0.6"), 2, environ={})
+    job.train(job.settings(tmp_path / "b", power_cap=CapRequest.parse("0.6")), 2, environ={})
     power = final(tmp_path / "b").manifest.meta["power"]
     assert power["method"] == "none" and power["reason"] == "no GPU: this run trained on CPU"
 
@@ -145,7 +153,7 @@ def test_sigterm_restores_the_limit(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, err
     assert board(tmp_path).set_calls_w() == [180.0, 300.0]
-    assert Ledger(tmp_path / "data" / "power" / "originals").all() == []
+    assert OriginalLimits(tmp_path / "data" / "power" / "originals").all() == []
 
 
 def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
@@ -160,7 +168,7 @@ def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
     assert limit_w(sim) == 180.0  # the cap outlives the process, as on a real GPU
     committed = Checkpointer(f"{tmp_path}/victim").load_latest()
     assert committed is not None and committed.step == step
-    energy_before_j = committed.state["counters"]["energy_j"]
+    energy_before_j = committed.state["training"]["counters"]["energy_j"]
     assert energy_before_j > 0
     board_before_j = counter_j(tmp_path)
 
@@ -172,7 +180,7 @@ def test_kill_9_then_resume_restores_the_original_and_sums_energy(tmp_path):
     assert sim.set_calls_w() == [180.0, 300.0, 180.0, 300.0]
     board_used_j = counter_j(tmp_path) - board_before_j
     done = final(tmp_path, "victim")
-    resumed_j = done.state["counters"]["energy_j"] - energy_before_j
+    resumed_j = done.state["training"]["counters"]["energy_j"] - energy_before_j
     # The second launch adds its own energy: some, and never more than the board counted while it
     # ran (the board's absolute counter would include the first launch's). How much of the
     # board's count falls outside the metered steps (start-up, the final upload, the restore)

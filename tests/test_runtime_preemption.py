@@ -16,17 +16,23 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
 from metadata_server import MetadataServer
 from skygreen.checkpoint.manifest import committed_steps, read_manifest
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import PREEMPTED_EXIT_CODE
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 from skygreen.runtime.preemption import CHECKS, NoticeWatcher, landed_cloud
+from skygreen.runtime.tensors import first_difference
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.py"
-IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']", "state['counters']['preemptions']"})
+IGNORE = frozenset(
+    {
+        "state['training']['counters']['wall_s']",
+        "state['training']['counters']['restarts']",
+        "state['training']['counters']['preemptions']",
+    }
+)
 
 
 # -- the notice endpoints ------------------------------------------------------------------

@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.runtime.compare import first_difference
+from skygreen.runtime.tensors import first_difference
 
 TOTAL_STEPS = 10
 # Wall time and the restart count legitimately differ between the two histories.
-IGNORE = frozenset({"state['counters']['wall_s']", "state['counters']['restarts']"})
+IGNORE = frozenset({"state['training']['counters']['wall_s']", "state['training']['counters']['restarts']"})
 
 
 def final_checkpoint(bucket: Path, run_id: str = "run"):
@@ -89,8 +89,9 @@ def test_resume_restores_position_counters_and_micro_batch(tmp_path):
         job.train(job.settings(tmp_path), TOTAL_STEPS, crash_at=(5, 1))
     loaded = Checkpointer(f"{tmp_path}/run").load_latest()
     assert loaded.step == 4
-    assert loaded.state["progress"] == {"step": 4, "samples_seen": 48}
-    assert loaded.state["batch"]["micro"] == 3
+    training = loaded.state["training"]
+    assert (training["step"], training["samples_seen"], training["completed"]) == (4, 48, False)
+    assert loaded.state["training"]["batch"]["micro"] == 3
     meta = loaded.manifest.meta
     assert meta["state"] == "running" and meta["epoch"] == 1 and meta["accum_steps"] == 4
     assert {"energy_j", "wall_s", "preemptions", "micro_batch", "precision", "checkpoint_interval_s"} <= set(meta)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import user_env
 from skygreen.errors import InputError, SpecError
 from skygreen.spec import CLOUDS, TaskSpec, load_spec, parse_spec, parse_spec_text
 
@@ -109,6 +114,19 @@ def test_memory_constraint_instead_of_names():
             "skygreen.checkpoint.bucket",
             ["unsupported bucket scheme", "s3://"],
         ),
+        (
+            "skygreen: {checkpoint: {bucket: 's3//team/ckpt'}}",
+            "skygreen.checkpoint.bucket",
+            ["not a bucket URL", "'s3//team/ckpt'", "s3://BUCKET", "gs://", "fix: write s3://team/ckpt"],
+        ),
+        (
+            "skygreen: {checkpoint: {bucket: 'gs:/team'}}",
+            "skygreen.checkpoint.bucket",
+            ["not a bucket URL", "fix: write gs://team, or ./gs:/team"],
+        ),
+        ("skygreen: {checkpoint: {bucket: 'file:/ckpts'}}", "skygreen.checkpoint.bucket", ["write file:///ckpts"]),
+        ("skygreen: {checkpoint: {bucket: 's3://'}}", "skygreen.checkpoint.bucket", ["names no bucket"]),
+        ("skygreen: {checkpoint: {bucket: '  '}}", "skygreen.checkpoint.bucket", ["must not be empty"]),
         ("skygreen: {batch: {effective: 8, micro: 16}}", "skygreen.batch.micro", ["larger than the effective"]),
         ("skygreen: {power: {cap: 5000}}", "skygreen.power.cap", ["between 50 and 1500"]),
         ("skygreen: {early_stopping: {patience: 3}}", "skygreen.early_stopping.metric", ["required"]),
@@ -210,3 +228,39 @@ def test_any_text_ends_in_a_clear_error_or_a_valid_spec(text):
 def test_round_trip_through_yaml_dump():
     data = {"name": "x", "skygreen": {"gpus": ["L4"], "work": {"gpu_hours": 2}}, "run": "echo"}
     assert parse_spec_text(yaml.safe_dump(data)).green.work.gpu_hours == 2.0
+
+
+@pytest.mark.parametrize(
+    "written, kept",
+    [
+        ("S3://bkt/runs/", "s3://bkt/runs"),
+        ("gs://bkt", "gs://bkt"),
+        ("file:///tmp/ckpts", "file:///tmp/ckpts"),
+        ("ckpts/run-a", "ckpts/run-a"),  # a plain path is a local directory, as the README says
+        ("./s3/team", "./s3/team"),  # a folder named s3, said so
+        ("~/buckets", "~/buckets"),
+        ("/data/s3//x", "/data/s3//x"),
+    ],
+)
+def test_buckets_a_run_can_open_are_kept(written, kept):
+    assert spec_of(f"skygreen: {{checkpoint: {{bucket: '{written}'}}}}\n").green.checkpoint.bucket == kept
+
+
+def test_a_bucket_without_its_schemes_colon_stops_plan_and_up_and_writes_nothing(private_home, tmp_path):
+    """`s3//team/ckpt` once planned fine and `up --local` trained into ./s3/team/ckpt."""
+    env = user_env(private_home)
+    task = tmp_path / "task.yaml"
+    task.write_text(
+        "name: t\nskygreen: {gpus: [L4], checkpoint: {bucket: 's3//team/ckpt'}}\nrun: python -c 'print(1)'\n"
+    )
+    catalog = str(Path(__file__).resolve().parent / "data" / "catalog" / "v8")
+    for args in (["plan", str(task), "--catalog", catalog], ["up", str(task), "--local", "--no-smoke"]):
+        out = subprocess.run([sys.executable, "-m", "skygreen.cli", *args], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "skygreen.checkpoint.bucket" in out.stderr and "'s3//team/ckpt'" in out.stderr, out.stderr
+        assert "fix: write s3://team/ckpt" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "s3").exists()
+    status = subprocess.run([sys.executable, "-m", "skygreen.cli", "status", "--json"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert status.returncode == 0 and json.loads(status.stdout) == [], status.stdout + status.stderr

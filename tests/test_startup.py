@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,33 @@ def test_plan_imports_neither_sky_nor_torch(tmp_path):
         assert not loaded & set(HEAVY), loaded & set(HEAVY)
 
 
+OFF_THE_PLAN_PATH = (
+    "skygreen.costs.costing", "skygreen.ledger.pricing", "skygreen.ledger.records", "skygreen.launch.registry",
+    "skygreen.checkpoint.store", "skygreen.settings", "secrets",
+)  # fmt: skip
+"""What `skygreen plan` has no use for: pricing ledgers, run records, buckets, runtime settings."""
+
+
+def test_plan_imports_no_pricing_registry_or_store(tmp_path):
+    """The plan reads the speeds earlier runs measured without the cost or registry modules
+    (they cost it a third of its start-up), and a task without `envs:` skips the settings."""
+    catalog = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
+    task = tmp_path / "task.yaml"
+    task.write_text("skygreen: {gpus: [L4, T4, A100]}\nrun: python train.py\n")
+    probe = (
+        f"from skygreen.cli import main\ntry:\n    main(['plan', {str(task)!r}, '--catalog', {str(catalog)!r}])\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\nimport sys\n"
+        f"print('loaded:', *(m for m in {OFF_THE_PLAN_PATH!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Best" in out.stdout  # the plan ran
+    loaded = out.stdout.splitlines()[-1]
+    assert loaded == "loaded:", loaded
+
+
 def test_planning_core_imports_no_outside_library():
     loaded = modules_after(
         "import skygreen.plan.catalog, skygreen.plan.rank, skygreen.plan.cost, skygreen.plan.carbon, skygreen.api"
@@ -72,15 +100,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "skygreen"
 
 ADAPTERS = {
     # adapter: the skygreen modules it may import (the seam it implements, errors, small helpers)
-    "skygreen.checkpoint.s3_store": {"skygreen.checkpoint.store", "skygreen.errors"},
-    "skygreen.checkpoint.gcs_store": {"skygreen.checkpoint.store", "skygreen.errors"},
+    "skygreen.checkpoint.s3_store": {"skygreen.checkpoint.store", "skygreen.checkpoint.cloud_store", "skygreen.errors"},
+    "skygreen.checkpoint.gcs_store": {
+        "skygreen.checkpoint.store",
+        "skygreen.checkpoint.cloud_store",
+        "skygreen.errors",
+    },
     "skygreen.checkpoint.local_store": {"skygreen.checkpoint.store", "skygreen.errors", "skygreen.files"},
     "skygreen.launch.skypilot_launcher": {"skygreen.launch.launcher", "skygreen.errors"},
     "skygreen.launch.local_launcher": {"skygreen.launch.launcher", "skygreen.errors", "skygreen.settings"},
     "skygreen.plan.catalog_update": {"skygreen.plan.catalog", "skygreen.errors"},
     "skygreen.power.nvml": {"skygreen.errors", "skygreen.power.simulated"},  # the stand-in library
 }
-FACTORIES = {"skygreen.checkpoint.stores", "skygreen.launch.launchers"}
+FACTORIES = {"skygreen.checkpoint.store_factory", "skygreen.launch.launcher_factory"}
 """Pick an adapter by URL scheme or setting; only composition roots use them."""
 ROOTS = (
     "skygreen.api", "skygreen.cli", "skygreen.testing", "skygreen.runtime", "skygreen.power.entry",
@@ -103,11 +135,13 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def imported_modules(path: Path, known: set[str]) -> set[str]:
-    """skygreen modules `path` imports anywhere (function-local ones too), bar `if TYPE_CHECKING:`."""
+def imported_modules(path: Path, known: set[str], *, type_checking: bool = False) -> set[str]:
+    """skygreen modules `path` imports anywhere (function-local ones too); those under
+    `if TYPE_CHECKING:` only with `type_checking`."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block)
-               for stmt in block.body for n in ast.walk(stmt)}  # fmt: skip
+    skipped = set() if type_checking else {
+        id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block)
+        for stmt in block.body for n in ast.walk(stmt)}  # fmt: skip
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -125,17 +159,50 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
         # importing a.b.c runs the packages a and a.b first
         parts = name.split(".")
         modules.update(".".join(parts[: i + 1]) for i in range(1, len(parts)) if ".".join(parts[: i + 1]) in known)
-    return modules - {module_name(path)}
+    return modules
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(*, type_checking: bool = False) -> dict[str, set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
     known = {module_name(p) for p in paths}
-    return {module_name(p): imported_modules(p, known) for p in paths}
+    return {module_name(p): imported_modules(p, known, type_checking=type_checking) - {module_name(p)} for p in paths}
 
 
-def test_no_import_circle_counting_function_local_imports():
-    graph = import_graph()
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle in `graph` (its modules, the first repeated at the end), or None."""
+    try:
+        _assert_no_circle(graph)
+    except AssertionError as e:
+        return str(e).removeprefix("import circle: ").split(" -> ")
+    return None
+
+
+def test_the_circle_finder_finds_a_circle_through_a_type_checking_import(tmp_path):
+    """The check below can fail: two modules that name each other only for the type checker."""
+    (tmp_path / "a.py").write_text("import skygreen.b\n")
+    (tmp_path / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import skygreen.a\n")
+    known = {"skygreen.a", "skygreen.b"}
+    graph = {f"skygreen.{n}": imported_modules(tmp_path / f"{n}.py", known, type_checking=True) - {f"skygreen.{n}"}
+             for n in ("a", "b")}  # fmt: skip
+    assert find_circle(graph) == ["skygreen.a", "skygreen.b", "skygreen.a"]
+    without = {f"skygreen.{n}": imported_modules(tmp_path / f"{n}.py", known) - {f"skygreen.{n}"} for n in ("a", "b")}
+    assert find_circle(without) is None
+
+
+TYPE_ONLY_EDGES_TO_CUT = {("skygreen.plan.explain", "skygreen.plan.rank")}
+"""Type-only imports still closing a circle, outside the runtime; each one listed must still
+exist (the test below fails once it is gone, so the list only shrinks)."""
+
+
+def test_no_import_circle_counting_function_local_and_type_checking_imports():
+    graph = import_graph(type_checking=True)
+    for source, target in TYPE_ONLY_EDGES_TO_CUT:
+        assert target in graph[source], f"{source} no longer imports {target}: drop it from the list"
+        graph[source] = graph[source] - {target}
+    _assert_no_circle(graph)
+
+
+def _assert_no_circle(graph: dict[str, set[str]]) -> None:
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -201,10 +268,10 @@ def test_log_lines_carry_one_prefix():
     assert not doubled, doubled
 
 
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 800
 
 
-def test_no_module_is_over_500_lines():
+def test_no_module_is_over_800_lines():
     """A module that outgrows one screenful of responsibilities is split, not scrolled."""
     long = {
         str(path.relative_to(PACKAGE)): n

@@ -11,7 +11,7 @@ import pytest
 from faultproxy import FaultProxy
 from servers import moto_process, point_gcs_at, point_s3_at
 from skygreen.checkpoint.store import RetryPolicy
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import KeyNotFoundError, StoreError, TransientStoreError
 
 FAST_RETRY = RetryPolicy(max_attempts=6, base_delay_s=0.01, max_delay_s=0.05)

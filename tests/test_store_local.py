@@ -10,7 +10,7 @@ import pytest
 
 from skygreen.checkpoint.local_store import LocalStore
 from skygreen.checkpoint.store import RetryPolicy, Store
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import KeyNotFoundError, StoreError
 from skygreen.files import COPY_CHUNK_BYTES
 

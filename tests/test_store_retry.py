@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skygreen.checkpoint.store import RetryPolicy, backoff_delay_s, call_with_retries, parse_url
-from skygreen.checkpoint.stores import open_store
-from skygreen.errors import InputError, StoreError, TransientStoreError
+from skygreen.checkpoint.store import RetryPolicy, StoreUrl, backoff_delay_s, call_with_retries, parse_url
+from skygreen.checkpoint.store_factory import open_store
+from skygreen.errors import InputError, SpecError, StoreError, TransientStoreError
 
 
 class FakeClock:
@@ -133,6 +133,28 @@ def test_parse_url_schemes_and_prefixes(tmp_path):
     assert parse_url("gs://bucket").key("a") == "a"
     assert parse_url("file:///tmp/x").bucket == "/tmp/x"
     assert parse_url(str(tmp_path)).scheme == "file"
+    assert parse_url("relative/dir") == StoreUrl(scheme="file", bucket="relative/dir", prefix="")
+    assert parse_url("./s3/team").bucket == "./s3/team"
+
+
+@pytest.mark.parametrize(
+    "look_alike, meant",
+    [
+        ("s3//team/ckpt", "s3://team/ckpt"),
+        ("S3:/team/ckpt", "s3://team/ckpt"),
+        ("gs:team", "gs://team"),
+        ("gs/team", "gs://team"),
+        ("file:/data/ckpt", "file:///data/ckpt"),
+        ("bucket:/x", "s3://BUCKET/PREFIX"),
+    ],
+)
+def test_a_url_that_lost_part_of_its_scheme_is_refused_not_read_as_a_folder(look_alike, meant):
+    """Every store is opened through this parser, so the runtime refuses what the task file would."""
+    with pytest.raises(SpecError) as info:
+        open_store(look_alike)
+    message = str(info.value)
+    assert message.startswith("checkpoint.bucket: not a bucket URL") and repr(look_alike) in message
+    assert f"fix: write {meant}, or ./{look_alike} for a local folder" in message
 
 
 def test_unknown_scheme_names_the_supported_ones():

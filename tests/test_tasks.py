@@ -18,7 +18,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "tasks"
-SHIPPED = ("bert-mlm", "gpt2", "resnet50", "tiny")
+SHIPPED = ("bert-mlm", "gpt2", "gpt2-fsdp", "resnet50", "tiny")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -26,7 +26,7 @@ def test_the_shipped_tasks_are_all_there():
     assert sorted(p.stem for p in TASKS.glob("*.yaml")) == sorted(SHIPPED)
 
 
-@pytest.mark.parametrize("name", ["bert-mlm", "gpt2", "resnet50"])
+@pytest.mark.parametrize("name", ["bert-mlm", "gpt2", "gpt2-fsdp", "resnet50"])
 def test_task_passes_the_smoke_test_offline_with_no_settings(name, tmp_path):
     """`skygreen smoke tasks/X.yaml` as a user runs it: no SKYGREEN_TASK_SIZE, no hub."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKYGREEN_")}
@@ -55,7 +55,7 @@ def test_task_size_rejects_a_typo(tmp_path):
 
 @pytest.mark.parametrize(
     "name, low_usd, high_usd",
-    [("bert-mlm", 1, 100), ("gpt2", 3, 300), ("resnet50", 1, 100), ("tiny", 0, 1)],
+    [("bert-mlm", 1, 100), ("gpt2", 3, 300), ("gpt2-fsdp", 9, 900), ("resnet50", 1, 100), ("tiny", 0, 1)],
 )
 def test_plan_prices_each_task_believably(name, low_usd, high_usd):
     """Work sized from published throughput: dollars to tens of dollars per run on spot, not cents or thousands."""

@@ -44,6 +44,7 @@ CKPT_DIR = "ckpt"
 MANIFEST_NAME = "manifest.json"
 SHARED_BLOB = "shared.pt"
 METRIC_MODES = ("min", "max")
+LAYOUTS = ("full", "sharded-dcp")
 
 _STEP_KEY = re.compile(r"^ckpt/(\d{12})/([^/]+)\Z")
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -132,6 +133,9 @@ class Manifest:
     """Whether a lower ("min") or higher ("max") metric is better, for keeping the best."""
     pinned: bool = False
     world_size: int = 1
+    layout: str = "full"
+    """How the state is stored: "full" (`shared.pt` holds every tensor; DDP and single-GPU runs) or
+    "sharded-dcp" (each rank's shards in DCP files; FSDP runs, `skygreen.runtime.sharded`)."""
     meta: Mapping[str, Any] = field(default_factory=dict)
     """Free-form JSON from the runtime: state, energy_j, wall_s, preemptions, ..."""
 
@@ -147,6 +151,8 @@ class Manifest:
             raise ValueError(f"Manifest.model_sha256 must be 64 hex digits, got {self.model_sha256!r}")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"Manifest.world_size must be an integer >= 1, got {self.world_size!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"Manifest.layout must be one of {LAYOUTS}, got {self.layout!r}")
         if SHARED_BLOB not in self.blobs:
             raise ValueError(f"Manifest.blobs must include {SHARED_BLOB!r}")
 
@@ -161,8 +167,9 @@ class Manifest:
         return f"checkpoint step {self.step} ({step_prefix(self.step)})"
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest as a dict for `json.dumps`, blobs sorted by name; `loads` parses its JSON back."""
-        return {
+        """The manifest as a dict for `json.dumps`, blobs sorted by name; `loads` parses its JSON back.
+        `layout` is written only when not "full", so full manifests read as before."""
+        out = {
             "format_version": self.format_version,
             "step": self.step,
             "created_at": self.created_at,
@@ -174,6 +181,9 @@ class Manifest:
             "world_size": self.world_size,
             "meta": dict(self.meta),
         }
+        if self.layout != "full":
+            out["layout"] = self.layout
+        return out
 
     def dumps(self) -> bytes:
         """The bytes stored as `manifest.json`: indented JSON with sorted keys and a final newline.
@@ -205,6 +215,7 @@ class Manifest:
                 metric_mode=raw.get("metric_mode", "min"),
                 pinned=bool(raw.get("pinned", False)),
                 world_size=raw.get("world_size", 1),
+                layout=raw.get("layout", "full"),
                 meta=raw.get("meta") or {},
             )
         except (ValueError, KeyError, TypeError) as e:

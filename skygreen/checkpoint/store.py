@@ -4,8 +4,9 @@ A store is rooted at a URL (`s3://bucket/prefix`, `gs://bucket/prefix`, `file://
 plain path) and speaks in string keys relative to that root, so the checkpoint protocol in
 `skygreen.checkpoint` never sees which cloud it runs on.
 
-This module is core: it imports no outside library and no adapter.
-`skygreen.checkpoint.stores.open_store` picks the adapter by URL scheme.
+This module is core: it imports no outside library and no adapter. Bucket URLs are parsed in
+`skygreen.checkpoint.bucket_url` (re-exported here), which the task file reader uses too.
+`skygreen.checkpoint.store_factory.open_store` picks the adapter by URL scheme.
 
 Retries live here, once, as a pure policy (`RetryPolicy`, `backoff_delay_s`) and one loop
 (`call_with_retries`) that every adapter wraps around its network calls. Adapters turn their
@@ -27,12 +28,26 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, TypeVar, runtime_checkable
 
-from skygreen.errors import InputError, StoreError, TransientStoreError
+from skygreen.checkpoint.bucket_url import StoreUrl, join_url, parse_url
+from skygreen.errors import StoreError, TransientStoreError
 
 log = logging.getLogger("skygreen.store")
 
-SUPPORTED_SCHEMES: tuple[str, ...] = ("s3://", "gs://", "file://")
-"""Plus plain local paths (no scheme)."""
+__all__ = [
+    "DEFAULT_RETRY",
+    "OpenStore",
+    "RetryPolicy",
+    "Store",
+    "StoreUrl",
+    "backoff_delay_s",
+    "call_with_retries",
+    "current_retry_policy",
+    "cut_back",
+    "join_url",
+    "parse_url",
+    "retry_policy",
+    "rewind",
+]
 
 T = TypeVar("T")
 
@@ -97,61 +112,8 @@ class Store(Protocol):
         ...
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StoreUrl:
-    """A parsed store URL: scheme ("s3", "gs", "file"), bucket (or directory) and key prefix."""
-
-    scheme: str
-    bucket: str
-    prefix: str
-    """Without leading or trailing slash; "" for the bucket's root."""
-
-    def key(self, key: str) -> str:
-        """The full object name of a store-relative key."""
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    @property
-    def text(self) -> str:
-        """The URL written out again, without a trailing slash: `s3://bucket/prefix`."""
-        return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
-
-
 OpenStore = Callable[[str], Store]
-"""Opens the store for a URL: `skygreen.checkpoint.stores.open_store`, handed in by a composition root."""
-
-
-def parse_url(url: str) -> StoreUrl:
-    """Split a store URL; an unknown scheme or a missing bucket is an `InputError`."""
-    if not isinstance(url, str) or not url.strip():
-        raise InputError(f"checkpoint bucket URL is empty\n  fix: {_url_help()}")
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return StoreUrl(scheme="file", bucket=url, prefix="")
-    scheme = scheme.lower()
-    if scheme == "file":
-        return StoreUrl(scheme="file", bucket=rest or "/", prefix="")
-    if scheme not in ("s3", "gs"):
-        raise InputError(
-            f"unknown checkpoint bucket scheme {scheme + '://'!r} in {url!r}\n"
-            f"  supported: {', '.join(SUPPORTED_SCHEMES)} or a plain local path\n  fix: {_url_help()}"
-        )
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise InputError(f"checkpoint bucket URL {url!r} names no bucket\n  fix: {_url_help()}")
-    return StoreUrl(scheme=scheme, bucket=bucket, prefix=prefix.strip("/"))
-
-
-def _url_help() -> str:
-    return "use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///DIR or a local directory path"
-
-
-def join_url(url: str, *parts: str) -> str:
-    """`url` with path parts appended, one slash between each."""
-    out = url.rstrip("/")
-    for part in parts:
-        out += "/" + part.strip("/")
-    return out
+"""Opens the store for a URL: `skygreen.checkpoint.store_factory.open_store`, handed in by a composition root."""
 
 
 # ---------------------------------------------------------------------------------------

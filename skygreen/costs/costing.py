@@ -9,7 +9,6 @@ catalog prices what the ledger does not know, and the planner estimates what a t
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.checkpoint.store import OpenStore
+from skygreen.costs.speeds import measured_speeds, save_measured
 from skygreen.errors import CheckpointError, NoLedgerYetError, SkygreenError, StoreError
 from skygreen.launch.registry import Registry, RunRecord
 from skygreen.ledger.pricing import RunCost, catalog_lookup, first_metrics, run_cost
 from skygreen.ledger.records import Segment
 
-MEASURED_FILE = "measured.json"
 """Per run, beside run.json: throughput per GPU type the ledger measured (for `plan`)."""
 
 
@@ -71,7 +70,7 @@ def load_run_cost(
         managed=record.mode == "cloud",
         cancelled=record.cancelled,
     )
-    _save_measured(registry or Registry(), record, segments)
+    save_measured(registry or Registry(), record, segments)
     return cost
 
 
@@ -237,68 +236,6 @@ def estimate_task(
         catalog_source=catalog.source,
         notices=catalog.notices,
     )
-
-
-# ---------------------------------------------------------------- measured throughput -> plan
-
-
-def _save_measured(registry: Registry, record: RunRecord, segments: Sequence[Segment]) -> None:
-    """Write what this run measured: samples per second per GPU (one GPU of that type), and
-    the samples the run needed when it completed."""
-    per_gpu: dict[str, list[float]] = {}
-    for s in segments:
-        if s.place.gpu and s.samples_per_s:
-            per_gpu.setdefault(s.place.gpu, []).append(s.samples_per_s / max(1, s.place.gpu_count * s.place.nodes))
-    completed = any(s.end in ("completed", "early-stopped") for s in segments)
-    data = {
-        "task_path": record.task_path,
-        "samples_per_s_per_gpu": {g: sum(v) / len(v) for g, v in per_gpu.items()},
-        "total_samples": max(s.samples for s in segments) if completed else None,
-    }
-    try:
-        from skygreen.files import write_atomic
-
-        write_atomic(registry.run_dir(record.run_id) / MEASURED_FILE, json.dumps(data, sort_keys=True) + "\n")
-    except OSError:
-        pass
-
-
-def measured_speeds(
-    spec: Any, task_path: str | Path, *, registry: Registry | None = None
-) -> dict[str, tuple[float, int]]:
-    """Relative speeds (A100 = 1.0, as `skygreen.gpus`) measured by earlier runs of this task,
-    with how many runs measured each: GPU -> (speed, runs).
-
-    A completed run says how many samples the whole job takes (S). A GPU that trains at r
-    samples per second then needs S / r / 3600 hours, and the task's `work` ({gpu_hours, on})
-    says that is work_gpu_hours x speed(on) / speed(gpu) hours: so speed(gpu) = work_gpu_hours
-    x speed(on) x 3600 x r / S. Without a completed run there is no S, and nothing is measured.
-    """
-    from skygreen.plan.cost import RunModel
-
-    registry = registry or Registry()
-    target = str(Path(task_path).resolve())
-    totals: list[int] = []
-    rates: dict[str, list[float]] = {}
-    for record in registry.list():
-        if str(Path(record.task_path).resolve()) != target:
-            continue
-        try:
-            data = json.loads((registry.run_dir(record.run_id) / MEASURED_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if data.get("total_samples"):
-            totals.append(int(data["total_samples"]))
-        for gpu, rate in (data.get("samples_per_s_per_gpu") or {}).items():
-            rates.setdefault(gpu, []).append(float(rate))
-    if not totals or not rates:
-        return {}
-    total = sorted(totals)[len(totals) // 2]
-    work = spec.green.work
-    on_speed = RunModel(work_gpu_hours=work.gpu_hours, work_on=work.gpu, speed=spec.green.speed).relative_speed(
-        work.gpu
-    )
-    return {gpu: (work.gpu_hours * on_speed * 3600.0 * (sum(v) / len(v)) / total, len(v)) for gpu, v in rates.items()}
 
 
 # ---------------------------------------------------------------- compare

@@ -21,6 +21,7 @@ from typing import Any
 from skygreen.costs.costing import RunCostReport
 from skygreen.errors import InputError
 from skygreen.files import write_atomic
+from skygreen.ledger.place import LOCAL
 from skygreen.ledger.records import KILLED, PREEMPTED
 
 _STYLE = (
@@ -29,6 +30,14 @@ _STYLE = (
     "pre{background:#f6f6f6;padding:1em;overflow:auto}img{max-width:100%}</style></head><body>"
 )
 CLOUD_COLORS = {"aws": "#ff9900", "gcp": "#4285f4", "azure": "#008ad7", "local": "#7f7f7f"}
+NO_CLOUD_SPEND = "local run: no cloud spend"
+"""What the three cost panels say when every run drawn ran on this machine (nothing to chart)."""
+
+
+def plain(text: str) -> str:
+    """`text` as matplotlib should print it: a `$` escaped, so two dollar amounts in one label
+    are not read as a mathtext formula between them (which drops the spaces and the `$`)."""
+    return text.replace("$", r"\$")
 
 
 # ---------------------------------------------------------------- data (pure)
@@ -98,9 +107,21 @@ def build_figure(reports: Sequence[RunCostReport]):
     _cost_by_segment(ax_seg, data)
     _spend(ax_spend, data)
     _loss(ax_loss, data)
+    if _all_local(reports):
+        for ax in (ax_cloud, ax_seg, ax_spend):
+            ax.clear()
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, NO_CLOUD_SPEND, ha="center", va="center", fontsize=12, transform=ax.transAxes)
     names = ", ".join(r["run_id"] for r in data["runs"])
-    fig.suptitle(f"skygreen cost: {names}", fontsize=13)
+    fig.suptitle(plain(f"skygreen cost: {names}"), fontsize=13)
     return fig
+
+
+def _all_local(reports: Sequence[RunCostReport]) -> bool:
+    """True when every segment of every run ran on this machine at no price: the cost panels
+    would be three empty $0 charts."""
+    segments = [sc for r in reports for sc in r.cost.segments]
+    return bool(segments) and all(sc.segment.place.cloud == LOCAL and sc.cost_usd == 0 for sc in segments)
 
 
 def _cost_by_cloud(ax, data) -> None:
@@ -110,9 +131,9 @@ def _cost_by_cloud(ax, data) -> None:
     for i, r in enumerate(runs):
         xs = [j + i * width for j in range(len(clouds))]
         ys = [r["cost_by_cloud_usd"].get(cl, 0.0) for cl in clouds]
-        bars = ax.bar(xs, ys, width=width, label=r["run_id"], color=[CLOUD_COLORS.get(cl, "#999") for cl in clouds],
+        bars = ax.bar(xs, ys, width=width, label=plain(r["run_id"]), color=[CLOUD_COLORS.get(cl, "#999") for cl in clouds],
                       edgecolor="black", hatch=["", "//", "xx", ".."][i % 4])  # fmt: skip
-        ax.bar_label(bars, labels=[f"${y:,.2f}" for y in ys], fontsize=8)
+        ax.bar_label(bars, labels=[plain(f"${y:,.2f}") for y in ys], fontsize=8)
     ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(clouds))], clouds)
     ax.set_ylabel("compute cost (USD)")
     ax.set_title("Cost by cloud (controller and storage not included)")
@@ -124,11 +145,11 @@ def _cost_by_segment(ax, data) -> None:
     labels, ys, colors = [], [], []
     for r in data["runs"]:
         for s in r["segments"]:
-            labels.append(f"{r['run_id'][-9:]}#{s['segment']}\n{s['cloud']} ({s['end']})")
+            labels.append(plain(f"{r['run_id'][-9:]}#{s['segment']}\n{s['cloud']} ({s['end']})"))
             ys.append(s["cost_usd"])
             colors.append(CLOUD_COLORS.get(s["cloud"], "#999"))
     bars = ax.bar(range(len(ys)), ys, color=colors, edgecolor="black")
-    ax.bar_label(bars, labels=[f"${y:,.2f}" for y in ys], fontsize=8)
+    ax.bar_label(bars, labels=[plain(f"${y:,.2f}") for y in ys], fontsize=8)
     ax.set_xticks(range(len(ys)), labels, fontsize=7)
     ax.set_ylabel("cost (USD)")
     ax.set_title("Cost by segment (one VM lifetime each)")
@@ -137,7 +158,7 @@ def _cost_by_segment(ax, data) -> None:
 def _spend(ax, data) -> None:
     for r in data["runs"]:
         label = f"{r['run_id']}: compute ${r['spend_usd'][-1]:,.2f} (run total with controller and storage ${r['total_usd']:,.2f})"
-        ax.plot(r["spend_hours"], r["spend_usd"], marker="o", markersize=3, label=label)
+        ax.plot(r["spend_hours"], r["spend_usd"], marker="o", markersize=3, label=plain(label))
     ax.set_xlabel("hours since the run started")
     ax.set_ylabel("compute spend so far (USD)")
     ax.set_title("Spend over time")
@@ -149,7 +170,7 @@ def _loss(ax, data) -> None:
     drawn = False
     for r in data["runs"]:
         for name, points in r["metrics"].items():
-            ax.plot(points["step"], points["value"], marker=".", label=f"{r['run_id']} {name}")
+            ax.plot(points["step"], points["value"], marker=".", label=plain(f"{r['run_id']} {name}"))
             drawn = True
         for i, step in enumerate(r["preempted_at_step"]):
             ax.axvline(

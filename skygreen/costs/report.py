@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
+from skygreen.terminal import output_width, table_width, write_table
 
 
 def _usd(value: float | None) -> str:
@@ -19,10 +20,23 @@ def _num(value: float | None, fmt: str = "{:,.3f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def _table(rows: Sequence[Sequence[str]], out: TextIO, indent: str = "  ") -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out.write(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+def _table(rows: Sequence[Sequence[str]], out: TextIO, indent: str = "  ", right: Sequence[int] = ()) -> None:
+    """A `rich.Table` as wide as the terminal or `$COLUMNS` allows (`terminal.output_width`):
+    long cells fold onto more lines; piped without COLUMNS, every row stays on one line."""
+    write_table(rows, out, width=output_width(out), indent=len(indent), right=right)
+
+
+def _say(out: TextIO, text: str) -> None:
+    """A line of prose, wrapped like the tables to `terminal.output_width` (a path longer than
+    the line stands alone rather than cut)."""
+    width = output_width(out)
+    if width is None:
+        out.write(text + "\n")
+        return
+    import textwrap
+
+    lines = textwrap.wrap(text, width=width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    out.write("\n".join(lines) + "\n")
 
 
 def _when(unix_s: float) -> str:
@@ -51,7 +65,7 @@ def print_run_cost(report: RunCostReport, out: TextIO) -> None:
         )
         rows.append((str(s.segment), s.place.label, _when(s.started_at), f"{s.duration_s / 3600:.4f}", s.end,
                      f"{s.start_step}->{s.step}", price, _usd(sc.cost_usd), _num(sc.energy_kwh)))  # fmt: skip
-    _table(rows, out)
+    _table(rows, out, right=(3, 6, 7, 8))
     if any(sc.price_source == "catalog" for sc in c.segments):
         out.write("  * price looked up in the catalog now (the segment did not carry its launch price)\n")
     out.write(
@@ -94,22 +108,37 @@ def print_task_estimate(est: TaskEstimate, out: TextIO, *, header: bool = True) 
     The catalog notices are not written here.
     """
     if header:
-        out.write(f"estimated cost per run of {est.task} (catalog: {est.catalog_source})\n")
+        _say(out, f"estimated cost per run of {est.task} (catalog: {est.catalog_source})")
     if est.pick is not None:
         p = est.pick
-        out.write(f"plan's pick: {p.label}: {_usd(p.est_cost_usd)} in {p.est_hours:.2f} h\n")
+        _say(out, f"plan's pick: {p.label}: {_usd(p.est_cost_usd)} in {p.est_hours:.2f} h")
     else:
-        out.write(
-            "plan's pick: none within the task's constraints (budget, max price); per-cloud figures below ignore them\n"
+        _say(
+            out,
+            "plan's pick: none within the task's constraints (budget, max price); per-cloud figures below ignore them",
         )
-    rows: list[tuple[str, ...]] = [
-        ("cloud", "best spot offer", "$/h", "est. h", "est. cost", "best on-demand offer", "$/h", "est. h", "est. cost")
-    ]
-    for ce in est.clouds:
-        rows.append((ce.cloud, *_cand(ce.spot), *_cand(ce.on_demand)))
-    _table(rows, out)
+    heads: tuple[str, ...] = (
+        "cloud",
+        "best spot offer",
+        "$/h",
+        "est. h",
+        "est. cost",
+        "best on-demand offer",
+        "$/h",
+        "est. h",
+        "est. cost",
+    )
+    rows: list[tuple[str, ...]] = [heads, *((ce.cloud, *_cand(ce.spot), *_cand(ce.on_demand)) for ce in est.clouds)]
+    width = output_width(out)
+    if width is None or table_width(rows, indent=2) <= width:
+        write_table(rows, out, width=width, indent=2, right=(2, 3, 4, 6, 7, 8))
+    else:  # too narrow for both offers side by side: one table for each kind
+        for kind, cells in (("spot", slice(1, 5)), ("on-demand", slice(5, 9))):
+            part: list[tuple[str, ...]] = [("cloud", f"best {kind} offer", "$/h", "est. h", "est. cost")]
+            part += [(row[0], *row[cells]) for row in rows[1:]]
+            write_table(part, out, width=width, indent=2, right=(2, 3, 4))
     speeds = ", ".join(f"{gpu} {kind}" for gpu, kind in est.speeds.items())
-    out.write(f"speeds: {speeds}\n")
+    _say(out, f"speeds: {speeds}")
 
 
 def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
@@ -134,7 +163,7 @@ def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
         final = c.final_metrics.get(r.metric) if r.metric else None
         table.append((r.record.run_id, mix, f"{c.span_h:.3f}", _usd(c.total_usd), _num(c.energy_kwh), _num(c.co2e_kg),
                       f"{r.metric} ({r.mode})" if r.metric else "-", _num(final, "{:.4f}"), _num(r.improvement, "{:.4f}"), _usd(r.usd_per_improvement)))  # fmt: skip
-    _table(table, out, indent="")
+    _table(table, out, indent="", right=(2, 3, 4, 5, 7, 8, 9))
     out.write(
         "improved: first - last report for a (min) metric, last - first for (max): early stopping's mode, else by"
         " name\n$ per unit: total cost / improved; local runs cost $0\n"

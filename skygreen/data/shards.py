@@ -10,7 +10,7 @@ preprocessing config, so changing either (another tokenizer, another block size,
 deduplication on) prepares again under a new key instead of reusing stale shards.
 
 A composition root of the container side, like `skygreen.runtime`: the task calls `prepare`
-from its own script, so the bucket is opened here (`skygreen.checkpoint.stores`).
+from its own script, so the bucket is opened here (`skygreen.checkpoint.store_factory`).
 
 The format, the layout in the bucket and why: `skygreen.data.layout`. The writer and the
 reader: `skygreen.data.writer`, `skygreen.data.reader`.
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.checkpoint.store import Store, join_url
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.data.layout import FORMAT_VERSION, MANIFEST, ShardSpec
 from skygreen.data.reader import ShardedDataset
 from skygreen.data.writer import ShardWriter

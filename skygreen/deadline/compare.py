@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from skygreen.deadline.policy import POLICIES, Job
@@ -20,6 +20,60 @@ from skygreen.plan.replay import SpotTrace, load_trace, trace_zones
 
 POLICY_NAMES: tuple[str, ...] = ("on_demand", *POLICIES, "optimum")
 CHOICES: tuple[str, ...] = (*POLICY_NAMES, "all")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimulationRequest:
+    """What `skygreen simulate` is asked, as typed: the CLI builds one from its flags and
+    `run` reads it. Durations stay as written (`48h`, `90m`, or hours) and are read when the
+    record is made; a bad one, an unknown policy or a gang under one node is a `SpecError`
+    naming the flag."""
+
+    trace: Path
+    hours: str
+    """`--hours`: the compute the job needs."""
+    deadline: str
+    changeover: str
+    """`--changeover`: what one switch costs (provisioning, setup, lost work)."""
+    policy: str = "all"
+    nodes: int | None = None
+    """The gang size; None: the trace's own."""
+    zone: str | None = None
+    spot_price: float | None = None
+    on_demand_price: float | None = None
+    start: str = "0"
+    """How far into the trace the job starts."""
+    catalog_dir: Path | None = None
+    compute_h: float = field(init=False, default=0.0)
+    deadline_h: float = field(init=False, default=0.0)
+    changeover_h: float = field(init=False, default=0.0)
+    start_h: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        from skygreen.errors import suggestion
+        from skygreen.fields import read_duration_h
+
+        if self.policy not in CHOICES:
+            raise SpecError(
+                "--policy",
+                "unknown policy",
+                value=self.policy,
+                allowed=", ".join(CHOICES),
+                hint=suggestion(self.policy, CHOICES) or "use --policy all to compare them",
+            )
+        if self.nodes is not None and self.nodes < 1:
+            raise SpecError(
+                "--nodes", "must be at least 1", value=self.nodes, hint="e.g. --nodes 16 for a 16-node gang"
+            )
+        start_h = 0.0 if self.start.strip() in ("0", "0h") else read_duration_h(self.start, "--start")
+        for name, value in (
+            ("compute_h", read_duration_h(self.hours, "--hours")),
+            ("deadline_h", read_duration_h(self.deadline, "--deadline")),
+            ("changeover_h", read_duration_h(self.changeover, "--changeover")),
+            ("start_h", start_h),
+        ):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "trace", Path(self.trace))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,21 +104,8 @@ class Simulation:
         return sum(window) / len(window) if window else 0.0
 
 
-def run(
-    trace_path: Path,
-    *,
-    compute_h: float,
-    deadline_h: float,
-    changeover_h: float,
-    policy: str,
-    nodes: int | None = None,
-    zone: str | None = None,
-    spot_price: float | None = None,
-    on_demand_price: float | None = None,
-    start_h: float = 0.0,
-    catalog_dir: Path | None = None,
-) -> Simulation:
-    """Replay the trace at `trace_path` from `start_h` hours in, for `policy` (one of `CHOICES`;
+def run(request: SimulationRequest) -> Simulation:
+    """Replay `request.trace` from `request.start_h` hours in, for `request.policy` (one of `CHOICES`;
     `all` runs every one, the on-demand baseline and the optimum included). Durations in hours.
 
     The gang is `nodes`, else the trace's own node count (1 when it has none). Prices, in USD per
@@ -74,10 +115,14 @@ def run(
     ever shows, a price nobody knows or a negative one, a start outside the trace, and a deadline
     shorter than the compute plus one changeover.
     """
+    trace_path, zone, nodes, policy = request.trace, request.zone, request.nodes, request.policy
+    compute_h, deadline_h, changeover_h, start_h = (
+        request.compute_h, request.deadline_h, request.changeover_h, request.start_h
+    )  # fmt: skip
     traces = _read_traces(trace_path, zone)
     trace = traces[0]
     gang = min(_gang(t, nodes) for t in traces)
-    prices, source = _prices(trace, gang, spot_price, on_demand_price, catalog_dir)
+    prices, source = _prices(trace, gang, request.spot_price, request.on_demand_price, request.catalog_dir)
     if start_h < 0 or start_h >= trace.span_h:
         raise SpecError(
             "--start",

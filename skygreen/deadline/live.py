@@ -1,7 +1,7 @@
 """A live run under a deadline: its terms, what the watcher observes, and what it does next.
 
 `skygreen up --deadline` records `DeadlineTerms` with the run. Every poll, `skygreen watch`
-(`skygreen.launch.watch`) reads the run's progress from its ledger, its job's state from the
+(`skygreen.deadline.watch`) reads the run's progress from its ledger, its job's state from the
 launcher and, where something can tell, whether spot is available; this module turns those
 facts into the simulator's `Observation`, asks the very policy objects `skygreen simulate`
 replays (`skygreen.deadline.policy`), and turns the policy's mode into one `Action`. All of it

@@ -7,6 +7,7 @@ from typing import TextIO
 
 from skygreen.deadline.compare import Simulation
 from skygreen.deadline.simulate import on_demand_only
+from skygreen.terminal import output_width, write_table
 
 
 def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
@@ -42,13 +43,16 @@ def print_report(sim: Simulation, out: TextIO = sys.stdout) -> None:
         f"{' in some zone' if len(sim.zones) > 1 else ''}\n"
     )
     base = on_demand_only(g, p).cost_usd
-    header = f"{'policy':<17} {'cost':>10} {'vs OD':>6} {'finish h':>9} {'deadline':>8} {'spot h':>8} {'OD h':>7} {'switches':>8}\n"
-    out.write(header)
+    rows: list[tuple[str, ...]] = [("policy", "cost", "vs OD", "finish h", "deadline", "spot h", "OD h", "switches")]
     for o in sim.outcomes:
-        finish = f"{o.finish_h:9.2f}" if o.finish_h is not None else f"{'-':>9}"
-        ratio = f"{o.cost_usd / base:6.2f}" if base > 0 else f"{'-':>6}"
-        met = "met" if o.deadline_met else "MISSED"
-        out.write(
-            f"{o.policy:<17} {'$' + format(o.cost_usd, ',.2f'):>10} {ratio} {finish} {met:>8} "
-            f"{o.spot_h:8.2f} {o.on_demand_h:7.2f} {o.switches:8d}\n"
-        )
+        rows.append((
+            o.policy,
+            "$" + format(o.cost_usd, ",.2f"),
+            f"{o.cost_usd / base:.2f}" if base > 0 else "-",
+            f"{o.finish_h:.2f}" if o.finish_h is not None else "-",
+            "met" if o.deadline_met else "MISSED",
+            f"{o.spot_h:.2f}",
+            f"{o.on_demand_h:.2f}",
+            str(o.switches),
+        ))  # fmt: skip
+    write_table(rows, out, width=output_width(out), right=range(1, 8))

@@ -51,7 +51,7 @@ def deadline() -> float:
 
 def within_deadline(bucket: str, operation: Callable[[], T], *, deadline_s: float | None = None) -> T:
     """Run `operation` (which opens stores and talks to `bucket`) with the laptop's retry
-    policy (stores opened through `skygreen.checkpoint.stores.open_store` take it up), and
+    policy (stores opened through `skygreen.checkpoint.store_factory.open_store` take it up), and
     give up after `deadline_s`. Transient failures that outlast the retries, and
     no answer in time, raise `BucketUnreachableError`; permanent ones (no such bucket, access
     denied) propagate as they are."""

@@ -3,7 +3,7 @@
 Two real launchers implement it: `skygreen.launch.skypilot_launcher.SkyPilotLauncher` (managed spot
 jobs) and `skygreen.launch.local_launcher.LocalLauncher` (`--local`, this machine). Tests of
 the CLI flows use `skygreen.testing.FakeLauncher`, selected by the environment variable
-`SKYGREEN_LAUNCHER=module:factory` so no internals are patched (`skygreen.launch.launchers`
+`SKYGREEN_LAUNCHER=module:factory` so no internals are patched (`skygreen.launch.launcher_factory`
 builds them; the core only ever receives one).
 
 Job states are skygreen's own small enum, so the run registry and `skygreen status` never

@@ -9,11 +9,8 @@ A record holds no credentials: the task snapshot keeps secret names only.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import re
-import secrets as _random
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -21,22 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.errors import InputError, SkygreenError
-from skygreen.files import write_atomic
+from skygreen.files import DATA_DIR_ENV as DATA_DIR_ENV
+from skygreen.files import data_dir, write_atomic
+from skygreen.locks import exclusive_lock
 from skygreen.timestamps import utc_now_iso
 
-DATA_DIR_ENV = "SKYGREEN_DATA_DIR"
 RECORD_VERSION = 1
 LAUNCH_LOCK_FILE = "launch.lock"
 _RUN_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
-
-
-def data_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """skygreen's folder for runs, local buckets and rendered tasks on this machine."""
-    environ = os.environ if environ is None else environ
-    if environ.get(DATA_DIR_ENV):
-        return Path(environ[DATA_DIR_ENV]).expanduser()
-    base = environ.get("XDG_DATA_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".local" / "share")
-    return Path(base).expanduser() / "skygreen"
 
 
 def default_local_bucket(environ: Mapping[str, str] | None = None) -> Path:
@@ -51,7 +40,9 @@ def new_run_id(task_name: str | None, *, now_s: float | None = None) -> str:
     if not stem[0].isalpha():
         stem = "r-" + stem
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now_s is None else now_s))
-    return f"{stem}-{stamp}-{_random.token_hex(2)}"
+    import secrets  # here, not at the top: `plan` reads the registry and never makes an id
+
+    return f"{stem}-{stamp}-{secrets.token_hex(2)}"
 
 
 def check_run_id(run_id: str) -> str:
@@ -193,18 +184,8 @@ class Registry:
         another process holds it. A relaunch checks that the run is stopped and then launches it:
         two at once (the user's `resume` and a deadline watcher's switch) would both find it
         stopped, both launch, and the record would keep only one of the two jobs."""
-        folder = self.run_dir(run_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / LAUNCH_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)  # closing the only descriptor drops the lock
+        with exclusive_lock(self.run_dir(run_id) / LAUNCH_LOCK_FILE, wait_s=0) as taken:
+            yield taken
 
     def resolve(self, run_id: str) -> str:
         """The full id of the one run whose id is `run_id` or starts with it (as git and docker

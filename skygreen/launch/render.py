@@ -22,10 +22,9 @@ lands in shell is quoted with `shlex.quote`.
 from __future__ import annotations
 
 import copy
-import re
 import shlex
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from skygreen import __version__
 from skygreen.errors import NoOfferError, SkygreenError, SpecError
@@ -70,8 +71,8 @@ class RuntimeInstall:
         return cls(requirement=f"skygreen=={__version__}")
 
 
-LAPTOP_ONLY: tuple[str, ...] = ("skypilot", "click", "rich")
-"""Base dependencies only the laptop side uses (plan, launch, the CLI). The VM installs
+LAPTOP_ONLY: tuple[str, ...] = ("skypilot", "click", "rich", "packaging")
+"""Base dependencies only the laptop side uses (plan, launch, the CLI, reading requirements). The VM installs
 skygreen without them: SkyPilot alone is about 100 packages and 460 MB, and setup runs again
 on every VM a preempted job is recovered onto."""
 
@@ -86,17 +87,32 @@ def container_requirements() -> tuple[str, ...]:
         declared = requires("skygreen") or []
     except PackageNotFoundError:
         declared = []
-    wanted = []
-    for requirement in declared:
-        spec, _, marker = (part.strip() for part in requirement.partition(";"))
-        name = re.split(r"[\s<>=!~\[;]", spec, maxsplit=1)[0].lower()
-        if (not marker and name not in LAPTOP_ONLY) or marker.replace(" ", "").replace("'", '"') == 'extra=="runtime"':
-            wanted.append(spec)
-    if not any(re.match(r"torch\b", w) for w in wanted):
+    wanted = runtime_requirements(declared)
+    if not any(Requirement(w).name.lower() == "torch" for w in wanted):
         raise SkygreenError(
             "skygreen's installed package metadata lists no runtime requirements, so the VM would get no torch\n"
             "  fix: reinstall skygreen (pip install -e . in a checkout, or pip install skygreen)"
         )
+    return wanted
+
+
+def runtime_requirements(declared: Sequence[str]) -> tuple[str, ...]:
+    """Of `declared` (the package metadata's `Requires-Dist` lines), those the VM installs,
+    without their markers: a base requirement (no marker) unless it is `LAPTOP_ONLY`, and one
+    that only the `runtime` extra asks for. Parsed with `packaging` as pip parses them, so
+    spacing, quoting, name case and extra environment markers all read alike."""
+    laptop_only = {canonicalize_name(name) for name in LAPTOP_ONLY}
+    wanted = []
+    for line in declared:
+        requirement = Requirement(line)
+        marker = requirement.marker
+        if marker is None:
+            keep = canonicalize_name(requirement.name) not in laptop_only
+        else:
+            keep = marker.evaluate({"extra": "runtime"}) and not marker.evaluate({"extra": ""})
+        if keep:
+            requirement.marker = None
+            wanted.append(str(requirement))
     return tuple(wanted)
 
 

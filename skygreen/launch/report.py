@@ -7,11 +7,12 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from skygreen.deadline.live import MODE_WORDS, DeadlineTerms
+from skygreen.deadline.watch_state import LOG_FILE
 from skygreen.figures import amount
 from skygreen.launch.registry import RunRecord
 from skygreen.launch.runs import UpResult
 from skygreen.launch.status import RunStatus
-from skygreen.launch.watch_state import LOG_FILE
+from skygreen.terminal import write_table
 from skygreen.timestamps import utc_now_iso
 
 
@@ -62,9 +63,8 @@ def print_status_table(rows: Sequence[RunStatus], out: TextIO, *, width: int | N
     ]
     widths = {name: max(len(row[i]) for row in table) for i, name in enumerate(header)}
     shown = _fitting(widths, width)
-    for row in table:
-        cells = (cell.ljust(widths[name]) for name, cell in zip(header, row, strict=True) if name in shown)
-        out.write("  ".join(cells).rstrip() + "\n")
+    keep = [i for i, name in enumerate(header) if name in shown]
+    write_table([tuple(row[i] for i in keep) for row in table], out)
     if any(r.completed for r in rows):
         out.write("* training completed (final checkpoint committed)\n")
     left_out = [name for name in STATUS_DROP_ORDER if name in header and name not in shown]

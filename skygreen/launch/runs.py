@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -23,12 +23,21 @@ from skygreen.checkpoint.cancellation import clear_cancel, request_cancel
 from skygreen.checkpoint.interval import preemption_rate_per_hour
 from skygreen.checkpoint.lease import LAUNCH_ENV
 from skygreen.checkpoint.store import Store
+from skygreen.deadline.capacity import with_capacity
 from skygreen.deadline.clock import now_s
-from skygreen.errors import BucketUnreachableError, InputError, NoCredentialsError, SkygreenError, StoreError
+from skygreen.deadline.policy import POLICIES
+from skygreen.deadline.terms import DeadlineAsk, deadline_ask, deadline_terms
+from skygreen.deadline.watch_state import clear_user_cancel, mark_user_cancel, switching_to_spot
+from skygreen.errors import (
+    BucketUnreachableError,
+    InputError,
+    NoCredentialsError,
+    SkygreenError,
+    SpecError,
+    StoreError,
+)
 from skygreen.files import write_atomic
 from skygreen.launch.bucket import check_writable, within_deadline
-from skygreen.launch.capacity import with_capacity
-from skygreen.launch.deadline_terms import DeadlineAsk, deadline_ask, deadline_terms
 from skygreen.launch.launcher import JobState, Launcher, launch_name
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
@@ -41,7 +50,6 @@ from skygreen.launch.status import (
     run_status,
     unknown_jobs,
 )
-from skygreen.launch.watch_state import clear_user_cancel, mark_user_cancel, switching_to_spot
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import TaskSpec, with_deadline
@@ -53,6 +61,46 @@ if TYPE_CHECKING:
     from skygreen.plan.rank import Plan
 
 BUDGET_ENV = "SKYGREEN_BUDGET_USD"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UpRequest:
+    """What `skygreen up` is asked, as typed: the CLI builds one from its flags, `api.up` takes
+    it, and `up` below reads it. Durations stay as written (`36h`); they are read, and bad
+    ones refused naming the flag, when the record is made."""
+
+    task_path: Path
+    local: bool = False
+    dryrun: bool = False
+    output: Path | None = None
+    """Also write the rendered SkyPilot YAML here."""
+    smoke: bool = True
+    deadline: str | None = None
+    """`--deadline`: finish within this time; None: the task's `skygreen.deadline`, if any."""
+    compute: str | None = None
+    """`--compute`: the compute time the run needs; None: the plan's estimate."""
+    policy: str | None = None
+    """`--policy`: the deadline switching policy; None: skygreen's own."""
+    watch: bool = True
+    """Start the deadline watcher in the background (False: `--no-watch`)."""
+    catalog_dir: Path | None = None
+    deadline_h: float | None = field(init=False, default=None)
+    compute_h: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        from skygreen.fields import read_duration_h
+
+        object.__setattr__(self, "task_path", Path(self.task_path))
+        if self.output is not None:
+            object.__setattr__(self, "output", Path(self.output))
+        if self.deadline is not None:
+            object.__setattr__(self, "deadline_h", read_duration_h(self.deadline, "--deadline"))
+        if self.compute is not None:
+            object.__setattr__(self, "compute_h", read_duration_h(self.compute, "--compute"))
+        if self.policy is not None and self.policy not in POLICIES:
+            raise SpecError(
+                "--policy", "unknown policy", value=self.policy, allowed=", ".join(POLICIES), hint="or leave it out"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,24 +137,17 @@ class CancelResult:
 # ---------------------------------------------------------------- up
 
 
-def up(
-    task_path: str | Path,
-    *,
-    local: bool = False,
-    dryrun: bool = False,
-    output: str | Path | None = None,
-    smoke: bool = True,
-    deadline: DeadlineAsk | None = None,
-    wiring: Wiring,
-) -> UpResult:
+def up(request: UpRequest, *, deadline: DeadlineAsk | None = None, wiring: Wiring) -> UpResult:
     """Validate, plan, smoke-test, preflight the bucket, render and launch one run.
 
     With a deadline (`deadline`, else the task's `skygreen.deadline`) the plan keeps only the
     offers that can finish in time, the run starts on spot, and its record carries the terms a
-    deadline watcher (`skygreen.launch.watch`) holds it to.
+    deadline watcher (`skygreen.deadline.watch`) holds it to.
     """
     environ, registry = wiring.environ, wiring.registry
-    task_path = Path(task_path)
+    task_path, local, dryrun, output, smoke = (
+        request.task_path, request.local, request.dryrun, request.output, request.smoke
+    )  # fmt: skip
     spec = load_task(task_path)
     run_id = new_run_id(spec.name)
     bucket = _bucket(spec, local=local, environ=environ)

@@ -22,7 +22,7 @@ from skygreen.launch.spend import run_spend
 from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
 
 _LAUNCHER_ENV = "SKYGREEN_LAUNCHER"
-"""`skygreen.launch.launchers.LAUNCHER_ENV`: a launcher named by the environment (a fake, a plugin)."""
+"""`skygreen.launch.launcher_factory.LAUNCHER_ENV`: a launcher named by the environment (a fake, a plugin)."""
 BUDGET_STATE = "budget"
 """The runtime's checkpoint state when it stopped at `budget_usd` (shown as BUDGET)."""
 
@@ -65,7 +65,7 @@ class RunStatus:
     """`skygreen.power.statement.EnergyReport` as JSON: GPU and facility kWh, PUE, CO2e, method, cap."""
     deadline: dict[str, Any] | None = None
     """For a run launched with a deadline: progress against it and the watcher's latest decision
-    (`skygreen.launch.deadline_status`)."""
+    (`skygreen.deadline.status`)."""
     job_duration_s: float | None = None
     """The current launch's run time as its launcher reports it (None when it does not say)."""
 
@@ -283,7 +283,7 @@ def _deadline(record: RunRecord, wiring: Wiring) -> dict[str, Any] | None:
     if record.deadline is None:
         return None
     from skygreen.deadline.clock import now_s
-    from skygreen.launch.deadline_status import deadline_status
+    from skygreen.deadline.status import deadline_status
 
     return deadline_status(record, run_dir=wiring.registry.run_dir(record.run_id), now_s=now_s(wiring.environ))
 

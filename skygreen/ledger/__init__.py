@@ -3,7 +3,7 @@
 Public read API (for cost, plans, budgets and progress watchers):
 
     from skygreen.ledger import read_ledger, Segment
-    segments = read_ledger(store, run_id)      # store: skygreen.checkpoint.stores.open_store(url)
+    segments = read_ledger(store, run_id)      # store: skygreen.checkpoint.store_factory.open_store(url)
     segments[-1].step, segments[-1].samples_per_s, segments[-1].end
 
 The core (`records`, `place`, `pricing`) is pure; `io` speaks to a `skygreen.checkpoint.store.Store`;

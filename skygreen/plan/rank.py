@@ -294,7 +294,7 @@ def make_plan(spec: TaskSpec, catalog: Catalog, *, measured_speed: Mapping[str, 
     candidates = candidates_for(catalog, constraints, model)
     extra: tuple[str, ...] = ()
     if green.deadline is not None:
-        from skygreen.plan import deadline
+        from skygreen.deadline import cost as deadline
 
         kept, dropped = [], {}
         for c in candidates:

@@ -119,15 +119,12 @@ def _stacked(title: str, rows: Sequence[tuple[str, Candidate]], console: Console
 
 
 def _print_offers(
-    title: str, rows: Sequence[tuple[str, Candidate]], console: Console, objective: str
-) -> tuple[_Column, ...]:
-    fit = fitting_columns(rows, width=console.width, objective=objective)
+    title: str, rows: Sequence[tuple[str, Candidate]], console: Console, fit: tuple[tuple[_Column, ...], ...] | None
+) -> None:
     if fit is None:
         _stacked(title, rows, console)
-        return ()
-    shown, dropped = fit
-    console.print(_table(title, rows, shown))
-    return dropped
+        return
+    console.print(_table(title, rows, fit[0]))
 
 
 def plan_console() -> Console:
@@ -140,10 +137,14 @@ def print_plan(plan: Plan, *, top: int = 10, console: Console | None = None) -> 
     console = console or plan_console()
     shown = [(str(i + 1), c) for i, c in enumerate(plan.candidates[:top])]
     title = f"Best {len(shown)} of {len(plan.candidates)} offers by {plan.objective} (catalog: {plan.catalog_source})"
-    dropped = list(_print_offers(title, shown, console, plan.objective))
     position = {id(c): i + 1 for i, c in enumerate(plan.candidates)}
     per_cloud = [(str(position[id(c)]), c) for c in plan.best_per_cloud.values()]
-    dropped += [c for c in _print_offers("Best per cloud", per_cloud, console, plan.objective) if c not in dropped]
+    # One set of columns for both tables, fitted to the rows of both: the best per cloud never
+    # shows a figure the main table leaves out, and the line below names exactly what is missing.
+    fit = fitting_columns([*shown, *per_cloud], width=console.width, objective=plan.objective)
+    _print_offers(title, shown, console, fit)
+    _print_offers("Best per cloud", per_cloud, console, fit)
+    dropped = fit[1] if fit is not None else ()
     if dropped:
         names = ", ".join(_header_text(c) for c in dropped)
         console.print(

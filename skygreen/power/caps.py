@@ -1,7 +1,7 @@
 """Setting power limits and putting them back, on every exit path.
 
 `PowerCaps` changes limits through the NVML adapter and remembers the limit each GPU had
-before its first change, in memory and in the `Ledger` (so a later process can restore it
+before its first change, in memory and in `OriginalLimits` (so a later process can restore it
 after a `kill -9`). `restore()` puts every changed GPU back and is safe to call twice. Every
 live `PowerCaps` is known to `restore_all()`, which an `atexit` hook calls and which any code
 that stops a run early (a budget stop, a signal handler) can call itself.
@@ -21,7 +21,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from skygreen.errors import PowerError
-from skygreen.power.ledger import Ledger, Original
+from skygreen.power.originals import Original, OriginalLimits
 from skygreen.power.policy import Limits, needs_set
 
 if TYPE_CHECKING:
@@ -42,8 +42,8 @@ def limits_of(gpu: Gpu) -> Limits:
 class PowerCaps:
     """The limits this process changed, and the originals to restore."""
 
-    def __init__(self, *, ledger: Ledger | None = None, run_id: str | None = None) -> None:
-        self.ledger = ledger
+    def __init__(self, *, originals: OriginalLimits | None = None, run_id: str | None = None) -> None:
+        self.on_disk = originals
         self.run_id = run_id
         self._originals: dict[str, tuple[Gpu, float]] = {}
         self.active_w: dict[str, float] = {}
@@ -57,9 +57,9 @@ class PowerCaps:
         Returns the limit restored, or None when nothing was left. A cap whose owner is still
         alive (another run on this GPU) is left alone and raises `PowerError`.
         """
-        if self.ledger is None:
+        if self.on_disk is None:
             return None
-        left = self.ledger.get(gpu.uuid)
+        left = self.on_disk.get(gpu.uuid)
         if left is None or left.pid == os.getpid():
             return None
         if left.owner_alive:
@@ -74,7 +74,7 @@ class PowerCaps:
                 "GPU %d: restored the original power limit %g W (a killed process of run %s left it at %g W)",
                 gpu.index, left.original_limit_w, left.run_id, current_w,
             )  # fmt: skip
-        self.ledger.clear(gpu.uuid)
+        self.on_disk.clear(gpu.uuid)
         return left.original_limit_w
 
     def set(self, gpu: Gpu, target_w: float) -> bool:
@@ -86,8 +86,8 @@ class PowerCaps:
             return False
         if gpu.uuid not in self._originals:
             self._originals[gpu.uuid] = (gpu, current_w)
-            if self.ledger is not None:
-                self.ledger.record(
+            if self.on_disk is not None:
+                self.on_disk.record(
                     Original(
                         uuid=gpu.uuid, gpu=gpu.name, original_limit_w=current_w, run_id=self.run_id, pid=os.getpid()
                     )
@@ -127,14 +127,14 @@ class PowerCaps:
     def _forget(self, uuid: str) -> None:
         self._originals.pop(uuid, None)
         self.active_w.pop(uuid, None)
-        if self.ledger is not None:
-            self.ledger.clear(uuid)
+        if self.on_disk is not None:
+            self.on_disk.clear(uuid)
 
     def close(self) -> None:
         """Restore every changed GPU and leave the set that `restore_all()` covers.
 
         A `PowerError` while restoring is logged, not raised; that GPU's record then stays in
-        the ledger, if there is one, for the next start on that GPU to restore.
+        the record of original limits, if there is one, for the next start on that GPU to restore.
         """
         self.restore()
         with _LIVE_LOCK:

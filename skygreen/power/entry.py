@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 from skygreen.errors import PowerError, PowerPermissionError
 from skygreen.power.caps import PowerCaps, limits_of
-from skygreen.power.ledger import Ledger
 from skygreen.power.nvml import Gpu, Nvml
+from skygreen.power.originals import OriginalLimits
 from skygreen.power.policy import CapRequest, resolve
 from skygreen.power.simulated import SIMULATED_GPU_ENV
 
@@ -40,7 +40,7 @@ def cap(value: str | float, *, devices: Sequence[int] | None = None, required: b
     caps: PowerCaps | None = None
     try:
         nvml = nvml or Nvml()
-        caps = PowerCaps(ledger=Ledger.default())
+        caps = PowerCaps(originals=OriginalLimits.default())
         for gpu in _devices(nvml, devices):
             caps.adopt(gpu)
             decision = resolve(request, limits_of(gpu))

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from skygreen.errors import PowerError, PowerPermissionError, RuntimeSetupError
 from skygreen.power.caps import PowerCaps, limits_of
-from skygreen.power.ledger import Ledger
 from skygreen.power.meter import GpuEnergyMeter
+from skygreen.power.originals import OriginalLimits
 from skygreen.power.policy import (
     DEFAULT_ETA,
     MEASURE_STEPS,
@@ -68,7 +68,7 @@ class PowerGovernor:
         required: bool = False,
         eta: float = DEFAULT_ETA,
         run_id: str | None = None,
-        ledger: Ledger | None = None,
+        originals: OriginalLimits | None = None,
         gpu_type: str | None = None,
         reason: str | None = None,
         warmup_steps: int = WARMUP_STEPS,
@@ -85,7 +85,7 @@ class PowerGovernor:
         self.gpu_type = gpu_type or (gpu.name.replace(" (simulated)", "") if gpu else None)
         self.reason = reason
         """Why there is no GPU energy (method `none`)."""
-        self.caps = PowerCaps(ledger=ledger, run_id=run_id)
+        self.caps = PowerCaps(originals=originals, run_id=run_id)
         self.meter: GpuEnergyMeter | None = None
         self.limits: Limits | None = None
         self.profiler: LadderProfiler | None = None
@@ -99,11 +99,17 @@ class PowerGovernor:
         self._clock = clock
         self._taken_j = 0.0
         self._closed = False
+        self._saved: Mapping[str, Any] | None = None
 
     # -- start ----------------------------------------------------------------------------
 
     def start(self, saved: Mapping[str, Any] | None = None) -> None:
-        """Restore leftovers, then apply the cap or begin profiling; before the first step."""
+        """Restore leftovers, then apply the cap or begin profiling; before the first step.
+
+        `saved` is a checkpoint's `state_dict()` of an earlier governor (its `auto` profile and
+        the original limit); default: the one given to `load_state_dict`, if any.
+        """
+        saved = self._saved if saved is None else saved
         if self.gpu is None:
             if self.required and self.request.mode != "off":
                 raise RuntimeSetupError(f"power.required is true but this process has no GPU to cap ({self.reason})\n"
@@ -132,7 +138,7 @@ class PowerGovernor:
 
     def _restore_from_checkpoint(self, saved: Mapping[str, Any] | None) -> None:
         """The second record of the original limit: the checkpoint. Used when the machine's
-        ledger has no entry (its data folder was lost) but this very GPU still carries the cap
+        record of original limits has no entry (its data folder was lost) but this very GPU still carries the cap
         the checkpointed run set."""
         gpu = self._device()
         if not saved or saved.get("uuid") != gpu.uuid:
@@ -280,6 +286,11 @@ class PowerGovernor:
             "saving_vs_uncapped": self.profile.saving_vs_uncapped if self.profile else None,
             "simulated": bool(self.gpu and self.gpu.simulated),
         }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Keep a checkpoint's power state for `start`: the profile is reused on the same GPU
+        type and the original limit restored from it when this machine lost its record."""
+        self._saved = dict(state)
 
     def summary(self) -> dict[str, Any]:
         """The checkpoint meta's `power`: what `skygreen status` shows without loading weights."""

@@ -1,6 +1,6 @@
 """`skygreen power`: the GPUs on this machine, their power limits, and skygreen's caps on them.
 
-Read-only: it sets nothing. A cap is "active" when skygreen's ledger holds the GPU's original
+Read-only: it sets nothing. A cap is "active" when skygreen's record of original limits holds the GPU's original
 limit (a run or `cap()` block changed it and has not restored it yet); "left by a killed
 process" when that owner is dead (the next skygreen start on the GPU restores it).
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from skygreen.errors import PowerError
-from skygreen.power.ledger import Ledger
+from skygreen.power.originals import OriginalLimits
 from skygreen.power.simulated import SIMULATED_GPU_ENV
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def local_gpus(open_nvml: Callable[[], Nvml], environ: Mapping[str, str] | None 
         devices = nvml.devices()
     except PowerError as e:
         return {"gpus": [], "reason": str(e).splitlines()[0]}
-    ledger = Ledger.default(environ)
+    originals = OriginalLimits.default(environ)
     rows = []
     for gpu in devices:
         row: dict[str, Any] = {"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid, "simulated": gpu.simulated}
@@ -42,7 +42,7 @@ def local_gpus(open_nvml: Callable[[], Nvml], environ: Mapping[str, str] | None 
             row["min_limit_w"], row["max_limit_w"] = gpu.limit_range_w()
         except PowerError:
             row["min_limit_w"] = row["max_limit_w"] = None
-        left = ledger.get(gpu.uuid)
+        left = originals.get(gpu.uuid)
         row["skygreen_cap"] = None if left is None else {
             "original_limit_w": left.original_limit_w, "run_id": left.run_id, "pid": left.pid,
             "state": "active" if left.owner_alive else "left by a killed process",

@@ -78,6 +78,10 @@ class CapRequest:
             ) from None
         return cls(mode="fraction" if value <= 1.0 else "watts", value=value)
 
+    def to_text(self) -> str:
+        """The request as `parse` reads it (and a task file writes it): `auto`, `off`, `150`, `0.6`."""
+        return self.mode if self.value is None else f"{self.value:g}"
+
     def describe(self) -> str:
         """The request in words for logs and checkpoints: `150 W`, `0.6 of the default limit`, `auto` or `off`."""
         if self.mode == "watts":

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from skygreen.power.simulated import SIMULATED_GPU_ENV
+from skygreen.terminal import output_width, write_table
 
 
 def print_gpus(report: Mapping[str, Any], out: TextIO) -> None:
@@ -19,7 +20,7 @@ def print_gpus(report: Mapping[str, Any], out: TextIO) -> None:
         out.write(f"  (set {SIMULATED_GPU_ENV}=<GPU name> to try skygreen's power caps on a simulated GPU)\n")
         return
     header = ("GPU", "NAME", "LIMIT W", "DEFAULT W", "MIN W", "MAX W", "SKYGREEN CAP")
-    table = [header]
+    table: list[tuple[str, ...]] = [header]
     for g in report["gpus"]:
         cap = g["skygreen_cap"]
         cap_text = (
@@ -35,9 +36,7 @@ def print_gpus(report: Mapping[str, Any], out: TextIO) -> None:
                 cap_text,
             )
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    write_table(table, out, width=output_width(out), right=(0, 2, 3, 4, 5))
     if any(g["simulated"] for g in report["gpus"]):
         out.write(f"simulated GPU ({SIMULATED_GPU_ENV}): limits and energy come from skygreen's model, not hardware\n")
 

@@ -26,7 +26,6 @@ vGPUs), `no-library` (nvmlInit fails: no driver), `gpu-lost` (every device call 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.gpus import GPU_NAMES, GPUS, canonical_gpu_name
+from skygreen.locks import exclusive_lock
 from skygreen.power.model import MIN_LIMIT_FRACTION, model_draw_fraction, model_time_ratio
 
 SIMULATED_GPU_ENV = "SKYGREEN_SIMULATED_GPU"
@@ -263,8 +263,7 @@ class SimulatedNvml:
     def _state(self, index: int):
         """Read-modify-write of one board's file under an exclusive lock (ranks share boards)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.state_dir / f"{self.gpu}-{index}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with exclusive_lock(self.state_dir / f"{self.gpu}-{index}.lock"):
             state = self._read(index)
             yield state
             # A rename is atomic for other processes and survives kill -9; no fsync: a simulated
@@ -299,5 +298,7 @@ def library(environ: Mapping[str, str] | None = None) -> SimulatedNvml:
     """The simulated library `SKYGREEN_SIMULATED_GPU` asks for (see the module docstring)."""
     environ = os.environ if environ is None else environ
     name, count = parse_env(environ[SIMULATED_GPU_ENV])
-    faults = tuple(f.strip() for f in environ.get(FAULTS_ENV, "").split(",") if f.strip())
+    from skygreen.settings import decode
+
+    faults = decode(environ.get(FAULTS_ENV, ""), tuple[str, ...], FAULTS_ENV)
     return SimulatedNvml(name, count=count, state_dir=state_dir(environ), faults=faults)

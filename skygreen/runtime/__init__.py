@@ -14,8 +14,24 @@
         if run.step_index % 100 == 0:
             run.report(val_loss=evaluate(run.model))
 
+A trainer that owns its loop (a Hugging Face or Lightning callback, an FSDP script) uses the
+same parts without a `Run`:
+
+    services = sg.open_services(sg.RuntimeSettings.from_env(), device=device, world=sg.World.from_env(os.environ),
+                                environ=os.environ)
+    loaded = services.checkpointer.restore_state({"model": model, "optimizer": opt, "training": training})
+    services.governor.start(); services.preemption.start()
+    ...  # each step: services.governor.step_done(); services.preemption.sigterm; services.over_budget()
+    services.checkpointer.save_state(step, {"model": model, "optimizer": opt, "training": training})
+    services.close()
+
+A model sharded with FSDP2 (`sg.shard(model, blocks=model.layers, precision=sg.task_precision(device))`)
+goes to `Run` as it is (no DDP; sharded checkpoints); a loop of its own passes
+`checkpointer=sg.open_sharded_checkpointer(settings, world=world)` to `open_services` and
+`{**sg.sharded_states(model, opt), "training": training}` as the states.
+
 Importing this package does not import torch: the laptop side reads `PREEMPTED_EXIT_CODE`
-without paying torch's 2.3 s start-up.
+without paying torch's 2.3 s start-up; every other name loads its module on first use.
 """
 
 from __future__ import annotations
@@ -24,7 +40,33 @@ from typing import Any
 
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 
-_LAZY = {"Run": "skygreen.runtime.run", "Step": "skygreen.runtime.step"}
+_LAZY = {
+    "Run": "skygreen.runtime.run",
+    "Step": "skygreen.runtime.step",
+    "StepParts": "skygreen.runtime.step",
+    "RunServices": "skygreen.runtime.services",
+    "open_services": "skygreen.runtime.services",
+    "open_checkpointer": "skygreen.runtime.services",
+    "open_stopper": "skygreen.runtime.services",
+    "Checkpointer": "skygreen.runtime.checkpointer",
+    "Loaded": "skygreen.runtime.checkpointer",
+    "TrainingState": "skygreen.runtime.state",
+    "BatchShape": "skygreen.runtime.state",
+    "StateGroup": "skygreen.runtime.state",
+    "Stateful": "skygreen.runtime.state",
+    "World": "skygreen.runtime.ranks",
+    "open_governor": "skygreen.runtime.power",
+    "PowerGovernor": "skygreen.power.governor",
+    "RunBook": "skygreen.runtime.run_book",
+    "EarlyStopper": "skygreen.runtime.early_stop",
+    "PreemptionWatch": "skygreen.runtime.preemption",
+    "RuntimeSettings": "skygreen.settings",
+    "shard": "skygreen.runtime.fsdp",
+    "task_precision": "skygreen.runtime.fsdp",
+    "sharded_states": "skygreen.runtime.fsdp",
+    "ShardedCheckpointer": "skygreen.runtime.sharded",
+    "open_sharded_checkpointer": "skygreen.runtime.sharded",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -35,4 +77,31 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'skygreen.runtime' has no attribute {name!r}")
 
 
-__all__ = ["PREEMPTED_EXIT_CODE", "Run", "Step"]
+__all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "BatchShape",
+    "Checkpointer",
+    "EarlyStopper",
+    "Loaded",
+    "PowerGovernor",
+    "PreemptionWatch",
+    "Run",
+    "RunBook",
+    "RunServices",
+    "RuntimeSettings",
+    "ShardedCheckpointer",
+    "StateGroup",
+    "Stateful",
+    "Step",
+    "StepParts",
+    "TrainingState",
+    "World",
+    "open_checkpointer",
+    "open_governor",
+    "open_services",
+    "open_sharded_checkpointer",
+    "open_stopper",
+    "shard",
+    "sharded_states",
+    "task_precision",
+]

@@ -25,6 +25,7 @@ from the same bucket; when a process group is initialised they also agree by `al
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -62,7 +63,7 @@ from skygreen.checkpoint.manifest import (
 )
 from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.checkpoint.store import RetryPolicy, Store
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import (
     CheckpointError,
     InputError,
@@ -72,6 +73,7 @@ from skygreen.errors import (
     TransientStoreError,
 )
 from skygreen.runtime.ranks import all_reduce
+from skygreen.runtime.state import Stateful, apply, capture, upgrade_layout
 from skygreen.runtime.tensors import model_sha256, to_host
 from skygreen.spec import HALF_PRECISIONS
 from skygreen.timestamps import utc_now_iso
@@ -197,6 +199,68 @@ class Checkpointer:
             name=f"skygreen-checkpoint-{step}",
         )
         self._thread.start()
+
+    def save_state(
+        self,
+        step: int,
+        states: Mapping[str, Stateful | None],
+        *,
+        rank_state: dict | None = None,
+        metric: float | None = None,
+        meta: dict | None = None,
+        pin: bool = False,
+    ) -> dict[str, Any]:
+        """Checkpoint a mapping of named stateful objects at `step` (torchtitan's pattern).
+
+        Each object's `state_dict()` is taken now and snapshotted to host memory before this
+        returns; serialisation and upload run in the background, as with `save`.
+
+        Args:
+            step: the optimizer steps done; the checkpoint's name.
+            states: name -> object with `state_dict()`/`load_state_dict()` (model, optimizer,
+                scheduler, GradScaler, `TrainingState`, ...); None values are left out. Only
+                rank 0's shared state is written; every rank must call this.
+            rank_state: this rank's own state (its RNG), saved as its own blob.
+            metric: the early-stopping metric at this step, for `keep` by best metric.
+            meta: JSON-able facts `skygreen status` reads from the manifest without loading weights.
+            pin: keep this checkpoint whatever retention says (the final one).
+
+        Returns:
+            The state dict handed to the checkpointer (name -> state).
+
+        Raises:
+            CheckpointError: after close, a bad step, or the earlier failed saves that stop training.
+            TypeError: an object in `states` has no `state_dict`/`load_state_dict`.
+        """
+        state = capture(states)
+        self.save(step, state, rank_state=rank_state, metric=metric, meta=meta, pin=pin)
+        return state
+
+    def restore_state(self, states: Mapping[str, Stateful | None]) -> Loaded | None:
+        """Load the newest verified checkpoint into a mapping of named stateful objects.
+
+        Every rank must call this (the ranks agree on the step). Entries the checkpoint lacks
+        leave their object as it is and are logged; a checkpoint written before the training
+        state was one record is read in today's layout (`skygreen.runtime.state.upgrade_layout`).
+
+        Args:
+            states: name -> object with `load_state_dict()`, as given to `save_state`.
+
+        Returns:
+            The checkpoint loaded (its state in today's layout), or None when there is none.
+
+        Raises:
+            CheckpointError: the bucket cannot be read (every checkpoint in it failing to verify
+                is no error: they are skipped and None returned).
+        """
+        loaded = self.load_latest()
+        if loaded is None:
+            return None
+        loaded = dataclasses.replace(loaded, state=upgrade_layout(loaded.state))
+        missing = apply(states, loaded.state)
+        if missing:
+            log.warning("%s has no state for %s; they start fresh", loaded.manifest.label, ", ".join(missing))
+        return loaded
 
     def wait(self) -> None:
         """Block until the in-flight save committed; re-raise its error if it failed."""
@@ -389,6 +453,10 @@ class Checkpointer:
         unverified bytes from running code. `model_sha256` is not recomputed: the blob's
         sha256 already proves the bytes are the ones saved.
         """
+        if manifest.layout != "full":
+            raise CheckpointError(
+                f"written by an FSDP run (layout {manifest.layout!r}); a model wrapped with fully_shard loads it"
+            )
         own_name = rank_blob_name(self.rank)
         with (
             tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp,

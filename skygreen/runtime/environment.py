@@ -40,14 +40,6 @@ def show_runtime_logs(*, verbose: bool) -> None:
     logger.propagate = False
 
 
-def world(environ: Mapping[str, str]) -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's variables."""
-    try:
-        return int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1)), int(environ.get("LOCAL_RANK", 0))
-    except ValueError as e:
-        raise RuntimeSetupError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers: {e}") from e
-
-
 def device_facts(device: torch.device) -> DeviceFacts:
     """What the precision choice needs to know about `device`: a CUDA device's name and compute
     capability (the current device when it has no index), or the CPU's facts."""

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from skygreen.errors import RuntimeSetupError
+from skygreen.settings import decode
 
 HOLD_ENV = "SKYGREEN_TEST_HOLD_AT_STEPS"
 RELEASE_ENV = "SKYGREEN_TEST_HOLD_RELEASE"
@@ -30,10 +30,7 @@ def hold_steps(environ: Mapping[str, str]) -> frozenset[int]:
     raw = environ.get(HOLD_ENV, "").strip()
     if not raw:
         return frozenset()
-    try:
-        return frozenset(int(part) for part in raw.split(",") if part.strip())
-    except ValueError as e:
-        raise RuntimeSetupError(f"{HOLD_ENV}={raw!r}: expected step numbers separated by commas") from e
+    return frozenset(decode(raw, tuple[int, ...], HOLD_ENV))
 
 
 def hold(step: int, *, stopped: Callable[[], bool], environ: Mapping[str, str]) -> None:

@@ -11,60 +11,74 @@ limit and the steps before the first one (default `skygreen.power.policy`: 1, 4 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
 
 import torch
 
 from skygreen.errors import RuntimeSetupError
 from skygreen.power.entry import open_gpu
 from skygreen.power.governor import PowerGovernor
-from skygreen.power.ledger import Ledger
 from skygreen.power.nvml import Gpu
-from skygreen.power.policy import DEFAULT_ETA, MEASURE_STEPS, SETTLE_STEPS, WARMUP_STEPS, CapRequest
-from skygreen.runtime.ranks import all_reduce
-
-if TYPE_CHECKING:
-    from skygreen.runtime.run import Run
+from skygreen.power.originals import OriginalLimits
+from skygreen.power.policy import DEFAULT_ETA, MEASURE_STEPS, SETTLE_STEPS, WARMUP_STEPS
+from skygreen.runtime.ranks import World, all_reduce
+from skygreen.settings import RuntimeSettings, decode
 
 PROFILE_STEPS_ENV = "SKYGREEN_POWER_PROFILE_STEPS"
 
 
-def make_governor(run: Run) -> PowerGovernor:
+def open_governor(
+    settings: RuntimeSettings,
+    *,
+    device: torch.device,
+    world: World,
+    environ: Mapping[str, str],
+    smoke: bool = False,
+    originals: OriginalLimits | None = None,
+) -> PowerGovernor:
     """This rank's power governor: its GPU opened through NVML (none in the smoke test or where none
     is found, with the reason), the settings' cap request and eta, and the `auto` ladder's steps.
 
     Under DDP the ranks agree first whether every one has a GPU (a collective every rank must
-    join); only then are `auto` profile readings combined across ranks. Raises
-    `RuntimeSetupError` for a bad SKYGREEN_POWER_CAP or SKYGREEN_POWER_PROFILE_STEPS.
+    join); only then are `auto` profile readings combined across ranks.
+
+    Args:
+        settings: the run's settings (cap request, `required`, eta, run id).
+        device: this rank's torch device; a CUDA device is matched to its NVML board by UUID.
+        world: this process's rank, world size and local rank.
+        environ: where `SKYGREEN_SIMULATED_GPU` and `SKYGREEN_POWER_PROFILE_STEPS` are read.
+        smoke: the CPU smoke test: no GPU is opened.
+        originals: where the GPU's original limit is recorded (default: this machine's data folder).
+
+    Returns:
+        The governor, not started: call `start()` before the first step and `close()` at the end.
+
+    Raises:
+        RuntimeSetupError: a bad SKYGREEN_POWER_PROFILE_STEPS.
     """
-    environ = run._environ
     gpu: Gpu | None
     reason: str | None
-    if run.smoke:
+    if smoke:
         gpu, reason = None, "smoke test on CPU"
     else:
-        uuid = str(torch.cuda.get_device_properties(run.device).uuid) if run.device.type == "cuda" else None
-        gpu, reason = open_gpu(cuda_uuid=uuid, local_rank=run.local_rank, environ=environ)
-    reduce = None
-    if run.world_size > 1 and not run.agree_flags(gpu is None)[0]:
+        uuid = str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else None
+        gpu, reason = open_gpu(cuda_uuid=uuid, local_rank=world.local_rank, environ=environ)
+    reduce: Callable[[float, float], tuple[float, float]] | None = None
+    if world.size > 1 and not world.agree(gpu is None)[0]:
         reduce = _reduce
     warmup, measure, settle = _profile_steps(environ.get(PROFILE_STEPS_ENV))
-    try:
-        request = CapRequest.parse(run.settings.power_cap)
-    except ValueError as e:
-        raise RuntimeSetupError(f"SKYGREEN_POWER_CAP: {e}") from None
     return PowerGovernor(
         gpu,
-        request=request,
-        required=run.settings.power_required,
-        eta=DEFAULT_ETA if run.settings.power_eta is None else run.settings.power_eta,
-        run_id=run.settings.run_id,
-        ledger=Ledger.default(environ),
+        request=settings.power_cap,
+        required=settings.power_required,
+        eta=DEFAULT_ETA if settings.power_eta is None else settings.power_eta,
+        run_id=settings.run_id,
+        originals=originals if originals is not None else OriginalLimits.default(environ),
         reason=reason,
         warmup_steps=warmup,
         measure_steps=measure,
         settle_steps=settle,
-        sync=(lambda: torch.cuda.synchronize(run.device)) if run.device.type == "cuda" else None,
+        sync=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
         reduce=reduce,
     )
 
@@ -79,13 +93,10 @@ def _reduce(energy_j: float, time_s: float) -> tuple[float, float]:
 def _profile_steps(raw: str | None) -> tuple[int, int, int]:
     if not raw:
         return WARMUP_STEPS, MEASURE_STEPS, SETTLE_STEPS
-    try:
-        values = [int(v) for v in raw.split(",")]
-        warmup, measure, settle = [*values, SETTLE_STEPS][:3] if len(values) in (2, 3) else (0, 0, 0)
-        if warmup < 1 or measure < 1 or settle < 0:
-            raise ValueError
-    except ValueError:
+    values = decode(raw, tuple[int, ...], PROFILE_STEPS_ENV)
+    warmup, measure, settle = [*values, SETTLE_STEPS][:3] if len(values) in (2, 3) else (0, 0, 0)
+    if warmup < 1 or measure < 1 or settle < 0:
         raise RuntimeSetupError(
             f"{PROFILE_STEPS_ENV}={raw!r}: expected WARMUP,MEASURED[,SETTLE], integers >= 1 (e.g. 1,4,5)"
-        ) from None
+        )
     return warmup, measure, settle

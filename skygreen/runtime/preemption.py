@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skygreen.errors import RuntimeSetupError
+from skygreen.settings import decode
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -139,8 +140,8 @@ def _env_seconds(name: str, default: float, environ: Mapping[str, str]) -> float
     if not raw:
         return default
     try:
-        value = float(raw)
-    except ValueError:
+        value = decode(raw, float, name)
+    except RuntimeSetupError:
         value = -1.0
     if not value > 0:
         raise RuntimeSetupError(f"{name}: expected a number of seconds greater than 0\n  got: {raw!r}")
@@ -302,3 +303,57 @@ class SigtermLatch:
         if self.installed:
             signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
             self.installed = False
+
+
+class PreemptionWatch:
+    """The two ways a VM's end is announced, as one part: SIGTERM and the cloud's notice.
+
+    Args:
+        cloud: the cloud whose metadata endpoint to poll (`landed_cloud`); None: SIGTERM only.
+        environ: where the poll interval, the endpoint and the SIGTERM deadline are read.
+        exit_code: the exit code when no checkpoint committed within the SIGTERM deadline.
+
+    Raises:
+        RuntimeSetupError: a cloud it cannot watch, or a bad poll interval or deadline.
+    """
+
+    def __init__(self, *, cloud: str | None, environ: Mapping[str, str], exit_code: int) -> None:
+        self.latch = SigtermLatch.from_env(exit_code=exit_code, environ=environ)
+        self.watcher = NoticeWatcher.from_env(cloud, environ) if cloud else None
+        self._cloud, self._environ = cloud, environ
+        self._started = False
+        self._used = False
+
+    def start(self) -> PreemptionWatch:
+        """Catch SIGTERM (from the main thread) and start polling for notices; returns the watch.
+        After a `stop`, a new start watches afresh (a new SIGTERM latch and poller)."""
+        if self._used:
+            self.latch = SigtermLatch(deadline_s=self.latch.deadline_s, exit_code=self.latch.exit_code)
+            self.watcher = NoticeWatcher.from_env(self._cloud, self._environ) if self._cloud else None
+        self.latch.install()
+        if self.watcher is not None:
+            self.watcher.start()
+        self._started = self._used = True
+        return self
+
+    def notice(self) -> Notice | None:
+        """Ask whether the cloud announced this VM's preemption.
+
+        Returns:
+            A notice that appeared since the last call (each notice once: checkpoint now, training
+            goes on); None when there is none, before `start`, or off the three clouds.
+        """
+        return self.watcher.pending() if self.watcher is not None and self._started else None
+
+    @property
+    def sigterm(self) -> bool:
+        """Whether SIGTERM has arrived since `start`: checkpoint, wait for it, exit with the
+        preempted code before the deadline (`SKYGREEN_SIGTERM_DEADLINE_S`, 25 s)."""
+        return self.latch.fired
+
+    def stop(self) -> None:
+        """Stop polling and put the previous SIGTERM handler back; a second call does nothing."""
+        if self._started and self.watcher is not None:
+            self.watcher.stop()
+        self.latch.uninstall()
+        self._started = False

@@ -1,4 +1,6 @@
-"""Agreement across ranks: the one all-reduce the runtime uses, a no-op for a single process.
+"""The ranks of a run: who this process is among them (`World`), and how they agree.
+
+Agreement across ranks: the one all-reduce the runtime uses, a no-op for a single process.
 
 Ranks agree at step boundaries (preemption signals, out-of-memory while probing, the step to
 resume from, the energy of the step); every such agreement is a small tensor all-reduced here.
@@ -7,10 +9,57 @@ Call it from the main thread only: collectives must be issued in the same order 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from skygreen.errors import RuntimeSetupError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class World:
+    """This process's place among the run's ranks (torchrun's RANK, WORLD_SIZE, LOCAL_RANK)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.size >= 1 and 0 <= self.rank < self.size and self.local_rank >= 0):
+            raise RuntimeSetupError(
+                f"rank {self.rank} of world size {self.size} (local rank {self.local_rank}): "
+                "need 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> World:
+        """The world torchrun describes in `environ`; a single process when it says nothing.
+
+        Raises:
+            RuntimeSetupError: RANK, WORLD_SIZE or LOCAL_RANK is not an integer, or out of range.
+        """
+        try:
+            return cls(
+                rank=int(environ.get("RANK", 0)),
+                size=int(environ.get("WORLD_SIZE", 1)),
+                local_rank=int(environ.get("LOCAL_RANK", 0)),
+            )
+        except ValueError as e:
+            raise RuntimeSetupError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers: {e}") from e
+
+    @property
+    def leader(self) -> bool:
+        """Rank 0: the one that writes the ledger and the shared checkpoint state."""
+        return self.rank == 0
+
+    def agree(self, *flags: bool) -> list[bool]:
+        """Each flag raised on any rank is raised on all (an all-reduce with MAX); a collective
+        every rank must join, from the main thread."""
+        if self.size == 1:
+            return [bool(f) for f in flags]
+        return [bool(v) for v in all_reduce([int(f) for f in flags], op="MAX", dtype=torch.int32)]
 
 
 def distributed() -> bool:

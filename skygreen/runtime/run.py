@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -45,7 +44,6 @@ from skygreen.runtime import rng
 from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, smaller_micro_batch
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream, loader_for
-from skygreen.runtime.early_stop import EarlyStopper
 from skygreen.runtime.environment import (
     autocast_factory,
     batch_shape,
@@ -54,17 +52,19 @@ from skygreen.runtime.environment import (
     pick_precision,
     show_runtime_logs,
     to_device,
-    world,
 )
+from skygreen.runtime.fsdp import check_batch, is_sharded, sharded_states
 from skygreen.runtime.hold import hold, hold_steps
-from skygreen.runtime.ledger import RunBook
-from skygreen.runtime.power import make_governor
-from skygreen.runtime.preemption import NoticeWatcher, SigtermLatch, landed_cloud
-from skygreen.runtime.ranks import all_reduce
+from skygreen.runtime.preemption import landed_cloud
+from skygreen.runtime.ranks import World, all_reduce
+from skygreen.runtime.services import open_services
 from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
-from skygreen.runtime.state import load_training_state, training_state
-from skygreen.runtime.step import Step
+from skygreen.runtime.state import TRAINING, BatchShape, Stateful, StateGroup, TrainingState
+from skygreen.runtime.step import Step, StepParts
 from skygreen.settings import SMOKE_ENV, SMOKE_LINE, RuntimeSettings
+
+if TYPE_CHECKING:
+    from skygreen.runtime.sharded import ShardedCheckpointer
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -92,7 +92,7 @@ class Run:
         seed: int = 0,
         extra_state: Mapping[str, Any] | None = None,
         settings: RuntimeSettings | None = None,
-        checkpointer: Checkpointer | None = None,
+        checkpointer: Checkpointer | ShardedCheckpointer | None = None,
         device: str | torch.device | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
@@ -105,7 +105,8 @@ class Run:
             self.settings = RuntimeSettings.from_env(self._environ, **overrides)
         else:
             self.settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
-        self.rank, self.world_size, self.local_rank = world(self._environ)
+        self.world = World.from_env(self._environ)
+        self.rank, self.world_size, self.local_rank = self.world.rank, self.world.size, self.world.local_rank
         show_runtime_logs(verbose=self.rank == 0)
         self.device = pick_device(device, smoke=self.smoke, local_rank=self.local_rank)
         self.facts = device_facts(self.device)
@@ -113,7 +114,6 @@ class Run:
         self.effective_batch, self.micro_auto, micro = batch_shape(
             self.settings, code_micro=micro_batch, world_size=self.world_size, smoke=self.smoke
         )
-        self.micro_batch = micro
         self.module = model.to(self.device)
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -121,25 +121,45 @@ class Run:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.grad_scaler)
         self.autocast = autocast_factory(self.device.type, self.precision)
         """`with run.autocast():` mixed precision for a forward pass (a no-op in fp32)."""
+        self.sharded = is_sharded(self.module)  # FSDP2's fully_shard: no DDP, sharded checkpoints
         self.model = self._wrap_ddp(self.module)
         self.dataset = dataset
         self.stream = SampleStream(len(dataset), seed=seed, shuffle=shuffle)
         self.seed = seed
         self._collate_fn = collate_fn
         self._num_workers = num_workers
-        self.checkpointer = checkpointer or Checkpointer(
-            f"{self.settings.bucket.rstrip('/')}/{self.settings.run_id}",
-            keep=self.settings.checkpoint_keep,
-            half_precision=self.settings.checkpoint_half_precision,
-            rank=self.rank,
-            world_size=self.world_size,
-            metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
+        self.training = TrainingState(
+            batch=BatchShape(
+                effective=self.effective_batch, micro=micro, micro_auto=self.micro_auto, device_name=self.facts.name
+            )
         )
-        self.stopper = self._make_stopper()
-        self.step_index = 0
-        self.samples_seen = 0
-        self.counters: dict[str, float] = {"energy_j": 0.0, "wall_s": 0.0, "preemptions": 0, "restarts": 0}
-        self.completed = False
+        """Step, samples seen, batch shape, counters, completion: what the step advances and a resume restores."""
+        self.services = open_services(
+            self.settings,
+            device=self.device,
+            world=self.world,
+            environ=self._environ,
+            checkpointer=checkpointer or self._sharded_checkpointer(),
+            smoke=self.smoke,
+        )
+        self.checkpointer = self.services.checkpointer
+        self.stopper = self.services.stopper
+        self.power = self.services.governor
+        """This rank's GPU power: cap, `auto` profile, energy (`skygreen.power.governor`)."""
+        self._book = self.services.book  # the run ledger and budget: rank 0's only
+        self._parts = StepParts(
+            model=self.model,
+            module=self.module,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=self.scaler,
+            precision=self.precision,
+            autocast=self.autocast,
+            training=self.training,
+            world=self.world,
+            smoke=self.smoke,
+            sharded=self.sharded,
+        )
         self.total_steps: int | None = None
         """Set by `steps(total_steps)`; the run ledger records it as progress's denominator."""
         self._stopping = False
@@ -148,30 +168,73 @@ class Run:
         self._loader_iter: Iterator | None = None
         self._started_s = time.monotonic()
         self._wall_base_s = 0.0
-        self._sigterm: SigtermLatch | None = None
-        self._watcher: NoticeWatcher | None = None
         self._schedule: CheckpointSchedule | None = None
         self._hold_at_steps = hold_steps(self._environ)
-        self.saved_power: Mapping[str, Any] | None = None
-        """The `power` state of the checkpoint resumed from (the `auto` profile)."""
-        self.power = make_governor(self)
-        self._book = RunBook.for_run(self, self._environ)  # the run ledger and budget: rank 0's only
-        """This rank's GPU power: cap, `auto` profile, energy (`skygreen.power.governor`)."""
         if self.precision.warning and self.rank == 0:
             log.warning("%s", self.precision.warning)
 
     # -- set-up ---------------------------------------------------------------------------
 
     def _wrap_ddp(self, module: torch.nn.Module) -> torch.nn.Module:
-        if self.world_size == 1:
+        if self.world_size == 1 or self.sharded:
             return module
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
         ids = [self.device.index] if self.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
 
-    def _make_stopper(self) -> EarlyStopper | None:
-        return EarlyStopper(self.settings.early_stop) if self.settings.early_stop else None
+    def _sharded_checkpointer(self) -> ShardedCheckpointer | None:
+        """For a model sharded with FSDP2: DCP checkpoints, each rank saving its own shards."""
+        if not self.sharded:
+            return None
+        from skygreen.runtime.sharded import open_sharded_checkpointer
+
+        check_batch(micro_auto=self.micro_auto, world_size=self.world_size, smoke=self.smoke)
+        return open_sharded_checkpointer(self.settings, world=self.world, environ=self._environ)
+
+    @property
+    def step_index(self) -> int:
+        """Optimizer steps done (the next step's index)."""
+        return self.training.step
+
+    @property
+    def samples_seen(self) -> int:
+        """Samples trained on so far across all ranks: the data position a resume continues from."""
+        return self.training.samples_seen
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """Cumulative across restarts: energy_j, wall_s, preemptions, restarts."""
+        return self.training.counters
+
+    @property
+    def completed(self) -> bool:
+        """Whether the run reached its end (the last steps or early stopping) and checkpointed it."""
+        return self.training.completed
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples per micro-batch on each rank (halved by `micro: auto` on out-of-memory)."""
+        return self.training.batch.micro
+
+    @micro_batch.setter
+    def micro_batch(self, value: int) -> None:
+        self.training.batch.micro = value
+
+    def state_mapping(self) -> dict[str, Stateful | None]:
+        """The named stateful objects a checkpoint of this run holds (each rank's RNG goes apart)."""
+        parts: dict[str, Stateful] = {"model": self.module, "optimizer": self.optimizer}
+        if self.sharded:  # by parameter name, this rank's shards: they reshard on load
+            parts = sharded_states(self.module, self.optimizer)
+        return {
+            **parts,
+            "scheduler": self.scheduler,
+            "scaler": self.scaler,
+            TRAINING: self.training,
+            "early_stop": self.stopper,
+            "power": self.power,
+            "extra": StateGroup(self.extra_state),
+        }
 
     @property
     def accum_steps(self) -> int:
@@ -194,13 +257,13 @@ class Run:
         if self.completed:
             log.warning("run %s already completed at step %d; nothing to do", self.settings.run_id, self.step_index)
             return
-        self.power.start(self.saved_power)
+        self.power.start()
         self._install_preemption()
         if self._book:
             self._book.step_started()
         try:
             while self.step_index < total_steps and not self._should_stop():
-                step = Step(self, self.step_index)
+                step = Step(self.step_index, parts=self._parts, feed=self)
                 yield step
                 if step.retry:
                     continue
@@ -217,13 +280,12 @@ class Run:
 
     def report(self, **metrics: float) -> None:
         """Record evaluation metrics; the early-stopping metric drives stopping."""
-        self.last_metrics.update({k: float(v) for k, v in metrics.items()})
-        if self._book:
-            self._book.reported(metrics, self.step_index)
+        values = {k: float(v) for k, v in metrics.items()}
+        self.last_metrics.update(values)
         if (
-            self.stopper is not None
-            and self.stopper.config.metric in metrics
-            and self.stopper.update(metrics[self.stopper.config.metric])
+            self.services.report(values, step=self.step_index)
+            and self.stopper is not None
+            and self.stopper.config.metric in values
             and self.rank == 0
         ):
             log.warning("early stopping at step %d (%s)", self.step_index, self.stopper.state_dict())
@@ -237,10 +299,11 @@ class Run:
         self.power.step_done()
         if self._book:
             self._book.tick(self.step_index)
-        notice = self._watcher.pending() if self._watcher else None
-        sigterm = bool(self._sigterm and self._sigterm.fired)
+        watch = self.services.preemption
+        notice = watch.notice()
+        sigterm = watch.sigterm
         stop = self.rank == 0 and self.stopper is not None and self.stopper.stopped
-        budget = bool(self._book and self._book.over_budget())
+        budget = self.services.over_budget()
         if self.world_size > 1:
             sigterm, notice_up, stop, budget = self.agree_flags(sigterm, notice is not None, stop, budget)
         else:
@@ -271,16 +334,16 @@ class Run:
         ):
             self._save(state="running", wait=held)
         if held:
-            hold(self.step_index, stopped=lambda: bool(self._sigterm and self._sigterm.fired), environ=self._environ)
+            hold(self.step_index, stopped=lambda: watch.sigterm, environ=self._environ)
 
     def agree_flags(self, *flags: bool) -> list[bool]:
         """Each flag raised on any rank is raised on all (an all-reduce with MAX)."""
-        return [bool(v) for v in all_reduce([int(f) for f in flags], op="MAX", dtype=torch.int32)]
+        return self.world.agree(*flags)
 
     def _finish(self) -> None:
         if self.smoke:
             self._smoke_round_trip()
-        self.completed = True
+        self.training.completed = True
         self._save(state="completed", wait=True, pin=True)
         log.info("run %s completed at step %d", self.settings.run_id, self.step_index)
 
@@ -378,20 +441,16 @@ class Run:
         }
         if reason:
             meta["reason"] = reason
-        metric = None
-        if self.stopper is not None:
-            metric = self.last_metrics.get(self.stopper.config.metric)
-        saved = training_state(self)
-        self.checkpointer.save(
+        saved = self.checkpointer.save_state(
             self.step_index,
-            saved,
+            self.state_mapping(),
             rank_state={"rng": rng.capture()},
-            metric=metric if metric is None or math.isfinite(metric) else None,
+            metric=self.services.metric(self.last_metrics),
             meta=meta,
             pin=pin,
         )
         if self._book and state != "smoke":
-            self._book.progress_of(self, "early-stopped" if state == "completed" and self._stopping else state)
+            self._book.progress_of(self.training, "early-stopped" if state == "completed" and self._stopping else state)
         if wait:
             self.checkpointer.wait()
         if self._schedule is not None:
@@ -412,7 +471,7 @@ class Run:
         self.counters["energy_j"] += energy_j
 
     def _resume(self) -> None:
-        loaded = self.checkpointer.load_latest()
+        loaded = self.checkpointer.restore_state(self.state_mapping())
         if loaded is not None:
             self._restore(loaded)
         elif self.micro_auto:
@@ -425,20 +484,22 @@ class Run:
         )
         self._started_s = time.monotonic()
         if self._book and not self.completed:
-            self._book.started_from(self)
+            self._book.started_from(
+                self.training, samples_per_epoch=self.stream.dataset_len, total_steps=self.total_steps
+            )
             # VMs killed without a SIGTERM were counted by nobody; the ledger knows them
             self.counters["preemptions"] = max(self.counters["preemptions"], self._book.preemptions_before())
         self._schedule = CheckpointSchedule(policy, start_step=self.step_index, start_s=self._started_s)
 
     def _restore(self, loaded: Any) -> None:
-        state = loaded.state
-        load_training_state(self, state)
+        """After `restore_state` loaded every part: what the run decides from the checkpoint."""
+        saved_batch = TrainingState.saved_batch(loaded.state[TRAINING])
         self._wall_base_s = float(self.counters["wall_s"])
         self._stopping = self.stopper is not None and self.stopper.stopped
-        self.completed = loaded.manifest.meta.get("state") == "completed"
+        self.training.completed = self.training.completed or loaded.manifest.meta.get("state") == "completed"
         if not self.completed:
             self.counters["restarts"] += 1
-        self._restore_micro_batch(state["batch"])
+        self._restore_micro_batch(saved_batch)
         if loaded.rank_state is not None:
             rng.restore(loaded.rank_state["rng"])
         else:
@@ -447,15 +508,14 @@ class Run:
             )
         log.info("resumed run %s at step %d (epoch %d)", self.settings.run_id, self.step_index, self.epoch)
 
-    def _restore_micro_batch(self, batch: Mapping[str, Any]) -> None:
+    def _restore_micro_batch(self, batch: BatchShape) -> None:
         if not self.micro_auto or self.smoke:
             return
-        same_batch = batch["effective"] == self.effective_batch
-        if same_batch and batch["device_name"] == self.facts.name:
-            self.micro_batch = int(batch["micro"])
+        if batch.effective == self.effective_batch and batch.device_name == self.facts.name:
+            self.micro_batch = batch.micro
             return
         if self.rank == 0:
-            log.warning("resumed on %s (was %s); probing the micro-batch again", self.facts.name, batch["device_name"])
+            log.warning("resumed on %s (was %s); probing the micro-batch again", self.facts.name, batch.device_name)
         self._probe_steps_left = OOM_PROBE_STEPS
 
     def _smoke_round_trip(self) -> None:
@@ -472,29 +532,19 @@ class Run:
     # -- preemption -----------------------------------------------------------------------
 
     def _install_preemption(self) -> None:
-        self._sigterm = SigtermLatch.from_env(exit_code=PREEMPTED_EXIT_CODE, environ=self._environ).install()
-        cloud = landed_cloud(self.settings.cloud, self._environ)
-        if cloud and not self.smoke:
-            self._watcher = NoticeWatcher.from_env(cloud, self._environ).start()
+        self.services.preemption.start()
 
     def _uninstall_preemption(self) -> None:
-        if self._watcher is not None:
-            self._watcher.stop()
-            self._watcher = None
-        if self._sigterm is not None:
-            self._sigterm.uninstall()
-            self._sigterm = None
+        self.services.preemption.stop()
 
     def close(self) -> None:
         """Wait for the in-flight checkpoint, stop background threads, restore the GPU's power limit."""
-        self._uninstall_preemption()
-        self.power.close()
-        self.checkpointer.close()
+        self.services.close()
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._book and exc_type is not None and not self.completed:
-            self._book.exited(self, exc_type)
+            self._book.exited(self.training, exc_type)
         self.close()

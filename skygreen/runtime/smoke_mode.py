@@ -18,6 +18,7 @@ from skygreen.settings import SMOKE_FAILED
 
 if TYPE_CHECKING:
     from skygreen.runtime.checkpointer import Checkpointer
+    from skygreen.runtime.sharded import ShardedCheckpointer
 
 SMOKE_STEPS = 2
 SMOKE_MICRO_BATCH = 2
@@ -63,7 +64,7 @@ def smoke_fail(phase: str, error: BaseException) -> None:
     raise SystemExit(1) from error
 
 
-def round_trip(save: Callable[[], Any], checkpointer: Checkpointer, step: int) -> int:
+def round_trip(save: Callable[[], Any], checkpointer: Checkpointer | ShardedCheckpointer, step: int) -> int:
     """Save, load back, and check every tensor came back equal; returns the tensor count.
 
     A failure prints the smoke-failure line naming the phase (save or load) and exits.
@@ -75,7 +76,7 @@ def round_trip(save: Callable[[], Any], checkpointer: Checkpointer, step: int) -
         loaded = checkpointer.load_latest()
         if loaded is None or loaded.step != step:
             raise CheckpointError("the checkpoint just saved was not found")
-        from skygreen.runtime.compare import first_difference
+        from skygreen.runtime.tensors import first_difference
 
         diff = first_difference(saved, loaded.state)
         if diff:

@@ -1,54 +1,180 @@
-"""What a checkpoint of a `Run` holds, and how it goes back into the run.
+"""What a checkpoint holds: a mapping of named stateful objects, and the training state among them.
 
-The shared state every rank agrees on: model, optimizer, scheduler, GradScaler, progress,
-early-stopping state, batch shape, counters, the power profile and the user's extra objects. Each rank's RNG is
-saved apart, as its own blob (see `skygreen.runtime.checkpointer`).
+A checkpoint's shared state is `{name: obj.state_dict()}` over a mapping of named objects that
+have `state_dict()` / `load_state_dict()` (torchtitan's pattern): model, optimizer, scheduler,
+GradScaler, the `TrainingState` below, early stopping, the power profile and the user's extra
+objects (`StateGroup`). Each rank's RNG is saved apart, as its own blob (see
+`skygreen.runtime.checkpointer`). A trainer that owns its loop builds its own mapping and hands
+it to `Checkpointer.save_state` / `Checkpointer.restore_state`.
+
+Checkpoints written before the training state was one record kept `progress`, `batch` and
+`counters` at the top level; `upgrade_layout` reads them as a `training` entry, so they still
+resume. No torch here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from skygreen.runtime.run import Run
+TRAINING = "training"
+"""The name of the `TrainingState` in a checkpoint's state mapping."""
 
-
-def training_state(run: Run) -> dict[str, Any]:
-    """The shared state of `run` at its current step boundary."""
-    return {
-        "model": run.module.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
-        "scaler": run.scaler.state_dict(),
-        "progress": {"step": run.step_index, "samples_seen": run.samples_seen},
-        "early_stop": run.stopper.state_dict() if run.stopper is not None else None,
-        "batch": {
-            "effective": run.effective_batch,
-            "micro": run.micro_batch,
-            "micro_auto": run.micro_auto,
-            "device_name": run.facts.name,
-        },
-        "counters": dict(run.counters),
-        "power": run.power.state_dict(),
-        "extra": {name: obj.state_dict() for name, obj in run.extra_state.items()},
-    }
+COUNTER_NAMES = ("energy_j", "wall_s", "preemptions", "restarts")
 
 
-def load_training_state(run: Run, state: Mapping[str, Any]) -> None:
-    """Put a checkpoint's shared state back into `run` (the batch shape is the run's to decide)."""
-    run.module.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    if run.scheduler is not None and state.get("scheduler") is not None:
-        run.scheduler.load_state_dict(state["scheduler"])
-    if run.precision.grad_scaler and state["scaler"]:
-        run.scaler.load_state_dict(state["scaler"])
-    run.step_index = int(state["progress"]["step"])
-    run.samples_seen = int(state["progress"]["samples_seen"])
-    if run.stopper is not None and state.get("early_stop") is not None:
-        run.stopper.load_state_dict(state["early_stop"])
-    for name, obj in run.extra_state.items():
-        if name in state.get("extra", {}):
-            obj.load_state_dict(state["extra"][name])
-    run.counters.update(state["counters"])
-    run.saved_power = state.get("power")
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything a checkpoint can hold: torch modules, optimizers, schedulers, scalers, our records."""
+
+    def state_dict(self) -> Any:
+        """The object's state, as plain containers and tensors."""
+        ...
+
+    def load_state_dict(self, state: Any) -> Any:
+        """Put a state from `state_dict` back."""
+        ...
+
+
+@dataclass(kw_only=True, slots=True)
+class BatchShape:
+    """The batch a checkpoint was trained with, so a resume can keep a probed micro-batch."""
+
+    effective: int
+    micro: int
+    micro_auto: bool = False
+    device_name: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.effective < 1 or self.micro < 1:
+            raise ValueError(f"batch shape: effective {self.effective} and micro {self.micro} must be >= 1")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingState:
+    """Where a run stands: optimizer steps done, samples seen (the data position), the batch
+    shape, cumulative counters (energy, wall time, preemptions, restarts) and whether it ended.
+
+    Mutable on purpose: the step advances it, the checkpointer saves it, a resume loads it.
+    """
+
+    batch: BatchShape
+    step: int = 0
+    samples_seen: int = 0
+    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTER_NAMES, 0.0))
+    completed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.step < 0 or self.samples_seen < 0:
+            raise ValueError(f"training state: step {self.step} and samples_seen {self.samples_seen} must be >= 0")
+        self.counters = {**dict.fromkeys(COUNTER_NAMES, 0.0), **self.counters}
+
+    def advance(self) -> None:
+        """One optimizer step done: one more step, one effective batch more of samples."""
+        self.step += 1
+        self.samples_seen += self.batch.effective
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values only (ints, floats, strings), so `torch.load(weights_only=True)` reads them."""
+        return {
+            "step": self.step,
+            "samples_seen": self.samples_seen,
+            "batch": dataclasses.asdict(self.batch),
+            "counters": dict(self.counters),
+            "completed": self.completed,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put a saved training state back: progress, counters and completion.
+
+        The batch shape stays this run's: a resume reads the saved one with `saved_batch` and
+        decides (the same GPU keeps a probed micro-batch, a different one probes again).
+
+        Args:
+            state: a `state_dict()` of a training state.
+
+        Raises:
+            KeyError: `state` lacks step, samples_seen or counters.
+        """
+        self.step = int(state["step"])
+        self.samples_seen = int(state["samples_seen"])
+        self.counters.update({k: float(v) for k, v in state["counters"].items()})
+        self.completed = bool(state.get("completed", False))
+
+    @staticmethod
+    def saved_batch(state: Mapping[str, Any]) -> BatchShape:
+        """The batch shape in a checkpoint's `training` entry."""
+        return BatchShape(**state["batch"])
+
+
+class StateGroup:
+    """Named stateful objects saved as one entry (the user's extras: a data stream, an EMA ...).
+
+    Args:
+        objects: name -> object with `state_dict()` / `load_state_dict()`.
+    """
+
+    def __init__(self, objects: Mapping[str, Stateful]) -> None:
+        self.objects = dict(objects)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each object's state under its name."""
+        return {name: obj.state_dict() for name, obj in self.objects.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load each object whose name the saved state has; the others keep their state."""
+        for name, obj in self.objects.items():
+            if name in state:
+                obj.load_state_dict(state[name])
+
+
+def capture(states: Mapping[str, Stateful | None]) -> dict[str, Any]:
+    """`{name: obj.state_dict()}` for every object that is not None.
+
+    Raises:
+        TypeError: an object has no `state_dict`/`load_state_dict`.
+    """
+    out: dict[str, Any] = {}
+    for name, obj in states.items():
+        if obj is None:
+            continue
+        if not isinstance(obj, Stateful):
+            raise TypeError(f"state {name!r}: a {type(obj).__name__} has no state_dict()/load_state_dict()")
+        out[name] = obj.state_dict()
+    return out
+
+
+def apply(states: Mapping[str, Stateful | None], saved: Mapping[str, Any]) -> list[str]:
+    """Load each object from its entry in `saved`; returns the names `saved` had nothing for.
+
+    An entry that is None or empty (a scheduler or GradScaler that was off when saved) leaves
+    the object as it is, as does a missing one.
+    """
+    missing = []
+    for name, obj in states.items():
+        if obj is None:
+            continue
+        value = saved.get(name)
+        if value is None or (isinstance(value, Mapping) and not value):
+            if name not in saved:
+                missing.append(name)
+            continue
+        obj.load_state_dict(value)
+    return missing
+
+
+def upgrade_layout(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's shared state in today's layout: one written before the `training` entry
+    (`progress`, `batch`, `counters` at the top level) gets it built from those."""
+    out = dict(saved)
+    if TRAINING not in out and "progress" in out:
+        batch = out.pop("batch")
+        out[TRAINING] = {
+            "step": int(out["progress"]["step"]),
+            "samples_seen": int(out.pop("progress")["samples_seen"]),
+            "batch": {k: batch[k] for k in ("effective", "micro", "micro_auto", "device_name")},
+            "counters": out.pop("counters"),
+        }
+    return out

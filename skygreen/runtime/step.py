@@ -1,15 +1,18 @@
 """`Step`: one optimizer step of the user's loop, read as one block (nanoGPT's `train.py`).
 
 Micro-batches, the backward divided by the accumulation steps and scaled for fp16, clipping
-after unscaling, the update. The step talks to its `Run` through the run's small public
-surface (`next_micro_batch`, `agree_flags`, `shrink_micro_batch`, `count_probe_step`).
+after unscaling, the update. A step receives only what it needs: the objects it trains
+(`StepParts`: model, optimizer, scheduler, scaler, precision, the training state it advances,
+the world it agrees with) and a `BatchFeed` that hands out micro-batches and halves them on
+out-of-memory while probing (the `Run` is one).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -18,10 +21,63 @@ from torch.nn.parallel import DistributedDataParallel
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime import rng
 from skygreen.runtime.autotune import is_out_of_memory
+from skygreen.runtime.fsdp import clip_grad_norm, set_gradient_sync
+from skygreen.runtime.precision import PrecisionChoice
+from skygreen.runtime.ranks import World
 from skygreen.runtime.smoke_mode import smoke_fail
+from skygreen.runtime.state import TrainingState
 
-if TYPE_CHECKING:
-    from skygreen.runtime.run import Run
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepParts:
+    """What every step of a run trains with; built once by the loop that hands out steps."""
+
+    model: torch.nn.Module
+    """The model as called (DDP-wrapped with more than one rank)."""
+    module: torch.nn.Module
+    """The model's own module (whose parameters are clipped and averaged)."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    precision: PrecisionChoice
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    training: TrainingState
+    world: World
+    smoke: bool = False
+    sharded: bool = False
+    """The model is sharded with FSDP2's `fully_shard` (`skygreen.runtime.fsdp`): no DDP; FSDP
+    reduce-scatters on the last micro-batch only, and the gradient norm is clipped over the shards."""
+
+
+class BatchFeed(Protocol):
+    """Where a step's micro-batches come from, and what shrinks them while probing."""
+
+    @property
+    def accum_steps(self) -> int:
+        """Micro-batches per optimizer step on this rank."""
+        ...
+
+    @property
+    def probing(self) -> bool:
+        """True while out-of-memory means 'go smaller' (the first steps of `micro: auto`)."""
+        ...
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the data position is in, counting from 0."""
+        ...
+
+    def next_micro_batch(self) -> Any:
+        """This rank's next micro-batch, on its device."""
+        ...
+
+    def shrink_micro_batch(self, error: BaseException, step: Step) -> None:
+        """Redo `step` with a smaller micro-batch; raise when nothing smaller is left."""
+        ...
+
+    def count_probe_step(self) -> None:
+        """One optimizer step done while probing."""
+        ...
 
 
 class ProbeRetry(Exception):
@@ -36,8 +92,9 @@ class Step:
     with half the micro-batch.
     """
 
-    def __init__(self, run: Run, index: int) -> None:
-        self.run = run
+    def __init__(self, index: int, *, parts: StepParts, feed: BatchFeed) -> None:
+        self.parts = parts
+        self.feed = feed
         self.index = index
         self.done = False
         self.retry = False
@@ -45,29 +102,33 @@ class Step:
         self._backwards = 0
         self._drawn = 0
         self._synced = False
-        self.rng_at_start = rng.capture() if run.probing else None
+        self.rng_at_start = rng.capture() if feed.probing else None
 
     @property
     def epoch(self) -> int:
         """The run's epoch, counting from 0: until `optimizer_step`, the one this step's samples start in."""
-        return self.run.epoch
+        return self.feed.epoch
 
     @property
     def accum_steps(self) -> int:
         """Micro-batches this step has on this rank: `micro_batches` yields that many, and `backward`
         divides the loss by it."""
-        return self.run.accum_steps
+        return self.feed.accum_steps
 
     def micro_batches(self) -> Iterator[Any]:
         """This rank's micro-batches of the step; DDP syncs gradients only on the last one."""
-        run = self.run
-        accum = run.accum_steps
-        ddp = cast(DistributedDataParallel, run.model) if run.world_size > 1 else None
+        feed = self.feed
+        accum = feed.accum_steps
+        sharded = self.parts.sharded
+        ddp = cast(DistributedDataParallel, self.parts.model) if self.parts.world.size > 1 and not sharded else None
         for k in range(accum):
             self.phase = "forward"
-            batch = run.next_micro_batch()
+            batch = feed.next_micro_batch()
             self._drawn += 1
-            if ddp is not None and (k < accum - 1 or run.probing):
+            if sharded:
+                set_gradient_sync(self.parts.model, k == accum - 1)
+                yield batch
+            elif ddp is not None and (k < accum - 1 or feed.probing):
                 with ddp.no_sync():
                     yield batch
             else:
@@ -75,14 +136,14 @@ class Step:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Mixed precision for the forward pass (a no-op in fp32)."""
-        return self.run.autocast()
+        return self.parts.autocast()
 
     def backward(self, loss: torch.Tensor) -> None:
         """`loss / accum_steps`, scaled when fp16, backpropagated."""
         self.phase = "backward"
-        loss = loss / self.run.accum_steps
-        if self.run.precision.grad_scaler:
-            loss = self.run.scaler.scale(loss)
+        loss = loss / self.feed.accum_steps
+        if self.parts.precision.grad_scaler:
+            loss = self.parts.scaler.scale(loss)
         loss.backward()
         self._backwards += 1
 
@@ -90,60 +151,61 @@ class Step:
         """Clip the gradient norm after unscaling (clipping scaled gradients would clip nothing)."""
         self._boundary()
         self.phase = "optimizer"
-        if self.run.precision.grad_scaler:
-            self.run.scaler.unscale_(self.run.optimizer)
-        return torch.nn.utils.clip_grad_norm_(self.run.module.parameters(), max_norm)
+        if self.parts.precision.grad_scaler:
+            self.parts.scaler.unscale_(self.parts.optimizer)
+        if self.parts.sharded:
+            return clip_grad_norm(self.parts.module.parameters(), max_norm)
+        return torch.nn.utils.clip_grad_norm_(self.parts.module.parameters(), max_norm)
 
     def optimizer_step(self) -> None:
         """Step (skipped by the scaler on inf/nan gradients), update the scale, zero, schedule."""
         self._boundary()
         self.phase = "optimizer"
-        run = self.run
-        if run.precision.grad_scaler:
-            run.scaler.step(run.optimizer)
-            run.scaler.update()
+        parts = self.parts
+        if parts.precision.grad_scaler:
+            parts.scaler.step(parts.optimizer)
+            parts.scaler.update()
         else:
-            run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
-        if run.scheduler is not None:
-            run.scheduler.step()
-        run.step_index += 1
-        run.samples_seen += run.effective_batch
-        run.count_probe_step()
+            parts.optimizer.step()
+        parts.optimizer.zero_grad(set_to_none=True)
+        if parts.scheduler is not None:
+            parts.scheduler.step()
+        parts.training.advance()
+        self.feed.count_probe_step()
         self.done = True
 
     def _boundary(self) -> None:
         """Once per step, before the first use of the accumulated gradients."""
         if self._synced:
             return
-        if self._drawn != self.run.accum_steps or self._backwards != self.run.accum_steps:
+        accum = self.feed.accum_steps
+        if self._drawn != accum or self._backwards != accum:
             raise RuntimeSetupError(
                 f"step {self.index}: {self._drawn} micro-batches drawn and {self._backwards} backward calls, "
-                f"expected {self.run.accum_steps} of each\n"
+                f"expected {accum} of each\n"
                 "  fix: iterate step.micro_batches() to the end and call step.backward(loss) once per micro-batch"
             )
-        run = self.run
-        if run.world_size > 1 and run.probing:
-            if run.agree_flags(False)[0]:
+        world = self.parts.world
+        if world.size > 1 and self.feed.probing and not self.parts.sharded:
+            if world.agree(False)[0]:
                 raise ProbeRetry()
-            average_gradients(run.module, run.world_size)
+            average_gradients(self.parts.module, world.size)
         self._synced = True
 
     def __enter__(self) -> Step:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        run = self.run
         if exc is None:
             return False
-        recoverable = run.probing and not self._synced
+        recoverable = self.feed.probing and not self._synced
         if isinstance(exc, ProbeRetry) or (recoverable and is_out_of_memory(exc)):
-            if run.world_size > 1 and not isinstance(exc, ProbeRetry):
-                run.agree_flags(True)  # the other ranks wait for this at their boundary
-            run.shrink_micro_batch(exc, self)
+            if self.parts.world.size > 1 and not isinstance(exc, ProbeRetry):
+                self.parts.world.agree(True)  # the other ranks wait for this at their boundary
+            self.feed.shrink_micro_batch(exc, self)
             self.retry = True
             return True
-        if run.smoke and not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        if self.parts.smoke and not isinstance(exc, (SystemExit, KeyboardInterrupt)):
             smoke_fail(self.phase, exc)
         return False
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from skygreen.launch.watch_state import LOG_FILE
+from skygreen.deadline.watch_state import LOG_FILE
 
 POLL_ENV = "SKYGREEN_WATCH_POLL"
 """How often the background watcher polls (a duration: `60s`, `5m`); default 60s."""

@@ -1,7 +1,9 @@
-"""Which launcher runs a task: SkyPilot for the cloud, this machine for `--local`, or a named one.
+"""The launcher factory: which launcher runs a task (SkyPilot for the cloud, this machine for
+`--local`, or a named one).
 
-A composition helper, not core: only `skygreen.api` (and tests) import it; `skygreen.launch.runs`
-receives launchers from it. A new launcher is a module beside `skypilot_launcher.py` that
+`skygreen.launch.launcher` is the seam (the `Launcher` protocol and job states) and imports no
+launcher; this module is the one place that does. A composition helper, not core: only
+`skygreen.api` (and tests) import it; `skygreen.launch.runs` receives launchers from it. A new launcher is a module beside `skypilot_launcher.py` that
 implements `skygreen.launch.launcher.Launcher`, selected here (or with
 `SKYGREEN_LAUNCHER=module:factory`).
 """

@@ -1,9 +1,11 @@
-"""The store for a checkpoint URL: picks the adapter by scheme (s3://, gs://, a local path).
+"""The store factory: opens the adapter for a checkpoint URL by its scheme (s3://, gs://, a local path).
 
-A composition helper, not core: only the composition roots (`skygreen.api` on the laptop,
-`skygreen.runtime` in the container) and tests import it; the core takes a `Store` (or a
+`skygreen.checkpoint.store` is the seam (the `Store` protocol, bucket URLs, retries) and imports
+no adapter; this module is the one place that does. A composition helper, not core: only the
+composition roots (`skygreen.api` on the laptop, `skygreen.runtime` in the container) and
+tests import it; the core takes a `Store` (or a
 function that opens one) as an argument. A new cloud store is one module beside the others
-(`<scheme>_store.py`, implementing `skygreen.checkpoint.store.Store` with an error table) plus
+(`<scheme>_store.py`, a `skygreen.checkpoint.cloud_store.CloudStore` with an error table) plus
 one branch here.
 """
 

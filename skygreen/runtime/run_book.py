@@ -1,8 +1,8 @@
-"""The runtime's bookkeeping: its VM's ledger segment and the run's budget, on rank 0.
+"""The run book: this VM's segment of the run ledger and the run's budget, on rank 0.
 
-`Run` calls this at a handful of points (started, first step, metrics reported, checkpoint
-saved, budget check at step boundaries, ended); everything here is rank 0's only, and a
-no-op on other ranks and in the smoke test. Energy comes from the runtime's meter
+A trainer calls it at a handful of points (started, first step, metrics reported, checkpoint
+saved, budget check at step boundaries, ended); it exists on rank 0 only, and not in the smoke
+test (`RunBook.open` returns None there). Energy comes from the runtime's meter
 (`counters["energy_j"]`, cumulative across restarts); `energy_j` stays None on CPU where
 nothing is metered. No torch here.
 """
@@ -13,9 +13,9 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from skygreen.errors import RuntimeSetupError
+from skygreen.checkpoint.store import Store
 from skygreen.ledger.budget import (
     DEFAULT_ALERT_FRACTIONS,
     BudgetPolicy,
@@ -27,6 +27,11 @@ from skygreen.ledger.budget import (
 from skygreen.ledger.place import current_place, gpu_catalog_name
 from skygreen.ledger.records import KILLED, PREEMPTED
 from skygreen.ledger.writer import LedgerWriter
+from skygreen.runtime.state import TrainingState
+from skygreen.settings import RuntimeSettings
+
+if TYPE_CHECKING:
+    from skygreen.runtime.ranks import World  # torch; the book needs none
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -72,31 +77,24 @@ def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
         return default
 
 
-def parse_fractions(raw: str | None, name: str = "SKYGREEN_BUDGET_ALERTS") -> tuple[float, ...]:
-    """The budget alert fractions in `raw` (comma-separated, such as `0.5,0.8,1`), sorted, each once.
-
-    Empty or None gives the defaults (0.5, 0.8, 1.0). A value that is not a number, or not in
-    (0, 1], raises `RuntimeSetupError` naming the variable `name`.
-    """
-    if not raw:
-        return DEFAULT_ALERT_FRACTIONS
-    try:
-        values = tuple(sorted({float(x) for x in raw.split(",") if x.strip()}))
-    except ValueError:
-        raise RuntimeSetupError(f"{name}: expected comma-separated fractions such as 0.5,0.8,1, got {raw!r}") from None
-    if not values or any(not 0 < v <= 1 for v in values):
-        raise RuntimeSetupError(f"{name}: every fraction must be in (0, 1], got {raw!r}")
-    return values
-
-
 class RunBook:
-    """Rank 0's ledger writer and budget tracker for one process."""
+    """Rank 0's ledger writer and budget tracker for one process.
+
+    Args:
+        store: the run's checkpoint store (the ledger lives beside the checkpoints).
+        settings: the run's settings (run id, budget, alerts, webhook variable's name).
+        device_name: the GPU's name (None or "cpu" on CPU), priced from the plan's offers.
+        gpu_count: GPUs on this node.
+        environ: where the place (cloud, region, offers) and the webhook URL are read.
+        started_at: epoch seconds this process started.
+        metering: whether energy is measured; else the segment's energy is None.
+    """
 
     def __init__(
         self,
         *,
-        store: Any,
-        settings: Any,
+        store: Store,
+        settings: RuntimeSettings,
         device_name: str | None,
         gpu_count: int,
         environ: Mapping[str, str],
@@ -106,11 +104,11 @@ class RunBook:
         gpu = gpu_catalog_name(device_name) if device_name and device_name != "cpu" else None
         self.place = current_place(environ, gpu=gpu, gpu_count=gpu_count if gpu else 0)
         self.writer = LedgerWriter(store, run_id=settings.run_id, place=self.place, started_at=started_at)
-        webhook_env = getattr(settings, "budget_webhook_env", None)
+        webhook_env = settings.budget_webhook_env
         self.policy = BudgetPolicy(
-            budget_usd=getattr(settings, "budget_usd", None),
-            alert_fractions=parse_fractions(getattr(settings, "budget_alerts", None)),
-            burn_usd_per_hour=getattr(settings, "burn_alert_usd_per_hour", None),
+            budget_usd=settings.budget_usd,
+            alert_fractions=settings.budget_alerts or DEFAULT_ALERT_FRACTIONS,
+            burn_usd_per_hour=settings.burn_alert_usd_per_hour,
             webhook_url=environ.get(webhook_env) if webhook_env else None,
         )
         if webhook_env and not self.policy.webhook_url:
@@ -123,48 +121,67 @@ class RunBook:
         """Whether energy is measured (a GPU's counter or a simulated board): else energy_j is None."""
 
     @classmethod
-    def for_rank(cls, *, rank: int, smoke: bool, **kwargs: Any) -> RunBook | None:
-        """A book on rank 0 outside the smoke test; None on other ranks and in the smoke test."""
-        return cls(**kwargs) if rank == 0 and not smoke else None
+    def open(
+        cls,
+        settings: RuntimeSettings,
+        *,
+        store: Store,
+        world: World,
+        device_name: str | None,
+        environ: Mapping[str, str],
+        metering: bool,
+        smoke: bool = False,
+    ) -> RunBook | None:
+        """The run book of this process: on rank 0 outside the smoke test, else None.
 
-    @classmethod
-    def for_run(cls, run: Any, environ: Mapping[str, str]) -> RunBook | None:
-        """The book of a `skygreen.runtime.Run` (None on ranks other than 0 and in the smoke
-        test). GPUs per node: torchrun's LOCAL_WORLD_SIZE (SkyPilot's count wins in the place)."""
-        cuda = run.device.type == "cuda"
-        return cls.for_rank(
-            rank=run.rank,
-            smoke=run.smoke,
-            store=run.checkpointer.store,
-            settings=run.settings,
-            device_name=run.facts.name if cuda else None,
-            gpu_count=_int_env(environ, "LOCAL_WORLD_SIZE", 1) if cuda else 0,
+        Args:
+            settings: the run's settings.
+            store: the run's checkpoint store.
+            world: this process's rank; GPUs per node are torchrun's LOCAL_WORLD_SIZE (SkyPilot's
+                count wins in the place).
+            device_name: the GPU's name, None on CPU.
+            environ: where the place and the webhook URL are read.
+            metering: whether energy is measured.
+            smoke: the CPU smoke test (no book).
+
+        Returns:
+            The book, or None on ranks other than 0 and in the smoke test.
+        """
+        if not world.leader or smoke:
+            return None
+        return cls(
+            store=store,
+            settings=settings,
+            device_name=device_name,
+            gpu_count=_int_env(environ, "LOCAL_WORLD_SIZE", 1) if device_name else 0,
             environ=environ,
             started_at=vm_started_at(environ, now_s=time.time()),
-            metering=run.power.gpu is not None,
+            metering=metering,
         )
 
-    def started_from(self, run: Any) -> None:
+    def started_from(self, training: TrainingState, *, samples_per_epoch: int | None, total_steps: int | None) -> None:
         """After the resume: the step, samples and energy the run continues from."""
         self.started(
-            step=run.step_index,
-            samples=run.samples_seen,
-            samples_per_epoch=run.stream.dataset_len,
-            energy_j=run.counters["energy_j"],
-            total_steps=run.total_steps,
+            step=training.step,
+            samples=training.samples_seen,
+            samples_per_epoch=samples_per_epoch,
+            energy_j=training.counters["energy_j"],
+            total_steps=total_steps,
         )
 
-    def progress_of(self, run: Any, end: str = "running") -> None:
+    def progress_of(self, training: TrainingState, end: str = "running") -> None:
         """Write the run's step, samples and energy so far; `end` other than `running` closes the
         segment with that ending (completed, preempted, budget, ...).
         """
-        self.progress(step=run.step_index, samples=run.samples_seen, energy_j=run.counters["energy_j"], end=end)
+        self.progress(
+            step=training.step, samples=training.samples_seen, energy_j=training.counters["energy_j"], end=end
+        )
 
-    def exited(self, run: Any, exc_type: type[BaseException]) -> None:
+    def exited(self, training: TrainingState, exc_type: type[BaseException]) -> None:
         """The training loop left with an exception: cancelled (Ctrl-C) or failed. SystemExit
         is the runtime's own exit (preempted, budget), already written."""
         if not issubclass(exc_type, SystemExit):
-            self.progress_of(run, "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed")
+            self.progress_of(training, "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed")
 
     def started(
         self, *, step: int, samples: int, samples_per_epoch: int | None, energy_j: float, total_steps: int | None = None

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.deadline.live import DeadlineTerms
+from skygreen.deadline.watch_state import load_state, watcher_running
 from skygreen.launch.registry import RunRecord
-from skygreen.launch.watch_state import load_state, watcher_running
 
 
 def deadline_status(record: RunRecord, *, run_dir: Path, now_s: float) -> dict[str, Any] | None:

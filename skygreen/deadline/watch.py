@@ -7,7 +7,7 @@ and the watcher takes one step: nothing, cancel the job (the first half of a swi
 runtime commits a checkpoint), or relaunch the stopped run on spot or on-demand with the same
 run id (`skygreen.launch.runs.resume`, so it continues from its checkpoint).
 
-Restartable and idempotent: one watcher per run (`skygreen.launch.watch_state.watcher_lock`),
+Restartable and idempotent: one watcher per run (`skygreen.deadline.watch_state.watcher_lock`),
 every fact re-read each poll, its own memory in the run's folder; a second `watch` of a watched
 run says so and exits 0. It ends when the run completes, fails, stops at its budget or is
 cancelled by the user (the user's word wins over the policy's).
@@ -36,6 +36,7 @@ from skygreen.deadline.live import (
     spot_reading,
 )
 from skygreen.deadline.policy import Mode
+from skygreen.deadline.watch_state import WatchState, load_state, save_state, user_cancelled, watcher_lock
 from skygreen.errors import InputError, SkygreenError, StoreError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.launch import runs
@@ -43,7 +44,6 @@ from skygreen.launch.bucket import within_deadline
 from skygreen.launch.launcher import JobState
 from skygreen.launch.registry import RunRecord
 from skygreen.launch.status import BUDGET_STATE, run_state
-from skygreen.launch.watch_state import WatchState, load_state, save_state, user_cancelled, watcher_lock
 from skygreen.launch.wiring import Wiring, launcher_for
 from skygreen.ledger.io import read_ledger
 from skygreen.ledger.records import Segment

@@ -55,7 +55,7 @@ def _not_zombie(pid: int) -> bool:
 
 
 def _original_from_json(raw: object) -> Original | None:
-    """The record in a ledger file's JSON, or None when it is not one: a foreign or hand-edited
+    """The record in an originals file's JSON, or None when it is not one: a foreign or hand-edited
     file must not stop `skygreen power` or a run's first cap, nor send a signal to pid 0."""
     if not isinstance(raw, dict):
         return None
@@ -79,15 +79,15 @@ def _original_from_json(raw: object) -> Original | None:
     return original if valid else None
 
 
-class Ledger:
+class OriginalLimits:
     """One JSON file per GPU uuid under `root`."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
 
     @classmethod
-    def default(cls, environ: Mapping[str, str] | None = None) -> Ledger:
-        """The ledger under skygreen's data folder on this machine: `<data dir>/power/originals`."""
+    def default(cls, environ: Mapping[str, str] | None = None) -> OriginalLimits:
+        """The originals under skygreen's data folder on this machine: `<data dir>/power/originals`."""
         from skygreen.launch.registry import data_dir
 
         return cls(data_dir(environ) / "power" / "originals")

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
 from metadata_server import MetadataServer
-from skygreen.checkpoint.stores import open_store
+from skygreen.checkpoint.store_factory import open_store
 from skygreen.ledger import read_ledger
 from skygreen.ledger.pricing import run_cost
 from skygreen.runtime.checkpointer import Checkpointer

@@ -5,18 +5,15 @@ the job it cancelled to switch capacity (until the relaunch), and a heartbeat; t
 `skygreen cancel` leaves its own marker beside it (`USER_CANCEL_FILE`). Everything else it needs is re-read every poll (the record, the ledger, the job's
 state), so a watcher that dies and restarts picks up where the last one stood.
 
-One watcher per run: it holds an exclusive `flock` on `<run dir>/watch.lock` for its whole
-life; the kernel drops the lock when the process dies, however it dies, so a stale lock
-cannot keep a restart out and `skygreen status` can ask whether one is running.
+One watcher per run: it holds the exclusive lock (`skygreen.locks`) on `<run dir>/watch.lock`
+for its whole life; the kernel drops the lock when the process dies, however it dies, so a
+stale lock cannot keep a restart out and `skygreen status` can ask whether one is running.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,6 +22,7 @@ from typing import Any
 from skygreen.deadline.live import Availability, Decision
 from skygreen.deadline.policy import Mode
 from skygreen.files import write_atomic
+from skygreen.locks import exclusive_lock, is_locked
 
 STATE_FILE = "watch.json"
 LOCK_FILE = "watch.lock"
@@ -135,47 +133,14 @@ status for a second watcher and leave the run unguarded."""
 def watcher_lock(run_dir: Path, *, wait_s: float = LOCK_WAIT_S) -> Iterator[bool]:
     """Hold the run's watcher lock (exclusive) for the block, trying for `wait_s`; yields False
     when another process still holds it then (a watcher holds it as long as it runs)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if not _flock_within(fd, fcntl.LOCK_EX, wait_s):
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-def _flock_within(fd: int, kind: int, wait_s: float) -> bool:
-    """Take `kind` of flock on `fd`, trying every 50 ms for `wait_s`; whether it was taken."""
-    give_up_at = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, kind | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= give_up_at:
-                return False
-            time.sleep(0.05)
+    with exclusive_lock(run_dir / LOCK_FILE, wait_s=wait_s) as taken:
+        yield taken
 
 
 def watcher_running(run_dir: Path) -> bool:
     """Whether a watcher holds the run's lock now. Looks with a shared lock, given back at once:
     any number of lookers at a time, and a watcher starting meanwhile waits for it (`LOCK_WAIT_S`)."""
-    path = run_dir / LOCK_FILE
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if not _flock_within(fd, fcntl.LOCK_SH, 0.0):
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    return is_locked(run_dir / LOCK_FILE)
 
 
 def switching_to_spot(run_dir: Path, job_id: str | None) -> bool | None:

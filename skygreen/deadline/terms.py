@@ -1,6 +1,6 @@
 """The terms a run launched with a deadline is held to, fixed at `skygreen up`.
 
-The plan already knows what a deadline costs (`skygreen.plan.deadline`): with `--deadline` it
+The plan already knows what a deadline costs (`skygreen.deadline.cost`): with `--deadline` it
 keeps only the offers that can finish in time. The best of them gives the watcher its numbers:
 the compute hours (unless the user says), the changeover d (restart plus half a checkpoint
 interval, the plan's own formula) and the spot and on-demand prices that tune skygreen's
@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from skygreen.deadline.cost import changeover_h
 from skygreen.deadline.live import DeadlineTerms
 from skygreen.deadline.policy import POLICIES
 from skygreen.errors import InputError
 from skygreen.plan.cost import DEFAULT_RESTART_S
-from skygreen.plan.deadline import changeover_h
 from skygreen.spec import TaskSpec
 
 if TYPE_CHECKING:

@@ -1,0 +1,196 @@
+"""A run's services, opened once from its settings: what a trainer that owns its loop uses.
+
+`Run` is one user of these parts; a Hugging Face or Lightning callback, or an FSDP script, is
+another. Each part is built from explicit arguments (settings, device, world, store) and can be
+used alone; `open_services` builds them all in the order they depend on each other:
+
+- `checkpointer`: verified, asynchronous checkpoints of a mapping of named stateful objects
+  (`save_state` / `restore_state`) in `<bucket>/<run_id>`;
+- `governor`: this rank's GPU power cap, `auto` profile and energy meter;
+- `book`: the run ledger's segment for this VM and the budget (rank 0 only, else None);
+- `stopper`: early stopping on the configured metric (None when not configured);
+- `preemption`: SIGTERM and the cloud's preemption notice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from skygreen.checkpoint.store import RetryPolicy, Store
+from skygreen.exit_codes import PREEMPTED_EXIT_CODE
+from skygreen.power.governor import PowerGovernor
+from skygreen.power.originals import OriginalLimits
+from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.runtime.early_stop import EarlyStopper
+from skygreen.runtime.environment import device_facts
+from skygreen.runtime.power import open_governor
+from skygreen.runtime.preemption import PreemptionWatch, landed_cloud
+from skygreen.runtime.ranks import World
+from skygreen.runtime.run_book import RunBook
+from skygreen.settings import RuntimeSettings
+
+if TYPE_CHECKING:
+    from skygreen.runtime.sharded import ShardedCheckpointer
+
+
+def open_checkpointer(settings: RuntimeSettings, *, world: World, retry: RetryPolicy | None = None) -> Checkpointer:
+    """The checkpointer of a run: `<bucket>/<run_id>`, with the settings' keep, half precision and
+    early-stopping mode (for keep by best metric).
+
+    Args:
+        settings: the run's settings.
+        world: this process's rank and world size (one checkpointer per rank).
+        retry: the store's retry policy (default: the store's own).
+
+    Returns:
+        The checkpointer; `close()` it at the end.
+
+    Raises:
+        InputError: a bad keep, half precision or metric mode.
+        StoreError: the bucket URL's scheme is unknown.
+    """
+    return Checkpointer(
+        f"{settings.bucket.rstrip('/')}/{settings.run_id}",
+        keep=settings.checkpoint_keep,
+        half_precision=settings.checkpoint_half_precision,
+        rank=world.rank,
+        world_size=world.size,
+        metric_mode=settings.early_stop.mode if settings.early_stop else "min",
+        retry=retry,
+    )
+
+
+def open_stopper(settings: RuntimeSettings) -> EarlyStopper | None:
+    """The early stopper of the settings' config; None when early stopping is not configured."""
+    return EarlyStopper(settings.early_stop) if settings.early_stop else None
+
+
+@dataclass(kw_only=True, slots=True)
+class RunServices:
+    """The parts of one run on one rank, built by `open_services`."""
+
+    settings: RuntimeSettings
+    world: World
+    checkpointer: Checkpointer | ShardedCheckpointer
+    """Full checkpoints (`Checkpointer`), or an FSDP2 run's sharded ones (`ShardedCheckpointer`)."""
+    governor: PowerGovernor
+    book: RunBook | None
+    """The run ledger and budget; None on ranks other than 0 and in the smoke test."""
+    stopper: EarlyStopper | None
+    preemption: PreemptionWatch
+
+    @property
+    def store(self) -> Store:
+        """The run's bucket folder, `<bucket>/<run_id>`."""
+        return self.checkpointer.store
+
+    def report(self, metrics: Mapping[str, float], *, step: int) -> bool:
+        """Record evaluation metrics: into the ledger segment and, for the configured metric,
+        early stopping.
+
+        Args:
+            metrics: metric name -> value at `step`.
+            step: the optimizer steps done.
+
+        Returns:
+            True once early stopping says stop (and from then on); False without a stopper.
+        """
+        if self.book is not None:
+            self.book.reported(metrics, step)
+        stopper = self.stopper
+        if stopper is None:
+            return False
+        value = metrics.get(stopper.config.metric)
+        return stopper.update(float(value)) if value is not None else stopper.stopped
+
+    def metric(self, metrics: Mapping[str, float]) -> float | None:
+        """The early-stopping metric to file with a checkpoint (for `keep` by best metric).
+
+        Args:
+            metrics: the metrics last reported.
+
+        Returns:
+            The configured metric's value when present and finite; None otherwise or without a stopper.
+        """
+        if self.stopper is None:
+            return None
+        value = metrics.get(self.stopper.config.metric)
+        return value if value is not None and math.isfinite(value) else None
+
+    def over_budget(self) -> bool:
+        """Check the budget at a step boundary (at most once a second; rank 0 only).
+
+        Returns:
+            True once the run's spend reached its budget: checkpoint with state `budget` and
+            exit 0. Alerts due now are sent (log and webhook) on the way.
+        """
+        return self.book is not None and self.book.over_budget()
+
+    def close(self) -> None:
+        """Stop watching for preemption, restore the GPU's power limit, wait for the last
+        checkpoint; a second call does nothing more."""
+        self.preemption.stop()
+        self.governor.close()
+        self.checkpointer.close()
+
+
+def open_services(
+    settings: RuntimeSettings,
+    *,
+    device: torch.device,
+    world: World,
+    environ: Mapping[str, str],
+    checkpointer: Checkpointer | ShardedCheckpointer | None = None,
+    originals: OriginalLimits | None = None,
+    smoke: bool = False,
+) -> RunServices:
+    """Open a run's services once, from its settings.
+
+    Under DDP this is a collective (the ranks agree whether each has a GPU): call it on every
+    rank, after the process group is initialised. Nothing is started yet: call
+    `governor.start()` before the first step and `preemption.start()` from the main thread.
+
+    Args:
+        settings: the run's settings (`RuntimeSettings.from_env()` in a `skygreen up` run).
+        device: this rank's torch device.
+        world: this process's rank, world size and local rank (`World.from_env`).
+        environ: the process environment (the cloud, the simulated GPU, timeouts, the webhook).
+        checkpointer: one already made (default: `open_checkpointer(settings, world=world)`;
+            a model sharded with FSDP2 passes `open_sharded_checkpointer(settings, world=world)`).
+        originals: where the GPU's original power limit is recorded (default: this machine's).
+        smoke: the CPU smoke test: no GPU, no ledger, no notice watcher.
+
+    Returns:
+        The services; `close()` them at the end.
+
+    Raises:
+        RuntimeSetupError: a bad power cap, profile steps, alert fractions, poll interval or
+            SIGTERM deadline, or a cloud the watcher cannot watch.
+        InputError: bad checkpoint settings.
+    """
+    checkpointer = checkpointer or open_checkpointer(settings, world=world)
+    governor = open_governor(settings, device=device, world=world, environ=environ, smoke=smoke, originals=originals)
+    book = RunBook.open(
+        settings,
+        store=checkpointer.store,
+        world=world,
+        device_name=device_facts(device).name if device.type == "cuda" else None,
+        environ=environ,
+        metering=governor.gpu is not None,
+        smoke=smoke,
+    )
+    cloud = None if smoke else landed_cloud(settings.cloud, environ)
+    return RunServices(
+        settings=settings,
+        world=world,
+        checkpointer=checkpointer,
+        governor=governor,
+        book=book,
+        stopper=open_stopper(settings),
+        preemption=PreemptionWatch(cloud=cloud, environ=environ, exit_code=PREEMPTED_EXIT_CODE),
+    )

@@ -1,0 +1,595 @@
+"""Sharded, asynchronous, verified checkpoints of FSDP2 runs, through skygreen's `Store`.
+
+A model sharded with `fully_shard` holds on each rank only its slice of the weights and of the
+optimizer's states; no rank can `torch.save` the whole. `torch.distributed.checkpoint` (DCP)
+writes each rank's slices, plus an index (`.metadata`) of which slice of which tensor sits in
+which file at which offset. The index is what lets a checkpoint saved by N ranks load into M:
+every rank asks DCP for the slices its own sharding needs and DCP reads them wherever they are.
+
+How a save works, and why:
+
+- **Local staging, then per-rank parallel uploads** (not a DCP `StorageWriter` on the Store):
+  DCP's `FileSystemWriter` already lays the shards out, writes in parallel and is what DCP is
+  tested with; a file on local disk is what every Store uploads fastest (`put_file`: multipart
+  with parallel parts) and can re-send after a transient error, which a stream cannot. Each
+  rank stages into its own directory, so ranks on different hosts need no shared disk.
+- **Asynchronous**: `save` blocks only while every tensor is copied (this rank's local shards
+  only) to host memory; `dcp.save` to the staging directory, hashing and uploading run on a
+  background thread. Training goes on during the upload. DCP's planning needs collectives;
+  those run on a process group of their own (gloo, created once), so they never interleave
+  with the training loop's collectives on the default group (the approach of torchtitan's
+  asynchronous checkpoints).
+- **The manifest is the commit**, written last by rank 0, exactly as for DDP
+  (`skygreen.runtime.checkpointer`): each rank uploads its files, then its note
+  (`rank<r>.json`: every file's size and sha256); rank 0 waits for every note, then writes the
+  manifest listing every file of every rank with its sha256, marked `layout: "sharded-dcp"`.
+  A rank that dies mid-save never writes its note: no manifest, the step does not exist.
+- **What is not a tensor** (progress, counters, batch shape, the scheduler, optimizer
+  hyper-parameters) goes into `shared.pt` with a placeholder where each tensor was; DCP holds
+  tensors only. Each rank's own RNG goes into `rank<r>.pt`, as for DDP.
+
+Loading trusts nothing it did not verify, and unpickles nothing from the bucket:
+
+- every file the manifest lists is downloaded and checked against its size and sha256 before
+  any of it is read; every rank checks, and the ranks agree (all-reduce) before DCP reads;
+- DCP's `.metadata` is a pickle: it is read by a restricted unpickler, never `pickle.load`
+  (`skygreen.runtime.dcp_files` says why a matching sha256 is not enough);
+- tensor data is read by DCP with `torch.load(weights_only=True)`; DCP's other item kind, a
+  pickled object (`BYTE_IO`, `torch.load(weights_only=False)`), is never written by skygreen
+  and refused on read; `shared.pt` and `rank<r>.pt` load with `weights_only=True`.
+
+Layout (file names have no slash, like every step folder's):
+
+    ckpt/<step:012d>/dcp.metadata            DCP's index of every shard (rank 0)
+    ckpt/<step:012d>/dcp__<r>_<i>.distcp     rank r's shards
+    ckpt/<step:012d>/shared.pt               the non-tensor state (rank 0)
+    ckpt/<step:012d>/rank<r:05d>.pt          rank r's own state (RNG)
+    ckpt/<step:012d>/rank<r:05d>.json        rank r's note
+    ckpt/<step:012d>/manifest.json           the commit (rank 0, last)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from skygreen.checkpoint.keep import check_keep
+from skygreen.checkpoint.manifest import (
+    CKPT_DIR,
+    MANIFEST_NAME,
+    METRIC_MODES,
+    SHARED_BLOB,
+    BlobInfo,
+    Manifest,
+    blob_key,
+    committed_steps,
+    delete_step,
+    iter_manifests,
+    manifest_key,
+    rank_blob_name,
+    rank_note_name,
+    step_folders,
+    step_prefix,
+)
+from skygreen.checkpoint.retention import apply_retention
+from skygreen.checkpoint.store import RetryPolicy, Store
+from skygreen.checkpoint.store_factory import open_store
+from skygreen.errors import (
+    CheckpointError,
+    InputError,
+    KeyNotFoundError,
+    RankTimeoutError,
+    StoreError,
+    TransientStoreError,
+)
+from skygreen.runtime.checkpointer import MAX_FAILED_SAVES_IN_ROW, Loaded, _note
+from skygreen.runtime.dcp_files import (
+    UploadHold,
+    VerifiedReader,
+    collect_rank_notes,
+    file_info,
+    join_tensors,
+    placeholders,
+    read_dcp_metadata,
+    split_tensors,
+    stage_tensors,
+    synchronize_devices,
+    torch_load_verified,
+    torch_save_to,
+)
+from skygreen.runtime.ranks import World, all_reduce, distributed
+from skygreen.runtime.state import Stateful, apply, capture, upgrade_layout
+from skygreen.runtime.tensors import to_host
+from skygreen.settings import RuntimeSettings
+from skygreen.timestamps import utc_now_iso
+
+log = logging.getLogger("skygreen.checkpoint")
+
+LAYOUT = "sharded-dcp"
+"""The manifest's `layout` for checkpoints written here."""
+DCP_PREFIX = "dcp"
+"""Blob names of DCP's files: `dcp` + DCP's own file name (`dcp.metadata`, `dcp__0_0.distcp`)."""
+
+_UPLOAD_THREADS = 4
+
+
+def open_sharded_checkpointer(
+    settings: RuntimeSettings, *, world: World, environ: Mapping[str, str] | None = None
+) -> ShardedCheckpointer:
+    """The checkpointer of an FSDP2 run: `<bucket>/<run_id>`, with the settings' keep and
+    early-stopping mode, as `open_checkpointer` opens a full one (weights are never stored
+    in half precision here: each rank's shards are saved as trained).
+
+    Args:
+        settings: the run's settings.
+        world: this process's rank and world size (one checkpointer per rank).
+        environ: the process environment (for the test-only upload hold; default `os.environ`).
+
+    Returns:
+        The checkpointer; `close()` it at the end.
+
+    Raises:
+        InputError: a bad keep or metric mode.
+        StoreError: the bucket URL's scheme is unknown.
+    """
+    return ShardedCheckpointer(
+        f"{settings.bucket.rstrip('/')}/{settings.run_id}",
+        keep=settings.checkpoint_keep,
+        rank=world.rank,
+        world_size=world.size,
+        metric_mode=settings.early_stop.mode if settings.early_stop else "min",
+        environ=environ,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The checkpointer
+
+
+class ShardedCheckpointer:
+    """Asynchronous, verified, resharding checkpoints of one FSDP2 run (one instance per rank).
+
+    The same surface as `skygreen.runtime.checkpointer.Checkpointer` (`save_state`,
+    `restore_state`, `save`, `wait`, `close`, `load_latest`, `last_save_cost_s`,
+    `last_upload_s`), so `Run` drives either.
+
+    Args:
+        url: the run's checkpoint URL (`s3://`, `gs://`, `file://` or a path).
+        template: returns this run's current state (sharded as the run now is); `load_latest`
+            loads into its tensors, which is how a checkpoint reshards to this world size.
+            Without one, the states last given to `save_state` / `restore_state` are the template.
+        keep: committed checkpoints to keep.
+        rank: this process's rank.
+        world_size: the number of ranks.
+        metric_mode: whether a lower ("min") or higher ("max") metric is better.
+        rank_wait_s: how long rank 0 waits for the other ranks' notes (and the checkpoint
+            group's collectives wait for a rank) before the save fails.
+        retry: the store's retry policy.
+        tmp_dir: where staging and downloads go (the system's temporary folder by default).
+        environ: the environment (for the test-only upload hold).
+
+    Raises:
+        InputError: a bad `keep`, `rank`/`world_size` or `metric_mode`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        template: Callable[[], dict] | None = None,
+        keep: int = 3,
+        rank: int = 0,
+        world_size: int = 1,
+        metric_mode: str = "min",
+        rank_wait_s: float = 600.0,
+        retry: RetryPolicy | None = None,
+        tmp_dir: str | os.PathLike[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        check_keep(keep, "checkpoint keep")
+        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+            raise InputError(
+                f"checkpoint rank/world_size: need 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}"
+            )
+        if metric_mode not in METRIC_MODES:
+            raise InputError(f"checkpoint metric_mode: {metric_mode!r} is not one of {', '.join(METRIC_MODES)}")
+        self.url = url
+        self.store: Store = open_store(url, retry=retry)
+        self.template: Callable[[], dict] | None = template
+        self.keep = keep
+        self.rank = rank
+        self.world_size = world_size
+        self.metric_mode = metric_mode
+        self.rank_wait_s = rank_wait_s
+        self.tmp_dir = tmp_dir
+        self.hold = UploadHold.from_env(os.environ if environ is None else environ)
+        self._group: Any = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._failed_in_row = 0
+        self._closed = False
+        self.last_committed_step: int | None = None
+        self._last_save_cost_s: float | None = None
+        self.last_upload_s: float | None = None
+        self.last_stage_s: float | None = None
+        """Seconds the last `save` spent copying tensors to host memory (the staging copy)."""
+        self._unloadable: dict[int, str] = {}
+        self._states: Mapping[str, Stateful | None] | None = None
+
+    # -- saving -------------------------------------------------------------------------
+
+    @property
+    def last_save_cost_s(self) -> float | None:
+        """Seconds the last `save` blocked training (staging copy + waiting for the previous)."""
+        return self._last_save_cost_s
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a background save is still running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def save(
+        self,
+        step: int,
+        state: dict,
+        *,
+        rank_state: dict | None = None,
+        metric: float | None = None,
+        meta: dict | None = None,
+        pin: bool = False,
+    ) -> None:
+        """Stage this rank's shards of `state` (and its `rank_state`) to host memory, then write,
+        upload and commit them in the background. Call on every rank at the same step.
+
+        Raises:
+            CheckpointError: a bad step or state, a save after `close`, or too many failed saves.
+        """
+        if self._closed:
+            raise CheckpointError(f"{self.url}: save after close")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"checkpoint state must be a dict, got a {type(state).__name__}")
+        started = time.perf_counter()
+        self._collect_previous()
+        group = self._checkpoint_group()
+        waited = time.perf_counter()
+        skeleton, tensors = split_tensors(state)
+        staged = stage_tensors(tensors)
+        synchronize_devices()
+        skeleton = to_host(skeleton, path="state")
+        own = to_host(rank_state if rank_state is not None else {}, path="rank_state")
+        meta_json = dict(meta or {})
+        self.last_stage_s = time.perf_counter() - waited
+        self._last_save_cost_s = time.perf_counter() - started
+        self._thread = threading.Thread(
+            target=self._write_guarded,
+            args=(step, staged, skeleton, own, group, metric, meta_json, pin),
+            name=f"skygreen-sharded-checkpoint-{step}",
+        )
+        self._thread.start()
+
+    def save_state(
+        self,
+        step: int,
+        states: Mapping[str, Stateful | None],
+        *,
+        rank_state: dict | None = None,
+        metric: float | None = None,
+        meta: dict | None = None,
+        pin: bool = False,
+    ) -> dict[str, Any]:
+        """Checkpoint a mapping of named stateful objects at `step`, sharded (as
+        `Checkpointer.save_state`; a sharded model's entries come from `fsdp.sharded_states`).
+
+        Args:
+            step: the optimizer steps done; the checkpoint's name.
+            states: name -> object with `state_dict()`/`load_state_dict()`; None values are left out.
+                Every rank must call this with the same names.
+            rank_state: this rank's own state (its RNG), saved as its own blob.
+            metric: the early-stopping metric at this step, for `keep` by best metric.
+            meta: JSON-able facts `skygreen status` reads from the manifest without loading weights.
+            pin: keep this checkpoint whatever retention says (the final one).
+
+        Returns:
+            The state dict handed to the checkpointer (name -> state).
+
+        Raises:
+            CheckpointError: after close, a bad step, or the earlier failed saves that stop training.
+            TypeError: an object in `states` has no `state_dict`/`load_state_dict`.
+        """
+        state = capture(states)
+        self._states = states
+        self.save(step, state, rank_state=rank_state, metric=metric, meta=meta, pin=pin)
+        return state
+
+    def restore_state(self, states: Mapping[str, Stateful | None]) -> Loaded | None:
+        """Load the newest checkpoint that verifies on every rank into a mapping of named
+        stateful objects, resharded to this run's layout (their current state is the template).
+
+        Every rank must call this. Entries the checkpoint lacks leave their object as it is and
+        are logged.
+
+        Args:
+            states: name -> object with `load_state_dict()`, as given to `save_state`.
+
+        Returns:
+            The checkpoint loaded (its state in today's layout), or None when there is none.
+
+        Raises:
+            CheckpointError: the bucket cannot be read.
+        """
+        self._states = states
+        loaded = self.load_latest()
+        if loaded is None:
+            return None
+        loaded = dataclasses.replace(loaded, state=upgrade_layout(loaded.state))
+        missing = apply(states, loaded.state)
+        if missing:
+            log.warning("%s has no state for %s; they start fresh", loaded.manifest.label, ", ".join(missing))
+        return loaded
+
+    def wait(self) -> None:
+        """Block until the in-flight save committed; re-raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Finish the in-flight save (re-raising its error) and refuse further saves."""
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+
+    def __enter__(self) -> ShardedCheckpointer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _checkpoint_group(self) -> Any:
+        """The gloo group the background thread's collectives use (None when alone).
+
+        Created on the main thread, at the same point on every rank (creating a group is
+        itself a collective)."""
+        if self._group is None and distributed():
+            import datetime
+
+            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.rank_wait_s))
+        return self._group
+
+    def _collect_previous(self) -> None:
+        try:
+            self.wait()
+        except (TransientStoreError, RankTimeoutError) as e:
+            if self._failed_in_row >= MAX_FAILED_SAVES_IN_ROW:
+                raise CheckpointError(
+                    f"{self.url}: {self._failed_in_row} checkpoints in a row failed to commit; last error: {e}\n"
+                    f"  the last committed checkpoint is step {self.last_committed_step}; check the bucket's health"
+                ) from e
+            log.warning(
+                "checkpoint was not committed (%s); training goes on, the next save tries again; "
+                "last committed step: %s",
+                e,
+                self.last_committed_step,
+            )
+
+    def _write_guarded(self, *args: Any) -> None:
+        try:
+            self._write(*args)
+        except BaseException as e:  # surfaced by wait()/save(); never lost in the thread
+            self._failed_in_row += 1
+            self._error = e
+
+    def _write(
+        self,
+        step: int,
+        staged: dict[str, torch.Tensor],
+        skeleton: Any,
+        own: dict,
+        group: Any,
+        metric: float | None,
+        meta: dict,
+        pin: bool,
+    ) -> None:
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="skygreen-dcp-", dir=self.tmp_dir) as tmp:
+            stage = Path(tmp) / f"rank{self.rank}"
+            writer = dcp.FileSystemWriter(stage, sync_files=False)
+            dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
+            del staged
+            files = {DCP_PREFIX + p.name: p for p in sorted(stage.iterdir()) if p.is_file()}
+            files[rank_blob_name(self.rank)] = torch_save_to(own, Path(tmp) / rank_blob_name(self.rank))
+            if self.rank == 0:
+                files[SHARED_BLOB] = torch_save_to(skeleton, Path(tmp) / SHARED_BLOB)
+            blobs = self._upload_all(step, files)
+            if self.hold is not None:
+                self.hold.wait_if_due(step, self.rank)
+        self.store.put(blob_key(step, rank_note_name(self.rank)), _note(step, self.rank, blobs))
+        if self.rank != 0:
+            self.last_upload_s = time.perf_counter() - started
+            self._failed_in_row = 0
+            return
+        blobs.update(collect_rank_notes(self.store, step, world_size=self.world_size, wait_s=self.rank_wait_s))
+        manifest = Manifest(
+            step=step,
+            created_at=utc_now_iso(microseconds=True),
+            blobs=blobs,
+            metric=None if metric is None else float(metric),
+            metric_mode=self.metric_mode,
+            pinned=pin,
+            world_size=self.world_size,
+            layout=LAYOUT,
+            meta=meta,
+        )
+        self.store.put(manifest_key(step), manifest.dumps())
+        self.last_committed_step = step
+        self._failed_in_row = 0
+        self.last_upload_s = time.perf_counter() - started
+        log.info(
+            "sharded checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s
+        )
+        self._unloadable.pop(step, None)
+        apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable)
+        self._unloadable = {}
+
+    def _upload_all(self, step: int, files: Mapping[str, Path]) -> dict[str, BlobInfo]:
+        """Hash and upload this rank's files, several at once; their sizes and sha256s."""
+
+        def one(name: str) -> BlobInfo:
+            info = file_info(files[name])
+            self.store.put_file(blob_key(step, name), files[name])
+            return info
+
+        with ThreadPoolExecutor(max_workers=_UPLOAD_THREADS, thread_name_prefix="skygreen-upload") as pool:
+            futures = {name: pool.submit(one, name) for name in files}
+            return {name: f.result() for name, f in futures.items()}
+
+    # -- loading ------------------------------------------------------------------------
+
+    def load_latest(self) -> Loaded | None:
+        """The newest checkpoint that verifies on every rank, resharded into this run's layout;
+        None when there is none. Call on every rank (collectives), not while a save is in flight.
+
+        Older commits are tried in turn when a newer one fails anywhere; rank 0 removes
+        uncommitted step folders newer than the one loaded (leftovers of a life that died mid-save).
+
+        Raises:
+            CheckpointError: no template and no states saved or restored yet (nothing to load
+                into); raised before any checkpoint is tried, so none is judged unloadable for it.
+        """
+        self.wait()
+        _, targets = split_tensors(self._template())
+        errors: dict[int, str] = {}
+        loaded: Loaded | None = None
+        for manifest in iter_manifests(self.store):
+            problem = self._fetch_and_verify(manifest)
+            ok = int(all_reduce([int(problem is None)], op="MIN", dtype=torch.int64)[0])
+            if ok:
+                try:
+                    loaded = self._read(manifest, targets)
+                    break
+                except CheckpointError as e:
+                    problem = str(e)
+                finally:
+                    self._discard_download()
+            else:
+                self._discard_download()
+            problem = problem or "did not verify on every rank"
+            log.warning("skipping %s: %s", manifest.label, problem)
+            errors[manifest.step] = problem.splitlines()[0]
+        step = loaded.step if loaded else -1
+        if self.rank == 0:
+            self._remove_uncommitted_after(step)
+            self._unloadable = {s: errors.get(s, "did not load") for s in committed_steps(self.store) if s > step}
+        self.last_committed_step = loaded.step if loaded else None
+        return loaded
+
+    _download: tempfile.TemporaryDirectory | None = None
+
+    def _fetch_and_verify(self, manifest: Manifest) -> str | None:
+        """Download every file of `manifest` into a fresh folder, checking each; the problem, or None."""
+        if manifest.layout != LAYOUT:
+            return f"written by a DDP run (layout {manifest.layout!r}), not sharded"
+        self._download = tempfile.TemporaryDirectory(prefix="skygreen-dcp-load-", dir=self.tmp_dir)
+        folder = Path(self._download.name)
+        (folder / DCP_PREFIX).mkdir()
+
+        def one(name: str) -> str | None:
+            local = folder / DCP_PREFIX / name[len(DCP_PREFIX) :] if name.startswith(DCP_PREFIX) else folder / name
+            with open(local, "wb") as out:
+                try:
+                    self.store.get_to(blob_key(manifest.step, name), out)
+                except KeyNotFoundError:
+                    return f"{name} is missing"
+            got, want = file_info(local), manifest.blobs[name]
+            if got != want:
+                return (
+                    f"{name} does not match the manifest (size {got.size} vs {want.size}, "
+                    f"sha256 {got.sha256[:12]}... vs {want.sha256[:12]}...): corrupt or partial"
+                )
+            return None
+
+        try:
+            with ThreadPoolExecutor(max_workers=_UPLOAD_THREADS, thread_name_prefix="skygreen-fetch") as pool:
+                problems = [p for p in pool.map(one, sorted(manifest.blobs)) if p]
+        except TransientStoreError:
+            raise
+        except StoreError as e:
+            return str(e)
+        if DCP_PREFIX + ".metadata" not in manifest.blobs:
+            problems.append("dcp.metadata is not in the manifest")
+        if not problems:
+            try:  # refused here, on every rank alike, before DCP's collectives start
+                read_dcp_metadata((folder / DCP_PREFIX / ".metadata").read_bytes(), where="dcp.metadata")
+            except CheckpointError as e:
+                problems.append(str(e))
+        return "; ".join(problems) or None
+
+    def _discard_download(self) -> None:
+        if self._download is not None:
+            self._download.cleanup()
+            self._download = None
+
+    def _read(self, manifest: Manifest, targets: Mapping[str, torch.Tensor]) -> Loaded:
+        """DCP-load the verified files into this run's current state (resharding it)."""
+        assert self._download is not None
+        folder = Path(self._download.name)
+        skeleton = torch_load_verified(folder / SHARED_BLOB, manifest, SHARED_BLOB)
+        own_path = folder / rank_blob_name(self.rank)
+        rank_state = torch_load_verified(own_path, manifest, own_path.name) if own_path.exists() else None
+        wanted = placeholders(skeleton)
+        missing = sorted(set(wanted) - set(targets))
+        if missing:
+            raise CheckpointError(f"{manifest.label}: this run's state has no {', '.join(missing[:3])}")
+        # fresh tensors of this run's layout: a failed load leaves the live state alone
+        into = {key: targets[key].detach().clone() for key in wanted}
+        try:
+            group = self._checkpoint_group()
+            dcp.load(
+                into, storage_reader=VerifiedReader(folder / DCP_PREFIX), process_group=group, no_dist=group is None
+            )
+        except CheckpointError:
+            raise
+        except (Exception, CheckpointException) as e:  # DCP raises CheckpointException on every rank alike
+            raise CheckpointError(f"{manifest.label}: verified but DCP cannot load it into this run: {e}") from e
+        state = join_tensors(skeleton, into)
+        if rank_state is None and self.world_size > 1:
+            log.warning(
+                "%s has no state for rank %d (saved with %d ranks); its random streams restart",
+                manifest.label,
+                self.rank,
+                manifest.world_size,
+            )
+        return Loaded(step=manifest.step, state=state, rank_state=rank_state, manifest=manifest)
+
+    def _template(self) -> dict:
+        """This run's current state, whose tensors a load fills (and so reshards to)."""
+        if self.template is not None:
+            return self.template()
+        if self._states is not None:
+            return capture(self._states)
+        raise CheckpointError(f"{self.url}: nothing to load into; call restore_state with the run's states")
+
+    def _remove_uncommitted_after(self, step: int) -> None:
+        folders = step_folders(self.store.list(CKPT_DIR + "/"))
+        for stale in sorted(s for s in folders if s > step and MANIFEST_NAME not in folders[s]):
+            log.info("removing uncommitted leftovers of step %d (%s)", stale, step_prefix(stale))
+            delete_step(self.store, stale)
