@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from skygreen.launch.registry import RunRecord
     from skygreen.launch.runs import CancelResult, UpRequest, UpResult
     from skygreen.launch.smoke import SmokeResult
-    from skygreen.launch.status import RunStatus
+    from skygreen.launch.status import ResumePoint, RunStatus, UnknownJob
     from skygreen.launch.wiring import Wiring
     from skygreen.plan.catalog_update import CloudUpdate
     from skygreen.plan.rank import Plan
@@ -261,12 +261,35 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None)
     return record
 
 
+def resume_point(run_id: str) -> ResumePoint:
+    """Where a `resume` of the run would continue: its latest checkpoint's step, or step 0."""
+    from skygreen.launch.status import resume_point as point
+
+    w = wiring()
+    return point(w.registry.load(run_id), wiring=w)
+
+
 def cancel(run_id: str) -> CancelResult:
     """Stop a run; the runtime commits a checkpoint first, so `resume` can continue it
     (`already_ended`: the run had ended; nothing changed)."""
     from skygreen.launch import runs
 
     return runs.cancel(run_id, wiring=wiring())
+
+
+def unknown_jobs() -> list[UnknownJob]:
+    """Jobs still going that skygreen launched but no run record on this machine knows."""
+    from skygreen.launch.status import unknown_jobs as find_unknown
+
+    w = wiring()
+    return find_unknown(w.registry.list(), wiring=w)
+
+
+def cancel_unknown_jobs(name: str) -> list[UnknownJob]:
+    """Stop the unknown jobs (`unknown_jobs`) named `name` or of run id `name`; returns them."""
+    from skygreen.launch import runs
+
+    return runs.cancel_unknown_jobs(name, wiring=wiring())
 
 
 def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None) -> int | None:
@@ -277,6 +300,31 @@ def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None) -> int
 
 
 # ---------------------------------------------------------------- cost, compare
+
+
+def cost_before_ledger(run_id: str) -> dict[str, Any]:
+    """What is known of the spend of a run launched but not training yet (no ledger): its state,
+    how long since its latest launch started, the time its launcher reports it has run (paid,
+    from the VM's first second), and that time priced at the plan's offer (an estimate)."""
+    from skygreen.launch.status import status as run_statuses
+    from skygreen.timestamps import parse_iso_s
+
+    w = wiring()
+    record = w.registry.load(run_id)
+    (now,) = run_statuses(record.run_id, wiring=w)
+    launched = record.launches[-1].at if record.launches else None
+    since_s = max(0.0, time.time() - parse_iso_s(launched)) if launched else None
+    return {
+        "run_id": record.run_id,
+        "state": now.state,
+        "ledger": None,
+        "launches": now.launches,
+        "since_launch_s": since_s,
+        "paid_s": now.job_duration_s,
+        "spend_usd": now.spend_usd,
+        "spend_estimated": now.spend_estimated,
+        "note": "no ledger yet: the runtime writes it when training starts; until then the launcher's run time is the time paid",
+    }
 
 
 def run_cost(run_id: str, *, catalog_dir: Path | None = None) -> RunCostReport:

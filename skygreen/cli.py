@@ -254,12 +254,17 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
             "--statement needs a RUN\n  fix: skygreen status RUN --statement (skygreen status lists the runs)"
         )
     rows = api.status(run)
+    unknown = api.unknown_jobs() if run is None and not statement else []
     if statement:
         print_statement(rows[0], sys.stdout)
     elif json_output:
-        print_json([r.to_json() for r in rows] if run is None else rows[0].to_json())
+        print_json(
+            [*(r.to_json() for r in rows), *(j.to_json() for j in unknown)] if run is None else rows[0].to_json()
+        )
     elif run is None:
-        print_status_table(rows, sys.stdout, width=output_width(sys.stdout))
+        if rows or not unknown:
+            print_status_table(rows, sys.stdout, width=output_width(sys.stdout))
+        sys.stdout.writelines(job.line() + "\n" for job in unknown)  # paid jobs nobody watches
     else:
         print_status_detail(rows[0], sys.stdout)
     unreachable = {r.progress_error for r in rows if r.unreachable_bucket and r.progress_error}
@@ -279,12 +284,21 @@ def status(run: str | None, json_output: bool, statement: bool) -> None:
     default=None,
     help="A new budget (a run stopped at its budget needs a higher one).",
 )
-def resume(run: str, local: bool, detach: bool, budget_usd: float | None) -> None:
-    """Relaunch a stopped run with the same id; it continues from its latest checkpoint."""
+@json_option
+def resume(run: str, local: bool, detach: bool, budget_usd: float | None, json_output: bool) -> None:
+    """Relaunch a stopped run with the same id; it continues from its latest checkpoint, or says
+    it restarts from step 0 (--json: run id, job, launch and from_step, without following)."""
     from skygreen import api
 
+    start = api.resume_point(run)
     record = api.resume(run, local=local, budget_usd=budget_usd)
+    if json_output:
+        print_json({"run_id": record.run_id, "job_id": record.job_id, "launch": len(record.launches),
+                    "from_step": start.step, "from_scratch": start.from_scratch, "note": start.note})  # fmt: skip
+        return
     sys.stdout.write(f"resumed run {record.run_id} (job {record.job_id}, launch {len(record.launches)})\n")
+    if start.note:
+        sys.stdout.write(f"  {start.note}\n")
     if record.deadline is not None:  # the watcher may switch jobs: following one would end at a switch
         sys.stdout.write(
             f"  held to its deadline by its watcher: `skygreen status {record.run_id}` shows where it is\n"
@@ -314,8 +328,18 @@ def watch(run: str, poll: str, once: bool) -> None:
 def cancel(run: str) -> None:
     """Stop a run; it commits a checkpoint first, so `skygreen resume` can continue it."""
     from skygreen import api
+    from skygreen.errors import InputError
 
-    result = api.cancel(run)
+    try:
+        result = api.cancel(run)
+    except InputError:
+        stopped = api.cancel_unknown_jobs(run)  # a job launched for a run no record here knows
+        if not stopped:
+            raise
+        sys.stdout.writelines(
+            f"cancelled unknown skygreen job {j.name} ({j.launcher} job {j.job_id})\n" for j in stopped
+        )
+        return
     final = result.status
     step = final.step if final.step is not None else "-"
     if result.already_ended:

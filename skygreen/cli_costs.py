@@ -40,7 +40,17 @@ def cost(target: str, catalog: Path | None, json_output: bool, plot: Path | None
             return
         print_task_estimate(estimate, sys.stdout)
         return
-    result = api.run_cost(target, catalog_dir=catalog)
+    from skygreen.errors import NoLedgerYetError
+
+    try:
+        result = api.run_cost(target, catalog_dir=catalog)
+    except NoLedgerYetError:  # launched, not training yet: what is known, from its launcher
+        known = api.cost_before_ledger(target)
+        if json_output:
+            print_json(known)
+        else:
+            _print_before_ledger(known)
+        return
     if plot is not None:
         api.plot_runs(plot, [target], catalog_dir=catalog)
     if json_output:
@@ -164,3 +174,17 @@ def power(json_output: bool) -> None:
         print_json(report)
     else:
         print_gpus(report, sys.stdout)
+
+
+def _print_before_ledger(known: dict) -> None:
+    def minutes(seconds: float | None) -> str:
+        return "unknown" if seconds is None else f"{seconds / 60:.1f} min"
+
+    spend = known["spend_usd"]
+    priced = "unknown (no offer to price it at)" if spend is None else f"${spend:.4f}"
+    sys.stdout.write(
+        f"run {known['run_id']}: {known['state']}, launch {known['launches']} started {minutes(known['since_launch_s'])} ago\n"
+        f"  {known['note']}\n"
+        f"  paid so far: {minutes(known['paid_s'])} (the launcher's run time)\n"
+        f"  spend so far: {priced}{' (estimated)' if spend is not None and known['spend_estimated'] else ''}\n"
+    )

@@ -90,6 +90,11 @@ class NoOfferError(InputError):
     """The constraints admit no offer in the catalog; the message says which one to relax."""
 
 
+class NoLedgerYetError(InputError):
+    """The run has no ledger yet (launched, not training yet): `skygreen cost` answers from its
+    launcher instead (`skygreen.api.cost_before_ledger`)."""
+
+
 class CatalogError(SkygreenError):
     """The price catalog is missing, unreadable or cannot be refreshed."""
 

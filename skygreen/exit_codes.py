@@ -11,6 +11,7 @@ input was wrong.
 | 0   | done: the run succeeded (or early stopping ended it) |
 | 1   | failed: the run failed, or it stopped with no checkpoint to resume from; a bucket or cloud refused |
 | 2   | bad input: the task file, a flag or a run id is wrong; nothing was launched |
+| 3   | superseded: a newer launch of the same run holds its checkpoint lease; this process stopped without writing |
 | 75  | stopped with a checkpoint (preempted or cancelled): `skygreen resume RUN` continues it |
 | 130 | interrupted (Ctrl-C) while following: the run itself goes on |
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 SUCCEEDED = 0
 FAILED = 1
 BAD_INPUT = 2
+SUPERSEDED = 3
+"""The runtime's exit status when a newer life of its run took over the bucket (`skygreen.checkpoint.lease`)."""
 STOPPED_WITH_CHECKPOINT = 75
 INTERRUPTED = 130
 

@@ -69,9 +69,31 @@ def read_int(value: Any, path: str, *, minimum: int | None = None, maximum: int 
     if isinstance(value, float) and value.is_integer() and math.isfinite(value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(path, f"expected an integer, got a {type_name(value)}", value=value)
+        example = _integer_example(value, minimum)
+        raise SpecError(
+            path,
+            f"expected an integer, got a {type_name(value)}",
+            value=value,
+            hint=f"write a whole number without quotes, e.g. {path.rpartition('.')[2]}: {example}",
+        )
     _check_range(value, path, minimum, maximum)
     return value
+
+
+_NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def _integer_example(value: Any, minimum: int | None) -> int:
+    """The integer a wrong value most likely meant ("two", "8", 2.5), for the fix line."""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _NUMBER_WORDS:
+            return _NUMBER_WORDS.index(word)
+        if word.isdigit():
+            return int(word)
+    if isinstance(value, float) and math.isfinite(value):
+        return max(round(value), minimum or 0)
+    return minimum if minimum is not None else 1
 
 
 def read_number(

@@ -129,8 +129,20 @@ def _work_with_gpu_key(raw: Any, path: str) -> Mapping[str, Any]:
     return raw
 
 
+PLAUSIBLE_GPU_HOURS = 100_000.0
+"""Above this `work.gpu_hours` (over 11 GPU-years on one GPU) the plan warns: a unit mixed up is
+likelier than a job that size."""
+
+
 def work_notices(raw: Any, work: Work) -> tuple[str, ...]:
-    """Say when `work:` names its GPU with an old key."""
+    """Say when `work:` names its GPU with an old key, or a job size beyond plausibility."""
+    if work.gpu_hours > PLAUSIBLE_GPU_HOURS:
+        notice = (
+            f"skygreen.work.gpu_hours: {work.gpu_hours:g} GPU-hours is {work.gpu_hours / 8766:,.0f} years "
+            f"on one {work.gpu}, above the plausible {PLAUSIBLE_GPU_HOURS:,.0f}; check the number and its unit "
+            "(hours of training on ONE gpu)"
+        )
+        return (notice,)
     if isinstance(raw, Mapping) and any(key is True for key in raw):
         notice = (
             f"skygreen.work: read `true: {work.gpu}` as `gpu: {work.gpu}` (a YAML 1.1 tool turned the old key `on:` "

@@ -152,6 +152,7 @@ def check_batch(spec: TaskSpec) -> None:
     share into micro-batches of `micro`: both divisions must be exact."""
     batch = spec.green.batch
     if batch.effective is None:
+        check_batch_given_in_code(spec)
         return
     ranks = spec.green.gpu_count * spec.num_nodes
     layout = f"gpu_count {spec.green.gpu_count} x num_nodes {spec.num_nodes}"
@@ -171,6 +172,47 @@ def check_batch(spec: TaskSpec) -> None:
             allowed=_divisor_list(per_rank),
             hint=f"use micro: {largest_divisor_at_most(per_rank, batch.micro)}, or micro: auto",
         )
+
+
+def check_batch_given_in_code(spec: TaskSpec) -> None:
+    """Without `batch.effective` the training script must pass `effective_batch=` to `Run`, or
+    the runtime stops before its first step. A `python SCRIPT` run whose script (read from the
+    workdir) uses the skygreen runtime and never names `effective_batch` fails here, up front;
+    a script that cannot be read, or that does not use the runtime, is left to the smoke test."""
+    script = _run_script(spec)
+    if script is None:
+        return
+    try:
+        code = script.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return
+    if "skygreen" in code and "effective_batch" not in code:
+        raise SpecError(
+            "skygreen.batch.effective",
+            f"is not set, and {script.name} does not pass effective_batch= to Run: the runtime would stop "
+            "before its first step",
+            hint="add `batch: {effective: 64}` under skygreen: (samples per optimizer step, over all GPUs)",
+        )
+
+
+def _run_script(spec: TaskSpec) -> Path | None:
+    """The Python file a one-line `python SCRIPT ...` run starts, in the task's workdir; None otherwise."""
+    command = spec.sky.get("run")
+    lines = [ln for ln in str(command or "").splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    try:
+        words = shlex.split(lines[0]) if len(lines) == 1 else []
+    except ValueError:
+        return None
+    if len(words) < 2 or not Path(words[0]).name.startswith("python") or not words[1].endswith(".py"):
+        return None
+    base = Path(spec.source).resolve().parent if spec.source else Path.cwd()
+    workdir = spec.sky.get("workdir")
+    if isinstance(workdir, str):
+        base = base / Path(workdir).expanduser()
+    elif workdir is not None:
+        return None  # a git workdir: not on this machine
+    path = base / words[1]
+    return path if path.is_file() else None
 
 
 def check_precision(spec: TaskSpec) -> None:

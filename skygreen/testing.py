@@ -9,7 +9,8 @@ SkyPilot adapter raises for that exception. Like SkyPilot's client, it rejects a
 `envs` hold a null, whose recovery strategy SkyPilot does not know, or that has no `run`.
 It never stores secret values: only which names were given a value at launch.
 A launch takes SkyPilot a while; `SKYGREEN_FAKE_LAUNCHER_HOLD=DIR` makes a test choose what
-happens meanwhile: `launch` writes `DIR/launching` and returns once `DIR/release` exists.
+happens meanwhile: `launch` stores the job (a submitted request creates its managed job even if
+the client dies), writes `DIR/launching` and returns once `DIR/release` exists.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from skygreen.errors import LaunchError
-from skygreen.launch.launcher import JobState, JobStatus
+from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob
 
 FAKE_DIR_ENV = "SKYGREEN_FAKE_LAUNCHER_DIR"
 FAKE_FAIL_ENV = "SKYGREEN_FAKE_LAUNCHER_FAIL"
@@ -58,7 +59,6 @@ class FakeLauncher:
         client would for a task it rejects; of `secrets` only the names are kept."""
         self._maybe_fail("launch", "")
         _check_task(task)
-        _hold_launch()
         jobs = self._jobs()
         job_id = str(max((int(j) for j in jobs), default=0) + 1)
         jobs[job_id] = {
@@ -75,7 +75,16 @@ class FakeLauncher:
             "log": [f"fake: managed job {job_id} ({name}) submitted"],
         }
         self._save(jobs)
+        _hold_launch()  # submitted: the job exists, as a managed job does once its request is in
         return job_id
+
+    def jobs(self) -> list[LaunchedJob]:
+        """Every job in the table, as `sky jobs queue` lists them (a `status` failure fails this too)."""
+        self._maybe_fail("status", "")
+        return [
+            LaunchedJob(job_id=job_id, name=job["name"], state=JobState(job["state"]))
+            for job_id, job in sorted(self._jobs().items(), key=lambda item: int(item[0]))
+        ]
 
     def status(self, job_id: str) -> JobStatus:
         """The job as stored; an UNKNOWN status, not an error, for an id the table does not hold."""

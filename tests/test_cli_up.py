@@ -89,7 +89,9 @@ def test_up_launches_a_managed_job_and_status_joins_it_with_the_bucket(env, tmp_
     launched = fake.job("1")
     record = json.loads((env["data"] / "runs" / run_id / "run.json").read_text())
     rendered = yaml.safe_load(Path(record["task_yaml"]).read_text())
-    assert launched["task"] == rendered and launched["name"] == run_id
+    # the rendered task, plus the launch's number for the runtime's writer lease; the job named for both
+    assert launched["task"] == {**rendered, "envs": {**rendered["envs"], "SKYGREEN_LAUNCH": "1"}}
+    assert launched["name"] == f"{run_id}-1"
     assert rendered["envs"]["SKYGREEN_RUN_ID"] == run_id
     assert rendered["resources"]["use_spot"] is True and len(rendered["resources"]["ordered"]) <= 3
     offers = record["plan_summary"]["offers"]
@@ -152,7 +154,9 @@ def test_cancel_then_resume_relaunches_the_same_run_id(env, tmp_path, capsys, s3
     assert code == 0, err
     assert "job 2" in out
     assert fake.job("2")["task"]["envs"]["SKYGREEN_RUN_ID"] == run_id
-    assert fake.job("2")["task"] == fake.job("1")["task"]
+    first, second = fake.job("1")["task"], fake.job("2")["task"]
+    assert (first["envs"].pop("SKYGREEN_LAUNCH"), second["envs"].pop("SKYGREEN_LAUNCH")) == ("1", "2")
+    assert second == first  # the same task, one launch later
     status = json.loads(cli(capsys, "status", run_id, "--json")[1])
     assert (status["job_id"], status["launches"], status["state"]) == ("2", 2, "PENDING")
 
@@ -186,7 +190,7 @@ def test_a_completed_run_is_not_resumed(env, tmp_path, capsys, s3_bucket):
 def test_logs_prints_the_jobs_output(env, tmp_path, capsys, s3_bucket):
     run_id = up_json(capsys, str(write_task(tmp_path, bucket=f"s3://{s3_bucket}/runs")), "--no-smoke")["run_id"]
     code, out, _ = cli(capsys, "logs", run_id)
-    assert code == 0 and f"managed job 1 ({run_id}) submitted" in out
+    assert code == 0 and f"managed job 1 ({run_id}-1) submitted" in out
 
 
 def test_dryrun_prints_the_plan_and_writes_the_yaml_only(env, tmp_path, capsys, s3_bucket):

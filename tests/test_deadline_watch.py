@@ -238,6 +238,31 @@ def test_a_spot_job_coming_up_within_one_changeover_is_not_taken_for_an_outage(e
     assert state.relaunched_job == "3" and state.relaunched_at_s == pytest.approx(T0 + 5 * H)
 
 
+def test_a_spot_job_the_user_resumed_is_dated_by_its_launch_and_not_taken_for_an_outage(
+    env, tmp_path, capsys, s3_bucket
+):
+    bucket = f"s3://{s3_bucket}/runs"
+    run_id = up_deadline(capsys, env, write_task(tmp_path, bucket), "--deadline", "30h", "--no-watch")
+    d_h = record_of(env, run_id)["deadline"]["changeover_h"]
+    run_dir = env["data"] / "runs" / run_id
+    fake = FakeLauncher(env["fake"])
+    ledger_progress(f"{bucket}/{run_id}", step=0, total_steps=1000)
+    fake.set_state("1", "FAILED")
+    set_clock(env, 2.0)  # the user relaunches it by hand, two hours in
+    with watcher_lock(run_dir) as watching:
+        assert watching
+        code, _, err = cli(capsys, "resume", run_id)
+    assert code == 0, err
+    launches = record_of(env, run_id)["launches"]
+    assert [launch["started_at_s"] for launch in launches] == [T0, T0 + 2 * H]  # every launch dated
+    assert launches[-1]["spot"] is True
+    fake.set_state("2", "STARTING")
+    set_clock(env, 2.0 + d_h / 2)  # SkyPilot still provisioning the resumed spot VM
+    assert cli(capsys, "watch", run_id, "--once")[0] == 0
+    state = load_state(run_dir)
+    assert state.availability.changes == () and state.latest is not None and state.latest.current == "spot"
+
+
 def test_watch_of_a_run_without_a_deadline_is_bad_input(env, tmp_path, capsys, s3_bucket):
     run_id = up_deadline(capsys, env, write_task(tmp_path, f"s3://{s3_bucket}/runs"))
     code, _, err = cli(capsys, "watch", run_id, "--once")

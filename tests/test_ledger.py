@@ -8,9 +8,15 @@ import pytest
 
 from skygreen.checkpoint.local_store import LocalStore
 from skygreen.ledger import Place, Segment, read_ledger, write_segment
-from skygreen.ledger.budget import Alert, BudgetPolicy, BudgetTracker
+from skygreen.ledger.budget import Alert, BudgetPolicy, BudgetTracker, StoredCheckpoints
 from skygreen.ledger.place import current_place, gpu_catalog_name, offers_env, parse_offers
-from skygreen.ledger.pricing import CONTROLLER_AUTOSTOP_S, CONTROLLER_USD_PER_HOUR, run_cost
+from skygreen.ledger.pricing import (
+    CONTROLLER_AUTOSTOP_S,
+    CONTROLLER_USD_PER_HOUR,
+    HOURS_PER_MONTH,
+    STORAGE_USD_PER_GB_MONTH,
+    run_cost,
+)
 from skygreen.ledger.records import (
     KILLED,
     MAX_SERIES_POINTS,
@@ -235,6 +241,115 @@ def test_budget_fractions_passed_by_earlier_vms_are_not_sent_again():
     assert tracker.check(current, T0 + 7000) == ([], False)  # 85% already: 50% and 80% were sent before
     alerts, stop = tracker.check(current, T0 + 7000 + 0.3 * 3600)
     assert [a.fraction for a in alerts] == [1.0] and stop
+
+
+def test_a_vm_killed_between_checkpoints_is_billed_to_its_heartbeat_and_its_redone_steps_count(tmp_path):
+    store = LocalStore(str(tmp_path / "run"))
+    clock = [T0]
+    writer = LedgerWriter(store, run_id="r-1", place=T4, started_at=T0, clock=lambda: clock[0])
+    writer.begin(step=0, samples=0, samples_per_epoch=None, energy_j_total=None)
+    writer.first_step()
+    clock[0] = T0 + 100
+    writer.update(step=100, samples=3200, train_s=100.0, energy_j_total=None)  # a checkpoint at step 100
+    clock[0] = T0 + 140
+    writer.heartbeat(step=140)  # 40 more steps, then kill -9: no checkpoint, no end
+    resumed = seg(T0 + 200, place=T4, dur_s=400, start_step=100, step=300, first_s=20.0)
+    write_segment(store, resumed)
+    killed, _ = read_ledger(store)
+    assert (killed.end, killed.step, killed.reached_step, killed.duration_s) == ("killed", 100, 140, 140.0)
+    cost = run_cost("r-1", read_ledger(store))
+    assert cost.preemptions == 1
+    assert cost.lost_s == pytest.approx(20.0 + 40 / (100 / 100.0))  # restart + 40 redone steps at 1 step/s
+    assert cost.segments[0].cost_usd == pytest.approx(T4.price_usd_per_hour * T4.nodes * 140 / 3600)  # 140 s, not 100
+
+
+def test_a_killed_segment_says_the_step_its_successor_resumed_from(tmp_path):
+    """Killed after the ledger wrote step 60 for a save that never committed: the next VM resumed
+    from the checkpoint at 40. Ledger and bucket (status) then say the same step, 40, and the 20
+    steps trained past it count as redone."""
+    store = LocalStore(str(tmp_path / "run"))
+    write_segment(store, seg(T0, place=T4, dur_s=600, ended=False, end="running", step=60))
+    writer = LedgerWriter(store, run_id="r-1", place=T4, started_at=T0 + 700, clock=lambda: T0 + 720)
+    writer.begin(step=40, samples=0, samples_per_epoch=None, energy_j_total=None)
+    killed, resumed = read_ledger(store)
+    assert (killed.end, killed.step, killed.reached_step) == ("killed", 40, 60)
+    assert writer.earlier == [killed]  # the budget sees the same settled past
+    assert run_cost("r-1", [killed, resumed]).lost_s == pytest.approx(resumed.startup_s + 20 / killed.steps_per_s)
+
+
+def test_a_cloud_vm_is_billed_from_its_first_setup_line(tmp_path):
+    import string
+    import subprocess
+    from importlib import resources
+
+    from skygreen.runtime.run_book import vm_started_at
+
+    template = resources.files("skygreen").joinpath("templates").joinpath("setup.sh.tmpl").read_text(encoding="utf-8")
+    code_lines = [line for line in template.splitlines() if line.strip() and not line.startswith("#")]
+    first = "\n".join(code_lines[:2])  # the VM's first setup lines: where the stamps go, and the start
+    assert ".started" in code_lines[1]
+    home = tmp_path / "home"
+    home.mkdir()
+    first = string.Template(first).substitute({"run_id": "r1"})
+    subprocess.run(["bash", "-c", first], env={"HOME": str(home), "PATH": "/usr/bin:/bin"}, check=True)
+    noted = float((home / ".skygreen" / "changeover" / "r1.started").read_text())
+    cloud = {"HOME": str(home), "SKYPILOT_CLUSTER_INFO": '{"cloud": "aws"}'}
+    assert vm_started_at(cloud, run_id="r1", now_s=noted + 240) == noted  # setup and restore, paid
+    assert vm_started_at(cloud, run_id="r1", now_s=noted + 7 * 3600) == noted + 7 * 3600  # another life's
+    assert vm_started_at(cloud, run_id="r2", now_s=noted + 240) == noted + 240  # another run's stamp
+    assert vm_started_at({"HOME": str(home)}, run_id="r1", now_s=noted + 240) == noted + 240  # local: no setup
+
+
+def test_a_local_run_on_a_simulated_gpu_names_the_board_and_claims_no_gpu(tmp_path):
+    place = current_place({"SKYGREEN_SIMULATED_GPU": "V100:2"}, gpu=None)
+    assert place.label == "local (simulated V100x2 on CPU)" and place.gpu is None and place.gpu_count == 0
+    assert current_place({"SKYGREEN_SIMULATED_GPU": "T4"}, gpu=None).label == "local (simulated T4x1 on CPU)"
+    assert current_place({}, gpu=None).label == "local (CPU)"
+    store = LocalStore(str(tmp_path / "run"))
+    writer = LedgerWriter(store, run_id="r", place=place, started_at=T0)
+    writer.begin(step=0, samples=0, samples_per_epoch=None, energy_j_total=None)
+    (read,) = read_ledger(store)
+    assert read.place == place  # kept in the ledger, so `cost` shows it too
+
+
+def test_the_budget_counts_checkpoint_storage_as_cost_does(tmp_path):
+    place = Place(
+        cloud="aws", region="us-east-1", spot=True, gpu="L4", gpu_count=1, price_usd_per_hour=1.0, price_source="plan"
+    )
+    current = Segment(run_id="r", key=new_segment_key(T0), place=place, started_at=T0, updated_at=T0)
+    stored = 50_000 * 10**9  # 50 TB of checkpoints kept in S3
+    storage_usd = stored / 1e9 * STORAGE_USD_PER_GB_MONTH["s3"] * 1.0 / HOURS_PER_MONTH  # one hour of it
+    without = BudgetTracker(BudgetPolicy(budget_usd=2.0), earlier=[], managed=False)
+    counted = BudgetTracker(BudgetPolicy(budget_usd=2.0), earlier=[], managed=False, storage=lambda: (stored, "s3"))
+    assert without.spent_usd(current, T0 + 3600) == pytest.approx(1.0)
+    assert counted.spent_usd(current, T0 + 3600) == pytest.approx(1.0 + storage_usd)
+    live = Segment(run_id="r", key=current.key, place=place, started_at=T0, updated_at=T0 + 3600)
+    assert counted.spent_usd(current, T0 + 3600) == pytest.approx(
+        run_cost("r", [live], managed=False, storage_bytes=stored, storage_scheme="s3").total_usd
+    )
+    assert without.check(current, T0 + 3600)[1] is False  # compute alone: $1 of $2
+    assert counted.check(current, T0 + 3600)[1] is True  # with the storage it charges: over $2
+
+
+def test_the_budget_reads_the_stored_checkpoints_from_the_manifests_at_most_once_a_minute(tmp_path):
+    import torch
+
+    from skygreen.checkpoint.manifest import iter_manifests
+    from skygreen.runtime.checkpointer import Checkpointer
+
+    with Checkpointer(str(tmp_path / "run"), keep=2) as ck:
+        ck.save(1, {"model": torch.nn.Linear(64, 64).state_dict()})
+    store = LocalStore(str(tmp_path / "run"))
+    now = [0.0]
+    meter = StoredCheckpoints(store, refresh_s=60.0, clock=lambda: now[0])
+    first = sum(b.size for m in iter_manifests(store) for b in m.blobs.values())
+    assert meter() == (first, "file") and first > 64 * 64 * 4
+    with Checkpointer(str(tmp_path / "run"), keep=2) as ck:
+        ck.save(2, {"model": torch.nn.Linear(64, 64).state_dict()})
+    now[0] = 30.0
+    assert meter() == (first, "file")  # not read again within the minute
+    now[0] = 61.0
+    assert meter()[0] == sum(b.size for m in iter_manifests(store) for b in m.blobs.values()) > first
 
 
 def test_ledger_and_cost_modules_import_no_outside_library():

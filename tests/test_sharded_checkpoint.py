@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from skygreen.checkpoint.lease import LAUNCH_ENV, read_lease
 from skygreen.checkpoint.manifest import Manifest, blob_info, blob_key, committed_steps, manifest_key, read_manifest
 from skygreen.errors import CheckpointError
+from skygreen.exit_codes import SUPERSEDED
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.dcp_files import join_tensors, read_dcp_metadata, split_tensors
 from skygreen.runtime.sharded import ShardedCheckpointer
@@ -163,3 +165,31 @@ def test_save_state_and_restore_state_take_the_same_named_states_as_the_full_che
     want, got = opt.state_dict()["state"][0], fresh_opt.state_dict()["state"][0]
     assert torch.equal(got["exp_avg"], want["exp_avg"]) and torch.equal(got["step"], want["step"])
     assert (fresh_training.step, fresh_training.samples_seen) == (1, 8)
+
+
+def test_a_sharded_writer_whose_lease_a_newer_launch_took_commits_and_deletes_nothing(tmp_path, caplog):
+    """Rank 0 checks the writer lease before its manifest and retention, as the full checkpointer
+    does: the older life exits with the superseded code, and the newer life's commits stay."""
+    url = str(tmp_path)
+    old = ShardedCheckpointer(url, template=lambda: state(0.0), keep=2, environ={LAUNCH_ENV: "1"})
+    assert old.load_latest() is None  # takes launch 1's lease
+    old.save(10, state(1.0))
+    old.wait()
+    new = ShardedCheckpointer(url, template=lambda: state(0.0), keep=2, environ={LAUNCH_ENV: "2"})
+    assert new.load_latest().step == 10  # launch 2 takes over
+    new.save(11, state(2.0))
+    new.wait()
+    assert read_lease(new.store).launch == 2
+
+    caplog.set_level(logging.ERROR, logger="skygreen.checkpoint")
+    old.save(20, state(3.0))
+    with pytest.raises(SystemExit) as stopped:
+        old.wait()
+    assert stopped.value.code == SUPERSEDED
+    assert "launch 1 of this run is superseded" in caplog.text
+    assert committed_steps(new.store) == [10, 11]  # no step 20, nothing of launch 2's deleted
+
+    late = ShardedCheckpointer(url, template=lambda: state(0.0), keep=2, environ={LAUNCH_ENV: "1"})
+    with pytest.raises(SystemExit) as refused:
+        late.load_latest()  # an older life that starts late stops before removing anything
+    assert refused.value.code == SUPERSEDED

@@ -86,6 +86,14 @@ BAD_TASKS: dict[str, tuple[dict, dict, str]] = {
         "resources.accelerators: is chosen by skygreen",
     ),
     "skygreen's own env var": ({}, {"envs": {"SKYGREEN_RUN_ID": "mine"}}, "envs.SKYGREEN_RUN_ID: is set by skygreen"),
+    "a count in words": (
+        {"gpu_count": "two"},
+        {},
+        (
+            "skygreen.gpu_count: expected an integer, got a string (line 5)\n  got: 'two'\n"
+            "  fix: write a whole number without quotes, e.g. gpu_count: 2"
+        ),
+    ),
 }
 
 
@@ -99,6 +107,34 @@ def test_every_command_refuses_the_task_before_anything_starts(env, tmp_path, ca
         assert out.stderr.startswith(f"error: {path}: "), (command, out.stderr)
         assert expected in out.stderr and "fix:" in out.stderr and "Traceback" not in out.stderr, (command, out.stderr)
     assert not (Path(env["XDG_DATA_HOME"]) / "skygreen").exists()  # no run, no dry-run YAML, nothing
+
+
+def test_a_runtime_script_without_an_effective_batch_is_refused_up_front(env, tmp_path):
+    path = write(tmp_path, {"gpus": ["T4"]})
+    (tmp_path / "train.py").write_text("import skygreen.runtime as sg\nrun = sg.Run(model=m, optimizer=o, dataset=d)\n")
+    for command, *flags in COMMANDS:
+        out = skygreen(env, command, str(path), *flags)
+        assert out.returncode == 2, (command, out.stdout + out.stderr)
+        assert out.stderr.startswith(
+            f"error: {path}: skygreen.batch.effective: is not set, and train.py does not pass effective_batch= to Run"
+        ), (command, out.stderr)
+        assert "fix: add `batch: {effective: 64}` under skygreen:" in out.stderr and "Traceback" not in out.stderr
+    assert not (Path(env["XDG_DATA_HOME"]) / "skygreen").exists()
+    # the same script passing it in code, or a script that does not use the runtime, is planned
+    (tmp_path / "train.py").write_text("import skygreen.runtime as sg\nrun = sg.Run(effective_batch=64)\n")
+    assert skygreen(env, "plan", str(path), "--catalog", str(CATALOG)).returncode == 0
+    (tmp_path / "train.py").write_text("print('my own loop')\n")
+    assert skygreen(env, "plan", str(path), "--catalog", str(CATALOG)).returncode == 0
+
+
+def test_a_job_size_beyond_plausibility_is_planned_with_a_warning(env, tmp_path):
+    path = write(tmp_path, {"gpus": ["T4"], "work": {"gpu_hours": 1e7, "gpu": "T4"}})
+    out = skygreen(env, "plan", str(path), "--catalog", str(CATALOG))
+    assert out.returncode == 0, out.stderr
+    said = " ".join((out.stdout + out.stderr).split())
+    assert "skygreen.work.gpu_hours: 1e+07 GPU-hours is 1,141 years on one T4, above the plausible 100,000" in said
+    sane = write(tmp_path, {"gpus": ["T4"], "work": {"gpu_hours": 5e4, "gpu": "T4"}})
+    assert "above the plausible" not in skygreen(env, "plan", str(sane), "--catalog", str(CATALOG)).stdout
 
 
 def test_a_micro_batch_error_names_what_would_divide():

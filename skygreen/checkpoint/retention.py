@@ -8,6 +8,8 @@ checkpoint, and deletes the rest. Only checkpoints that verify count:
   `keep`, so they can never push out a checkpoint that loads;
 - older checkpoints whose manifest is unreadable or whose blobs are missing or short (a size
   check, no download) do not count either;
+- a life that no longer holds the run's writer lease (`skygreen.checkpoint.lease`: a newer
+  launch took over the folder) deletes and moves nothing;
 - unloadable checkpoints are not deleted but moved aside to `<run>/quarantine/<step>/`,
   named in one log line, after a newer commit exists: the bytes stay for a post-mortem, and
   no reader will ever try them again.
@@ -24,6 +26,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 
 from skygreen.checkpoint.keep import check_keep
+from skygreen.checkpoint.lease import Lease, check_lease
 from skygreen.checkpoint.manifest import (
     CKPT_DIR,
     Manifest,
@@ -84,12 +87,22 @@ def deletable_steps(
 
 
 def apply_retention(
-    store: Store, *, keep: int, committed_step: int | None = None, unloadable: Mapping[int, str] | None = None
+    store: Store,
+    *,
+    keep: int,
+    committed_step: int | None = None,
+    unloadable: Mapping[int, str] | None = None,
+    lease: Lease | None = None,
 ) -> list[int]:
     """Delete what retention no longer needs and quarantine what does not load; returns the
     deleted steps. `committed_step`: the checkpoint just committed (default: the newest
     manifest). `unloadable`: steps the caller found unloadable (reason per step), quarantined
-    unless one of them is `committed_step` itself."""
+    unless one of them is `committed_step` itself. `lease`: the caller's writer lease, checked
+    before anything is deleted or moved.
+
+    Raises:
+        LeaseLostError: a newer life of the run holds the lease; nothing was deleted.
+    """
     manifests, broken = _readable_manifests(store)
     newest = committed_step if committed_step is not None else max((m.step for m in manifests), default=None)
     if newest is None:
@@ -107,6 +120,8 @@ def apply_retention(
     broken.update({step: why for step, why in (unloadable or {}).items() if step != committed_step})
     folders = step_folders(store.list(CKPT_DIR + "/"))
     doomed = deletable_steps(counted, [s for s in folders if s not in broken], keep=keep, newest=newest)
+    if lease is not None and (doomed or broken):
+        check_lease(store, lease)
     for step in doomed:
         delete_step(store, step)
     if doomed:

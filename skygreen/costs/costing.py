@@ -17,7 +17,7 @@ from typing import Any
 
 from skygreen.checkpoint.store import OpenStore
 from skygreen.costs.speeds import measured_speeds, save_measured
-from skygreen.errors import CheckpointError, InputError, SkygreenError, StoreError
+from skygreen.errors import CheckpointError, NoLedgerYetError, SkygreenError, StoreError
 from skygreen.launch.registry import Registry, RunRecord
 from skygreen.ledger.pricing import RunCost, catalog_lookup, first_metrics, run_cost
 from skygreen.ledger.records import Segment
@@ -135,7 +135,7 @@ def cost_of_run(
     record = registry.load(run_id)
     cost = load_run_cost(record, open_store=open_store, catalog_dir=catalog_dir, registry=registry)
     if cost is None:
-        raise InputError(
+        raise NoLedgerYetError(
             f"run {run_id} has no ledger at {record.checkpoint_url}/ledger yet: the ledger (time, steps, "
             "energy) is written once training starts by skygreen.runtime's Run, the HF and Lightning "
             "callbacks (skygreen.integrations) and the folder mode (checkpoint.dir); a script that uses "

@@ -271,9 +271,11 @@ class Watch:
 
 
 def _launched_at_s(record: RunRecord, state: WatchState, terms: DeadlineTerms) -> float | None:
-    """When the run's current job was launched, on the watcher's clock, where the watcher knows:
-    its own latest relaunch, or `up`'s first launch (the terms' start); None for a job the user
-    launched (`resume`)."""
+    """When the run's current job was launched, on the watcher's clock: as its launch recorded it
+    (whoever launched it), else as the watcher knows it: its own latest relaunch, or `up`'s first
+    launch (the terms' start)."""
+    if record.launches and record.launches[-1].started_at_s is not None:
+        return record.launches[-1].started_at_s
     if state.relaunched_job is not None and state.relaunched_job == record.job_id:
         return state.relaunched_at_s
     if len(record.launches) == 1:

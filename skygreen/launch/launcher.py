@@ -13,6 +13,7 @@ depend on SkyPilot's spelling (which grows between releases).
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO, runtime_checkable
@@ -46,6 +47,25 @@ class JobState(str, enum.Enum):
     def resumable(self) -> bool:
         """A run in this state can be relaunched by `skygreen resume`."""
         return self in _RESUMABLE
+
+
+_JOB_RUN_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
+"""A run id (`skygreen.launch.registry.check_run_id`), as a job's name starts."""
+
+
+def launch_name(run_id: str, launch: int) -> str:
+    """The name of the job of the run's `launch`-th launch: `<run_id>-<launch>`. Every launcher
+    gets it, so a job whose launch call never returned (the command was killed inside it) can
+    still be told apart and tied to its run (`run_of_job`)."""
+    return f"{run_id}-{launch}"
+
+
+def run_of_job(name: str) -> tuple[str, int] | None:
+    """The run id and launch number a job name carries (`launch_name`), or None for another name."""
+    run_id, sep, number = (name or "").rpartition("-")
+    if not sep or not number.isdigit() or not _JOB_RUN_ID.match(run_id):
+        return None
+    return run_id, int(number)
 
 
 _TERMINAL = {JobState.SUCCEEDED, JobState.CANCELLED, JobState.FAILED, JobState.STOPPED, JobState.UNKNOWN}
@@ -89,6 +109,16 @@ class JobStatus:
         }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchedJob:
+    """One job in a launcher's own list, by the name it was launched with."""
+
+    job_id: str
+    name: str
+    state: JobState | None = None
+    """None when the list does not say (ask `status`)."""
+
+
 @runtime_checkable
 class Launcher(Protocol):
     """Runs rendered tasks. Every method raises `skygreen.errors.LaunchError` (with the fix)
@@ -114,3 +144,10 @@ class Launcher(Protocol):
         """Write the job's output to `out`; with `follow`, until it ends (returns its exit
         code where known)."""
         ...
+
+
+def launcher_jobs(launcher: Launcher) -> list[LaunchedJob] | None:
+    """The launcher's own list of jobs (its optional `jobs()` method), so `status` can find jobs
+    no record knows; None for a launcher that cannot list them."""
+    jobs = getattr(launcher, "jobs", None)
+    return None if jobs is None else list(jobs())

@@ -8,7 +8,9 @@ dies, training goes on; `skygreen status/logs/cancel/resume` find it again from 
 folder.
 
 Each launch has a folder `<root>/<job_id>/` with `job.json` (pid and the kernel's start time
-of the process, to tell it from a recycled pid), `output.log`, and `exit_code` (written by
+of the process, to tell it from a recycled pid; the pid is also the id of the job's process
+group, and the job lives while any process of that group does: a wrapper killed alone leaves
+its trainer running, and `status`, `cancel` and `logs --follow` see and stop the trainer too), `output.log`, and `exit_code` (written by
 `templates/local_job.sh` when the script ends; absent when it was killed).
 The task's `setup` is not run here: the runtime is already installed on this machine.
 """
@@ -29,7 +31,7 @@ from typing import Any, TextIO
 
 from skygreen.errors import InputError, LaunchError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
-from skygreen.launch.launcher import JobState, JobStatus
+from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, run_of_job
 
 CANCEL_GRACE_S = 60.0
 """How long `cancel` waits after SIGTERM for the final checkpoint before SIGKILL."""
@@ -53,7 +55,8 @@ class LocalLauncher:
 
     def launch(self, task: Mapping[str, Any], *, name: str, secrets: Mapping[str, str] | None = None) -> str:
         """Start the task's `run` script, detached, in the task's workdir; returns the job id `<name>-<n>`
-        (the first n from 1 without a folder). Output is appended to the job folder's output.log.
+        (the first n from 1 without a folder), or `name` itself when it already carries its launch
+        number (`skygreen.launch.registry.launch_name`) and has no folder yet. Output is appended to the job folder's output.log.
 
         Raises `InputError` when the task has no `run` or its workdir is not a folder, `LaunchError`
         when the process cannot be started.
@@ -119,7 +122,8 @@ class LocalLauncher:
             exit_code = self._exit_code(job_id)
         ended_at = _mtime(folder / "exit_code") if exit_code is not None else None
         if alive:
-            state, detail = (JobState.CANCELLING, "stopping") if cancelled else (JobState.RUNNING, f"pid {pid}")
+            leader = f"pid {pid}" if _process_alive(pid, info.get("start_ticks")) else f"process group {pid}"
+            state, detail = (JobState.CANCELLING, "stopping") if cancelled else (JobState.RUNNING, leader)
         elif exit_code is None:
             state, detail = (
                 (JobState.CANCELLED if cancelled else JobState.STOPPED),
@@ -186,6 +190,13 @@ class LocalLauncher:
                 time.sleep(_POLL_S)
         return self._exit_code(job_id)
 
+    def jobs(self) -> list[LaunchedJob]:
+        """Every job with a folder under `root`, named by its folder (`launch` names it); their
+        states are left to `status`, which looks at the processes."""
+        if not self.root.is_dir():
+            return []
+        return [LaunchedJob(job_id=p.parent.name, name=p.parent.name) for p in sorted(self.root.glob("*/job.json"))]
+
     # ------------------------------------------------------------ helpers
 
     def pid(self, job_id: str) -> int | None:
@@ -194,6 +205,8 @@ class LocalLauncher:
         return _read_json(self._folder(job_id) / "job.json").get("pid")
 
     def _new_job_id(self, name: str) -> str:
+        if run_of_job(name) is not None and not (self.root / name).exists():
+            return name  # already numbered by its launch
         attempt = 1
         while (self.root / f"{name}-{attempt}").exists():
             attempt += 1
@@ -214,10 +227,11 @@ class LocalLauncher:
             return None
 
     def _alive(self, job_id: str, pid: int | None, start_ticks: int | None) -> bool:
+        """Whether any process of the job's group is left: the trainer outlives a wrapper killed alone."""
         child = self._children.get(job_id)
         if child is not None:
-            return child.poll() is None
-        return _process_alive(pid, start_ticks)
+            child.poll()  # reap our own leader, so it does not linger as a zombie
+        return _group_alive(pid, start_ticks)
 
     def _tail(self, job_id: str) -> str | None:
         try:
@@ -283,6 +297,36 @@ def _process_alive(pid: int | None, start_ticks: int | None) -> bool:
     if fields[0] == "Z":
         return False
     return start_ticks is None or int(fields[19]) == start_ticks
+
+
+def _group_alive(pgid: int | None, start_ticks: int | None) -> bool:
+    """Whether a live (not zombie) process of the group `pgid` is left. On Linux each process in
+    /proc is checked, and one started before the group's leader (`start_ticks`) is another,
+    older group that reuses the number; elsewhere the kernel's answer for the group is trusted."""
+    if not pgid:
+        return False
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # it ended while we looked
+        if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
+            continue
+        if start_ticks is not None and int(fields[19]) < start_ticks:
+            continue
+        return True
+    return False
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -64,6 +64,9 @@ class Launch:
     """Local runs: the process group leader started for this launch."""
     spot: bool | None = None
     """The capacity a deadline watcher chose for this launch; None: as rendered (the plan's)."""
+    started_at_s: float | None = None
+    """When the launch call started, in Unix seconds on the deadline clock
+    (`skygreen.deadline.clock`), whoever launched it: a watcher dates every job by it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -97,6 +100,12 @@ class RunRecord:
     """Set by `skygreen cancel`, so a stopped process reads as cancelled, not killed."""
     deadline: Mapping[str, Any] | None = None
     """`skygreen.deadline.live.DeadlineTerms` as JSON, for a run launched with a deadline."""
+    pending_launch: int | None = None
+    """The number of a launch whose launcher call has not returned (set just before it). A command
+    killed inside that call leaves it set: `status` then adopts the job named for it
+    (`launch_name`), so a paid job never goes unrecorded."""
+    pending_at_s: float | None = None
+    """When that pending launch started (`Launch.started_at_s`)."""
     updated_at: str = ""
     version: int = RECORD_VERSION
 
@@ -116,12 +125,18 @@ class RunRecord:
         return f"{self.bucket.rstrip('/')}/{self.run_id}"
 
     def with_launch(
-        self, job_id: str, *, pid: int | None = None, state: str = "PENDING", spot: bool | None = None
+        self,
+        job_id: str,
+        *,
+        pid: int | None = None,
+        state: str = "PENDING",
+        spot: bool | None = None,
+        started_at_s: float | None = None,
     ) -> RunRecord:
-        """A copy with one more launch (on `spot` capacity when a watcher chose it), stamped now (UTC), in
-        `state`, and no longer marked cancelled; not saved."""
-        launch = Launch(at=utc_now_iso(), job_id=job_id, pid=pid, spot=spot)
-        return replace(self, launches=(*self.launches, launch), state=state, cancelled=False)
+        """A copy with one more launch (on `spot` capacity when a watcher chose it, begun at
+        `started_at_s`), stamped now (UTC), in `state`, and no longer marked cancelled; not saved."""
+        launch = Launch(at=utc_now_iso(), job_id=job_id, pid=pid, spot=spot, started_at_s=started_at_s)
+        return replace(self, launches=(*self.launches, launch), state=state, cancelled=False, pending_launch=None)
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain JSON values, as run.json holds it."""

@@ -21,8 +21,10 @@ import yaml
 
 from skygreen.checkpoint.cancellation import clear_cancel, request_cancel
 from skygreen.checkpoint.interval import preemption_rate_per_hour
+from skygreen.checkpoint.lease import LAUNCH_ENV
 from skygreen.checkpoint.store import Store
 from skygreen.deadline.capacity import with_capacity
+from skygreen.deadline.clock import now_s
 from skygreen.deadline.policy import POLICIES
 from skygreen.deadline.terms import DeadlineAsk, deadline_ask, deadline_terms
 from skygreen.deadline.watch_state import clear_user_cancel, mark_user_cancel, switching_to_spot
@@ -36,10 +38,18 @@ from skygreen.errors import (
 )
 from skygreen.files import write_atomic
 from skygreen.launch.bucket import check_writable, within_deadline
-from skygreen.launch.launcher import JobState, Launcher
+from skygreen.launch.launcher import JobState, Launcher, launch_name
 from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
-from skygreen.launch.status import BUDGET_STATE, RunStatus, run_state, run_status
+from skygreen.launch.status import (
+    BUDGET_STATE,
+    RunStatus,
+    UnknownJob,
+    adopt_pending,
+    run_state,
+    run_status,
+    unknown_jobs,
+)
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import TaskSpec, with_deadline
@@ -181,7 +191,7 @@ def up(request: UpRequest, *, deadline: DeadlineAsk | None = None, wiring: Wirin
     )
     record = registry.save(record)
     spot = None if terms is None else True
-    record = _launch(registry, record, launcher, task, secret_values(spec, environ), spot=spot)
+    record = _launch(registry, record, launcher, task, secret_values(spec, environ), spot=spot, environ=environ)
     return UpResult(
         yaml_path=yaml_path, run_id=run_id, plan=plan, record=record, smoke=smoke_result, notices=_notices(spec, plan)
     )
@@ -275,14 +285,24 @@ def _launch(
     secrets: Mapping[str, str],
     *,
     spot: bool | None = None,
+    environ: Mapping[str, str],
 ) -> RunRecord:
+    """Launch the run's next life: its job is named for the run and the launch number, and the
+    number travels to the runtime (`SKYGREEN_LAUNCH`, its writer lease). The record says a launch
+    is under way before the launcher is called, so a command killed inside the call leaves a
+    record that `status` reconciles with the launcher's jobs."""
+    number = len(record.launches) + 1
+    task = {**task, "envs": {**(task.get("envs") or {}), LAUNCH_ENV: str(number)}}
+    started_at_s = now_s(environ)
+    record = registry.save(dataclasses.replace(record, pending_launch=number, pending_at_s=started_at_s))
     try:
-        job_id = launcher.launch(task, name=record.run_id, secrets=secrets)
+        job_id = launcher.launch(task, name=launch_name(record.run_id, number), secrets=secrets)
     except SkygreenError:
-        registry.save(dataclasses.replace(record, state="LAUNCH_FAILED"))
+        registry.save(dataclasses.replace(record, state="LAUNCH_FAILED", pending_launch=None, pending_at_s=None))
         raise
     pid = launcher.pid(job_id) if hasattr(launcher, "pid") else None
-    return registry.save(record.with_launch(job_id, pid=pid, state=JobState.PENDING.value, spot=spot))
+    launched = record.with_launch(job_id, pid=pid, state=JobState.PENDING.value, spot=spot, started_at_s=started_at_s)
+    return registry.save(launched)
 
 
 # ---------------------------------------------------------------- resume, cancel, logs
@@ -308,7 +328,7 @@ def resume(
 
 def _resume(run_id: str, *, local: bool, budget_usd: float | None, spot: bool | None, wiring: Wiring) -> RunRecord:
     environ, registry = wiring.environ, wiring.registry
-    record = registry.load(run_id)
+    record = adopt_pending(registry.load(run_id), wiring)
     _check_bucket_before_resume(record, wiring)
     current = run_state(record, wiring=wiring)
     if current.completed and current.manifest is not None:
@@ -347,7 +367,7 @@ def _resume(run_id: str, *, local: bool, budget_usd: float | None, spot: bool | 
     _clear_cancel(record, wiring)
     if spot is None and record.launches:  # a plain resume keeps the capacity a watcher chose last
         spot = record.launches[-1].spot
-    return _launch(registry, record, launcher, task, _resume_secrets(record, environ), spot=spot)
+    return _launch(registry, record, launcher, task, _resume_secrets(record, environ), spot=spot, environ=environ)
 
 
 def _check_new_budget(record: RunRecord, budget_usd: float | None) -> None:
@@ -393,7 +413,7 @@ def cancel(run_id: str, *, wiring: Wiring, by_user: bool = True) -> CancelResult
     A run that already ended is left exactly as it is. The user's cancel of a run with a
     deadline also stops its watcher (`by_user=False` is the watcher's own switch)."""
     registry = wiring.registry
-    record = registry.load(run_id)
+    record = adopt_pending(registry.load(run_id), wiring)
     if record.job_id is None:
         raise InputError(f"run {record.run_id} was never launched; nothing to cancel")
     marked = by_user and record.deadline is not None
@@ -414,6 +434,17 @@ def cancel(run_id: str, *, wiring: Wiring, by_user: bool = True) -> CancelResult
         raise
     registry.save(dataclasses.replace(record, cancelled=True))
     return CancelResult(status=run_status(registry.load(record.run_id), wiring=wiring), already_ended=False)
+
+
+def cancel_unknown_jobs(name: str, *, wiring: Wiring) -> list[UnknownJob]:
+    """Stop the jobs no record here knows (`skygreen.launch.status.unknown_jobs`) whose name is
+    `name`, or whose run id is; returns them (empty when there is none: the caller says so).
+    Their bucket is left as it is: no record says where it is."""
+    found = [job for job in unknown_jobs(wiring.registry.list(), wiring=wiring) if name in (job.name, job.run_id)]
+    for job in found:
+        launcher = wiring.local_launcher() if job.launcher == LOCAL else wiring.cloud_launcher()
+        launcher.cancel(job.job_id)
+    return found
 
 
 CANCEL_MARK_DEADLINE_S = 15.0

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from skygreen.errors import LaunchError
-from skygreen.launch.launcher import JobState, JobStatus
+from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob
 
 _LOCAL_FIX = "or run on this machine with `skygreen up TASK --local`"
 
@@ -240,6 +240,24 @@ class SkyPilotLauncher:
         if not mine:
             return JobStatus(job_id=str(job_id), state=JobState.UNKNOWN, detail="not in `sky jobs queue`")
         return status_from_record(job_id, mine)
+
+    def jobs(self) -> list[LaunchedJob]:
+        """The managed jobs that have not finished, from `sky jobs queue` (not refreshed), by name.
+        Raises `LaunchError` when the queue cannot be read."""
+        sky = _sky()
+        try:
+            request = sky.jobs.queue_v2(refresh=False, skip_finished=True, fields=["job_id", "job_name", "status"])
+            records = sky.get(request)[0]
+        except Exception as e:
+            raise launch_error(e, "reading the managed jobs queue") from e
+        return [
+            LaunchedJob(
+                job_id=str(getattr(r, "job_id", "")),
+                name=str(getattr(r, "job_name", "") or ""),
+                state=STATE_TABLE.get(_status_word(r), JobState.UNKNOWN),
+            )
+            for r in records
+        ]
 
     def cancel(self, job_id: str) -> None:
         """Cancel the managed job (`sky.jobs.cancel`) and wait for SkyPilot's answer. Raises

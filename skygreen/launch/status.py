@@ -6,19 +6,23 @@ registry come in through a `Wiring` (`skygreen.launch.wiring`); this module impo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from skygreen.checkpoint.manifest import Manifest, latest_manifest
-from skygreen.errors import BucketUnreachableError, CheckpointError, LaunchError, SkygreenError, StoreError
+from skygreen.errors import BucketUnreachableError, CheckpointError, InputError, LaunchError, SkygreenError, StoreError
+from skygreen.exit_codes import STOPPED_WITH_CHECKPOINT, for_outcome
 from skygreen.launch.bucket import within_deadline
-from skygreen.launch.launcher import JobStatus
+from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, Launcher, launch_name, launcher_jobs, run_of_job
 from skygreen.launch.registry import RunRecord
 from skygreen.launch.spend import run_spend
 from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
 
+_LAUNCHER_ENV = "SKYGREEN_LAUNCHER"
+"""`skygreen.launch.launcher_factory.LAUNCHER_ENV`: a launcher named by the environment (a fake, a plugin)."""
 BUDGET_STATE = "budget"
 """The runtime's checkpoint state when it stopped at `budget_usd` (shown as BUDGET)."""
 
@@ -64,6 +68,8 @@ class RunStatus:
     (`skygreen.deadline.status`)."""
     changeovers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Each resumed segment's changeover (`skygreen.ledger.changeover.Changeover` as JSON)."""
+    job_duration_s: float | None = None
+    """The current launch's run time as its launcher reports it (None when it does not say)."""
 
     def to_json(self) -> dict[str, Any]:
         """Every field as plain JSON values, for `skygreen status --json`."""
@@ -71,10 +77,101 @@ class RunStatus:
 
 
 def status(run_id: str | None = None, *, wiring: Wiring) -> list[RunStatus]:
-    """The named run, or every run on this machine (newest last)."""
+    """The named run, or every run on this machine (newest last). A record whose launch call never
+    returned first adopts the job its launcher holds for that launch (`adopt_pending`)."""
     records = [wiring.registry.load(run_id)] if run_id else wiring.registry.list()
+    records = [adopt_pending(record, wiring) for record in records]
     unreachable: dict[str, str] = {}  # one wait per bucket that does not answer, not one per run
     return [run_status(record, wiring=wiring, unreachable=unreachable) for record in records]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnknownJob:
+    """A job that is still going, named as skygreen names its jobs (`<run>-<launch>`), that no run
+    record on this machine knows: a paid machine nobody watches. `skygreen cancel NAME` stops it."""
+
+    name: str
+    run_id: str
+    launch: int
+    job_id: str
+    launcher: str
+    state: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field as plain JSON values, marked as an unknown job for `status --json`."""
+        return {"unknown_job": True, **dataclasses.asdict(self)}
+
+    def line(self) -> str:
+        """The job as `skygreen status` lists it after the runs, with the command that stops it."""
+        return (
+            f"unknown skygreen job {self.name} ({self.launcher} job {self.job_id}, {self.state}): "
+            f"no run record here knows it; `skygreen cancel {self.name}` stops it"
+        )
+
+
+def adopt_pending(record: RunRecord, wiring: Wiring) -> RunRecord:
+    """The record, with the job of its pending launch adopted when the launcher has it.
+
+    `skygreen up`, `resume` or a deadline watcher killed inside the launcher's launch call leaves
+    the record's `pending_launch` set and the job unrecorded; the launcher lists that job under the
+    name `launch_name(run, launch)`. A launcher that cannot list its jobs, or does not answer,
+    leaves the record as it is (the next `status` tries again)."""
+    if record.pending_launch is None:
+        return record
+    try:
+        launcher = launcher_for(record, wiring)
+        jobs = launcher_jobs(launcher)
+    except (LaunchError, InputError):
+        return record
+    recorded = {launch.job_id for launch in record.launches}
+    name = launch_name(record.run_id, record.pending_launch)
+    found = [job for job in jobs or () if job.name == name and job.job_id not in recorded]
+    if not found:
+        return record
+    job = found[-1]
+    state = (job.state or launcher.status(job.job_id).state).value
+    pid = launcher.pid(job.job_id) if hasattr(launcher, "pid") else None
+    return wiring.registry.save(record.with_launch(job.job_id, pid=pid, state=state, started_at_s=record.pending_at_s))
+
+
+def unknown_jobs(records: list[RunRecord], *, wiring: Wiring) -> list[UnknownJob]:
+    """Jobs still going that skygreen launched (by their name) but no record here knows, on this
+    machine's launcher and on the cloud launcher (SkyPilot's queue only when some run here used it:
+    reading it starts SkyPilot's API server)."""
+    known = {(r.run_id, launch.job_id) for r in records for launch in r.launches}
+    found = []
+    for launcher in _launchers_to_reconcile(records, wiring):
+        try:
+            jobs = launcher_jobs(launcher) or []
+        except LaunchError:
+            continue  # `status` of each run says what the launcher answered
+        for job in jobs:
+            parsed = run_of_job(job.name)
+            if parsed is None or (parsed[0], job.job_id) in known:
+                continue
+            state = _state_of(launcher, job)
+            if state is not None and not state.terminal:
+                found.append(UnknownJob(name=job.name, run_id=parsed[0], launch=parsed[1], job_id=job.job_id,
+                                        launcher=launcher.kind, state=state.value))  # fmt: skip
+    return found
+
+
+def _launchers_to_reconcile(records: list[RunRecord], wiring: Wiring) -> list[Launcher]:
+    launchers = [wiring.local_launcher()]
+    chosen = bool(wiring.environ.get(_LAUNCHER_ENV))  # a named launcher (a fake, a plugin) is cheap to ask
+    if chosen or any(record.launcher == "skypilot" for record in records):
+        with contextlib.suppress(InputError, LaunchError, ImportError):  # no cloud launcher here: none to list
+            launchers.append(wiring.cloud_launcher())
+    return launchers
+
+
+def _state_of(launcher: Launcher, job: LaunchedJob) -> JobState | None:
+    if job.state is not None:
+        return job.state
+    try:
+        return launcher.status(job.job_id).state
+    except (LaunchError, InputError):
+        return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,6 +206,10 @@ def run_state(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] 
     detail = job_error or (job.detail if job else None)
     if job and job.failure_reason:
         detail = f"{detail}: {job.failure_reason}" if detail else job.failure_reason
+    if job and job.exit_code == STOPPED_WITH_CHECKPOINT and manifest is None and progress_error is None:
+        # the wrapper's "stopped after a checkpoint" code, from a script that never committed one
+        code = for_outcome(job.state.value, has_checkpoint=False)
+        detail = f"exit code {code}: stopped with no checkpoint to resume from (a resume starts at step 0)"
     if job and job.state.value != record.state:
         wiring.registry.save(dataclasses.replace(record, state=job.state.value))
     if manifest and manifest.meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
@@ -117,6 +218,29 @@ def run_state(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] 
             f"stopped at its budget; raise it with `skygreen resume {record.run_id} --budget-usd N`",
         )
     return RunState(job=job, state=state, detail=detail, manifest=manifest, progress_error=progress_error)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResumePoint:
+    """Where a relaunch of a run continues: the step of its latest checkpoint, or from scratch."""
+
+    step: int | None
+    from_scratch: bool
+    """No checkpoint in the bucket (and the bucket answered): training starts again at step 0."""
+    note: str | None
+    """One line for the user when it restarts from step 0."""
+
+
+def resume_point(record: RunRecord, *, wiring: Wiring) -> ResumePoint:
+    """The run's latest checkpoint, read before a relaunch; a bucket that does not answer is no
+    claim either way (the relaunch's own bucket check says what is wrong)."""
+    manifest, error = _progress(record, wiring, {})
+    if manifest is not None:
+        return ResumePoint(step=manifest.step, from_scratch=False, note=None)
+    if error is not None:
+        return ResumePoint(step=None, from_scratch=False, note=None)
+    note = f"no checkpoint in {record.checkpoint_url} yet: the run restarts from step 0"
+    return ResumePoint(step=None, from_scratch=True, note=note)
 
 
 def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] | None = None) -> RunStatus:
@@ -154,6 +278,7 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
         energy=_energy(meta, job if record.mode != LOCAL else None) if manifest else None,
         deadline=_deadline(record, wiring),
         changeovers=_changeovers(record, wiring) if manifest and record.bucket not in unreachable else [],
+        job_duration_s=job.duration_s if job else None,
     )
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from skygreen.ledger.pricing import CONTROLLER_USD_PER_HOUR, run_cost
 from skygreen.ledger.records import Segment
@@ -81,20 +83,38 @@ class Alert:
 class BudgetTracker:
     """Decides alerts and the stop from spend; pure apart from the clock it is handed."""
 
-    def __init__(self, policy: BudgetPolicy, *, earlier: Sequence[Segment], managed: bool = True) -> None:
+    def __init__(
+        self,
+        policy: BudgetPolicy,
+        *,
+        earlier: Sequence[Segment],
+        managed: bool = True,
+        storage: Callable[[], tuple[int, str]] | None = None,
+    ) -> None:
         self.policy = policy
         self.earlier = list(earlier)
         self.managed = managed
+        self.storage = storage
+        """Bytes of checkpoints the run keeps now and their URL scheme (`s3`, `gs`, `file`),
+        priced like `skygreen cost` prices them; None: no storage is counted."""
         self._fired: set[float] = set()
         self._burn_fired = False
         self._primed = False
 
     def spent_usd(self, current: Segment, now_s: float) -> float:
         """Dollars spent so far: the earlier segments plus `current` running until `now_s` (Unix
-        seconds) unless it has ended, by `run_cost`: compute and, for a managed run, the
-        controller; storage is not counted, and a segment with no known price counts as free."""
+        seconds) unless it has ended, by `run_cost`, as `skygreen cost` counts it: compute, the
+        controller for a managed run, and checkpoint storage (`storage`); a segment with no known
+        price counts as free."""
         live = replace(current, updated_at=max(now_s, current.started_at))
-        return run_cost(current.run_id, [*self.earlier, live], managed=self.managed).total_usd
+        stored_bytes, scheme = self.storage() if self.storage is not None else (0, "file")
+        return run_cost(
+            current.run_id,
+            [*self.earlier, live],
+            managed=self.managed,
+            storage_bytes=stored_bytes,
+            storage_scheme=scheme,
+        ).total_usd
 
     def burn_usd_per_hour(self, current: Segment) -> float:
         """Dollars per hour the run costs on `current`'s VM: its price per node x nodes (0 where
@@ -133,6 +153,36 @@ class BudgetTracker:
                     message=f"run {current.run_id} has spent ${spent:.2f} of its ${p.budget_usd:g} budget ({f:.0%})",
                 ))  # fmt: skip
         return alerts, fraction_now >= 1.0
+
+
+class StoredCheckpoints:
+    """The bytes of a run's committed checkpoints and its store's URL scheme, for a budget's
+    storage term: read from the manifests at most once per `refresh_s` (the budget is checked
+    every second; storage grows only with each commit), 0 while the bucket cannot be read."""
+
+    def __init__(self, store: Any, *, refresh_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        from skygreen.checkpoint.store import parse_url
+
+        self.store = store
+        self.scheme = parse_url(store.url).scheme
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._read_at: float | None = None
+        self._bytes = 0
+
+    def __call__(self) -> tuple[int, str]:
+        """(bytes of the committed checkpoints, the store's scheme), re-read when `refresh_s` passed."""
+        now = self._clock()
+        if self._read_at is None or now - self._read_at >= self.refresh_s:
+            from skygreen.checkpoint.manifest import iter_manifests
+            from skygreen.errors import CheckpointError, StoreError
+
+            try:
+                self._bytes = sum(info.size for m in iter_manifests(self.store) for info in m.blobs.values())
+            except (StoreError, CheckpointError) as e:
+                log.warning("budget: cannot read the checkpoints' size (%s); storage counts as before", e)
+            self._read_at = now
+        return self._bytes, self.scheme
 
 
 def stop_message(run_id: str, spent_usd: float, budget_usd: float) -> str:

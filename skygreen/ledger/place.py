@@ -79,6 +79,19 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         return default
 
 
+SIMULATED_GPU_ENV = "SKYGREEN_SIMULATED_GPU"
+"""`skygreen.power.simulated.SIMULATED_GPU_ENV`: `T4`, or `V100:2` for two boards."""
+
+
+def _simulated_board(environ: Mapping[str, str]) -> str | None:
+    """`T4x1` for `SKYGREEN_SIMULATED_GPU=T4` (`V100:2` -> `V100x2`); None when unset."""
+    raw = (environ.get(SIMULATED_GPU_ENV) or "").strip()
+    if not raw:
+        return None
+    name, _, count = raw.partition(":")
+    return f"{name.strip()}x{int(count) if count.strip().isdigit() else 1}"
+
+
 def current_place(environ: Mapping[str, str], *, gpu: str | None, gpu_count: int | None = None) -> Place:
     """This VM's place: SkyPilot's cluster info joined with the rendered offer that matches."""
     try:
@@ -95,6 +108,7 @@ def current_place(environ: Mapping[str, str], *, gpu: str | None, gpu_count: int
             nodes=1,
             price_usd_per_hour=0.0,
             price_source="local",
+            simulated_gpu=None if gpu else _simulated_board(environ),
         )
     cloud = str(info["cloud"]).lower()
     region = info.get("region") or None

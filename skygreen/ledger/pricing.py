@@ -155,6 +155,7 @@ def _segment_json(sc: SegmentCost) -> dict:
         "end": s.end,
         "start_step": s.start_step,
         "step": s.step,
+        "reached_step": s.reached_step,
         "steps_done": s.steps_done,
         "samples_per_s": s.samples_per_s,
         "price_usd_per_hour": sc.price_usd_per_hour,
@@ -281,7 +282,8 @@ def _preemption_loss(priced: Sequence[SegmentCost]) -> tuple[float, float, int]:
         count += prev.segment.end != BUDGET
         s = nxt.segment
         restart_s = s.startup_s
-        redo = max(0, prev.segment.step - s.start_step)
+        reached = max(prev.segment.step, prev.segment.reached_step or 0)  # the heartbeat's, past the checkpoint
+        redo = max(0, reached - s.start_step)
         rate = prev.segment.steps_per_s
         seg_lost = restart_s + (redo / rate if rate else 0.0)
         lost_s += seg_lost
@@ -316,9 +318,9 @@ def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tu
     controller (only when `managed`), storage at the scheme's price, and energy."""
     lines = [
         (
-            "compute: catalog price of each segment's offer x the runtime's lifetime on that VM x nodes "
-            "(provisioning and setup before training starts are not seen; a VM killed without warning "
-            "counts until its last ledger update)"
+            "compute: catalog price of each segment's offer x the VM's time x nodes (from its first "
+            "setup line on a cloud, from the process start locally; provisioning before setup is not "
+            "seen; a VM killed without warning counts until its last ledger heartbeat, every 30 s)"
         ),
     ]
     if managed:

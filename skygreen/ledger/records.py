@@ -58,6 +58,9 @@ class Place:
     """Per node, the catalog price of this offer when the run was planned; None when unknown."""
     price_source: str | None = None
     """Where the price came from: "plan" (rendered at launch) or "catalog"."""
+    simulated_gpu: str | None = None
+    """A local run on a simulated board (`SKYGREEN_SIMULATED_GPU`): its name and count ("T4x1").
+    Training ran on the CPU, so `gpu` stays None and no speed is measured for that GPU."""
 
     def __post_init__(self) -> None:
         if not self.cloud:
@@ -71,9 +74,11 @@ class Place:
 
     @property
     def label(self) -> str:
-        """`gcp/us-central1 g2-standard-4 (L4x1, spot)`, or `local (CPU)`."""
+        """`gcp/us-central1 g2-standard-4 (L4x1, spot)`, `local (CPU)`, or `local (simulated T4x1 on CPU)`."""
         where = "/".join(p for p in (self.cloud, self.region) if p)
         gpus = f"{self.gpu}x{self.gpu_count}" if self.gpu else "CPU"
+        if not self.gpu and self.simulated_gpu:
+            gpus = f"simulated {self.simulated_gpu} on CPU"
         kind = {True: ", spot", False: ", on-demand", None: ""}[self.spot]
         nodes = f" x{self.nodes} nodes" if self.nodes > 1 else ""
         itype = f" {self.instance_type}" if self.instance_type else ""
@@ -96,7 +101,10 @@ class Segment:
     """`running` or one of END_REASONS; `killed` only on the read side."""
     start_step: int = 0
     step: int = 0
-    """The last optimizer step this segment reached (at its last update)."""
+    """The step of this segment's last update at a checkpoint save (its last checkpoint's step)."""
+    reached_step: int | None = None
+    """The furthest step this segment trained to, from its heartbeat between checkpoints; steps
+    past `step` on a VM killed without a word were redone by the next one. None: no heartbeat."""
     start_samples: int = 0
     samples: int = 0
     samples_per_epoch: int | None = None
@@ -241,13 +249,23 @@ def is_segment_key(key: str) -> bool:
 
 def settle(segments: Sequence[Segment]) -> list[Segment]:
     """Order segments by key, number them from 1, and mark as `killed` each one that never
-    wrote an end but was replaced by a later segment (its VM is gone)."""
+    wrote an end but was replaced by a later segment (its VM is gone).
+
+    A killed segment's `step` becomes the step the next one resumed from: its last committed
+    checkpoint, the step `status` shows. The ledger is written at each save, before that save
+    commits, so a kill in between left the ledger one save off the bucket; the steps it trained
+    past the checkpoint stay in `reached_step` (redone by the next segment)."""
     ordered = sorted(segments, key=lambda s: s.key)
     out = []
     for i, seg in enumerate(ordered):
         replaced = i < len(ordered) - 1
         end = KILLED if seg.end == RUNNING and replaced else seg.end
-        out.append(replace(seg, segment=i + 1, end=end))
+        seg = replace(seg, segment=i + 1, end=end)
+        if end == KILLED and ordered[i + 1].start_step >= seg.start_step:
+            resumed_at = ordered[i + 1].start_step
+            reached = max(seg.step, seg.reached_step or 0)
+            seg = replace(seg, step=resumed_at, reached_step=reached if reached > resumed_at else seg.reached_step)
+        out.append(seg)
     return out
 
 

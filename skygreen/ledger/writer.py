@@ -17,7 +17,7 @@ from typing import Any
 from skygreen.checkpoint.store import Store
 from skygreen.errors import StoreError
 from skygreen.ledger.io import read_ledger, write_segment
-from skygreen.ledger.records import KILLED, RUNNING, Place, Segment, add_point, new_segment_key
+from skygreen.ledger.records import RUNNING, Place, Segment, add_point, new_segment_key, settle
 
 log = logging.getLogger("skygreen.runtime")
 
@@ -55,12 +55,11 @@ class LedgerWriter:
         `setup_s`, `restore_s`, `restore_bytes`); the steps redone are counted here, from the
         furthest step an earlier segment reached."""
         try:
-            # This VM replaces any segment still marked running: its VM is gone.
-            self.earlier = [
-                replace(s, end=KILLED) if s.end == RUNNING else s
-                for s in read_ledger(self.store)
-                if s.key != self.segment.key
-            ]
+            # This VM replaces any segment still marked running: its VM is gone (settled as
+            # `read_ledger` will settle them once this segment is written).
+            mine = replace(self.segment, start_step=step, step=step)
+            before = [s for s in read_ledger(self.store) if s.key != mine.key]
+            self.earlier = [s for s in settle([*before, mine]) if s.key != mine.key]
         except StoreError as e:
             self._warn(e)
         self._energy_base_j = energy_j_total
@@ -107,6 +106,15 @@ class LedgerWriter:
             ended_at=None if end == RUNNING else max(now, self.segment.started_at),
             end=end,
         )
+        self._write()
+
+    def heartbeat(self, *, step: int) -> None:
+        """Between checkpoints: the time billed so far and the step reached, so a VM killed without
+        a word is billed to its last heartbeat and the steps it trained past its last checkpoint
+        count as redone (`skygreen.ledger.pricing`)."""
+        now = self.clock()
+        reached = max(step, self.segment.step, self.segment.reached_step or 0)
+        self.segment = replace(self.segment, updated_at=max(now, self.segment.started_at), reached_step=reached)
         self._write()
 
     def _write(self) -> None:

@@ -42,6 +42,7 @@ from typing import Any, BinaryIO, cast
 import torch
 
 from skygreen.checkpoint.keep import check_keep
+from skygreen.checkpoint.lease import Lease, LeaseLostError, check_lease, launch_number, take_lease
 from skygreen.checkpoint.manifest import (
     CKPT_DIR,
     MANIFEST_NAME,
@@ -114,6 +115,7 @@ class Checkpointer:
         rank_wait_s: float = 600.0,
         retry: RetryPolicy | None = None,
         tmp_dir: str | os.PathLike[str] | None = None,
+        launch: int | None = None,
     ) -> None:
         check_keep(keep, "checkpoint keep")
         if half_precision is not None and half_precision not in HALF_PRECISIONS:
@@ -147,6 +149,9 @@ class Checkpointer:
         """Why each checkpoint skipped while loading did not load."""
         self._unloadable: dict[int, str] = {}
         """Commits newer than the loaded one, for retention to quarantine after the next commit."""
+        self.launch = launch if launch is not None else launch_number(os.environ)
+        """This life's launch number (`SKYGREEN_LAUNCH`); None: no writer lease is taken."""
+        self._lease: Lease | None = None
 
     # -- saving -------------------------------------------------------------------------
 
@@ -266,6 +271,8 @@ class Checkpointer:
             self._thread.join()
             self._thread = None
         error, self._error = self._error, None
+        if isinstance(error, LeaseLostError):
+            _stop_superseded(error)
         if error is not None:
             raise error
 
@@ -309,6 +316,7 @@ class Checkpointer:
 
     def _write(self, step: int, shared: dict | None, own: dict, metric, meta: dict, pin: bool) -> None:
         started = time.perf_counter()
+        self._fence()  # a superseded life uploads nothing over a newer life's blobs
         with tempfile.TemporaryDirectory(prefix="skygreen-ckpt-", dir=self.tmp_dir) as tmp:
             own_name = rank_blob_name(self.rank)
             blobs = {own_name: self._upload_blob(step, own_name, own, Path(tmp))}
@@ -335,14 +343,26 @@ class Checkpointer:
             world_size=self.world_size,
             meta=meta,
         )
+        self._fence()
         self.store.put(manifest_key(step), manifest.dumps())
         self.last_committed_step = step
         self._failed_in_row = 0
         self.last_upload_s = time.perf_counter() - started
         log.info("checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s)
         self._unloadable.pop(step, None)  # rewritten by this life: good now
-        apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable)
+        apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable, lease=self._lease)
         self._unloadable = {}
+
+    def _fence(self) -> None:
+        """Take this life's writer lease, or check it is still ours (`skygreen.checkpoint.lease`);
+        `LeaseLostError` when a newer life holds it. Rank 0 holds it for the run; a no-op on other
+        ranks and without a launch number."""
+        if self.launch is None or self.rank != 0:
+            return
+        if self._lease is None:
+            self._lease = take_lease(self.store, self.launch)
+        else:
+            check_lease(self.store, self._lease)
 
     def _upload_blob(self, step: int, name: str, obj: Any, tmp: Path) -> BlobInfo:
         """Serialise `obj` to a temporary file (hashing on the way), then stream it up."""
@@ -392,6 +412,10 @@ class Checkpointer:
             loaded = self._load_newest(bound)
             step = loaded.step if loaded else -1
             if first_round and self.rank == 0:
+                try:
+                    self._fence()  # this life's lease, before it deletes anything
+                except LeaseLostError as e:
+                    _stop_superseded(e)
                 self._remove_uncommitted_after(step)
             first_round = False
             low = int(all_reduce([step], op="MIN", dtype=torch.int64)[0])
@@ -474,6 +498,12 @@ class Checkpointer:
         for stale in sorted(s for s in folders if s > step and MANIFEST_NAME not in folders[s]):
             log.info("removing uncommitted leftovers of step %d (%s)", stale, step_prefix(stale))
             delete_step(self.store, stale)
+
+
+def _stop_superseded(error: LeaseLostError) -> None:
+    """A newer life owns the bucket: say so in one line and exit with the superseded code."""
+    log.error("%s", error)
+    raise SystemExit(error.exit_code) from error
 
 
 def _raise_on_mismatch(manifest: Manifest, checks: Mapping[str, Future]) -> None:

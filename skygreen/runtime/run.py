@@ -298,6 +298,8 @@ class Run:
     def _after_step(self) -> None:
         """Boundary work: agree on signals across ranks, then checkpoint if something asks."""
         self.power.step_done()
+        if self._book:
+            self._book.tick(self.step_index)
         watch = self.services.preemption
         notice = watch.notice()
         sigterm = watch.sigterm

@@ -16,8 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skygreen.checkpoint.store import Store
-from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS, BudgetPolicy, BudgetTracker, send, stop_message
-from skygreen.ledger.changeover import read_setup
+from skygreen.ledger.budget import (
+    DEFAULT_ALERT_FRACTIONS,
+    BudgetPolicy,
+    BudgetTracker,
+    StoredCheckpoints,
+    send,
+    stop_message,
+)
+from skygreen.ledger.changeover import read_setup, stamp_paths
 from skygreen.ledger.place import current_place, gpu_catalog_name
 from skygreen.ledger.records import KILLED, PREEMPTED
 from skygreen.ledger.writer import LedgerWriter
@@ -31,6 +38,36 @@ log = logging.getLogger("skygreen.runtime")
 
 BUDGET_CHECK_EVERY_S = 1.0
 """Spend grows with time, not steps: checking once a second is plenty and costs nothing."""
+
+
+HEARTBEAT_ENV = "SKYGREEN_LEDGER_HEARTBEAT_S"
+HEARTBEAT_S = 30.0
+"""Seconds between ledger heartbeats (`RunBook.tick`): one small write to the bucket each."""
+
+
+VM_STARTED_MAX_AGE_S = 6 * 3600.0
+"""A note older than this is another life's (a reused image); the process start is used then."""
+
+
+def vm_started_at(environ: Mapping[str, str], *, run_id: str, now_s: float) -> float:
+    """When this VM began: the run's setup stamp on a SkyPilot cluster (`setup.sh.tmpl`'s first
+    line, `skygreen.ledger.changeover.stamp_paths`; setup and restore are paid time too), else
+    now. A stamp from the future or older than `VM_STARTED_MAX_AGE_S` is ignored."""
+    if not environ.get("SKYPILOT_CLUSTER_INFO") or not environ.get("HOME"):
+        return now_s
+    try:
+        noted = float(stamp_paths(run_id, Path(environ["HOME"]))[0].read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return now_s
+    return noted if 0.0 <= now_s - noted <= VM_STARTED_MAX_AGE_S else now_s
+
+
+def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        value = float(environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -78,6 +115,8 @@ class RunBook:
             log.warning("budget alert webhook: $%s is not set; alerts go to the log only", webhook_env)
         self.tracker: BudgetTracker | None = None
         self._last_check_s = 0.0
+        self.heartbeat_s = _float_env(environ, HEARTBEAT_ENV, HEARTBEAT_S)
+        self._last_beat_s: float | None = None
         self.metering = metering
         """Whether energy is measured (a GPU's counter or a simulated board): else energy_j is None."""
 
@@ -116,7 +155,7 @@ class RunBook:
             device_name=device_name,
             gpu_count=_int_env(environ, "LOCAL_WORLD_SIZE", 1) if device_name else 0,
             environ=environ,
-            started_at=time.time(),
+            started_at=vm_started_at(environ, run_id=settings.run_id, now_s=time.time()),
             metering=metering,
         )
 
@@ -132,9 +171,9 @@ class RunBook:
         changeover so far: the setup script's stamps (read here) and `restored`, the restore the
         run timed (`skygreen.ledger.changeover.restore_figures`; None when it started fresh).
         """
-        setup = read_setup(
-            self.writer.segment.run_id, home=Path.home(), process_started_at=self.writer.segment.started_at
-        )
+        # the segment itself starts at setup's stamp on a cloud VM (`vm_started_at`): stamps
+        # are read against now, which is after setup ended and this process started
+        setup = read_setup(self.writer.segment.run_id, home=Path.home(), process_started_at=time.time())
         self.started(
             step=training.step,
             samples=training.samples_seen,
@@ -184,7 +223,12 @@ class RunBook:
             changeover=changeover,
         )
         if self.policy.active:
-            self.tracker = BudgetTracker(self.policy, earlier=self.writer.earlier, managed=self.place.cloud != "local")
+            self.tracker = BudgetTracker(
+                self.policy,
+                earlier=self.writer.earlier,
+                managed=self.place.cloud != "local",
+                storage=StoredCheckpoints(self.writer.store),
+            )
             if self.place.price_usd_per_hour is None and self.place.cloud != "local":
                 log.warning(
                     "budget: no price known for %s (not among the plan's offers); this VM's time is not counted",
@@ -215,6 +259,16 @@ class RunBook:
         seg = self.writer.segment
         train_s = max(0.0, time.time() - seg.first_step_at) if seg.first_step_at is not None else 0.0
         self.writer.update(step=step, samples=samples, train_s=train_s, energy_j_total=self._energy(energy_j), end=end)
+
+    def tick(self, step: int) -> None:
+        """After each step: a ledger heartbeat every `SKYGREEN_LEDGER_HEARTBEAT_S` (30 s) between
+        checkpoints, so time and steps a VM spends after its last checkpoint are on the record."""
+        now = time.monotonic()
+        if self._last_beat_s is not None and now - self._last_beat_s < self.heartbeat_s:
+            return
+        if self._last_beat_s is not None:
+            self.writer.heartbeat(step=step)
+        self._last_beat_s = now
 
     def over_budget(self) -> bool:
         """Alerts due now are sent; True once spend reached the budget."""

@@ -67,6 +67,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from skygreen.checkpoint.keep import check_keep
+from skygreen.checkpoint.lease import Lease, LeaseLostError, check_lease, launch_number, take_lease
 from skygreen.checkpoint.manifest import (
     CKPT_DIR,
     MANIFEST_NAME,
@@ -96,7 +97,7 @@ from skygreen.errors import (
     StoreError,
     TransientStoreError,
 )
-from skygreen.runtime.checkpointer import MAX_FAILED_SAVES_IN_ROW, Loaded, _note
+from skygreen.runtime.checkpointer import MAX_FAILED_SAVES_IN_ROW, Loaded, _note, _stop_superseded
 from skygreen.runtime.dcp_files import (
     UploadHold,
     VerifiedReader,
@@ -180,7 +181,9 @@ class ShardedCheckpointer:
             group's collectives wait for a rank) before the save fails.
         retry: the store's retry policy.
         tmp_dir: where staging and downloads go (the system's temporary folder by default).
-        environ: the environment (for the test-only upload hold).
+        environ: the environment (for the test-only upload hold and `SKYGREEN_LAUNCH`).
+        launch: this life's launch number for the writer lease (`skygreen.checkpoint.lease`);
+            default `SKYGREEN_LAUNCH`, and None takes no lease.
 
     Raises:
         InputError: a bad `keep`, `rank`/`world_size` or `metric_mode`.
@@ -199,6 +202,7 @@ class ShardedCheckpointer:
         retry: RetryPolicy | None = None,
         tmp_dir: str | os.PathLike[str] | None = None,
         environ: Mapping[str, str] | None = None,
+        launch: int | None = None,
     ) -> None:
         check_keep(keep, "checkpoint keep")
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
@@ -217,6 +221,9 @@ class ShardedCheckpointer:
         self.rank_wait_s = rank_wait_s
         self.tmp_dir = tmp_dir
         self.hold = UploadHold.from_env(os.environ if environ is None else environ)
+        self.launch = launch if launch is not None else launch_number(os.environ if environ is None else environ)
+        """This life's launch number; None: no writer lease is taken."""
+        self._lease: Lease | None = None
         self._group: Any = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -349,6 +356,8 @@ class ShardedCheckpointer:
             self._thread.join()
             self._thread = None
         error, self._error = self._error, None
+        if isinstance(error, LeaseLostError):
+            _stop_superseded(error)
         if error is not None:
             raise error
 
@@ -440,6 +449,7 @@ class ShardedCheckpointer:
             layout=LAYOUT,
             meta=meta,
         )
+        self._fence()  # a superseded life commits nothing
         self.store.put(manifest_key(step), manifest.dumps())
         self.last_committed_step = step
         self._failed_in_row = 0
@@ -448,7 +458,7 @@ class ShardedCheckpointer:
             "sharded checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s
         )
         self._unloadable.pop(step, None)
-        apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable)
+        apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable, lease=self._lease)
         self._unloadable = {}
 
     def _upload_all(self, step: int, files: Mapping[str, Path]) -> dict[str, BlobInfo]:
@@ -498,6 +508,10 @@ class ShardedCheckpointer:
             errors[manifest.step] = problem.splitlines()[0]
         step = loaded.step if loaded else -1
         if self.rank == 0:
+            try:
+                self._fence()  # this life's lease, before it deletes anything
+            except LeaseLostError as e:
+                _stop_superseded(e)
             self._remove_uncommitted_after(step)
             self._unloadable = {s: errors.get(s, "did not load") for s in committed_steps(self.store) if s > step}
         self.last_committed_step = loaded.step if loaded else None
@@ -590,6 +604,16 @@ class ShardedCheckpointer:
         if self._states is not None:
             return capture(self._states)
         raise CheckpointError(f"{self.url}: nothing to load into; call restore_state with the run's states")
+
+    def _fence(self) -> None:
+        """Rank 0 takes this life's writer lease, or checks it is still ours; `LeaseLostError`
+        when a newer life holds it (as `Checkpointer` does). A no-op without a launch number."""
+        if self.launch is None or self.rank != 0:
+            return
+        if self._lease is None:
+            self._lease = take_lease(self.store, self.launch)
+        else:
+            check_lease(self.store, self._lease)
 
     def _remove_uncommitted_after(self, step: int) -> None:
         folders = step_folders(self.store.list(CKPT_DIR + "/"))

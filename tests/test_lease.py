@@ -1,0 +1,135 @@
+"""One writer per run: the lease in the bucket fences an older life out of commits and retention.
+
+The store operations on a real local store and on S3 (moto), then two real `Checkpointer`s of
+the same run in one process: the older one, finding a newer launch's lease, commits nothing,
+deletes nothing and exits with the superseded code after one line that says why.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from skygreen.checkpoint.lease import (
+    LAUNCH_ENV,
+    LEASE_KEY,
+    Lease,
+    LeaseLostError,
+    check_lease,
+    launch_number,
+    read_lease,
+    take_lease,
+)
+from skygreen.checkpoint.manifest import committed_steps
+from skygreen.checkpoint.retention import apply_retention
+from skygreen.checkpoint.store_factory import open_store
+from skygreen.exit_codes import SUPERSEDED
+from skygreen.runtime.checkpointer import Checkpointer
+
+
+@pytest.fixture(params=["local", "s3"])
+def url(request, tmp_path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "bucket" / "run")
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/run"
+
+
+def state(step: int) -> dict:
+    torch.manual_seed(step)
+    return {"model": torch.nn.Linear(4, 2).state_dict(), "step": step}
+
+
+def test_a_newer_launch_takes_the_lease_and_the_older_one_loses_it(url):
+    store = open_store(url)
+    first = take_lease(store, 1)
+    check_lease(store, first)  # still ours
+    second = take_lease(store, 2)
+    assert read_lease(store) == second
+    with pytest.raises(LeaseLostError, match="launch 1 of this run is superseded: a newer launch") as lost:
+        check_lease(store, first)
+    assert lost.value.exit_code == SUPERSEDED == 3
+    with pytest.raises(LeaseLostError):
+        take_lease(store, 1)  # an older life that starts late never takes it back
+    assert read_lease(store) == second
+
+
+def test_a_newer_vm_of_the_same_launch_wins_and_an_older_launch_written_over_ours_is_taken_back(tmp_path):
+    store = open_store(str(tmp_path / "run"))
+    old_vm = take_lease(store, 3)
+    new_vm = take_lease(store, 3)  # the controller's recovery: same launch number, newer VM
+    with pytest.raises(LeaseLostError, match="a newer VM of the same launch"):
+        check_lease(store, old_vm)
+    store.put(LEASE_KEY, Lease(launch=2, holder="stale", taken_at="").dumps())  # a late writer of launch 2
+    check_lease(store, new_vm)
+    assert read_lease(store) == new_vm
+
+
+def test_launch_number_comes_from_the_environment():
+    assert launch_number({LAUNCH_ENV: "4"}) == 4
+    assert launch_number({}) is None and launch_number({LAUNCH_ENV: "0"}) is None
+    assert launch_number({LAUNCH_ENV: "two"}) is None
+
+
+def test_retention_of_a_writer_that_lost_its_lease_deletes_nothing(tmp_path):
+    url = str(tmp_path / "run")
+    with Checkpointer(url, keep=2) as ck:  # no launch number: no lease, the old behaviour
+        for step in (10, 20, 30):
+            ck.save(step, state(step))
+            ck.wait()
+    store = open_store(url)
+    assert committed_steps(store) == [20, 30]
+    with Checkpointer(url, keep=5) as ck:
+        for step in (40, 50):
+            ck.save(step, state(step))
+            ck.wait()
+    mine = take_lease(store, 1)
+    take_lease(store, 2)
+    with pytest.raises(LeaseLostError):
+        apply_retention(store, keep=2, committed_step=50, lease=mine)
+    assert committed_steps(store) == [20, 30, 40, 50]
+
+
+def test_an_older_life_stops_committing_and_deleting_once_a_newer_one_starts(url, caplog):
+    old = Checkpointer(url, keep=2, launch=1)
+    assert old.load_latest() is None  # takes launch 1's lease
+    for step in (10, 20):
+        old.save(step, state(step))
+        old.wait()
+    store = open_store(url)
+    assert committed_steps(store) == [10, 20] and read_lease(store).launch == 1
+
+    new = Checkpointer(url, keep=2, launch=2)
+    assert new.load_latest().step == 20  # launch 2 takes over
+    new.save(21, state(21))
+    new.wait()
+
+    caplog.set_level(logging.ERROR, logger="skygreen.checkpoint")
+    old.save(30, state(30))
+    with pytest.raises(SystemExit) as stopped:
+        old.wait()
+    assert stopped.value.code == SUPERSEDED
+    assert "launch 1 of this run is superseded" in caplog.text and "without committing or deleting" in caplog.text
+    assert committed_steps(store) == [20, 21]  # no step 30, and nothing of launch 2's deleted
+
+    new.save(22, state(22))
+    new.close()
+    assert committed_steps(store) == [21, 22]
+    assert Checkpointer(url).load_latest().step == 22
+
+
+def test_a_life_that_starts_after_a_newer_one_stops_before_it_deletes_anything(tmp_path, caplog):
+    url = str(tmp_path / "run")
+    newer = Checkpointer(url, keep=2, launch=5)
+    newer.load_latest()
+    newer.save(7, state(7))
+    newer.close()
+    store = open_store(url)
+    store.put("ckpt/000000000009/rank0.pt", b"a save of launch 5 in flight")
+    late = Checkpointer(url, keep=2, launch=4)
+    with pytest.raises(SystemExit) as stopped:
+        late.load_latest()
+    assert stopped.value.code == SUPERSEDED
+    assert "ckpt/000000000009/rank0.pt" in store.list("ckpt/")  # not removed as a leftover
