@@ -178,7 +178,10 @@ def check_batch_given_in_code(spec: TaskSpec) -> None:
     """Without `batch.effective` the training script must pass `effective_batch=` to `Run`, or
     the runtime stops before its first step. A `python SCRIPT` run whose script (read from the
     workdir) uses the skygreen runtime and never names `effective_batch` fails here, up front;
-    a script that cannot be read, or that does not use the runtime, is left to the smoke test."""
+    a script that cannot be read, or that does not use the runtime, is left to the smoke test.
+    A trainer that owns its loop (`trainer:` transformers, lightning, folder) sets its own batch."""
+    if spec.green.trainer != "runtime":
+        return
     script = _run_script(spec)
     if script is None:
         return
