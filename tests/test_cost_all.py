@@ -267,13 +267,15 @@ def test_a_teams_spend_counts_every_run_once_with_runs_still_going(s3_bucket, sh
                         "--since", "30d", "--catalog", str(shared_catalog_dir))  # fmt: skip
         assert text.returncode == 0, text.stderr
         lines = text.stdout.splitlines()
-        assert "spend of 4 run(s), the last 30d" in text.stdout and "1 still running" in text.stdout
+        flat = " ".join(text.stdout.split())  # the headline wraps at 80 columns
+        assert "spend of 4 run(s), the last 30d" in flat and "1 still running" in flat, text.stdout
         assert any(line.split()[:2] == ["gcp", "1"] for line in lines), text.stdout
-        assert any(line.startswith("local") and "(1 running)" in line for line in lines), text.stdout
+        assert any(line.split()[:4] == ["local", "3", "(1", "running)"] for line in lines), text.stdout
         assert "1 run(s) known only from the buckets" in text.stdout
         assert all(len(line) <= 80 for line in lines), text.stdout
         per_run = skygreen(alice, "cost", "--all", "--bucket", shared, "--catalog", str(shared_catalog_dir))
         assert bob_run in per_run.stdout and "bob" in per_run.stdout and "kg CO2e" in per_run.stdout
+        sys.stdout.write(text.stdout + per_run.stdout)  # shown with -s
     finally:
         (release / "10").touch()
     wait_for(lambda: json.loads(skygreen(alice, "status", held_run, "--json").stdout)["state"] == "SUCCEEDED",

@@ -186,8 +186,9 @@ def print_team_spend(spend: TeamSpend, out: TextIO) -> None:
     t = spend.total
     sources = " + ".join((THIS_MACHINE, *spend.buckets))
     going = f"; {t.running} still running (counted to their last ledger update)" if t.running else ""
-    _say(out, f"spend of {t.runs} run(s), {describe_since(spend.since_s)}, from {sources}: {_usd(t.total_usd)}, "
-              f"{_kwh(t.energy_kwh)}, {_co2(t.co2e_kg)}{going}")  # fmt: skip
+    green = "energy not metered (CPU only)" if t.energy_kwh is None else f"{_kwh(t.energy_kwh)}, {_co2(t.co2e_kg)}"
+    _say(out, f"spend of {t.runs} run(s), {describe_since(spend.since_s)}, from {sources}: "
+              f"{_usd(t.total_usd)}, {green}{going}")  # fmt: skip
     if spend.by:
         rows = [(spend.by, "runs", "node-h", "cost", "kWh", "kg CO2e")]
         for g in (*spend.groups, t):
@@ -213,9 +214,9 @@ def print_team_spend(spend: TeamSpend, out: TextIO) -> None:
         out.write("warning: some segments ran on an offer with no known price and count $0 (see `skygreen cost RUN`)\n")
 
 
-def _kwh(value: float | None) -> str:
-    return "energy not metered" if value is None else f"{value:.4f} kWh"
+def _kwh(value: float) -> str:
+    return f"{value:.4f} kWh"
 
 
 def _co2(value: float | None) -> str:
-    return "CO2e -" if value is None else f"{value:.4f} kg CO2e"
+    return "CO2e unknown" if value is None else f"{value:.4f} kg CO2e"
