@@ -197,14 +197,17 @@ def print_team_spend(spend: TeamSpend, out: TextIO) -> None:
                          _num(g.co2e_kg, "{:.4f}")))  # fmt: skip
         _table(rows, out, right=(2, 3, 4, 5))
     elif spend.runs:
-        rows = [("run", "task", "user", "where", "state", "node-h", "cost", "kWh", "kg CO2e")]
+        rows_by_run: list[tuple[str, ...]] = [
+            ("run", "task", "user", "where", "state", "node-h", "cost", "kWh", "kg CO2e")
+        ]
         for r in spend.runs:
             j = r.to_json()
             where = ",".join(j["clouds"]) + " " + ",".join(j["gpus"])
             state = r.state + (" (running)" if r.running and r.state.lower() != "running" else "")
-            rows.append((r.run_id, r.task, r.user, where, state, f"{r.cost.node_hours:.4f}", _usd(r.cost.total_usd),
-                         _num(r.cost.energy_kwh, "{:.4f}"), _num(r.cost.co2e_kg, "{:.4f}")))  # fmt: skip
-        _table(rows, out, right=(5, 6, 7, 8))
+            figures = (f"{r.cost.node_hours:.4f}", _usd(r.cost.total_usd), _num(r.cost.energy_kwh, "{:.4f}"),
+                       _num(r.cost.co2e_kg, "{:.4f}"))  # fmt: skip
+            rows_by_run.append((r.run_id, r.task, r.user, where, state, *figures))
+        _table(rows_by_run, out, right=(5, 6, 7, 8))
     remote = [r.run_id for r in spend.runs if THIS_MACHINE not in r.found_in]
     if remote:
         out.write(f"{len(remote)} run(s) known only from the buckets (launched on other machines)\n")
