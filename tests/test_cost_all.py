@@ -225,6 +225,8 @@ def test_a_teams_spend_counts_every_run_once_with_runs_still_going(s3_bucket, sh
     shared_run = next(r for r in statuses if r != held_run and json.loads(
         (alice_home / ".local/share/skygreen/runs" / r / "run.json").read_text())["bucket"].startswith("s3://"))  # fmt: skip
     own_run = next(r for r in statuses if r not in (held_run, shared_run))
+    record = json.loads((alice_home / ".local/share/skygreen/runs" / shared_run / "run.json").read_text())
+    assert record["user"] == "alice"  # the launching user, kept in the run record
 
     def held_at_step():
         s = json.loads(skygreen(alice, "status", held_run, "--json").stdout)
