@@ -51,6 +51,7 @@ def skygreen(env, *args: str, timeout_s: float = 300) -> subprocess.CompletedPro
         (("--by", "colour"), "--by", "colour"),
         (("--bucket", "s3//team/ckpt"), "--bucket", "s3//team/ckpt"),
         (("--bucket", "ftp://team/ckpt"), "--bucket", "ftp://team/ckpt"),
+        (("--bucket", "/no/such/team/bucket"), "--bucket", "/no/such/team/bucket"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field_the_value_and_the_fix(private_home, args, field, value):
@@ -260,6 +261,11 @@ def test_a_teams_spend_counts_every_run_once_with_runs_still_going(s3_bucket, sh
         users = {g["name"]: g for g in by_user["groups"]}
         assert set(users) == {"alice", "bob"} and users["alice"]["runs"] == 3 and users["alice"]["running"] == 1
         assert users["bob"]["total_usd"] == pytest.approx(runs[bob_run]["total_usd"], abs=1e-6)
+
+        # a shared bucket that is not there fails loudly: never a smaller total that exits 0
+        missing = skygreen(alice, "cost", "--all", "--bucket", f"s3://{s3_bucket}-gone/team")
+        assert missing.returncode not in (0, 2) and f"{s3_bucket}-gone" in missing.stderr, missing.stderr
+        assert "Traceback" not in missing.stderr and missing.stdout == ""
 
         # without the bucket: this machine's runs only
         mine = json.loads(skygreen(alice, "cost", "--all", "--json").stdout)

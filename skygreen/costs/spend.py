@@ -72,20 +72,24 @@ def read_buckets(urls: Iterable[str]) -> tuple[str, ...]:
     """The `--bucket` URLs, checked by the one bucket parser, each once, in the order given.
 
     Raises:
-        SpecError: a URL the parser refuses (unknown scheme, a look-alike such as `s3//team`),
-            naming `--bucket`, the value and the forms allowed.
+        SpecError: a URL the parser refuses (unknown scheme, a look-alike such as `s3//team`), or
+            a local directory that does not exist (a typo must not read as "no runs"), naming
+            `--bucket`, the value and the fix.
     """
     from skygreen.checkpoint.bucket_url import parse_url
 
     out: list[str] = []
     for url in urls:
         try:
-            parse_url(url, field="--bucket")
+            parsed = parse_url(url, field="--bucket")
         except SpecError as e:
             if e.hint:
                 raise
             raise SpecError("--bucket", e.problem, value=url, allowed=e.allowed,
                             hint="give the shared bucket as s3://BUCKET/PREFIX or gs://BUCKET/PREFIX") from None  # fmt: skip
+        if parsed.scheme == "file" and not Path(parsed.bucket).expanduser().is_dir():
+            raise SpecError("--bucket", "no such directory on this machine", value=url,
+                            hint="give the folder that holds the runs' folders, or s3://BUCKET/PREFIX")  # fmt: skip
         cleaned = url.strip().rstrip("/")
         if cleaned not in out:
             out.append(cleaned)
