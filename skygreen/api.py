@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from skygreen.checkpoint.gc import GcResult
     from skygreen.costs.changeovers import MeasuredChangeovers
     from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
+    from skygreen.costs.spend import TeamSpend
     from skygreen.deadline.compare import Simulation, SimulationRequest
     from skygreen.deadline.live import DeadlineTerms
     from skygreen.deadline.watch import WatchResult
@@ -333,6 +334,25 @@ def run_cost(run_id: str, *, catalog_dir: Path | None = None) -> RunCostReport:
     from skygreen.costs import costing
 
     return costing.cost_of_run(run_id, open_store=open_store, catalog_dir=catalog_dir)
+
+
+def team_spend(
+    *, buckets: Iterable[str] = (), by: str | None = None, since: str | None = None, catalog_dir: Path | None = None
+) -> TeamSpend:
+    """Every run this machine knows and every run in `buckets`, each once, priced from its ledger
+    and grouped `by` task, cloud, gpu or user; `since` (`30d`) keeps the runs active in that window.
+
+    Raises:
+        SpecError: a bad `by`, `since` or bucket URL (exit 2).
+        StoreError: a bucket cannot be read.
+    """
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.costs import spend
+
+    grouping = spend.read_grouping(by)
+    since_s = spend.read_since_s(since)
+    urls = spend.read_buckets(buckets)
+    return spend.team_spend(open_store=open_store, buckets=urls, by=grouping, since_s=since_s, catalog_dir=catalog_dir)
 
 
 def estimate(task_path: str | Path, *, catalog_dir: Path | None = None) -> TaskEstimate:

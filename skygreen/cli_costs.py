@@ -15,18 +15,51 @@ from skygreen.cli_options import catalog_option, json_option, plot_option, print
 
 
 @click.command()
-@click.argument("target", metavar="RUN|TASK")
+@click.argument("target", metavar="RUN|TASK", required=False)
+@click.option(
+    "--all",
+    "all_runs",
+    is_flag=True,
+    help="A team's spend: every run this machine knows and every run in the --bucket URLs, each once.",
+)
+@click.option("--since", default=None, help="With --all: only runs active in this window (30d, 12h, 2w).")
+@click.option("--by", "by", default=None, help="With --all: group by task, cloud, gpu or user.")
+@click.option(
+    "--bucket",
+    "buckets",
+    multiple=True,
+    metavar="URL",
+    help="With --all: also count the runs in this shared bucket (s3://..., gs://...; repeatable).",
+)
 @catalog_option
 @json_option
 @plot_option
-def cost(target: str, catalog: Path | None, json_output: bool, plot: Path | None) -> None:
-    """Show what a run cost (from its ledger), or what a task would cost on each cloud.
+def cost(
+    target: str | None,
+    all_runs: bool,
+    since: str | None,
+    by: str | None,
+    buckets: tuple[str, ...],
+    catalog: Path | None,
+    json_output: bool,
+    plot: Path | None,
+) -> None:
+    """Show what a run cost (from its ledger), what a task would cost on each cloud, or (--all) a team's spend.
 
     RUN: a run id: actual cost per segment, controller and storage, energy, CO2e, per step and
     per epoch, preemptions (a --local run also gets the clouds' estimate). TASK: a task file:
     estimated cost per run on each cloud's best offer, spot and on-demand, the plan's pick first.
+    --all: dollars, energy and CO2e of every run here and in the shared buckets, runs still
+    going included up to their last ledger update.
     """
     from skygreen import api
+
+    if all_runs or target is None:
+        _team_spend(target, all_runs, since=since, by=by, buckets=buckets, catalog=catalog,
+                    json_output=json_output, plot=plot)  # fmt: skip
+        return
+    if since is not None or by is not None or buckets:
+        raise click.UsageError("--since, --by and --bucket go with --all (a team's spend), not with one RUN or TASK")
     from skygreen.costs.report import print_run_cost, print_task_estimate
 
     if api.is_task_file(target):  # the clouds' estimate
@@ -59,6 +92,35 @@ def cost(target: str, catalog: Path | None, json_output: bool, plot: Path | None
     print_run_cost(result, sys.stdout)
     if plot is not None:
         sys.stdout.write(f"wrote {plot}\n")
+
+
+def _team_spend(
+    target: str | None,
+    all_runs: bool,
+    *,
+    since: str | None,
+    by: str | None,
+    buckets: tuple[str, ...],
+    catalog: Path | None,
+    json_output: bool,
+    plot: Path | None,
+) -> None:
+    """`skygreen cost --all`: checks the arguments, then prints the team's spend."""
+    from skygreen import api
+
+    if not all_runs:
+        raise click.UsageError("give a RUN id or a TASK file, or --all for every run (a team's spend)")
+    if target is not None:
+        raise click.UsageError(f"--all covers every run; leave out {target!r} (or drop --all to see that one)")
+    if plot is not None:
+        raise click.UsageError("--plot draws one run's cost; use it with `skygreen cost RUN`")
+    spend = api.team_spend(buckets=buckets, by=by, since=since, catalog_dir=catalog)
+    if json_output:
+        print_json(spend.to_json())
+        return
+    from skygreen.costs.report import print_team_spend
+
+    print_team_spend(spend, sys.stdout)
 
 
 @click.command()

@@ -110,6 +110,8 @@ class RuntimeSettings:
     burn_alert_usd_per_hour: float | None = None
     offers: str | None = None
     """The plan's offers with prices (`skygreen.ledger.place.offers_env`), for the ledger."""
+    user: str | None = None
+    """Who launched the run (`registry.launching_user`); the ledger records it for `cost --all --by user`."""
 
     def __post_init__(self) -> None:
         for name in ("run_id", "bucket"):
@@ -171,6 +173,7 @@ class RuntimeSettings:
         preemptions_per_hour: float | None = None,
         offers: str | None = None,
         preemptions_per_hour_by_cloud: Mapping[str, float] | None = None,
+        user: str | None = None,
     ) -> RuntimeSettings:
         """Settings for a run of a task; `bucket` is the resolved base URL."""
         power = spec.power
@@ -203,6 +206,7 @@ class RuntimeSettings:
             budget_webhook_env=spec.budget_alerts.webhook_env,
             burn_alert_usd_per_hour=spec.budget_alerts.burn_usd_per_hour,
             offers=offers,
+            user=user,
         )
 
     def to_env(self) -> dict[str, str]:

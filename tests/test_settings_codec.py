@@ -43,6 +43,7 @@ def full() -> RuntimeSettings:
         budget_webhook_env="SLACK_URL",
         burn_alert_usd_per_hour=3.5,
         offers="aws:us-east-1:L4:1:0.8",
+        user="alice",
     )
 
 

@@ -60,7 +60,7 @@ def load_run_cost(
     segments = read_segments(record, open_store)
     if not segments:
         return None
-    lookup = _lazy_lookup(catalog_dir)
+    lookup = lazy_lookup(catalog_dir)
     cost = run_cost(
         record.run_id,
         segments,
@@ -106,7 +106,7 @@ def _scheme(url: str) -> str:
     return parse_url(url).scheme
 
 
-def _lazy_lookup(catalog_dir: Path | None):
+def lazy_lookup(catalog_dir: Path | None):
     """A catalog price lookup that reads the catalog only if a segment needs it."""
     loaded: list[Any] = []
 

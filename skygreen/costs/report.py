@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
+from skygreen.costs.spend import TeamSpend
 from skygreen.ledger.changeover import changeovers
 from skygreen.ledger.changeover import describe as describe_changeover
 from skygreen.terminal import output_width, table_width, write_table
@@ -175,3 +176,50 @@ def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
         "improved: first - last report for a (min) metric, last - first for (max): early stopping's mode, else by"
         " name\n$ per unit: total cost / improved; local runs cost $0\n"
     )
+
+
+def print_team_spend(spend: TeamSpend, out: TextIO) -> None:
+    """Write `skygreen cost --all`'s text to `out`: a headline with the total dollars, energy and
+    CO2e, then a row per group (`--by`) or per run (most recent first), running runs marked."""
+    from skygreen.costs.spend import THIS_MACHINE, describe_since
+
+    t = spend.total
+    sources = " + ".join((THIS_MACHINE, *spend.buckets))
+    going = f"; {t.running} still running (counted to their last ledger update)" if t.running else ""
+    green = "energy not metered (CPU only)" if t.energy_kwh is None else f"{_kwh(t.energy_kwh)}, {_co2(t.co2e_kg)}"
+    _say(out, f"spend of {t.runs} run(s), {describe_since(spend.since_s)}, from {sources}: "
+              f"{_usd(t.total_usd)}, {green}{going}")  # fmt: skip
+    if spend.by:
+        rows = [(spend.by, "runs", "node-h", "cost", "kWh", "kg CO2e")]
+        for g in (*spend.groups, t):
+            runs = f"{g.runs}" + (f" ({g.running} running)" if g.running else "")
+            rows.append((g.name, runs, f"{g.node_hours:.4f}", _usd(g.total_usd), _num(g.energy_kwh, "{:.4f}"),
+                         _num(g.co2e_kg, "{:.4f}")))  # fmt: skip
+        _table(rows, out, right=(2, 3, 4, 5))
+    elif spend.runs:
+        rows_by_run: list[tuple[str, ...]] = [
+            ("run", "task", "user", "where", "state", "node-h", "cost", "kWh", "kg CO2e")
+        ]
+        for r in spend.runs:
+            j = r.to_json()
+            where = ",".join(j["clouds"]) + " " + ",".join(j["gpus"])
+            state = r.state + (" (running)" if r.running and r.state.lower() != "running" else "")
+            figures = (f"{r.cost.node_hours:.4f}", _usd(r.cost.total_usd), _num(r.cost.energy_kwh, "{:.4f}"),
+                       _num(r.cost.co2e_kg, "{:.4f}"))  # fmt: skip
+            rows_by_run.append((r.run_id, r.task, r.user, where, state, *figures))
+        _table(rows_by_run, out, right=(5, 6, 7, 8))
+    remote = [r.run_id for r in spend.runs if THIS_MACHINE not in r.found_in]
+    if remote:
+        out.write(f"{len(remote)} run(s) known only from the buckets (launched on other machines)\n")
+    if spend.without_ledger:
+        _say(out, f"no ledger yet (not training yet, nothing counted): {', '.join(spend.without_ledger)}")
+    if any(r.cost.unpriced_segments for r in spend.runs):
+        out.write("warning: some segments ran on an offer with no known price and count $0 (see `skygreen cost RUN`)\n")
+
+
+def _kwh(value: float) -> str:
+    return f"{value:.4f} kWh"
+
+
+def _co2(value: float | None) -> str:
+    return "CO2e unknown" if value is None else f"{value:.4f} kg CO2e"

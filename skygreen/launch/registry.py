@@ -45,6 +45,27 @@ def new_run_id(task_name: str | None, *, now_s: float | None = None) -> str:
     return f"{stem}-{stamp}-{secrets.token_hex(2)}"
 
 
+def launching_user(environ: Mapping[str, str] | None = None) -> str | None:
+    """The login name of whoever runs `skygreen up` here: `$LOGNAME`, `$USER` or `$USERNAME` as
+    `getpass.getuser` reads them, else the account's name; None when none can be told.
+
+    Recorded in the run record and rendered into the job (`RuntimeSettings.user`), so a team's
+    spend can be split by user on any machine that reads the run's ledger from the bucket.
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    for name in ("LOGNAME", "USER", "USERNAME"):
+        if environ.get(name, "").strip():
+            return environ[name].strip()
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name or None
+    except (ImportError, KeyError, OSError):
+        return None
+
+
 def check_run_id(run_id: str) -> str:
     """`run_id` itself when it is a run id: a lowercase letter, then up to 62 lowercase letters,
     digits and dashes (so it is always one safe folder name); else `InputError`.
@@ -106,6 +127,9 @@ class RunRecord:
     (`launch_name`), so a paid job never goes unrecorded."""
     pending_at_s: float | None = None
     """When that pending launch started (`Launch.started_at_s`)."""
+    user: str | None = None
+    """Who launched the run (`launching_user`), for `skygreen cost --all --by user`; None in
+    records written before it was kept."""
     updated_at: str = ""
     version: int = RECORD_VERSION
 

@@ -39,7 +39,14 @@ from skygreen.errors import (
 from skygreen.files import write_atomic
 from skygreen.launch.bucket import check_writable, within_deadline
 from skygreen.launch.launcher import JobState, Launcher, launch_name
-from skygreen.launch.registry import Registry, RunRecord, data_dir, default_local_bucket, new_run_id
+from skygreen.launch.registry import (
+    Registry,
+    RunRecord,
+    data_dir,
+    default_local_bucket,
+    launching_user,
+    new_run_id,
+)
 from skygreen.launch.render import RuntimeInstall, declared_secrets, render_task, secret_values, to_yaml
 from skygreen.launch.status import (
     BUDGET_STATE,
@@ -156,7 +163,8 @@ def up(request: UpRequest, *, deadline: DeadlineAsk | None = None, wiring: Wirin
         spec = with_deadline(spec, deadline.deadline_h, "--deadline")
     plan = None if local else wiring.plan(spec)
     terms = None if deadline is None else deadline_terms(spec, plan, deadline)
-    task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent)
+    user = launching_user(environ)
+    task = _render(spec, plan, run_id=run_id, bucket=bucket, task_dir=task_path.resolve().parent, user=user)
     summary = _plan_summary(spec, plan)
     if terms is not None:  # on spot, its offers priced as spot, as a watcher's relaunch on spot has them
         task = with_capacity(task, spot=True, offers=(summary or {}).get("offers") or ())
@@ -188,6 +196,7 @@ def up(request: UpRequest, *, deadline: DeadlineAsk | None = None, wiring: Wirin
         plan_summary=summary,
         secret_names=declared_secrets(spec),
         deadline=None if terms is None else terms.to_json(),
+        user=user,
     )
     record = registry.save(record)
     spot = None if terms is None else True
@@ -223,7 +232,9 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
     return bucket
 
 
-def _render(spec: TaskSpec, plan: Plan | None, *, run_id: str, bucket: str, task_dir: Path) -> dict[str, Any]:
+def _render(
+    spec: TaskSpec, plan: Plan | None, *, run_id: str, bucket: str, task_dir: Path, user: str | None = None
+) -> dict[str, Any]:
     rates = offers = None
     if plan is not None:  # the planner's assumption for every cloud among the offers handed over
         from skygreen.ledger.place import offers_env
@@ -234,7 +245,7 @@ def _render(spec: TaskSpec, plan: Plan | None, *, run_id: str, bucket: str, task
         rates = {cloud: rate for cloud in clouds if (rate := preemption_rate_per_hour(cloud, overrides)) is not None}
         offers = offers_env(handed_over)  # prices for the VM's ledger
     settings = RuntimeSettings.from_spec(
-        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour_by_cloud=rates, offers=offers
+        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour_by_cloud=rates, offers=offers, user=user
     )
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
 
@@ -353,7 +364,8 @@ def _resume(run_id: str, *, local: bool, budget_usd: float | None, spot: bool | 
         task = _read_task_yaml(record)
     else:  # a cloud run continued here: the same run id and bucket, rendered for this machine
         spec = load_task(record.task_path)
-        task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=Path(record.task_path).parent)
+        where = Path(record.task_path).parent
+        task = _render(spec, None, run_id=record.run_id, bucket=record.bucket, task_dir=where, user=record.user)
     if budget_usd is not None:
         task.setdefault("envs", {})[BUDGET_ENV] = f"{budget_usd:g}"
     if spot is None:  # the user's resume in the middle of a watcher's switch finishes that switch

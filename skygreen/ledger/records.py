@@ -129,6 +129,8 @@ class Segment:
     """Bytes of the checkpoint it restored; None when it started from scratch."""
     redone_steps: int | None = None
     """Steps an earlier segment had reached beyond the restored checkpoint: work done again."""
+    user: str | None = None
+    """Who launched the run (rendered by `skygreen up`); None in ledgers written before it was kept."""
     segment: int = 0
     """1-based position of this segment in the run, by start time; set by `read_ledger`."""
     version: int = FORMAT_VERSION

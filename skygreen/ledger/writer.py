@@ -28,13 +28,25 @@ class LedgerWriter:
     """Owns one segment object; the only writer of it."""
 
     def __init__(
-        self, store: Store, *, run_id: str, place: Place, started_at: float, clock: Callable[[], float] = time.time
+        self,
+        store: Store,
+        *,
+        run_id: str,
+        place: Place,
+        started_at: float,
+        clock: Callable[[], float] = time.time,
+        user: str | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.earlier: list[Segment] = []
         self.segment = Segment(
-            run_id=run_id, key=new_segment_key(started_at), place=place, started_at=started_at, updated_at=started_at
+            run_id=run_id,
+            key=new_segment_key(started_at),
+            place=place,
+            started_at=started_at,
+            updated_at=started_at,
+            user=user,
         )
         self._energy_base_j: float | None = None
         self._warned = False

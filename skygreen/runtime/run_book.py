@@ -103,7 +103,9 @@ class RunBook:
     ) -> None:
         gpu = gpu_catalog_name(device_name) if device_name and device_name != "cpu" else None
         self.place = current_place(environ, gpu=gpu, gpu_count=gpu_count if gpu else 0)
-        self.writer = LedgerWriter(store, run_id=settings.run_id, place=self.place, started_at=started_at)
+        self.writer = LedgerWriter(
+            store, run_id=settings.run_id, place=self.place, started_at=started_at, user=settings.user
+        )
         webhook_env = settings.budget_webhook_env
         self.policy = BudgetPolicy(
             budget_usd=settings.budget_usd,
