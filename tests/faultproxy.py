@@ -14,7 +14,7 @@ by the requests that match:
                (same length, same headers): bit rot in transit that only a hash can catch.
 
 Every request is logged as (method, path, outcome) so tests can check what happened; a request
-with a `Range` header is also logged in `ranges` as (range, outcome), and `inject(range_from=N)`
+with a `Range` header is also logged in `ranges` as (path, range, outcome), and `inject(range_from=N)`
 aims a fault at the ranged request that starts at byte N.
 """
 
@@ -62,8 +62,8 @@ class FaultProxy:
         self.upstream_port = parts.port
         self.flavour = flavour
         self.log: list[tuple[str, str, str]] = []
-        self.ranges: list[tuple[str, str]] = []
-        """(Range header, outcome) of every ranged request, in arrival order."""
+        self.ranges: list[tuple[str, str, str]] = []
+        """(path, Range header, outcome) of every ranged request, in arrival order."""
         self.bodies: list[tuple[str, str, bytes]] = []
         """(method, path, body) of forwarded requests with small bodies, for assertions."""
         self.bytes_forwarded = 0
@@ -120,9 +120,10 @@ class FaultProxy:
     def outcomes(self, kind: str) -> int:
         return sum(1 for _, _, outcome in self.log if outcome == kind)
 
-    def ranged_requests(self, outcome: str | None = None) -> list[str]:
-        """The Range headers of ranged requests (with `outcome` only), in arrival order."""
-        return [r for r, o in self.ranges if outcome is None or o == outcome]
+    def ranged_requests(self, outcome: str | None = None, *, path_contains: str = "") -> list[str]:
+        """The Range headers of ranged requests (with `outcome` only, to paths that contain
+        `path_contains`), in arrival order."""
+        return [r for p, r, o in self.ranges if (outcome is None or o == outcome) and path_contains in p]
 
     def _take_fault(self, method: str, path: str, range_header: str) -> str | None:
         with self._lock:
@@ -147,7 +148,7 @@ class FaultProxy:
                 proxy.log.append((self.command, self.path, outcome))
                 if self.headers.get("Range"):
                     with proxy._lock:
-                        proxy.ranges.append((self.headers["Range"], outcome))
+                        proxy.ranges.append((self.path, self.headers["Range"], outcome))
 
             def _handle(self) -> None:
                 fault = proxy._take_fault(self.command, self.path, self.headers.get("Range") or "")
