@@ -13,7 +13,7 @@ import torch
 from faultproxy import FaultProxy
 from servers import gcs_process, make_gcs_bucket, make_s3_bucket, moto_process, point_gcs_at, point_s3_at, unique_bucket
 from skygreen.checkpoint.manifest import committed_steps
-from skygreen.checkpoint.ranged import RangedDownload, download_ranged
+from skygreen.checkpoint.ranged import RangedDownload, RangedStore, download_ranged
 from skygreen.checkpoint.store import RetryPolicy
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import StoreError, TransientStoreError
@@ -167,6 +167,7 @@ def test_a_bucket_answering_503_to_everything_gets_exactly_the_policys_requests(
     download retries each part alone, and the first part that fails for good stops the rest."""
     url, proxy = proxied_url
     store = open_store(url, retry=ONE_LAYER)
+    assert isinstance(store, RangedStore)
     store.put("present", b"here")  # before the faults: the reads below have something to find
     small, large = tmp_path / "small.bin", tmp_path / "large.bin"
     small.write_bytes(b"s" * 1000)
