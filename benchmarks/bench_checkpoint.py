@@ -11,7 +11,9 @@
 4. download: a verified download of one big blob (what a restore does per blob) three ways,
            side by side on the same server: one GET stream then a hash of the file, the
            store's `get_to` (the library's managed download) then a hash, and `fetch_verified`
-           (ranged parallel GETs hashed as they land), on S3 and GCS.
+           (ranged parallel GETs hashed as they land), on S3 and GCS; then again through a
+           loopback proxy that serves each connection at `--stream-mb-s` (a cloud front end's
+           per-stream rate; the local servers alone are bound by this machine's CPUs instead).
 
 Run: .venv/bin/python benchmarks/bench_checkpoint.py [--model-mb 256] [--rounds 3]
 """
@@ -161,13 +163,13 @@ def bench_resume(model: torch.nn.Module, rounds: int, tmp: Path) -> tuple[float,
     return statistics.median(raw_s), statistics.median(same_s), statistics.median(ours_s)
 
 
-def bench_download(kind: str, blob: Path, rounds: int, tmp: Path) -> dict[str, tuple[float, float]]:
+def bench_download(kind: str, blob: Path, rounds: int, tmp: Path, *, tag: str = "d") -> dict[str, tuple[float, float]]:
     """Per variant: (median MB/s, median of the per-round time ratios to the ranged download).
     Each round runs each variant once, order rotated, into a file deleted (untimed) after it."""
     from skygreen.checkpoint.ranged import fetch_verified, file_info
     from skygreen.checkpoint.store_factory import open_store
 
-    bucket = f"bench-get-{kind}-{os.getpid()}"
+    bucket = f"bench-get-{tag}-{kind}-{os.getpid()}"
     key = "blob.pt"
     if kind == "s3":
         import boto3
@@ -224,10 +226,29 @@ def print_download(label: str, result: dict[str, tuple[float, float]]) -> None:
     print(f"{label}: " + "; ".join(parts))
 
 
+def bench_downloads(s3_url: str, gcs_url: str, blob: Path, args: argparse.Namespace, tmp: Path) -> None:
+    """The download figure straight from the servers, then with each stream paced by a proxy."""
+    from faultproxy import FaultProxy
+
+    print_download("s3 download, direct", bench_download("s3", blob, args.rounds, tmp))
+    print_download("gcs download, direct", bench_download("gs", blob, args.rounds, tmp))
+    for kind, url, env in (("s3", s3_url, "AWS_ENDPOINT_URL_S3"), ("gs", gcs_url, "STORAGE_EMULATOR_HOST")):
+        proxy = FaultProxy(url, flavour="gcs" if kind == "gs" else "s3").start()
+        proxy.reply_mb_s = args.stream_mb_s
+        os.environ[env] = proxy.url
+        try:
+            label = f"{kind} download, {args.stream_mb_s:.0f} MB/s per stream"
+            print_download(label, bench_download(kind, blob, args.rounds, tmp, tag="paced"))
+        finally:
+            os.environ[env] = url
+            proxy.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-mb", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stream-mb-s", type=float, default=80.0, help="per-connection rate of the paced download")
     parser.add_argument("--only", choices=["stall", "s3", "gcs", "resume", "download"], action="append")
     args = parser.parse_args()
     only = set(args.only or ["stall", "s3", "gcs", "resume", "download"])
@@ -247,6 +268,7 @@ def main() -> None:
         os.environ.update(FAKE_AWS_ENV)
         servers = []
         try:
+            moto = gcs = None
             if only & {"s3", "resume", "download"}:
                 moto = moto_process().start(log_dir=tmp)
                 servers.append(moto)
@@ -265,9 +287,8 @@ def main() -> None:
                     f"resume: raw download + torch.load {raw:.2f} s (boto3 defaults), {same:.2f} s (same transfer "
                     f"settings as skygreen); load_latest {ours:.2f} s; ratios {ours / raw:.2f} and {ours / same:.2f} (target <= 1.3)"
                 )
-            if "download" in only:
-                print_download("s3 download", bench_download("s3", blob, args.rounds, tmp))
-                print_download("gcs download", bench_download("gs", blob, args.rounds, tmp))
+            if "download" in only and moto is not None and gcs is not None:
+                bench_downloads(moto.url, gcs.url, blob, args, tmp)
         finally:
             for server in servers:
                 server.stop()

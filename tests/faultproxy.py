@@ -24,6 +24,7 @@ import http.client
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -67,6 +68,9 @@ class FaultProxy:
         self.bodies: list[tuple[str, str, bytes]] = []
         """(method, path, body) of forwarded requests with small bodies, for assertions."""
         self.bytes_forwarded = 0
+        self.reply_mb_s: float | None = None
+        """When set, each reply is sent at no more than this many MB/s per connection, as a
+        cloud's front end serves one stream (benchmarks model the link with it)."""
         self.on_bytes: Callable[[int], None] | None = None
         """Called with the running upload byte count after each forwarded request body."""
         self._faults: list[_Fault] = []
@@ -192,7 +196,7 @@ class FaultProxy:
                     self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(reply)
+                    self._send_paced(reply)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
 
@@ -223,6 +227,18 @@ class FaultProxy:
                     return None
                 finally:
                     conn.close()
+
+            def _send_paced(self, reply: bytes) -> None:
+                rate = proxy.reply_mb_s
+                if rate is None:
+                    self.wfile.write(reply)
+                    return
+                started, chunk = time.monotonic(), 256 * 1024
+                for offset in range(0, len(reply), chunk):
+                    self.wfile.write(reply[offset : offset + chunk])
+                    ahead_s = (offset + chunk) / (rate * 1e6) - (time.monotonic() - started)
+                    if ahead_s > 0:
+                        time.sleep(ahead_s)
 
             def _answer_error(self, status: int) -> None:
                 body = (_GCS_BODIES if proxy.flavour == "gcs" else _S3_BODIES)[str(status)]
