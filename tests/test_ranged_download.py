@@ -106,7 +106,7 @@ def test_local_blob_rotten_at_rest_is_refused_after_a_second_try_and_deleted(tmp
     rotten[len(rotten) // 3] ^= 0x01
     store.put("big.bin", bytes(rotten))
     out = tmp_path / "out.bin"
-    with pytest.raises(CheckpointError, match=r"out.bin does not match the manifest .*corrupt or partial"):
+    with pytest.raises(CheckpointError, match=r"big.bin does not match the manifest .*corrupt or partial"):
         fetch_verified(store, "big.bin", out, info(data), plan=SMALL)
     assert not out.exists(), "unverified bytes never stay at the path"
     assert caplog.text.count("does not match the manifest (attempt") == SMALL.mismatch_attempts

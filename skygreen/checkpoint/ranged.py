@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +97,7 @@ class InOrderDigest:
     before it has been, by whichever thread completed the run, outside the lock (hashlib
     releases the GIL, so other parts keep downloading meanwhile)."""
 
-    def __init__(self, part_count: int, *, on_hashed=None) -> None:
+    def __init__(self, part_count: int, *, on_hashed: Callable[[], None] | None = None) -> None:
         self.part_count = part_count
         self.hashed_parts = 0
         self.size_bytes = 0
@@ -221,8 +222,9 @@ def fetch_verified(
             "%s from %s does not match the manifest (attempt %d of %d, sha256 %s... vs %s...)",
             key, store.url, attempt, plan.mismatch_attempts, got.sha256[:12], want.sha256[:12],
         )  # fmt: skip
+    name = key.rsplit("/", 1)[-1]
     raise CheckpointError(
-        f"{path.name} does not match the manifest (size {got.size} vs {want.size}, "
+        f"{name} does not match the manifest (size {got.size} vs {want.size}, "
         f"sha256 {got.sha256[:12]}... vs {want.sha256[:12]}...): corrupt or partial"
     )
 
