@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
 
 import pytest
@@ -224,3 +225,34 @@ def test_checkpointer_restores_a_big_checkpoint_by_ranges_and_skips_one_that_sta
     proxy.inject("corrupt", times=1_000, ranged=True, path_contains="000000000002")
     again = Checkpointer(url, retry=FAST_RETRY).load_latest()
     assert again.step == 1 and torch.equal(again.state["model"]["w"], torch.ones(3))
+
+
+def test_a_ranged_prefetch_writing_in_place_is_waited_for_not_taken_for_dead(tmp_path, monkeypatch):
+    """A ranged download preallocates its `.part` and writes into it: the size never changes,
+    so the runtime must see progress in the writes themselves, not in the size. The clock here
+    jumps past `stall_s` between polls; only the writes keep the wait alive."""
+    from skygreen.checkpoint import prefetch as prefetch_module
+    from skygreen.checkpoint.prefetch import wait_for_part
+
+    part, final = tmp_path / "shared.pt.part", tmp_path / "shared.pt"
+    with open(part, "wb") as f:
+        f.truncate(4096)
+    clock_s = [0.0]
+    polls: list[int] = []
+
+    def one_poll_later(_seconds: float) -> None:
+        clock_s[0] += 10.0
+        polls.append(len(polls))
+        if len(polls) < 5:
+            fd = os.open(part, os.O_WRONLY)
+            os.pwrite(fd, b"x" * 512, 512 * len(polls))
+            os.close(fd)
+            os.utime(part, ns=(len(polls) * 10**9, len(polls) * 10**9))
+        else:
+            part.rename(final)
+
+    monkeypatch.setattr(prefetch_module.time, "monotonic", lambda: clock_s[0])
+    monkeypatch.setattr(prefetch_module.time, "sleep", one_poll_later)
+    wait_for_part(part, final, stall_s=5.0)
+    monkeypatch.undo()
+    assert final.exists() and len(polls) == 5, polls
