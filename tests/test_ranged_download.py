@@ -9,6 +9,9 @@ import hashlib
 import logging
 import os
 import random
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -256,3 +259,49 @@ def test_a_ranged_prefetch_writing_in_place_is_waited_for_not_taken_for_dead(tmp
     wait_for_part(part, final, stall_s=5.0)
     monkeypatch.undo()
     assert final.exists() and len(polls) == 5, polls
+
+
+def test_setup_prefetch_command_fetches_a_big_blob_by_ranges_and_refuses_a_corrupt_one(
+    moto_server, monkeypatch, tmp_path
+):
+    """`python -m skygreen.runtime.prefetch`, as setup runs it, on S3 behind the fault proxy."""
+    from skygreen.checkpoint.manifest import iter_manifests
+    from skygreen.checkpoint.prefetch import blob_info, prefetch_dir, run_url
+
+    proxy = FaultProxy(moto_server.url).start()
+    try:
+        point_s3_at(monkeypatch, proxy.url)
+        bucket = unique_bucket()
+        make_s3_bucket(bucket)
+        url = run_url(f"s3://{bucket}", "r-big")
+        big = torch.randn(70 * MIB // 4, generator=torch.Generator().manual_seed(1))
+        with Checkpointer(url) as ck:
+            ck.save(5, {"model": {"w": big}})
+        manifest = next(iter_manifests(open_store(url)))
+        env = {
+            **os.environ,
+            "HOME": str(tmp_path / "home"),
+            "SKYGREEN_BUCKET": f"s3://{bucket}",
+            "SKYGREEN_RUN_ID": "r-big",
+        }
+        command = [sys.executable, "-m", "skygreen.runtime.prefetch"]
+
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert "step 5 prefetched" in done.stdout
+        folder = prefetch_dir(url, home=tmp_path / "home") / "5"
+        assert blob_info(folder / SHARED_BLOB) == manifest.blobs[SHARED_BLOB]
+        size = manifest.blobs[SHARED_BLOB].size
+        fetched = proxy.ranged_requests(path_contains=SHARED_BLOB)
+        assert sorted(fetched) == sorted(expected_ranges(size, DEFAULT_RANGED.part_bytes))
+
+        shutil.rmtree(folder)
+        proxy.inject("corrupt", times=1_000, ranged=True, path_contains=SHARED_BLOB)
+        refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert refused.returncode == 1, (refused.stdout, refused.stderr)
+        assert f"{SHARED_BLOB} does not match the manifest" in refused.stderr
+        assert "the runtime downloads the checkpoint itself" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert not (folder / SHARED_BLOB).exists() and not (folder / f"{SHARED_BLOB}.part").exists()
+    finally:
+        proxy.stop()
