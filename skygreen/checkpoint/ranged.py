@@ -171,7 +171,7 @@ def download_ranged(store: RangedStore, key: str, path: Path, *, size_bytes: int
                 data = store.get_range(key, start, stop)
                 if len(data) != stop - start:
                     raise StoreError(f"{store.url}: part {start}-{stop - 1} of {key} came back with {len(data)} bytes")
-                os.pwrite(fd, data, start)
+                _pwrite_all(fd, data, start)
                 digest.add(index, data)
             except BaseException:
                 failed.set()
@@ -252,6 +252,14 @@ def file_info(path: Path) -> BlobInfo:
             digest.update(chunk)
             size += len(chunk)
     return BlobInfo(size=size, sha256=digest.hexdigest())
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of `data` at `offset` (a write may take fewer bytes than it was given)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def _preallocate(fd: int, size_bytes: int) -> None:
