@@ -8,6 +8,12 @@
            gcp-storage-emulator on loopback, order rotated per round (target >= 0.95).
 3. resume: `Checkpointer.load_latest` (find latest, download, verify sha256, load) vs a raw
            boto3 download + `torch.load` of the same blob (target <= 1.3).
+4. download: a verified download of one big blob (what a restore does per blob) three ways,
+           side by side on the same server: one GET stream then a hash of the file, the
+           store's `get_to` (the library's managed download) then a hash, and `fetch_verified`
+           (ranged parallel GETs hashed as they land), on S3 and GCS; then again through a
+           loopback proxy that serves each connection at `--stream-mb-s` (a cloud front end's
+           per-stream rate; the local servers alone are bound by this machine's CPUs instead).
 
 Run: .venv/bin/python benchmarks/bench_checkpoint.py [--model-mb 256] [--rounds 3]
 """
@@ -157,13 +163,95 @@ def bench_resume(model: torch.nn.Module, rounds: int, tmp: Path) -> tuple[float,
     return statistics.median(raw_s), statistics.median(same_s), statistics.median(ours_s)
 
 
+def bench_download(kind: str, blob: Path, rounds: int, tmp: Path, *, tag: str = "d") -> dict[str, tuple[float, float]]:
+    """Per variant: (median MB/s, median of the per-round time ratios to the ranged download).
+    Each round runs each variant once, order rotated, into a file deleted (untimed) after it."""
+    from skygreen.checkpoint.ranged import fetch_verified, file_info
+    from skygreen.checkpoint.store_factory import open_store
+
+    bucket = f"bench-get-{tag}-{kind}-{os.getpid()}"
+    key = "blob.pt"
+    if kind == "s3":
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        client = boto3.client("s3")
+        client.create_bucket(Bucket=bucket)
+        one_get = TransferConfig(multipart_threshold=1 << 40, use_threads=False)
+        single = lambda out: client.download_file(bucket, f"run/{key}", str(out), Config=one_get)  # noqa: E731
+    else:
+        from google.cloud import storage
+
+        gcs_bucket = storage.Client().create_bucket(bucket)
+        single = lambda out: gcs_bucket.blob(f"run/{key}").download_to_filename(str(out), checksum=None)  # noqa: E731
+    store = open_store(f"{kind}://{bucket}/run")
+    store.put_file(key, blob)
+    want = file_info(blob)
+
+    def hashed(download):
+        def run(out: Path) -> None:
+            download(out)
+            assert file_info(out) == want
+
+        return run
+
+    def managed(out: Path) -> None:
+        with open(out, "wb") as f:
+            store.get_to(key, f)
+
+    variants = {
+        "ranged": lambda out: fetch_verified(store, key, out, want),
+        "one GET + hash": hashed(single),
+        "get_to + hash": hashed(managed),
+    }
+    names = list(variants)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    out = tmp / "download.bin"
+    for i in range(rounds):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            seconds[name].append(timed(lambda name=name: variants[name](out)))
+            out.unlink()
+    size_mb = blob.stat().st_size / 1e6
+    return {
+        name: (
+            size_mb / statistics.median(seconds[name]),
+            statistics.median(theirs / ranged for theirs, ranged in zip(seconds[name], seconds["ranged"], strict=True)),
+        )
+        for name in names
+    }
+
+
+def print_download(label: str, result: dict[str, tuple[float, float]]) -> None:
+    parts = [f"{name} {mb_s:.0f} MB/s (time x{ratio:.2f} of ranged)" for name, (mb_s, ratio) in result.items()]
+    print(f"{label}: " + "; ".join(parts))
+
+
+def bench_downloads(s3_url: str, gcs_url: str, blob: Path, args: argparse.Namespace, tmp: Path) -> None:
+    """The download figure straight from the servers, then with each stream paced by a proxy."""
+    from faultproxy import FaultProxy
+
+    print_download("s3 download, direct", bench_download("s3", blob, args.rounds, tmp))
+    print_download("gcs download, direct", bench_download("gs", blob, args.rounds, tmp))
+    for kind, url, env in (("s3", s3_url, "AWS_ENDPOINT_URL_S3"), ("gs", gcs_url, "STORAGE_EMULATOR_HOST")):
+        proxy = FaultProxy(url, flavour="gcs" if kind == "gs" else "s3").start()
+        proxy.reply_mb_s = args.stream_mb_s
+        os.environ[env] = proxy.url
+        try:
+            label = f"{kind} download, {args.stream_mb_s:.0f} MB/s per stream"
+            print_download(label, bench_download(kind, blob, args.rounds, tmp, tag="paced"))
+        finally:
+            os.environ[env] = url
+            proxy.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-mb", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", choices=["stall", "s3", "gcs", "resume"], action="append")
+    parser.add_argument("--stream-mb-s", type=float, default=80.0, help="per-connection rate of the paced download")
+    parser.add_argument("--only", choices=["stall", "s3", "gcs", "resume", "download"], action="append")
     args = parser.parse_args()
-    only = set(args.only or ["stall", "s3", "gcs", "resume"])
+    only = set(args.only or ["stall", "s3", "gcs", "resume", "download"])
     torch.manual_seed(0)
     model = make_model(args.model_mb)
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -180,16 +268,18 @@ def main() -> None:
         os.environ.update(FAKE_AWS_ENV)
         servers = []
         try:
-            if only & {"s3", "resume"}:
+            moto = gcs = None
+            if only & {"s3", "resume", "download"}:
                 moto = moto_process().start(log_dir=tmp)
                 servers.append(moto)
                 os.environ["AWS_ENDPOINT_URL_S3"] = moto.url
             if "s3" in only:
                 print_upload("s3 upload", "boto3 upload_file", bench_upload("s3", blob, args.rounds))
-            if "gcs" in only:
+            if only & {"gcs", "download"}:
                 gcs = gcs_process().start(log_dir=tmp)
                 servers.append(gcs)
                 os.environ["STORAGE_EMULATOR_HOST"] = gcs.url
+            if "gcs" in only:
                 print_upload("gcs upload", "upload_from_filename", bench_upload("gcs", blob, args.rounds))
             if "resume" in only:
                 raw, same, ours = bench_resume(model, args.rounds, tmp)
@@ -197,6 +287,8 @@ def main() -> None:
                     f"resume: raw download + torch.load {raw:.2f} s (boto3 defaults), {same:.2f} s (same transfer "
                     f"settings as skygreen); load_latest {ours:.2f} s; ratios {ours / raw:.2f} and {ours / same:.2f} (target <= 1.3)"
                 )
+            if "download" in only and moto is not None and gcs is not None:
+                bench_downloads(moto.url, gcs.url, blob, args, tmp)
         finally:
             for server in servers:
                 server.stop()

@@ -9,9 +9,13 @@ by the requests that match:
 - "503":       throttling (S3 `SlowDown`, GCS 503 `rateLimitExceeded`), not forwarded;
 - "drop":      the connection is reset after half of the request body is read;
 - "drop_reply": the request IS forwarded and done by the server, then the connection is
-               reset before the reply: the client cannot tell that it succeeded.
+               reset before the reply: the client cannot tell that it succeeded;
+- "corrupt":   the request is forwarded and answered, with one byte of the reply body flipped
+               (same length, same headers): bit rot in transit that only a hash can catch.
 
-Every request is logged as (method, path, outcome) so tests can check what happened.
+Every request is logged as (method, path, outcome) so tests can check what happened; a request
+with a `Range` header is also logged in `ranges` as (path, range, outcome), and `inject(range_from=N)`
+aims a fault at the ranged request that starts at byte N.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ import http.client
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-FAULTS = ("403", "500", "503", "drop", "drop_reply")
+FAULTS = ("403", "500", "503", "drop", "drop_reply", "corrupt")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
 
 _S3_BODIES = {
@@ -46,7 +51,7 @@ _GCS_BODIES = {
 class _Fault:
     kind: str
     times: int
-    match: Callable[[str, str], bool]
+    match: Callable[[str, str, str], bool]
 
 
 class FaultProxy:
@@ -58,9 +63,14 @@ class FaultProxy:
         self.upstream_port = parts.port
         self.flavour = flavour
         self.log: list[tuple[str, str, str]] = []
+        self.ranges: list[tuple[str, str, str]] = []
+        """(path, Range header, outcome) of every ranged request, in arrival order."""
         self.bodies: list[tuple[str, str, bytes]] = []
         """(method, path, body) of forwarded requests with small bodies, for assertions."""
         self.bytes_forwarded = 0
+        self.reply_mb_s: float | None = None
+        """When set, each reply is sent at no more than this many MB/s per connection, as a
+        cloud's front end serves one stream (benchmarks model the link with it)."""
         self.on_bytes: Callable[[int], None] | None = None
         """Called with the running upload byte count after each forwarded request body."""
         self._faults: list[_Fault] = []
@@ -81,12 +91,27 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
-    def inject(self, kind: str, *, times: int = 1, method: str | None = None, path_contains: str | None = None) -> None:
-        """Queue `times` faults of `kind` for the next requests matching method/path."""
+    def inject(
+        self,
+        kind: str,
+        *,
+        times: int = 1,
+        method: str | None = None,
+        path_contains: str | None = None,
+        range_from: int | None = None,
+        ranged: bool | None = None,
+    ) -> None:
+        """Queue `times` faults of `kind` for the next requests matching method/path, and with
+        `range_from` only the ranged request from that byte, with `ranged` only requests with
+        (True) or without (False) a `Range` header."""
         if kind not in FAULTS:
             raise ValueError(f"unknown fault {kind!r}; one of {FAULTS}")
 
-        def match(m: str, p: str) -> bool:
+        def match(m: str, p: str, r: str) -> bool:
+            if range_from is not None and not r.startswith(f"bytes={range_from}-"):
+                return False
+            if ranged is not None and bool(r) != ranged:
+                return False
             return (method is None or m == method) and (path_contains is None or path_contains in p)
 
         with self._lock:
@@ -99,10 +124,15 @@ class FaultProxy:
     def outcomes(self, kind: str) -> int:
         return sum(1 for _, _, outcome in self.log if outcome == kind)
 
-    def _take_fault(self, method: str, path: str) -> str | None:
+    def ranged_requests(self, outcome: str | None = None, *, path_contains: str = "") -> list[str]:
+        """The Range headers of ranged requests (with `outcome` only, to paths that contain
+        `path_contains`), in arrival order."""
+        return [r for p, r, o in self.ranges if (outcome is None or o == outcome) and path_contains in p]
+
+    def _take_fault(self, method: str, path: str, range_header: str) -> str | None:
         with self._lock:
             for fault in self._faults:
-                if fault.times > 0 and fault.match(method, path):
+                if fault.times > 0 and fault.match(method, path, range_header):
                     fault.times -= 1
                     if fault.times == 0:
                         self._faults.remove(fault)
@@ -118,22 +148,28 @@ class FaultProxy:
             def log_message(self, *args) -> None:  # keep test output clean
                 pass
 
+            def _record(self, outcome: str) -> None:
+                proxy.log.append((self.command, self.path, outcome))
+                if self.headers.get("Range"):
+                    with proxy._lock:
+                        proxy.ranges.append((self.path, self.headers["Range"], outcome))
+
             def _handle(self) -> None:
-                fault = proxy._take_fault(self.command, self.path)
+                fault = proxy._take_fault(self.command, self.path, self.headers.get("Range") or "")
                 if fault == "drop":
                     length = int(self.headers.get("Content-Length") or 0)
                     self.rfile.read(length // 2)
-                    proxy.log.append((self.command, self.path, "drop"))
+                    self._record("drop")
                     self._reset()
                     return
                 body = self._read_body()
                 if fault in ("403", "500", "503"):
-                    proxy.log.append((self.command, self.path, fault))
+                    self._record(fault)
                     self._answer_error(int(fault))
                     return
                 forwarded = self._forward(body)
                 if forwarded is None:
-                    proxy.log.append((self.command, self.path, "upstream_down"))
+                    self._record("upstream_down")
                     return
                 status, headers, reply = forwarded
                 proxy.bytes_forwarded += len(body)
@@ -142,10 +178,14 @@ class FaultProxy:
                 if proxy.on_bytes is not None:
                     proxy.on_bytes(proxy.bytes_forwarded)
                 if fault == "drop_reply":
-                    proxy.log.append((self.command, self.path, "drop_reply"))
+                    self._record("drop_reply")
                     self._reset()
                     return
-                proxy.log.append((self.command, self.path, str(status)))
+                if fault == "corrupt" and reply:
+                    flipped = bytearray(reply)
+                    flipped[len(flipped) // 2] ^= 0xFF
+                    reply = bytes(flipped)
+                self._record("corrupt" if fault == "corrupt" else str(status))
                 self.send_response(status)
                 # A HEAD reply has no body but carries the object's length, as the server sent it.
                 keep_length = self.command == "HEAD"
@@ -156,7 +196,7 @@ class FaultProxy:
                     self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(reply)
+                    self._send_paced(reply)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
 
@@ -187,6 +227,18 @@ class FaultProxy:
                     return None
                 finally:
                     conn.close()
+
+            def _send_paced(self, reply: bytes) -> None:
+                rate = proxy.reply_mb_s
+                if rate is None:
+                    self.wfile.write(reply)
+                    return
+                started, chunk = time.monotonic(), 256 * 1024
+                for offset in range(0, len(reply), chunk):
+                    self.wfile.write(reply[offset : offset + chunk])
+                    ahead_s = (offset + chunk) / (rate * 1e6) - (time.monotonic() - started)
+                    if ahead_s > 0:
+                        time.sleep(ahead_s)
 
             def _answer_error(self, status: int) -> None:
                 body = (_GCS_BODIES if proxy.flavour == "gcs" else _S3_BODIES)[str(status)]

@@ -13,6 +13,7 @@ import torch
 from faultproxy import FaultProxy
 from servers import gcs_process, make_gcs_bucket, make_s3_bucket, moto_process, point_gcs_at, point_s3_at, unique_bucket
 from skygreen.checkpoint.manifest import committed_steps
+from skygreen.checkpoint.ranged import RangedDownload, RangedStore, download_ranged
 from skygreen.checkpoint.store import RetryPolicy
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import StoreError, TransientStoreError
@@ -156,14 +157,17 @@ def test_s3_server_killed_mid_upload_is_a_clear_error_and_training_goes_on(tmp_p
 
 
 ONE_LAYER = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0, deadline_s=None)
+ONE_PART_AT_A_TIME = RangedDownload(threshold_bytes=1, part_bytes=1, concurrency=1, window_parts=2)
 
 
 def test_a_bucket_answering_503_to_everything_gets_exactly_the_policys_requests(proxied_url, tmp_path):
     """One retry layer: the libraries' own retries are off, so each operation makes exactly
     `max_attempts` requests, counted at the wire, whatever path it takes (one request, a
-    multipart or resumable upload, a managed download, a listing)."""
+    multipart or resumable upload, a managed download, a ranged part, a listing). A ranged
+    download retries each part alone, and the first part that fails for good stops the rest."""
     url, proxy = proxied_url
     store = open_store(url, retry=ONE_LAYER)
+    assert isinstance(store, RangedStore)
     store.put("present", b"here")  # before the faults: the reads below have something to find
     small, large = tmp_path / "small.bin", tmp_path / "large.bin"
     small.write_bytes(b"s" * 1000)
@@ -176,6 +180,10 @@ def test_a_bucket_answering_503_to_everything_gets_exactly_the_policys_requests(
         "put_file large": lambda: store.put_file("k", large),
         "get": lambda: store.get("present"),
         "get_to": lambda: store.get_to("present", io.BytesIO()),
+        "get_range": lambda: store.get_range("present", 0, 2),
+        "ranged download, one part at a time": lambda: download_ranged(
+            store, "present", tmp_path / "ranged.bin", size_bytes=4, plan=ONE_PART_AT_A_TIME
+        ),
         "list": lambda: store.list(""),
         "delete": lambda: store.delete("present"),
         "exists": lambda: store.exists("present"),

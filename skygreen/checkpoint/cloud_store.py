@@ -102,6 +102,10 @@ class CloudStore:
     def _download(self, name: str, fileobj: BinaryIO) -> None:
         raise NotImplementedError
 
+    def _get_range(self, name: str, start: int, stop: int) -> bytes:
+        """Bytes `start` to `stop - 1` of the object, in one ranged request."""
+        raise NotImplementedError
+
     def _list_names(self, prefix: str) -> Iterable[str]:
         """Full object names that start with `prefix`, across every page of the listing."""
         raise NotImplementedError
@@ -175,6 +179,21 @@ class CloudStore:
         `KeyNotFoundError` where there is no object."""
         name = self.root.key(key)
         self._run(f"download {key} from", lambda: self._download(name, fileobj), on_retry=cut_back(fileobj))
+
+    def get_range(self, key: str, start: int, stop: int) -> bytes:
+        """Bytes `start` up to (not including) `stop` of the object in one ranged request,
+        retried alone by the store's policy; a short answer (a connection cut mid-body that the
+        library did not notice) is a `TransientStoreError` and retried too."""
+        name = self.root.key(key)
+        want = stop - start
+
+        def read() -> bytes:
+            data = self._get_range(name, start, stop)
+            if len(data) != want:
+                raise TransientStoreError(f"got {len(data)} of {want} bytes")
+            return data
+
+        return self._run(f"get bytes {start}-{stop - 1} of {key} from", read)
 
     def list(self, prefix: str = "") -> list[str]:
         """Keys that start with `prefix`, relative to the store's root, sorted; a missing bucket

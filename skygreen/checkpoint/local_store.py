@@ -83,6 +83,20 @@ class LocalStore:
 
         self._run(f"read {path}", copy, on_retry=cut_back(fileobj))
 
+    def get_range(self, key: str, start: int, stop: int) -> bytes:
+        """Bytes `start` up to (not including) `stop` of the file; a file shorter than that is a
+        `StoreError`. Lets a big blob on a shared filesystem be read by several threads at once."""
+        path = self._path(key)
+
+        def read() -> bytes:
+            with _read_existing(path, key).open("rb") as src:
+                data = os.pread(src.fileno(), stop - start, start)
+            if len(data) != stop - start:
+                raise StoreError(f"read {path}: got {len(data)} of {stop - start} bytes at {start}")
+            return data
+
+        return self._run(f"read {path}", read)
+
     def list(self, prefix: str = "") -> list[str]:
         """Keys of the files under the root that start with `prefix`, sorted; the temporary files
         of a killed writer are left out, and a root that does not exist yet lists as empty."""

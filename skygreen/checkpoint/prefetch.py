@@ -5,7 +5,7 @@ its first step wherever skygreen is already importable (an image that holds it, 
 so the download overlaps the installs instead of following them (`skygreen.runtime.prefetch`
 opens the run's bucket from `SKYGREEN_BUCKET` and `SKYGREEN_RUN_ID`, which SkyPilot sets for
 setup too). `prefetch` writes each blob of the newest committed checkpoint to `prefetch_dir(url)/<step>/<name>`
-(written as `.part`, renamed once complete).
+(written as `.part`, big blobs in ranged parallel parts, renamed once complete and verified).
 
 Nothing here is trusted: the runtime takes a prefetched blob only after its size and sha256
 match the manifest it is loading (`take_prefetched`); a blob that does not match is deleted and
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from skygreen.checkpoint.manifest import BlobInfo, Manifest, blob_key, iter_manifests
+from skygreen.checkpoint.ranged import fetch_verified
 from skygreen.checkpoint.store import Store
 
 log = logging.getLogger("skygreen.runtime")
@@ -66,8 +67,7 @@ def prefetch(store: Store, dest: Path) -> int | None:
         if final.exists():
             continue
         part = folder / f"{name}.part"
-        with open(part, "wb") as out:
-            store.get_to(blob_key(manifest.step, name), out)
+        fetch_verified(store, blob_key(manifest.step, name), part, manifest.blobs[name])
         os.replace(part, final)
     return manifest.step
 
@@ -75,16 +75,20 @@ def prefetch(store: Store, dest: Path) -> int | None:
 def wait_for_part(part: Path, final: Path, *, stall_s: float = PART_STALL_S, poll_s: float = 0.05) -> None:
     """While a prefetch is still writing `part`, wait for it to become `final`: the download is
     already under way, and a second one would only halve both. Gives up when the part has not
-    grown for `stall_s` (a prefetch that died), leaving the caller to download."""
-    last_size, last_change = -1, time.monotonic()
+    been written for `stall_s` (a prefetch that died), leaving the caller to download. Progress
+    is the file's size and modification time together: a ranged download preallocates the
+    whole file and then writes into it, so its size alone never changes."""
+    last_seen: tuple[int, int] | None = None
+    last_change = time.monotonic()
     while part.exists() and not final.exists():
         try:
-            size = part.stat().st_size
+            info = part.stat()
         except OSError:
             break
         now = time.monotonic()
-        if size != last_size:
-            last_size, last_change = size, now
+        seen = (info.st_size, info.st_mtime_ns)
+        if seen != last_seen:
+            last_seen, last_change = seen, now
         elif now - last_change > stall_s:
             log.warning("prefetch of %s stalled; downloading it instead", final.name)
             return

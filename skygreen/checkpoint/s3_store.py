@@ -143,6 +143,11 @@ class S3Store(CloudStore):
     def _download(self, name: str, fileobj: BinaryIO) -> None:
         self.client.download_fileobj(self.bucket, name, fileobj, Config=_TRANSFER)
 
+    def _get_range(self, name: str, start: int, stop: int) -> bytes:
+        """One GetObject with a `Range` header."""
+        reply = self.client.get_object(Bucket=self.bucket, Key=name, Range=f"bytes={start}-{stop - 1}")
+        return reply["Body"].read()
+
     def _list_names(self, prefix: str) -> Iterator[str]:
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
             yield from (obj["Key"] for obj in page.get("Contents", []))

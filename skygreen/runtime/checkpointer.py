@@ -26,7 +26,6 @@ from the same bucket; when a process group is initialised they also agree by `al
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -34,7 +33,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -63,6 +61,7 @@ from skygreen.checkpoint.manifest import (
     step_prefix,
 )
 from skygreen.checkpoint.prefetch import prefetch_dir, take_prefetched
+from skygreen.checkpoint.ranged import fetch_verified
 from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.checkpoint.store_factory import open_store
@@ -85,7 +84,6 @@ log = logging.getLogger("skygreen.checkpoint")
 MAX_FAILED_SAVES_IN_ROW = 3
 _HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _NOTE_POLL_S = 0.2
-_HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -450,11 +448,11 @@ class Checkpointer:
     def _load(self, manifest: Manifest) -> Loaded:
         """Download every blob of `manifest`, check each one's size and sha256, load ours.
 
-        Hashing runs on worker threads (hashlib releases the GIL) while later blobs download
-        and while `torch.load` reads: the result is returned only if every blob matched, so
-        corrupt bytes are never handed to training, and `weights_only=True` keeps even
-        unverified bytes from running code. `model_sha256` is not recomputed: the blob's
-        sha256 already proves the bytes are the ones saved.
+        Each blob is verified as it is fetched (`fetch_verified`: big ones in ranged parts,
+        hashed in order as they land, so no second read) or, when setup prefetched it, before
+        it is taken; only then is it read, so corrupt bytes are never handed to training, and
+        `weights_only=True` keeps even unverified bytes from running code. `model_sha256` is
+        not recomputed: the blob's sha256 already proves the bytes are the ones saved.
         """
         if manifest.kind != STATE_KIND:
             raise CheckpointError(f"a {manifest.kind} checkpoint (a trainer's files), not the runtime's own state")
@@ -463,19 +461,10 @@ class Checkpointer:
                 f"written by an FSDP run (layout {manifest.layout!r}); a model wrapped with fully_shard loads it"
             )
         own_name = rank_blob_name(self.rank)
-        with (
-            tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp,
-            ThreadPoolExecutor(max_workers=4, thread_name_prefix="skygreen-verify") as pool,
-        ):
-            paths, checks = {}, {}
-            for name in sorted(manifest.blobs):
-                paths[name] = self._fetch(manifest, name, Path(tmp))
-                checks[name] = pool.submit(_file_info, paths[name])
-            try:
-                state = _torch_load(paths[SHARED_BLOB], manifest, SHARED_BLOB)
-                rank_state = _torch_load(paths[own_name], manifest, own_name) if own_name in paths else None
-            finally:
-                _raise_on_mismatch(manifest, checks)
+        with tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp:
+            paths = {name: self._fetch(manifest, name, Path(tmp)) for name in sorted(manifest.blobs)}
+            state = _torch_load(paths[SHARED_BLOB], manifest, SHARED_BLOB)
+            rank_state = _torch_load(paths[own_name], manifest, own_name) if own_name in paths else None
         if rank_state is None and self.world_size > 1:
             log.warning(
                 "%s has no state for rank %d (saved with %d ranks)", manifest.label, self.rank, manifest.world_size
@@ -486,11 +475,10 @@ class Checkpointer:
         path = tmp / name
         if take_prefetched(self.prefetched, manifest, name, path):
             return path
-        with open(path, "wb") as out:
-            try:
-                self.store.get_to(blob_key(manifest.step, name), out)
-            except KeyNotFoundError as e:
-                raise CheckpointError(f"{name} is missing") from e
+        try:
+            fetch_verified(self.store, blob_key(manifest.step, name), path, manifest.blobs[name])
+        except KeyNotFoundError as e:
+            raise CheckpointError(f"{name} is missing") from e
         return path
 
     def _remove_uncommitted_after(self, step: int) -> None:
@@ -504,26 +492,6 @@ def _stop_superseded(error: LeaseLostError) -> None:
     """A newer life owns the bucket: say so in one line and exit with the superseded code."""
     log.error("%s", error)
     raise SystemExit(error.exit_code) from error
-
-
-def _raise_on_mismatch(manifest: Manifest, checks: Mapping[str, Future]) -> None:
-    for name, check in sorted(checks.items()):
-        got, want = check.result(), manifest.blobs[name]
-        if got != want:
-            raise CheckpointError(
-                f"{name} does not match the manifest (size {got.size} vs {want.size}, "
-                f"sha256 {got.sha256[:12]}... vs {want.sha256[:12]}...): corrupt or partial"
-            )
-
-
-def _file_info(path: Path) -> BlobInfo:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return BlobInfo(size=size, sha256=digest.hexdigest())
 
 
 def _note(step: int, rank: int, blobs: Mapping[str, BlobInfo]) -> bytes:

@@ -86,6 +86,7 @@ from skygreen.checkpoint.manifest import (
     step_folders,
     step_prefix,
 )
+from skygreen.checkpoint.ranged import fetch_verified
 from skygreen.checkpoint.retention import apply_retention
 from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.checkpoint.store_factory import open_store
@@ -531,17 +532,12 @@ class ShardedCheckpointer:
 
         def one(name: str) -> str | None:
             local = folder / DCP_PREFIX / name[len(DCP_PREFIX) :] if name.startswith(DCP_PREFIX) else folder / name
-            with open(local, "wb") as out:
-                try:
-                    self.store.get_to(blob_key(manifest.step, name), out)
-                except KeyNotFoundError:
-                    return f"{name} is missing"
-            got, want = file_info(local), manifest.blobs[name]
-            if got != want:
-                return (
-                    f"{name} does not match the manifest (size {got.size} vs {want.size}, "
-                    f"sha256 {got.sha256[:12]}... vs {want.sha256[:12]}...): corrupt or partial"
-                )
+            try:
+                fetch_verified(self.store, blob_key(manifest.step, name), local, manifest.blobs[name])
+            except KeyNotFoundError:
+                return f"{name} is missing"
+            except CheckpointError as e:
+                return str(e)
             return None
 
         try:
