@@ -166,7 +166,8 @@ def bench_resume(model: torch.nn.Module, rounds: int, tmp: Path) -> tuple[float,
 def bench_download(kind: str, blob: Path, rounds: int, tmp: Path, *, tag: str = "d") -> dict[str, tuple[float, float]]:
     """Per variant: (median MB/s, median of the per-round time ratios to the ranged download).
     Each round runs each variant once, order rotated, into a file deleted (untimed) after it."""
-    from skygreen.checkpoint.ranged import fetch_verified, file_info
+    from skygreen.checkpoint.manifest import file_info
+    from skygreen.checkpoint.ranged import fetch_verified
     from skygreen.checkpoint.store_factory import open_store
 
     bucket = f"bench-get-{tag}-{kind}-{os.getpid()}"

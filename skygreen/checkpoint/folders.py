@@ -23,7 +23,6 @@ nothing here unpickles anything.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import shutil
@@ -38,6 +37,7 @@ from skygreen.checkpoint.manifest import (
     BlobInfo,
     Manifest,
     blob_key,
+    file_info,
     iter_manifests,
     manifest_key,
     missing_blobs,
@@ -56,7 +56,6 @@ FOLDER_META = "folder"
 TEMP_PREFIX = ".skygreen-"
 """Names of the temporary siblings a restore downloads into; never taken for checkpoints."""
 
-_HASH_CHUNK_BYTES = 4 * 1024 * 1024
 _TRAILING_NUMBER = re.compile(r"(\d+)\Z")
 
 
@@ -84,17 +83,6 @@ def folder_files(folder: Path) -> list[tuple[str, Path]]:
         if path.is_file():
             files.append((path.relative_to(folder).as_posix(), path))
     return files
-
-
-def file_info(path: Path) -> BlobInfo:
-    """Size and sha256 of a local file, read in chunks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return BlobInfo(size=size, sha256=digest.hexdigest())
 
 
 # ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -271,6 +272,21 @@ class HashingWriter:
 def blob_info(data: bytes) -> BlobInfo:
     """Size and sha256 of `data`, for a blob already in memory."""
     return BlobInfo(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+
+_FILE_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def file_info(path: str | os.PathLike[str]) -> BlobInfo:
+    """A local file's size and sha256, read once in chunks: what a manifest records of it, and
+    what a downloaded copy must match."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_FILE_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return BlobInfo(size=size, sha256=digest.hexdigest())
 
 
 # ---------------------------------------------------------------------------------------

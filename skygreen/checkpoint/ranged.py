@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from skygreen.checkpoint.manifest import BlobInfo
+from skygreen.checkpoint.manifest import BlobInfo, file_info
 from skygreen.checkpoint.store import Store
 from skygreen.errors import CheckpointError, StoreError
 
 log = logging.getLogger("skygreen.store")
 
 MIB = 1024 * 1024
-_HASH_CHUNK_BYTES = 8 * MIB
 
 
 @runtime_checkable
@@ -241,17 +240,6 @@ def _download_once(store: Store, key: str, path: Path, size_bytes: int, plan: Ra
     with open(path, "wb") as out:
         store.get_to(key, out)
     return file_info(path)
-
-
-def file_info(path: Path) -> BlobInfo:
-    """A file's size and sha256, read once."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return BlobInfo(size=size, sha256=digest.hexdigest())
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:

@@ -11,7 +11,6 @@ refuses every other global (`os.system`, `builtins.eval`, ...) before it can be 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
 import os
@@ -224,9 +223,6 @@ def placeholders(skeleton: Any) -> list[str]:
     return []
 
 
-_HASH_CHUNK_BYTES = 8 * 1024 * 1024
-
-
 def torch_save_to(obj: Any, path: Path) -> Path:
     """`torch.save` to `path`; returns `path`."""
     torch.save(obj, path)
@@ -239,17 +235,6 @@ def torch_load_verified(path: Path, manifest: Any, name: str) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, ... for bad files
         raise CheckpointError(f"{manifest.label}: {name} verified but cannot be loaded safely: {e}") from e
-
-
-def file_info(path: Path) -> BlobInfo:
-    """A file's size and sha256, read in chunks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return BlobInfo(size=size, sha256=digest.hexdigest())
 
 
 def synchronize_devices() -> None:
