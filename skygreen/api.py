@@ -96,6 +96,14 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
     )
 
 
+def show_store_retries() -> None:
+    """Print each retry of a bucket call on stderr (`SKYGREEN_DEBUG=1`); otherwise only the
+    final error of a call that gave up is shown."""
+    from skygreen.checkpoint.store import show_retries
+
+    show_retries()
+
+
 def measured_changeovers(task_path: str | Path) -> MeasuredChangeovers:
     """Changeovers measured by earlier runs of this task on this machine
     (`skygreen.costs.changeovers.MeasuredChangeovers`)."""

@@ -9,7 +9,6 @@ input and 1 for failures; `SKYGREEN_DEBUG=1` shows the traceback instead.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -453,8 +452,10 @@ def run_command(argv: list[str] | None = None) -> int:
 
 def _run_command(argv: list[str] | None) -> int:
     debug = os.environ.get("SKYGREEN_DEBUG") == "1"
-    if not debug:  # each retry of a bucket call would print a line; the final error says it all
-        logging.getLogger("skygreen.store").addHandler(logging.NullHandler())
+    if debug:  # each retry of a bucket call prints a line; without debug the final error says it all
+        from skygreen import api
+
+        api.show_store_retries()
     try:
         code = app.main(args=argv, prog_name="skygreen", standalone_mode=False)
     except SkygreenError as e:

@@ -9,8 +9,6 @@ the leftovers of a killed writer.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
@@ -31,6 +29,8 @@ def data_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 def write_atomic(target: Path, data: str | bytes | bytearray | memoryview | BinaryIO) -> None:
     """Write `data` (text as UTF-8, bytes, or a binary stream copied in chunks) to `target`."""
+    import tempfile  # here, not at the top: `plan` reads measured speeds through this module and never writes
+
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
     try:
@@ -40,6 +40,8 @@ def write_atomic(target: Path, data: str | bytes | bytearray | memoryview | Bina
             elif isinstance(data, (bytes, bytearray, memoryview)):
                 out.write(data)
             else:
+                import shutil
+
                 shutil.copyfileobj(data, out, COPY_CHUNK_BYTES)
             out.flush()
             os.fsync(out.fileno())

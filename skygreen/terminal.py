@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import shutil
 from collections.abc import Collection, Sequence
 from typing import TextIO
 
@@ -68,6 +67,8 @@ def output_width(stream: TextIO) -> int | None:
         return int(raw)
     try:
         if stream.isatty():
+            import shutil  # only on a terminal: the plan path, piped, skips its import
+
             return shutil.get_terminal_size().columns
     except (AttributeError, ValueError):
         pass

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -169,3 +172,34 @@ def test_unknown_scheme_names_the_supported_ones():
 def test_bucket_url_without_bucket_is_an_input_error():
     with pytest.raises(InputError, match="names no bucket"):
         open_store("s3:///runs")
+
+
+RETRY_THREE_TIMES = """
+import sys
+from skygreen.checkpoint.store import RetryPolicy, call_with_retries, show_retries
+from skygreen.errors import TransientStoreError
+if sys.argv[1] == "show":
+    show_retries()
+    show_retries()  # a second call adds no second handler
+calls = []
+def operation():
+    calls.append(1)
+    if len(calls) <= 3:
+        raise TransientStoreError("503 SlowDown")
+    return "ok"
+print(call_with_retries(operation, what="put x", policy=RetryPolicy(base_delay_s=0.0, max_delay_s=0.0), sleep=lambda s: None))
+"""
+
+
+@pytest.mark.parametrize("mode", ["quiet", "show"])
+def test_retry_lines_print_only_when_asked_for(mode):
+    """Where no logging is set up (the command line), a retried bucket call prints nothing until
+    the final error; `show_retries()` (what `SKYGREEN_DEBUG=1` calls) prints each retry once."""
+    out = subprocess.run([sys.executable, "-c", RETRY_THREE_TIMES, mode], capture_output=True, text=True, check=True)
+    assert out.stdout == "ok\n"
+    lines = out.stderr.splitlines()
+    if mode == "quiet":
+        assert lines == []
+    else:
+        assert [line.split(";")[0] for line in lines] == ["put x: 503 SlowDown"] * 3
+        assert [line.split("; ")[1].split(" in ")[0] for line in lines] == ["retry 1", "retry 2", "retry 3"]

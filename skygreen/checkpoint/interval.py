@@ -5,12 +5,17 @@ Time is passed in, so the schedule is testable without clocks.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-log = logging.getLogger("skygreen.checkpoint")
+
+def _log_interval(message: str, *args: object) -> None:
+    """Log at INFO on `skygreen.checkpoint`; `logging` is imported here, not at the top, because
+    the planner imports this module for its rates and never logs."""
+    import logging
+
+    logging.getLogger("skygreen.checkpoint").info(message, *args)
 
 
 PREEMPTION_RATE_PER_HOUR: Mapping[str, float] = {"aws": 0.47, "gcp": 0.24, "azure": 0.24}
@@ -123,7 +128,7 @@ class CheckpointSchedule:
         self.interval_s: float | None = policy.every_s if policy.mode == "seconds" else None
         if policy.mode == "auto":
             self.interval_s = policy.first_auto_s
-        log.info("checkpoint interval: %s", self.describe())
+        _log_interval("checkpoint interval: %s", self.describe())
 
     def due(self, step: int, now_s: float) -> bool:
         """Whether to checkpoint at `step`: `every_steps` steps, or the current interval in
@@ -143,7 +148,7 @@ class CheckpointSchedule:
             new_s = self.policy.auto_interval_s(save_cost_s, upload_s)
             if self.interval_s is None or abs(new_s - self.interval_s) > 0.1 * self.interval_s:
                 self.interval_s = new_s
-                log.info("checkpoint interval: %s (save cost %.3f s)", self.describe(), save_cost_s)
+                _log_interval("checkpoint interval: %s (save cost %.3f s)", self.describe(), save_cost_s)
             else:
                 self.interval_s = new_s
 

@@ -32,6 +32,17 @@ from skygreen.checkpoint.bucket_url import StoreUrl, join_url, parse_url
 from skygreen.errors import StoreError, TransientStoreError
 
 log = logging.getLogger("skygreen.store")
+log.addHandler(logging.NullHandler())  # a retry line shows only where the caller set up logging
+
+
+def show_retries() -> None:
+    """Print each retry of a bucket call on stderr (`SKYGREEN_DEBUG=1` on the command line), as
+    Python prints a warning where no logging is set up; the runtime's own handler is unaffected."""
+    if not any(type(h) is logging.StreamHandler for h in log.handlers):  # once per process
+        handler = logging.StreamHandler()
+        handler.setLevel(logging.WARNING)
+        log.addHandler(handler)
+
 
 __all__ = [
     "DEFAULT_RETRY",
@@ -47,6 +58,7 @@ __all__ = [
     "parse_url",
     "retry_policy",
     "rewind",
+    "show_retries",
 ]
 
 T = TypeVar("T")
