@@ -247,7 +247,7 @@ def status(run_id: str | None = None) -> list[RunStatus]:
 
 def power_gpus() -> dict[str, Any]:
     """This machine's GPUs (real, or simulated with `SKYGREEN_SIMULATED_GPU`): limits and skygreen's caps."""
-    from skygreen.power.inventory import local_gpus
+    from skygreen.power.caps import local_gpus
     from skygreen.power.nvml import Nvml
 
     return local_gpus(lambda: Nvml(environ=os.environ))

@@ -9,6 +9,7 @@ import pytest
 from skygreen.checkpoint.local_store import LocalStore
 from skygreen.ledger import Place, Segment, read_ledger, write_segment
 from skygreen.ledger.budget import Alert, BudgetPolicy, BudgetTracker, StoredCheckpoints
+from skygreen.ledger.io import LedgerWriter
 from skygreen.ledger.place import current_place, gpu_catalog_name, offers_env, parse_offers
 from skygreen.ledger.pricing import (
     CONTROLLER_AUTOSTOP_S,
@@ -26,7 +27,6 @@ from skygreen.ledger.records import (
     new_segment_key,
     settle,
 )
-from skygreen.ledger.writer import LedgerWriter
 
 T0 = 1_780_000_000.0
 
@@ -357,7 +357,7 @@ def test_ledger_and_cost_modules_import_no_outside_library():
     import sys
 
     probe = (
-        "import skygreen.ledger, skygreen.ledger.pricing, skygreen.ledger.budget, skygreen.ledger.writer, "
+        "import skygreen.ledger, skygreen.ledger.pricing, skygreen.ledger.budget, skygreen.ledger.io, "
         "skygreen.costs.costing, skygreen.costs.report, skygreen.costs.page, skygreen.runtime.run_book\n"
         "import sys\nprint(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from skygreen.costs.speeds import MEASURED_FILE
 from skygreen.files import data_dir
-from skygreen.ledger.changeover import Changeover, restore_rates, typical_changeover_s
 
 if TYPE_CHECKING:
     from skygreen.launch.registry import Registry
+    from skygreen.ledger.changeover import Changeover
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,6 +41,8 @@ def _rows(root: Path, target: str) -> list[Changeover]:
             data = json.loads(path.read_text(encoding="utf-8"))
             if str(Path(str(data["task_path"])).resolve()) != target:
                 continue
+            from skygreen.ledger.changeover import Changeover  # only once a run of this task is found
+
             rows.extend(Changeover(**row) for row in data.get("changeovers") or ())
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a damaged file does not hide the other runs
@@ -60,6 +62,10 @@ def measured_changeovers(task_path: str | Path, *, registry: Registry | None = N
     """
     root = registry.root if registry is not None else data_dir() / "runs"
     rows = _rows(root, str(Path(task_path).resolve()))
+    if not rows:  # no earlier run of this task: nothing measured, and `plan` skips the next import
+        return MeasuredChangeovers(seconds={}, counts={}, restore_gb_per_s=None)
+    from skygreen.ledger.changeover import restore_rates, typical_changeover_s
+
     typical = typical_changeover_s(rows)
     seconds = {(cloud if gpu is None else f"{cloud}/{gpu}"): s for (cloud, gpu), (s, _) in typical.items()}
     counts = {(cloud if gpu is None else f"{cloud}/{gpu}"): n for (cloud, gpu), (_, n) in typical.items()}

@@ -2,23 +2,28 @@
 
 `skygreen status` and `resume`'s checks read runs through here. Stores, launchers and the
 registry come in through a `Wiring` (`skygreen.launch.wiring`); this module imports no adapter.
+
+What a run has spent so far (`run_spend`) comes from the run's ledger when it has one, priced
+by `skygreen.costs.costing.load_run_cost`, the same function `skygreen cost` and `compare` use,
+so the three agree to the cent. A run started by a runtime without a ledger falls back to the
+launcher's view: each launch's run time times the catalog price of the offer it landed on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from skygreen.checkpoint.manifest import Manifest, latest_manifest
+from skygreen.checkpoint.store import OpenStore
 from skygreen.errors import BucketUnreachableError, CheckpointError, InputError, LaunchError, SkygreenError, StoreError
 from skygreen.exit_codes import STOPPED_WITH_CHECKPOINT, for_outcome
 from skygreen.launch.bucket import within_deadline
 from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, Launcher, launch_name, launcher_jobs, run_of_job
 from skygreen.launch.registry import RunRecord
-from skygreen.launch.spend import run_spend
 from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
 
 _LAUNCHER_ENV = "SKYGREEN_LAUNCHER"
@@ -352,3 +357,52 @@ def _int_or_none(value: Any) -> int | None:
 
 def _float_or_none(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def run_spend(
+    record: RunRecord,
+    job: JobStatus | None,
+    *,
+    job_status_of: Callable[[str], JobStatus | None],
+    open_store: OpenStore,
+) -> tuple[float | None, bool]:
+    """Spend of every launch of the run so far, and whether any part of it is a guess.
+
+    From the run's ledger when it has one (`skygreen.costs.costing.load_run_cost`). Otherwise (a run
+    from a runtime without a ledger):
+    SkyPilot reports no cost per managed job, so each launch costs its job's run time times
+    the catalog price of the offer it landed on; a job that does not say where it runs is
+    priced at the plan's best offer (a guess). `job` is the current launch's status, already
+    fetched; earlier launches (before a `resume`) are asked for theirs. A launch whose status
+    is gone from SkyPilot's queue is left out."""
+    from skygreen.costs.costing import load_run_cost
+
+    try:  # the run ledger, priced by the same function as `skygreen cost` and `compare`
+        cost = load_run_cost(record, open_store=open_store)
+    except SkygreenError:  # an unreadable ledger or catalog: fall back to the launcher's view
+        cost = None
+    if cost is not None:
+        return cost.total_usd, cost.unpriced_segments > 0
+    if record.mode == "local":
+        return 0.0, False
+    offers = list((record.plan_summary or {}).get("offers", ()))
+    if not offers:
+        return None, False
+    jobs = [job_status_of(launch.job_id) for launch in record.launches[:-1]] + [job]
+    priced = [_launch_spend(offers, j) for j in jobs if j is not None and j.duration_s is not None]
+    if not priced:
+        return None, False
+    return sum(usd for usd, _ in priced), any(guessed for _, guessed in priced)
+
+
+def _launch_spend(offers: list[Mapping[str, Any]], job: JobStatus) -> tuple[float, bool]:
+    landed = [
+        o
+        for o in offers
+        if o["cloud"] == job.cloud
+        and (job.region is None or o["region"] == job.region)
+        and (not job.accelerators or o["accelerator"] in job.accelerators)
+    ]
+    offer = landed[0] if landed else offers[0]
+    price = float(offer["price_usd_per_hour"]) * int(offer.get("num_nodes") or 1)
+    return (job.duration_s or 0.0) / 3600.0 * price, not landed

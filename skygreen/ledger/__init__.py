@@ -6,8 +6,8 @@ Public read API (for cost, plans, budgets and progress watchers):
     segments = read_ledger(store, run_id)      # store: skygreen.checkpoint.store_factory.open_store(url)
     segments[-1].step, segments[-1].samples_per_s, segments[-1].end
 
-The core (`records`, `place`, `pricing`) is pure; `io` speaks to a `skygreen.checkpoint.store.Store`;
-`writer` is the runtime's side (rank 0 writes).
+The core (`records`, `place`, `pricing`) is pure; `io` speaks to a `skygreen.checkpoint.store.Store`:
+`read_ledger` for readers, `LedgerWriter` for the runtime's side (rank 0 writes).
 """
 
 from __future__ import annotations

@@ -5,18 +5,39 @@ writer (rank 0 of the VM that runs it) with the store's atomic put: S3 and GCS r
 object atomically, the local store renames a finished temporary file over it. So a reader
 sees the previous version or the next, never half of one; no object is ever read, changed and
 written back, and a replacement VM never touches an older VM's object (it makes its own key).
+
+`LedgerWriter` is the runtime's side: rank 0 keeps its VM's segment object up to date. The
+segment is written when training starts (after the resume), at every checkpoint, and at exit
+with how it ended; a VM killed without warning loses at most the time since the last
+checkpoint. A failed write is a warning, never a reason to stop training: the ledger is for
+accounting, the checkpoints are the run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
 
 from skygreen.checkpoint.store import Store
 from skygreen.errors import StoreError
-from skygreen.ledger.records import LEDGER_DIR, Segment, is_segment_key, settle
+from skygreen.ledger.records import (
+    LEDGER_DIR,
+    RUNNING,
+    Place,
+    Segment,
+    add_point,
+    is_segment_key,
+    new_segment_key,
+    settle,
+)
 
 log = logging.getLogger("skygreen.ledger")
+runtime_log = logging.getLogger("skygreen.runtime")
+"""The writer's warnings go to the runtime's log, next to the training lines they interrupt."""
 
 
 def write_segment(store: Store, segment: Segment) -> None:
@@ -43,3 +64,126 @@ def read_ledger(store: Store, run_id: str | None = None) -> list[Segment]:
         except (StoreError, ValueError, TypeError, KeyError) as e:
             log.warning("skipping unreadable ledger object %s: %s", key, e)
     return settle(segments)
+
+
+CHANGEOVER_FIELDS = ("setup_started_at", "setup_s", "restore_s", "restore_bytes")
+
+
+class LedgerWriter:
+    """Owns one segment object; the only writer of it."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        run_id: str,
+        place: Place,
+        started_at: float,
+        clock: Callable[[], float] = time.time,
+        user: str | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.earlier: list[Segment] = []
+        self.segment = Segment(
+            run_id=run_id,
+            key=new_segment_key(started_at),
+            place=place,
+            started_at=started_at,
+            updated_at=started_at,
+            user=user,
+        )
+        self._energy_base_j: float | None = None
+        self._warned = False
+
+    def begin(
+        self,
+        *,
+        step: int,
+        samples: int,
+        samples_per_epoch: int | None,
+        energy_j_total: float | None,
+        total_steps: int | None = None,
+        changeover: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Read the earlier segments (for budgets) and write this one at its resume point.
+
+        `changeover`: the setup and restore figures of this VM (`Segment`'s `setup_started_at`,
+        `setup_s`, `restore_s`, `restore_bytes`); the steps redone are counted here, from the
+        furthest step an earlier segment reached."""
+        try:
+            # This VM replaces any segment still marked running: its VM is gone (settled as
+            # `read_ledger` will settle them once this segment is written).
+            mine = replace(self.segment, start_step=step, step=step)
+            before = [s for s in read_ledger(self.store) if s.key != mine.key]
+            self.earlier = [s for s in settle([*before, mine]) if s.key != mine.key]
+        except StoreError as e:
+            self._warn(e)
+        self._energy_base_j = energy_j_total
+        self.segment = replace(
+            self.segment,
+            start_step=step,
+            step=step,
+            start_samples=samples,
+            samples=samples,
+            samples_per_epoch=samples_per_epoch,
+            total_steps=total_steps,
+            redone_steps=max(0, max(e.step for e in self.earlier) - step) if self.earlier else None,
+            **{key: value for key, value in (changeover or {}).items() if key in CHANGEOVER_FIELDS},
+        )
+        self._write()
+
+    def first_step(self) -> None:
+        """Note when this segment's first training step began, once (later calls keep the first
+        time); written with the next update."""
+        if self.segment.first_step_at is None:
+            self.segment = replace(self.segment, first_step_at=self.clock())
+
+    def report(self, name: str, step: int, value: float) -> None:
+        """Remember one reported metric value; written with the next update."""
+        self.segment = replace(
+            self.segment, metrics=add_point(self.segment.metrics, name, (step, self.clock(), float(value)))
+        )
+
+    def update(
+        self, *, step: int, samples: int, train_s: float, energy_j_total: float | None, end: str = RUNNING
+    ) -> None:
+        """Progress so far; `end` other than running closes the segment."""
+        now = self.clock()
+        energy = None
+        if energy_j_total is not None and self._energy_base_j is not None:
+            energy = max(0.0, energy_j_total - self._energy_base_j)
+        self.segment = replace(
+            self.segment,
+            step=step,
+            samples=samples,
+            train_s=train_s,
+            energy_j=energy,
+            updated_at=max(now, self.segment.started_at),
+            ended_at=None if end == RUNNING else max(now, self.segment.started_at),
+            end=end,
+        )
+        self._write()
+
+    def heartbeat(self, *, step: int) -> None:
+        """Between checkpoints: the time billed so far and the step reached, so a VM killed without
+        a word is billed to its last heartbeat and the steps it trained past its last checkpoint
+        count as redone (`skygreen.ledger.pricing`)."""
+        now = self.clock()
+        reached = max(step, self.segment.step, self.segment.reached_step or 0)
+        self.segment = replace(self.segment, updated_at=max(now, self.segment.started_at), reached_step=reached)
+        self._write()
+
+    def _write(self) -> None:
+        try:
+            write_segment(self.store, self.segment)
+        except StoreError as e:
+            self._warn(e)
+
+    def _warn(self, error: Exception) -> None:
+        if not self._warned:
+            runtime_log.warning(
+                "run ledger not written (%s); training goes on, cost figures will miss this VM",
+                str(error).splitlines()[0],
+            )
+            self._warned = True

@@ -6,8 +6,9 @@
     skygreen.power.restore_all()           # put back every limit this process changed
 
 Modules: `nvml` (the one NVML adapter), `entry` (where NVML is opened: `cap()`, the runtime's GPU), `simulated` (a simulated GPU at the pynvml boundary),
-`policy` (pure cap decisions and the Zeus-style chooser), `caps` (set/restore), `originals` (the
-originals on disk, for a restart after `kill -9`), `meter` (energy per GPU). Importing this
+`policy` (pure cap decisions and the Zeus-style chooser), `caps` (set/restore, and the GPUs
+here with skygreen's caps on them), `originals` (the originals on disk, for a restart after
+`kill -9`), `meter` (energy per GPU). Importing this
 package loads no NVML library.
 """
 

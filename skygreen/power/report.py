@@ -1,4 +1,4 @@
-"""`skygreen power`'s table of the GPUs here (`skygreen.power.inventory` reads them)."""
+"""`skygreen power`'s table of the GPUs here (`skygreen.power.caps` reads them)."""
 
 from __future__ import annotations
 

@@ -25,9 +25,9 @@ from skygreen.ledger.budget import (
     stop_message,
 )
 from skygreen.ledger.changeover import read_setup, stamp_paths
+from skygreen.ledger.io import LedgerWriter
 from skygreen.ledger.place import current_place, gpu_catalog_name
 from skygreen.ledger.records import KILLED, PREEMPTED
-from skygreen.ledger.writer import LedgerWriter
 from skygreen.runtime.state import TrainingState
 from skygreen.settings import RuntimeSettings
 
