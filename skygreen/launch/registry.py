@@ -201,19 +201,20 @@ class Registry:
         and share its bucket folder. Making the folder is atomic across processes; a taken id
         draws again.
         """
-        self.root.mkdir(parents=True, exist_ok=True)
         while True:
             run_id = new_run_id(task_name, now_s=now_s)
             try:
-                self.run_dir(run_id).mkdir()
-            except FileExistsError:
+                self.run_dir(run_id).mkdir(parents=True)
+            except (FileExistsError, FileNotFoundError):  # taken, or `root` given back meanwhile
                 continue
             return run_id
 
     def release_unused(self, run_id: str) -> None:
-        """Remove a claimed run folder that is still empty (its `up` failed before writing)."""
+        """Remove a claimed run folder that is still empty (its `up` failed before writing), and
+        `root` too when that leaves it empty, so a refused first `up` leaves nothing behind."""
         with contextlib.suppress(OSError):
             self.run_dir(run_id).rmdir()
+            self.root.rmdir()
 
     def save(self, record: RunRecord) -> RunRecord:
         """Write the record, stamped `updated_at` now, to `<root>/<run_id>/run.json` atomically;
