@@ -21,7 +21,7 @@ from skygreen.task_checks import load_task
 if TYPE_CHECKING:
     from skygreen.checkpoint.gc import GcResult
     from skygreen.costs.changeovers import MeasuredChangeovers
-    from skygreen.costs.costing import CompareRow, RunCostReport, TaskEstimate
+    from skygreen.costs.costing import Comparison, RunCostReport, TaskEstimate
     from skygreen.costs.spend import TeamSpend
     from skygreen.deadline.compare import Simulation, SimulationRequest
     from skygreen.deadline.live import DeadlineTerms
@@ -375,8 +375,8 @@ def is_task_file(target: str) -> bool:
     return target.endswith((".yaml", ".yml")) or Path(target).is_file()
 
 
-def compare(run_ids: list[str], *, catalog_dir: Path | None = None) -> list[CompareRow]:
-    """Runs side by side."""
+def compare(run_ids: list[str], *, catalog_dir: Path | None = None) -> Comparison:
+    """Runs side by side; those with no ledger yet are left out and named (`Comparison.waiting`)."""
     from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
 

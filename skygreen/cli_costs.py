@@ -132,16 +132,20 @@ def compare(runs: tuple[str, ...], catalog: Path | None, json_output: bool, plot
     """Compare runs side by side: cloud mix, hours, cost, energy, CO2e, final metric, cost per unit of improvement."""
     from skygreen import api
 
-    rows = api.compare(list(runs), catalog_dir=catalog)
-    if plot is not None:
+    comparison = api.compare(list(runs), catalog_dir=catalog)
+    rows = comparison.rows
+    for run_id in comparison.waiting:  # launched, not training yet: the others still compare
+        print_notice(f"run {run_id} has no ledger yet (launched, not training yet): left out of the comparison")
+    if plot is not None and rows:
         api.plot_runs(plot, [r.record.run_id for r in rows], catalog_dir=catalog)
     if json_output:
         print_json([r.to_json() for r in rows])
         return
     from skygreen.costs.report import print_compare
 
-    print_compare(rows, sys.stdout)
-    if plot is not None:
+    if rows:
+        print_compare(rows, sys.stdout)
+    if plot is not None and rows:
         sys.stdout.write(f"wrote {plot}\n")
 
 

@@ -185,6 +185,25 @@ def test_compare_counts_a_rising_accuracy_as_an_improvement_without_early_stoppi
     assert "val_acc (max)" in text and "val_acc (min)" in text and "0.2500" in text
 
 
+def test_compare_leaves_out_a_run_not_training_yet_and_says_so(task, tmp_path):
+    """Many runs started at once: a comparison taken while one has not written its ledger yet
+    compares the others (exit 0) and names the one left out, as `cost RUN` answers for it."""
+    add_run(task, "demo-done", [{"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 300), "samples": (0, 9600),
+                                 "losses": [(10, 2.0), (300, 1.5)]}], bucket=tmp_path / "b")  # fmt: skip
+    add_run(task, "demo-fresh", [], bucket=tmp_path / "b")  # launched, no ledger yet
+    out = skygreen("compare", "demo-done", "demo-fresh", "--json")
+    assert out.returncode == 0, out.stderr
+    assert [r["run_id"] for r in json.loads(out.stdout)] == ["demo-done"]
+    assert "run demo-fresh has no ledger yet" in out.stderr and "left out of the comparison" in out.stderr
+    text = skygreen("compare", "demo-done", "demo-fresh")
+    assert text.returncode == 0 and "demo-done" in text.stdout and "demo-fresh" not in text.stdout
+    assert "run demo-fresh has no ledger yet" in text.stderr
+    alone = skygreen("compare", "demo-fresh")  # nothing to compare yet: the note alone, no empty table
+    assert alone.returncode == 0 and alone.stdout == "" and "demo-fresh" in alone.stderr
+    unknown = skygreen("compare", "demo-done", "demo-nope")  # an unknown run is still an error
+    assert unknown.returncode == 2 and "demo-nope" in unknown.stderr
+
+
 def test_measured_throughput_feeds_the_plan(task, tmp_path):
     """A completed run: 9600 samples on one L4 at 9600 samples per 2 h = 1.3333 samples/s.
     The task says 2 GPU-hours on an A100 (speed 1.0): speed(L4) = 2 x 1.0 x 3600 x (9600/7200) / 9600 = 1.0."""

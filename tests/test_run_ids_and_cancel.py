@@ -186,3 +186,29 @@ def test_a_damaged_run_record_reads_as_unreadable_not_as_an_internal_error(env, 
     listing = skygreen(env, "status")
     assert listing.returncode == 0, listing.stderr
     assert C in listing.stdout and A not in listing.stdout
+
+
+def test_runs_started_in_the_same_second_with_the_same_draw_get_different_ids(tmp_path, monkeypatch):
+    """Ids differ only in 4 hex digits within a second: a second `up` drawing the digits of the
+    first must not take its id (it would overwrite the first's record and share its bucket)."""
+    import secrets
+
+    draws = iter(["d1f6", "d1f6", "6e7b"])
+    monkeypatch.setattr(secrets, "token_hex", lambda nbytes: next(draws))  # the random edge, forced
+    registry = Registry(root=tmp_path / "runs")
+    now_s = 1_780_000_000.0
+    first = registry.claim_run_id("tiny", now_s=now_s)
+    second = registry.claim_run_id("tiny", now_s=now_s)
+    assert first.endswith("-d1f6") and second.endswith("-6e7b") and first[:-4] == second[:-4]
+    assert registry.run_dir(first).is_dir() and registry.run_dir(second).is_dir()
+
+
+def test_an_up_that_fails_leaves_no_run_folder(env, tmp_path):
+    task = tmp_path / "task.yaml"
+    task.write_text("name: demo\nskygreen:\n  checkpoint: {bucket: /proc/no/such/bucket}\nrun: python train.py\n")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    out = subprocess.run([sys.executable, "-m", "skygreen.cli", "up", str(task), "--local", "--no-smoke"],
+                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    runs = Path(env["XDG_DATA_HOME"]) / "skygreen" / "runs"
+    assert not runs.exists() or not list(runs.iterdir()), list(runs.iterdir())

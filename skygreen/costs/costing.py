@@ -285,23 +285,38 @@ class CompareRow:
         }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Comparison:
+    """`skygreen compare`'s answer: a row per run with a ledger, in the order given, and the runs
+    left out because they have none yet (launched, not training yet)."""
+
+    rows: list[CompareRow]
+    waiting: tuple[str, ...] = ()
+
+
 def compare_runs(
     run_ids: Sequence[str],
     *,
     open_store: OpenStore,
     catalog_dir: Path | None = None,
     registry: Registry | None = None,
-) -> list[CompareRow]:
+) -> Comparison:
     """One row per run, in the order given, each priced as `cost_of_run` prices it.
 
     The metric is the run's early-stopping metric and mode, else the first in name order of
-    those it reported, its direction read from its name (`metric_mode`). Raises what `cost_of_run` raises for any of
-    the runs.
+    those it reported, its direction read from its name (`metric_mode`). A run with no ledger yet
+    is left out and named in `waiting`, not an error: while many runs start, some have not
+    written their first segment, and a comparison of the others (as `status` and `cost RUN` answer
+    for such a run) beats none. Raises what `cost_of_run` raises otherwise for any of the runs.
     """
     registry = registry or Registry()
-    rows = []
+    rows, waiting = [], []
     for run_id in run_ids:
-        report = cost_of_run(run_id, open_store=open_store, catalog_dir=catalog_dir, registry=registry)
+        try:
+            report = cost_of_run(run_id, open_store=open_store, catalog_dir=catalog_dir, registry=registry)
+        except NoLedgerYetError:
+            waiting.append(registry.resolve(run_id))
+            continue
         metric, mode = _metric_of(report.record, report.cost.final_metrics)
         improvement = None
         if metric and metric in report.cost.final_metrics:
@@ -312,7 +327,7 @@ def compare_runs(
         rows.append(
             CompareRow(record=report.record, cost=report.cost, metric=metric, mode=mode, improvement=improvement)
         )
-    return rows
+    return Comparison(rows=rows, waiting=tuple(waiting))
 
 
 HIGHER_IS_BETTER_WORDS: frozenset[str] = frozenset({

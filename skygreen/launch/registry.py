@@ -193,6 +193,29 @@ class Registry:
         """The run's folder under `root`, whether or not it exists; `InputError` for a malformed run id."""
         return self.root / check_run_id(run_id)
 
+    def claim_run_id(self, task_name: str | None, *, now_s: float | None = None) -> str:
+        """A new run id (`new_run_id`) whose folder this call made, so no other `up` has it.
+
+        Ids differ only in 4 hex digits within a second: of 20 runs started in one second, two
+        share an id about once in 340 batches, and the second would overwrite the first's record
+        and share its bucket folder. Making the folder is atomic across processes; a taken id
+        draws again.
+        """
+        while True:
+            run_id = new_run_id(task_name, now_s=now_s)
+            try:
+                self.run_dir(run_id).mkdir(parents=True)
+            except (FileExistsError, FileNotFoundError):  # taken, or `root` given back meanwhile
+                continue
+            return run_id
+
+    def release_unused(self, run_id: str) -> None:
+        """Remove a claimed run folder that is still empty (its `up` failed before writing), and
+        `root` too when that leaves it empty, so a refused first `up` leaves nothing behind."""
+        with contextlib.suppress(OSError):
+            self.run_dir(run_id).rmdir()
+            self.root.rmdir()
+
     def save(self, record: RunRecord) -> RunRecord:
         """Write the record, stamped `updated_at` now, to `<root>/<run_id>/run.json` atomically;
         returns the stamped record."""

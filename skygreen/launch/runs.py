@@ -150,13 +150,27 @@ def up(request: UpRequest, *, deadline: DeadlineAsk | None = None, wiring: Wirin
     With a deadline (`deadline`, else the task's `skygreen.deadline`) the plan keeps only the
     offers that can finish in time, the run starts on spot, and its record carries the terms a
     deadline watcher (`skygreen.deadline.watch`) holds it to.
+
+    The run's id is claimed first (its folder made, `Registry.claim_run_id`), so runs started
+    at the same moment never share one; the folder is given back when `up` fails before
+    writing anything into it.
     """
+    spec = load_task(request.task_path)
+    if request.dryrun:
+        return _up(request, spec, new_run_id(spec.name), deadline=deadline, wiring=wiring)
+    run_id = wiring.registry.claim_run_id(spec.name)
+    try:
+        return _up(request, spec, run_id, deadline=deadline, wiring=wiring)
+    except BaseException:
+        wiring.registry.release_unused(run_id)
+        raise
+
+
+def _up(request: UpRequest, spec: TaskSpec, run_id: str, *, deadline: DeadlineAsk | None, wiring: Wiring) -> UpResult:
     environ, registry = wiring.environ, wiring.registry
     task_path, local, dryrun, output, smoke = (
         request.task_path, request.local, request.dryrun, request.output, request.smoke
     )  # fmt: skip
-    spec = load_task(task_path)
-    run_id = new_run_id(spec.name)
     bucket = _bucket(spec, local=local, environ=environ)
     deadline = deadline_ask(spec, deadline)
     if deadline is not None:
