@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,13 +140,26 @@ class TrainerServices:
     def restore(self, parent: str | Path) -> RestoredFolder | None:
         """The newest verified checkpoint folder restored under `parent`; its meta seeds the
         energy count and early stopping."""
-        restored = restore_latest(self.store, parent)
+        restored = self._restore(parent)
         if restored is not None:
             meta = restored.manifest.meta
             self.energy_base_j = float(meta.get(ENERGY_META) or 0.0)
             if isinstance(meta.get(EARLY_STOP_META), Mapping):
                 self._stopper_state = dict(meta[EARLY_STOP_META])
         return restored
+
+    def _restore(self, parent: str | Path) -> RestoredFolder | None:
+        """A single process restores; several on a node leave it to local rank 0 where they can
+        meet (a process group, or a torchrun launch), else each restores for itself."""
+        if self.world.size == 1 or self.smoke:
+            return restore_latest(self.store, parent)
+        from skygreen.integrations.node_restore import launch_token, restore_per_node
+
+        barrier = _group_barrier()
+        token = launch_token(self.environ)
+        if barrier is None and token is None:
+            return restore_latest(self.store, parent)
+        return restore_per_node(self.store, parent, local_rank=self.world.local_rank, token=token, barrier=barrier)
 
     def commit(self, folder: str | Path, *, step: int, samples: int = 0, state: str = "running") -> None:
         """Commit the checkpoint folder the trainer just saved, apply retention, book progress."""
@@ -272,6 +285,17 @@ class TrainerServices:
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
+
+
+def _group_barrier() -> Callable[[], object] | None:
+    """`torch.distributed.barrier` once a process group of several ranks exists, else None."""
+    from skygreen.runtime.ranks import distributed
+
+    if not distributed():
+        return None
+    import torch.distributed as dist
+
+    return dist.barrier
 
 
 def _metric(metrics: Mapping[str, Any], name: str) -> float | None:
