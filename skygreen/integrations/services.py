@@ -161,6 +161,15 @@ class TrainerServices:
             return restore_latest(self.store, parent)
         return restore_per_node(self.store, parent, local_rank=self.world.local_rank, token=token, barrier=barrier)
 
+    def ranks_saved(self) -> None:
+        """Every rank calls this once the framework saved its part of a checkpoint folder: with
+        several ranks in a process group they meet here, so the commit (rank 0) holds every
+        rank's files (HF's Trainer writes `rng_state_<rank>.pth` on each rank, with no barrier
+        before its save callback)."""
+        barrier = _group_barrier() if self.world.size > 1 else None
+        if barrier is not None:
+            barrier()
+
     def commit(self, folder: str | Path, *, step: int, samples: int = 0, state: str = "running") -> None:
         """Commit the checkpoint folder the trainer just saved, apply retention, book progress."""
         if not self.is_writer:

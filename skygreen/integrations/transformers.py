@@ -126,6 +126,7 @@ class SkygreenCallback(TrainerCallback):
         """Commit the folder the Trainer just saved; after SIGTERM, exit with the preempted code."""
         services = self._services()
         folder = _output_dir(args) / f"checkpoint-{state.global_step}"
+        services.ranks_saved()  # every rank wrote its own rng_state_<rank>.pth before rank 0 commits
         if state.is_world_process_zero:
             try:
                 services.commit(folder, step=state.global_step, samples=_samples(args, state.global_step))
