@@ -23,6 +23,6 @@ def report(_trainer: transformers.Trainer, resume_from_checkpoint: str | None = 
     print(f"rank {os.environ['RANK']} resume_from_checkpoint={resume_from_checkpoint}", flush=True)
 
 
-transformers.Trainer.train = report  # type: ignore[method-assign]
-hf_trainer.Trainer.save_model = lambda *_a, **_k: None  # type: ignore[method-assign]
+transformers.Trainer.train = report  # type: ignore[method-assign,assignment]
+hf_trainer.Trainer.save_model = lambda *_a, **_k: None
 hf_trainer.main()
