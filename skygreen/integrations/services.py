@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from skygreen.checkpoint.folders import RestoredFolder, commit_and_retain, restore_latest
 from skygreen.checkpoint.store import Store
-from skygreen.errors import RuntimeSetupError
+from skygreen.errors import RuntimeSetupError, SkygreenError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.records import BUDGET, COMPLETED, EARLY_STOPPED, FAILED, PREEMPTED
 from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
@@ -58,6 +59,7 @@ __all__ = [
     "SMOKE_LINE",
     "SMOKE_STEPS",
     "TrainerServices",
+    "fail_script",
 ]
 
 
@@ -294,6 +296,17 @@ class TrainerServices:
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
+
+
+def fail_script(error: SkygreenError, *, smoke: bool, phase: str = "setup") -> NoReturn:
+    """Stop the trainer's script with skygreen's message and exit code, without a traceback
+    unless SKYGREEN_DEBUG=1; under the smoke test the smoke's failure line names the phase."""
+    if os.environ.get("SKYGREEN_DEBUG") == "1":
+        raise error
+    if smoke:
+        print(f"{SMOKE_FAILED} {phase}: {error}", flush=True)
+    print(f"skygreen: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(error.exit_code)
 
 
 def _group_barrier() -> Callable[[], object] | None:
