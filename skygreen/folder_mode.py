@@ -217,6 +217,8 @@ class Mirror:
     store: Store
     completeness: Completeness
     committed: set[int] = field(default_factory=set)
+    enabled: bool = True
+    """False on nodes other than node 0: they restore, and leave the commits to node 0."""
 
     def scan(self, ready: Callable[[Path], bool] | None = None, *, limit: int | None = None) -> list[int]:
         """Commit every complete folder not committed yet (at most `limit`); returns the steps
@@ -224,6 +226,8 @@ class Mirror:
         with its marker needs no second look)."""
         ready = ready or self.completeness.complete
         done: list[int] = []
+        if not self.enabled:
+            return done
         for step, folder in sorted(checkpoint_folders(self.config.dir).items()):
             if limit is not None and len(done) >= limit:
                 break
@@ -273,7 +277,13 @@ def exit_code(returncode: int) -> int:
 
 
 def run(
-    command: str, config: FolderModeConfig, store: Store, *, poll_s: float = POLL_S, book: RunBook | None = None
+    command: str,
+    config: FolderModeConfig,
+    store: Store,
+    *,
+    poll_s: float = POLL_S,
+    book: RunBook | None = None,
+    mirrors: bool = True,
 ) -> int:
     """Restore, run `command` while mirroring its checkpoint folders, commit the last ones;
     returns the command's exit code (0 after a budget stop).
@@ -283,7 +293,10 @@ def run(
     wrapper cannot meter the script's GPU), and how it ended, so `status`, `cost`, `compare` and
     `report` read the run. Budget alerts go out as for an own-loop run; at the budget the
     command gets SIGTERM (its last complete folder is committed) and the run ends with state
-    `budget`."""
+    `budget`.
+
+    Every node restores into its own disk; only a node that `mirrors` (node 0, `node_mirrors`)
+    commits folders and applies retention, so the bucket gets one commit per checkpoint."""
     claim_folder(config)
     restored = restore_into(config, store)
     log.info("folder mode: %s", f"resumed from step {restored}" if restored is not None else "no checkpoint yet")
@@ -292,6 +305,7 @@ def run(
         store=store,
         completeness=Completeness(marker=config.marker, quiet_s=config.quiet_s),
         committed=set(committed_folder_steps(store)),
+        enabled=mirrors,
     )
     ledger = SegmentLog(book=book, step=restored or 0)
     supervisor = Supervisor(command=command)
@@ -359,10 +373,16 @@ class SegmentLog:
             self.book.progress(step=self.step, samples=0, energy_j=0.0, end=end)
 
 
+def node_mirrors(environ: Mapping[str, str]) -> bool:
+    """Whether this node commits the folders: node 0 of a multi-node run (`SKYPILOT_NODE_RANK`).
+    Each node of a multi-node run saves its own copy of the folder; one commit per step is enough."""
+    return environ.get("SKYPILOT_NODE_RANK", "0") in ("", "0")
+
+
 def open_book(settings: RuntimeSettings, store: Store, environ: Mapping[str, str]) -> RunBook | None:
     """The run book of the node that writes the ledger (node 0 of a `skygreen up` run), without
     energy metering; None on other nodes and in the smoke test."""
-    if environ.get(SMOKE_ENV) == "1" or environ.get("SKYPILOT_NODE_RANK", "0") not in ("", "0"):
+    if environ.get(SMOKE_ENV) == "1" or not node_mirrors(environ):
         return None
     import skygreen.runtime as sg
 
@@ -455,7 +475,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = open_store(join_url(settings.bucket, settings.run_id))
         if os.environ.get(SMOKE_ENV) == "1":
             return smoke(command, config, store)
-        return run(command, config, store, book=open_book(settings, store, os.environ))
+        return run(
+            command, config, store, book=open_book(settings, store, os.environ), mirrors=node_mirrors(os.environ)
+        )
     except SkygreenError as e:
         if os.environ.get("SKYGREEN_DEBUG") == "1":
             raise

@@ -99,6 +99,18 @@ def test_a_fresh_machine_resumes_from_the_bucket_and_ends_as_an_uninterrupted_ru
     assert committed_folder_steps(store_of(bucket)) == [8, 10]
 
 
+def test_a_node_other_than_node_0_restores_and_commits_nothing(tmp_path, bucket):
+    node0 = workdir_of(tmp_path, "node0")
+    assert folder_mode(node0, env_for(tmp_path, bucket), "--steps", "6").returncode == 0
+    node1 = workdir_of(tmp_path, "node1")
+    out = folder_mode(node1, env_for(tmp_path, bucket, SKYPILOT_NODE_RANK="1"), "--steps", "10")
+    assert out.returncode == 0, out.stderr
+    assert "resumed from step 6" in out.stdout + out.stderr  # every node restores into its own disk
+    assert (node1 / "out" / "checkpoint-10").is_dir()  # the script saved on this node ...
+    assert committed_folder_steps(store_of(bucket)) == [4, 6]  # ... and only node 0 commits
+    assert len(read_ledger(store_of(bucket))) == 1  # nor does node 1 write a ledger segment
+
+
 def test_a_partial_local_folder_the_bucket_does_not_hold_is_removed_before_the_command(tmp_path, bucket):
     work = workdir_of(tmp_path)
     assert folder_mode(work, env_for(tmp_path, bucket), "--steps", "6").returncode == 0
@@ -304,3 +316,72 @@ def test_the_folder_mode_task_passes_its_smoke_test_and_runs_with_up_local(tmp_p
     cost = subprocess.run([sys.executable, "-m", "skygreen.cli", "cost", run["run_id"]], env=env, capture_output=True,
                           text=True, timeout=120).stdout  # fmt: skip
     assert "completed at step 300" in cost and "energy not metered" in cost
+
+
+def cli(env: dict[str, str], *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "skygreen.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)  # fmt: skip
+
+
+def task_copy(tmp_path: Path, name: str) -> Path:
+    work = tmp_path / name
+    work.mkdir()
+    for file in ("folder_mode.py", "folder-mode.yaml"):
+        shutil.copy(REPO / "tasks" / file, work / file)
+    return work / "folder-mode.yaml"
+
+
+@pytest.mark.slow
+def test_the_folder_mode_task_killed_with_sigkill_then_resumed_ends_bit_identical(tmp_path, private_home):
+    env = user_env(private_home, FOLDER_STEPS="300", FOLDER_SAVE_EVERY="100", SKYGREEN_TASK_SIZE="small")
+    reference = task_copy(tmp_path, "reference")
+    alone = cli(env, "up", str(reference), "--local", "--no-smoke")
+    assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr[-2000:]
+    (first,) = json.loads(cli(env, "status", "--json").stdout)
+
+    # The script holds after saving step 200 (it cannot finish first); the test waits for that
+    # folder's commit in the bucket and for the hold, then kills the whole process group.
+    release = tmp_path / "release"
+    release.mkdir()
+    held = {**env, "SKYGREEN_TEST_HOLD_AT_STEPS": "200", "SKYGREEN_TEST_HOLD_RELEASE": str(release)}
+    task = task_copy(tmp_path, "run")
+    launched = cli(held, "up", str(task), "--local", "--no-smoke", "--detach")
+    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
+    (run_id,) = [r["run_id"] for r in json.loads(cli(env, "status", "--json").stdout) if r["run_id"] != first["run_id"]]
+    record_path = Path(env["XDG_DATA_HOME"]) / "skygreen" / "runs" / run_id / "run.json"
+    record = json.loads(record_path.read_text())
+    store = open_store(join_url(record["bucket"], run_id))
+
+    def launch_log() -> str:
+        job = json.loads(record_path.read_text())["launches"][-1]["job_id"]
+        path = Path(env["XDG_DATA_HOME"]) / "skygreen" / "local-jobs" / job / "output.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def committed_and_held() -> bool:
+        state = json.loads(cli(env, "status", run_id, "--json").stdout)["state"]
+        assert state in ("RUNNING", "PENDING", "STARTING"), f"the run ended ({state}) before step 200\n{launch_log()}"
+        return 200 in committed_folder_steps(store) and "held at step 200 (" in launch_log()
+
+    wait_for(committed_and_held, "the commit of step 200 and the hold there", 600)
+    os.killpg(json.loads(record_path.read_text())["launches"][-1]["pid"], signal.SIGKILL)  # the machine is gone
+    wait_for(lambda: json.loads(cli(env, "status", run_id, "--json").stdout)["state"] == "STOPPED", "a stopped run")
+    final = task.parent / "out" / "folder-mode" / "final.pt"
+    assert not final.exists()
+    shutil.rmtree(final.parent)  # the machine's disk went with it: only the bucket holds step 200
+
+    (release / "200").touch()  # the resumed life passes step 200 without holding
+    resumed = cli(held, "resume", run_id)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    log = launch_log()  # restored from the bucket's commit, and the script resumed from it, not from step 0
+    assert "resumed from step 200" in log and "resumed from out/folder-mode/step_200" in log, log[-2000:]
+    done = json.loads(cli(env, "status", run_id, "--json").stdout)
+    assert done["state"] == "SUCCEEDED" and done["step"] == 300
+    # The script restores its weights, optimizer and RNG (its data stream) from the folder: fp32 on
+    # CPU, the resumed run ends bit-identical to the uninterrupted one.
+    import torch
+
+    after = torch.load(final, weights_only=True)
+    before = torch.load(reference.parent / "out" / "folder-mode" / "final.pt", weights_only=True)
+    assert after.keys() == before.keys()
+    for name, tensor in before.items():
+        assert torch.equal(after[name], tensor), name

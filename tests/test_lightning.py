@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("lightning")
 
 from helpers import user_env, wait_for
+from local_runs import SKYGREEN, launch_log, run_record, skygreen, status
 from skygreen.checkpoint.folders import committed_folder_steps
 from skygreen.checkpoint.store import join_url
 from skygreen.checkpoint.store_factory import open_store
@@ -30,7 +31,6 @@ TASKS = REPO / "tasks"
 RUN_ID = "lt-20260101-000000-abcd"
 FINAL = Path("out/lightning/final.pt")
 STEPS_PER_EPOCH = 8  # 256 samples, batches of 32 (SKYGREEN_TASK_SIZE=small)
-SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
 
 def workdir_of(tmp_path: Path, name: str) -> Path:
@@ -58,26 +58,6 @@ def weights(path: Path) -> dict:
     import torch
 
     return torch.load(path, weights_only=True)
-
-
-def skygreen(env: dict[str, str], *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SKYGREEN, *args], env=env, capture_output=True, text=True, timeout=timeout_s)
-
-
-def status(env: dict[str, str], run_id: str) -> dict:
-    out = skygreen(env, "status", run_id, "--json", timeout_s=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def run_record(env: dict[str, str], run_id: str) -> dict:
-    return json.loads((Path(env["XDG_DATA_HOME"]) / "skygreen" / "runs" / run_id / "run.json").read_text())
-
-
-def launch_log(env: dict[str, str], run_id: str) -> str:
-    job = run_record(env, run_id)["launches"][-1]["job_id"]
-    path = Path(env["XDG_DATA_HOME"]) / "skygreen" / "local-jobs" / job / "output.log"
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 @pytest.mark.slow

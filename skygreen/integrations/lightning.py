@@ -57,6 +57,7 @@ from skygreen.integrations.services import (
     SMOKE_LINE,
     SMOKE_STEPS,
     TrainerServices,
+    fail_script,
 )
 
 
@@ -144,12 +145,12 @@ class SkygreenCallback(_Callback):
             parent = services.scratch_dir() / "restored" if services.smoke else Path(restore_dir)
             restored = services.restore(parent)
         except SkygreenError as e:
-            _fail(e, smoke=os.environ.get("SKYGREEN_SMOKE") == "1")
+            fail_script(e, smoke=os.environ.get("SKYGREEN_SMOKE") == "1")
         self.services = services
         if restored is not None:
             files = sorted(restored.path.glob(f"*{CKPT_SUFFIX}"))
             if not files:
-                _fail(RuntimeSetupError(f"the checkpoint folder of step {restored.step} holds no .ckpt file\n"
+                fail_script(RuntimeSetupError(f"the checkpoint folder of step {restored.step} holds no .ckpt file\n"
                                         "  fix: check the bucket; the run's commits were not made by this callback"),
                       smoke=services.smoke)  # fmt: skip
             self.ckpt_path = str(files[0])
@@ -165,7 +166,7 @@ class SkygreenCallback(_Callback):
         try:
             check_precision(services.settings.precision, str(trainer.precision))
         except SkygreenError as e:
-            _fail(e, smoke=services.smoke)
+            fail_script(e, smoke=services.smoke)
         self._trainer = trainer
         strategy = trainer.strategy
         if not isinstance(strategy.checkpoint_io, SkygreenCheckpointIO):
@@ -249,7 +250,7 @@ class SkygreenCallback(_Callback):
                 services.commit(folder, step=step, samples=self._samples(self._trainer))
             except SkygreenError as e:
                 if services.smoke:
-                    _fail(e, smoke=True, phase="save")
+                    fail_script(e, smoke=True, phase="save")
                 raise
         self._last_commit = step
         services.hold_if_asked(step)
@@ -350,13 +351,3 @@ def _link_or_copy(source: Path, target: Path) -> None:
 def _smoke_exit(line: str) -> NoReturn:
     print(line, flush=True)
     raise SystemExit(1)
-
-
-def _fail(error: SkygreenError, *, smoke: bool, phase: str = "setup") -> NoReturn:
-    """Stop the script with skygreen's message and exit code, without a traceback unless SKYGREEN_DEBUG=1."""
-    if os.environ.get("SKYGREEN_DEBUG") == "1":
-        raise error
-    if smoke:
-        print(f"{SMOKE_FAILED} {phase}: {error}", flush=True)
-    print(f"skygreen: {error}", file=sys.stderr, flush=True)
-    raise SystemExit(error.exit_code)

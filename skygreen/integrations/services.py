@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from skygreen.checkpoint.folders import RestoredFolder, commit_and_retain, restore_latest
 from skygreen.checkpoint.store import Store
-from skygreen.errors import RuntimeSetupError
+from skygreen.errors import RuntimeSetupError, SkygreenError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.records import BUDGET, COMPLETED, EARLY_STOPPED, FAILED, PREEMPTED
 from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
@@ -58,6 +59,7 @@ __all__ = [
     "SMOKE_LINE",
     "SMOKE_STEPS",
     "TrainerServices",
+    "fail_script",
 ]
 
 
@@ -140,13 +142,35 @@ class TrainerServices:
     def restore(self, parent: str | Path) -> RestoredFolder | None:
         """The newest verified checkpoint folder restored under `parent`; its meta seeds the
         energy count and early stopping."""
-        restored = restore_latest(self.store, parent)
+        restored = self._restore(parent)
         if restored is not None:
             meta = restored.manifest.meta
             self.energy_base_j = float(meta.get(ENERGY_META) or 0.0)
             if isinstance(meta.get(EARLY_STOP_META), Mapping):
                 self._stopper_state = dict(meta[EARLY_STOP_META])
         return restored
+
+    def _restore(self, parent: str | Path) -> RestoredFolder | None:
+        """A single process restores; several on a node leave it to local rank 0 where they can
+        meet (a process group, or a torchrun launch), else each restores for itself."""
+        if self.world.size == 1 or self.smoke:
+            return restore_latest(self.store, parent)
+        from skygreen.integrations.node_restore import launch_token, restore_per_node
+
+        barrier = _group_barrier()
+        token = launch_token(self.environ)
+        if barrier is None and token is None:
+            return restore_latest(self.store, parent)
+        return restore_per_node(self.store, parent, local_rank=self.world.local_rank, token=token, barrier=barrier)
+
+    def ranks_saved(self) -> None:
+        """Every rank calls this once the framework saved its part of a checkpoint folder: with
+        several ranks in a process group they meet here, so the commit (rank 0) holds every
+        rank's files (HF's Trainer writes `rng_state_<rank>.pth` on each rank, with no barrier
+        before its save callback)."""
+        barrier = _group_barrier() if self.world.size > 1 else None
+        if barrier is not None:
+            barrier()
 
     def commit(self, folder: str | Path, *, step: int, samples: int = 0, state: str = "running") -> None:
         """Commit the checkpoint folder the trainer just saved, apply retention, book progress."""
@@ -272,6 +296,28 @@ class TrainerServices:
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
+
+
+def fail_script(error: SkygreenError, *, smoke: bool, phase: str = "setup") -> NoReturn:
+    """Stop the trainer's script with skygreen's message and exit code, without a traceback
+    unless SKYGREEN_DEBUG=1; under the smoke test the smoke's failure line names the phase."""
+    if os.environ.get("SKYGREEN_DEBUG") == "1":
+        raise error
+    if smoke:
+        print(f"{SMOKE_FAILED} {phase}: {error}", flush=True)
+    print(f"skygreen: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(error.exit_code)
+
+
+def _group_barrier() -> Callable[[], object] | None:
+    """`torch.distributed.barrier` once a process group of several ranks exists, else None."""
+    from skygreen.runtime.ranks import distributed
+
+    if not distributed():
+        return None
+    import torch.distributed as dist
+
+    return dist.barrier
 
 
 def _metric(metrics: Mapping[str, Any], name: str) -> float | None:

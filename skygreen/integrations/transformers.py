@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
@@ -46,6 +45,7 @@ from skygreen.integrations.services import (
     SMOKE_LINE,
     SMOKE_STEPS,
     TrainerServices,
+    fail_script,
 )
 
 log = logging.getLogger("skygreen.integrations")
@@ -74,7 +74,7 @@ class SkygreenCallback(TrainerCallback):
                 args.output_dir = str(services.scratch_dir())
             restored = services.restore(_output_dir(args))
         except SkygreenError as e:
-            _fail(e, smoke=os.environ.get("SKYGREEN_SMOKE") == "1")
+            fail_script(e, smoke=os.environ.get("SKYGREEN_SMOKE") == "1")
         self.services = services
         self.resume_from_checkpoint = str(restored.path) if restored else None
         if restored:
@@ -126,12 +126,13 @@ class SkygreenCallback(TrainerCallback):
         """Commit the folder the Trainer just saved; after SIGTERM, exit with the preempted code."""
         services = self._services()
         folder = _output_dir(args) / f"checkpoint-{state.global_step}"
+        services.ranks_saved()  # every rank wrote its own rng_state_<rank>.pth before rank 0 commits
         if state.is_world_process_zero:
             try:
                 services.commit(folder, step=state.global_step, samples=_samples(args, state.global_step))
             except SkygreenError as e:
                 if services.smoke:
-                    _fail(e, smoke=True, phase="save")
+                    fail_script(e, smoke=True, phase="save")
                 raise
         if services.smoke:
             self._smoke_check(services, folder)
@@ -203,13 +204,3 @@ def _output_dir(args: TrainingArguments) -> Path:
 
 def _samples(args: TrainingArguments, step: int) -> int:
     return step * args.train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1)
-
-
-def _fail(error: SkygreenError, *, smoke: bool, phase: str = "setup") -> NoReturn:
-    """Stop the script with skygreen's message and exit code, without a traceback unless SKYGREEN_DEBUG=1."""
-    if os.environ.get("SKYGREEN_DEBUG") == "1":
-        raise error
-    if smoke:
-        print(f"{SMOKE_FAILED} {phase}: {error}", flush=True)
-    print(f"skygreen: {error}", file=sys.stderr, flush=True)
-    raise SystemExit(error.exit_code)
