@@ -8,7 +8,7 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q "torch==${SKYGREEN_TORCH_VERSION:-2.13.0}"
-.venv/bin/python -m pip install -q -e '.[runtime,tasks,test,report,hf,lightning]'
+.venv/bin/python -m pip install -q -e '.[runtime,tasks,test,report,hf,lightning,docs]'
 # Headless Chromium for the report's browser test (tests/test_report.py skips without it).
 # Installed where apt-get can run as root (CI containers); elsewhere install it yourself.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \

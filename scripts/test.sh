@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs, runs the gates (lint, format, types), then the whole test suite. Extra arguments go
+# Installs, runs the gates (lint, format, types, the docs build), then the whole test suite. Extra arguments go
 # to pytest. Any finding of ruff or mypy fails the run before a test starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,4 +8,6 @@ SOURCES=(skygreen tasks benchmarks tests scripts)
 .venv/bin/ruff check "${SOURCES[@]}"
 .venv/bin/ruff format --check "${SOURCES[@]}"
 .venv/bin/mypy
+# The documentation site: a broken link, a missing page or a docstring mkdocstrings cannot read fails.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 exec .venv/bin/python -m pytest -q "$@"
