@@ -30,8 +30,7 @@ MEANINGS: dict[int, str] = {
     BAD_INPUT: "bad input: the task file, a flag or a run id is wrong; nothing was launched",
     SUPERSEDED: "superseded (the runtime's own code): a newer launch of the same run holds its checkpoint lease; "
     "this process stopped without writing",
-    STOPPED_WITH_CHECKPOINT: "stopped with a checkpoint (preempted or cancelled): "
-    "`skygreen resume RUN` continues it",
+    STOPPED_WITH_CHECKPOINT: "stopped with a checkpoint (preempted or cancelled): `skygreen resume RUN` continues it",
     INTERRUPTED: "interrupted (Ctrl-C) while following: the run itself goes on",
 }
 """What each code means, one line each: the exit code table of the CLI reference is made from it."""

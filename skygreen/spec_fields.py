@@ -137,9 +137,7 @@ def default_text(field: TaskField) -> str:
     attributes = {f.name: f for f in dataclasses.fields(record)} if record is not None else {}
     attribute = attributes.get(field.key)
     if attribute is None:
-        raise ValueError(
-            f"TaskField {field.path}: no record attribute to read its default from; give default= text"
-        )
+        raise ValueError(f"TaskField {field.path}: no record attribute to read its default from; give default= text")
     if attribute.default is not dataclasses.MISSING:
         return _value_text(attribute.default)
     if attribute.default_factory is not dataclasses.MISSING:

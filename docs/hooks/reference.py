@@ -63,6 +63,7 @@ def task_fields_markdown(fields: Iterable[Any] | None = None) -> str:
         ValueError: a field has no description, or no default to show.
     """
     from skygreen.spec_fields import TASK_FIELDS, default_text
+    from skygreen.spec_model import SKYPILOT_TASK_KEYS
 
     fields = TASK_FIELDS if fields is None else tuple(fields)
     sections: dict[str, list[Any]] = {}
@@ -86,6 +87,10 @@ def task_fields_markdown(fields: Iterable[Any] | None = None) -> str:
             )
             parts.append("| " + " | ".join(row) + " |")
         parts.append("")
+        if not section:
+            listed = {field.key for field in members}
+            others = [f"`{key}`" for key in SKYPILOT_TASK_KEYS if key not in listed]
+            parts.append(f"SkyPilot's other task keys go to SkyPilot as written: {', '.join(others)}.\n")
     return "\n".join(parts)
 
 
@@ -162,9 +167,7 @@ def api_markdown(module_name: str | None) -> str:
         return f"::: {module_name}\n    options:\n      heading_level: 2\n"
     blocks = [f"::: {module_name}\n    options:\n      members: false\n      heading_level: 2\n"]
     for _, target in public_targets(module_name):
-        blocks.append(
-            f"::: {target}\n    options:\n      show_root_full_path: false\n      heading_level: 3\n"
-        )
+        blocks.append(f"::: {target}\n    options:\n      show_root_full_path: false\n      heading_level: 3\n")
     return "\n".join(blocks)
 
 
