@@ -261,7 +261,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     TaskField(
         path="skygreen.spot",
         type="boolean",
-        doc="Rank spot offers. Spot runs survive preemption through checkpoints and exact resume.",
+        doc="true: rank spot offers (checkpoints and exact resume carry a run through preemptions); false: on-demand only.",
     ),
     TaskField(
         path="skygreen.on_demand_fallback",
@@ -376,7 +376,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         path="skygreen.recovery",
         type="mapping or strategy name",
         doc="SkyPilot's job recovery for the managed job (`recovery: FAILOVER` sets the strategy alone). "
-        "skygreen adds the exit code its runtime leaves after a preemption checkpoint, so such a job is always relaunched.",
+        "skygreen adds the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on.",
         default=_value_text(dataclasses.asdict(RecoverySpec())),
     ),
     TaskField(
