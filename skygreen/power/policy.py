@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 DEFAULT_ETA = 0.5
+"""The `auto` chooser's default weight of energy against time (Zeus's eta): half and half."""
 LADDER_STEP_W = 25.0
 """Zeus's `pl_step`."""
 MAX_RUNGS = 8
@@ -53,7 +54,18 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CapRequest:
-    """What the task asks for: mode `auto`, `off`, `watts` or `fraction`, and its value."""
+    """What the task asks for: mode `auto`, `off`, `watts` or `fraction`, and its value.
+
+    A request, not a limit: a board's range is known only on the GPU, where `resolve` turns it
+    into watts and clamps it.
+
+    Attributes:
+        mode: `auto` (profile, then keep the best limit), `off`, `watts` or `fraction`.
+        value: watts, or the fraction of the default limit; None for `auto` and `off`.
+
+    Raises:
+        ValueError: an unknown mode, or `watts`/`fraction` without a positive finite value.
+    """
 
     mode: str = "auto"
     value: float | None = None
@@ -66,7 +78,18 @@ class CapRequest:
 
     @classmethod
     def parse(cls, text: str | float) -> CapRequest:
-        """`auto`, `off`, watts (> 1) or a fraction of the default limit (<= 1)."""
+        """Read a cap as a task file or `cap()` writes it.
+
+        Args:
+            text: `auto`, `off`, watts (a number above 1, `150`) or a fraction of the default
+                limit (at most 1, `0.6`); case and surrounding spaces do not matter.
+
+        Returns:
+            The request.
+
+        Raises:
+            ValueError: `text` is none of those, or a number that is not positive and finite.
+        """
         raw = str(text).strip().lower()
         if raw in ("auto", "off"):
             return cls(mode=raw)
@@ -79,11 +102,11 @@ class CapRequest:
         return cls(mode="fraction" if value <= 1.0 else "watts", value=value)
 
     def to_text(self) -> str:
-        """The request as `parse` reads it (and a task file writes it): `auto`, `off`, `150`, `0.6`."""
+        """Return the request as `parse` reads it (and a task file writes it): `auto`, `off`, `150`, `0.6`."""
         return self.mode if self.value is None else f"{self.value:g}"
 
     def describe(self) -> str:
-        """The request in words for logs and checkpoints: `150 W`, `0.6 of the default limit`, `auto` or `off`."""
+        """Return the request in words for logs and checkpoints: `150 W`, `0.6 of the default limit`, `auto` or `off`."""
         if self.mode == "watts":
             return f"{self.value:g} W"
         if self.mode == "fraction":
