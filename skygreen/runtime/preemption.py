@@ -318,6 +318,7 @@ class PreemptionWatch:
     """
 
     def __init__(self, *, cloud: str | None, environ: Mapping[str, str], exit_code: int) -> None:
+        """Read the settings of both watches; nothing is installed or polled before `start`."""
         self.latch = SigtermLatch.from_env(exit_code=exit_code, environ=environ)
         self.watcher = NoticeWatcher.from_env(cloud, environ) if cloud else None
         self._cloud, self._environ = cloud, environ
@@ -325,8 +326,15 @@ class PreemptionWatch:
         self._used = False
 
     def start(self) -> PreemptionWatch:
-        """Catch SIGTERM (from the main thread) and start polling for notices; returns the watch.
-        After a `stop`, a new start watches afresh (a new SIGTERM latch and poller)."""
+        """Catch SIGTERM and start polling for notices.
+
+        Call from the main thread: Python installs signal handlers only there, and from
+        another thread SIGTERM is not caught (a warning says so; notices are still polled).
+        After a `stop`, a new start watches afresh (a new SIGTERM latch and poller).
+
+        Returns:
+            The watch itself.
+        """
         if self._used:
             self.latch = SigtermLatch(deadline_s=self.latch.deadline_s, exit_code=self.latch.exit_code)
             self.watcher = NoticeWatcher.from_env(self._cloud, self._environ) if self._cloud else None
@@ -347,8 +355,13 @@ class PreemptionWatch:
 
     @property
     def sigterm(self) -> bool:
-        """Whether SIGTERM has arrived since `start`: checkpoint, wait for it, exit with the
-        preempted code before the deadline (`SKYGREEN_SIGTERM_DEADLINE_S`, 25 s)."""
+        """Whether SIGTERM has arrived since `start`.
+
+        Then checkpoint, wait for it, and exit with the preempted code. A process still
+        running at the deadline (`SKYGREEN_SIGTERM_DEADLINE_S` after the signal, 25 s by
+        default) is ended by the latch itself with that code, after restoring the power limits:
+        the last committed checkpoint is intact, and the VM's grace period is short.
+        """
         return self.latch.fired
 
     def stop(self) -> None:

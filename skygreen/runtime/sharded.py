@@ -145,8 +145,10 @@ def open_sharded_checkpointer(
         The checkpointer; `close()` it at the end.
 
     Raises:
-        InputError: a bad keep or metric mode.
-        StoreError: the bucket URL's scheme is unknown.
+        InputError: a bad keep or metric mode, or a rank outside the world (`SpecError`, a
+            subclass, for the keep count and for a bucket URL that is not `s3://`, `gs://` or
+            `file://`).
+        StoreError: the bucket's client library (boto3, google-cloud-storage) is not installed.
     """
     return ShardedCheckpointer(
         f"{settings.bucket.rstrip('/')}/{settings.run_id}",
@@ -339,7 +341,9 @@ class ShardedCheckpointer:
             The checkpoint loaded (its state in today's layout), or None when there is none.
 
         Raises:
-            CheckpointError: the bucket cannot be read.
+            StoreError: the bucket cannot be listed or read (checkpoints that fail to verify
+                or load are skipped with a warning, not raised).
+            SystemExit: a newer life of the run holds the writer lease.
         """
         self._states = states
         loaded = self.load_latest()
