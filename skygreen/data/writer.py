@@ -110,7 +110,7 @@ class ShardWriter:
         body = json.dumps(manifest, indent=1, sort_keys=True).encode()
         self.store.put(MANIFEST, body)  # the commit: blobs are all up before this
         write_local(self.local_dir / MANIFEST, body)
-        return manifest
+        return json.loads(body)  # as every later start reads it: fields in name order, not `add`'s
 
     def _flush(self, rows: int) -> None:
         index = len(self.shards)
