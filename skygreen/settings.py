@@ -154,7 +154,14 @@ class RuntimeSettings:
     def preemption_rate_on(self, cloud: str | None) -> float | None:
         """The rate to assume on `cloud`: the fixed rate, else the cloud's row of the table,
         else (cloud unknown) the highest row, since too many checkpoints cost less than a
-        lost interval; None when nothing is known."""
+        lost interval; None when nothing is known.
+
+        Args:
+            cloud: where the run landed (`aws`, `gcp`, `azure`), or None when unknown.
+
+        Returns:
+            Preemptions per node-hour, or None.
+        """
         if self.preemptions_per_hour is not None:
             return self.preemptions_per_hour
         table = self.preemptions_per_hour_by_cloud or {}

@@ -265,6 +265,14 @@ class ShardedCheckpointer:
         """Stage this rank's shards of `state` (and its `rank_state`) to host memory, then write,
         upload and commit them in the background. Call on every rank at the same step.
 
+        Args:
+            step: the optimizer steps done; the checkpoint's name.
+            state: name -> state dict, with this rank's shards as DTensors.
+            rank_state: this rank's own state (its RNG), saved as its own blob.
+            metric: the early-stopping metric at this step, for `keep` by best metric.
+            meta: JSON-able facts `skygreen status` reads from the manifest.
+            pin: keep this checkpoint whatever retention says (the final one).
+
         Raises:
             CheckpointError: a bad step or state, a save after `close`, or too many failed saves.
         """

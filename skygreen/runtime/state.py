@@ -165,7 +165,11 @@ class StateGroup:
         return {name: obj.state_dict() for name, obj in self.objects.items()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Load each object whose name the saved state has; the others keep their state."""
+        """Load each object whose name the saved state has; the others keep their state.
+
+        Args:
+            state: what `state_dict` returned (name -> the object's state).
+        """
         for name, obj in self.objects.items():
             if name in state:
                 obj.load_state_dict(state[name])
