@@ -186,8 +186,10 @@ class ShardedDataset:
 
 
 def _row(array: np.ndarray, row: int) -> np.ndarray:
-    """A copy of one row. Token ids stored as uint16/uint32 come back as int64: torch's
-    embeddings and losses take int64, and its uint16/uint32 tensors support few operations."""
+    """Return a copy of one row, with token ids stored as uint16/uint32 widened to int64.
+
+    Torch's embeddings and losses take int64, and its uint16/uint32 tensors support few operations.
+    """
     value = np.array(array[row])
     if value.dtype.kind == "u" and value.dtype.itemsize > 1:
         return value.astype(np.int64)

@@ -240,8 +240,10 @@ def _wait_for_manifest(where: _Where, spec: ShardSpec, *, wait_s: float, poll_s:
 
 
 def _narrate(message: str, rank: int) -> None:
-    """Say what happened to the data on stderr (rank 0), as the runtime narrates a run: the
-    runtime's logging is not set up yet when data is prepared, before `Run` is built."""
+    """Say what happened to the data on stderr (rank 0), as the runtime narrates a run.
+
+    The runtime's logging is not set up yet when data is prepared, before `Run` is built.
+    """
     if logging.getLogger("skygreen").handlers or logging.getLogger().handlers:
         log.info("%s", message)
     elif rank == 0:

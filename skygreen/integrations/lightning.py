@@ -62,8 +62,10 @@ from skygreen.integrations.services import (
 
 
 def _framework() -> tuple[Any, Any]:
-    """Lightning's `Callback` and `CheckpointIO` from the package the script imported first
-    (`lightning` where neither or both are, `pytorch_lightning` where only it is installed)."""
+    """Return Lightning's `Callback` and `CheckpointIO` from the package the script imported first.
+
+    `lightning` where neither or both are imported, `pytorch_lightning` where only it is installed.
+    """
     import importlib
 
     pairs = [("lightning.pytorch", "lightning.fabric.plugins"), ("pytorch_lightning", "lightning_fabric.plugins")]
@@ -369,8 +371,10 @@ class SkygreenCallback(_Callback):
     # -- helpers ---------------------------------------------------------------------------
 
     def _save(self, trainer: Any) -> None:
-        """Save a checkpoint of the current step into the first ModelCheckpoint's folder (or
-        `<default_root_dir>/checkpoints`), unless this step is already committed."""
+        """Save a checkpoint of the current step, unless this step is already committed.
+
+        It goes into the first ModelCheckpoint's folder (or `<default_root_dir>/checkpoints`).
+        """
         if trainer.global_step == self._last_commit:
             return
         dirpath = next((c.dirpath for c in trainer.checkpoint_callbacks if c.dirpath), None)

@@ -207,13 +207,22 @@ atexit.register(restore_all)
 
 
 def local_gpus(open_nvml: Callable[[], Nvml], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """{"gpus": [...], "reason": why none (or None)}; each GPU in watts. `open_nvml` opens the
-    NVML adapter (the composition root's choice).
+    """Return `{"gpus": [...], "reason": why none (or None)}`; each GPU in watts.
 
     `skygreen power`'s read-only view: it sets nothing. A cap is "active" when the record of
     original limits holds the GPU's original limit (a run or `cap()` block changed it and has not
     restored it yet); "left by a killed process" when that owner is dead (the next skygreen
-    start on the GPU restores it)."""
+    start on the GPU restores it).
+
+    Args:
+        open_nvml: opens the NVML adapter (the composition root's choice).
+        environ: where the simulated GPU and the record of original limits are found
+            (default: `os.environ`).
+
+    Returns:
+        The GPUs, each with its limits, skygreen's cap on it and any read errors; "reason" says
+        why there is none (NVML missing, no GPU).
+    """
     from skygreen.power.simulated import SIMULATED_GPU_ENV
 
     environ = os.environ if environ is None else environ

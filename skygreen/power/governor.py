@@ -167,9 +167,11 @@ class PowerGovernor:
             self._apply(decision.target_w, why=f"power cap {self.request.describe()}")
 
     def _restore_from_checkpoint(self, saved: Mapping[str, Any] | None) -> None:
-        """The second record of the original limit: the checkpoint. Used when the machine's
-        record of original limits has no entry (its data folder was lost) but this very GPU still carries the cap
-        the checkpointed run set."""
+        """Put back the original limit from the checkpoint, the second record of it.
+
+        Used when the machine's record of original limits has no entry (its data folder was
+        lost) but this very GPU still carries the cap the checkpointed run set.
+        """
         gpu = self._device()
         if not saved or saved.get("uuid") != gpu.uuid:
             return

@@ -210,8 +210,11 @@ class PowerProfile:
         return cls(gpu=gpu, eta=eta, points=tuple(points), chosen_w=choose(points, eta=eta).limit_w)
 
     def point(self, limit_w: float) -> ProfilePoint | None:
-        """The rung profiled at exactly `limit_w`; None when there is none (a profile read back from a
-        checkpoint edited by hand: its `chosen_w` still sets the cap, but nothing was measured there)."""
+        """Return the rung profiled at exactly `limit_w`; None when there is none.
+
+        None for a profile read back from a checkpoint edited by hand: its `chosen_w` still
+        sets the cap, but nothing was measured there.
+        """
         return next((p for p in self.points if p.limit_w == limit_w), None)
 
     @property
@@ -221,8 +224,10 @@ class PowerProfile:
 
     @property
     def saving_vs_uncapped(self) -> float | None:
-        """Energy per step saved by the chosen limit against the highest one profiled (0.137 = 13.7%);
-        None when the chosen limit was not profiled (not measured, so no claim)."""
+        """Energy per step saved by the chosen limit against the highest one profiled (0.137 = 13.7%).
+
+        None when the chosen limit was not profiled (not measured, so no claim).
+        """
         chosen, base = self.point(self.chosen_w), self.uncapped.energy_j
         if chosen is None:
             return None
@@ -230,8 +235,10 @@ class PowerProfile:
 
     @property
     def slowdown_vs_uncapped(self) -> float | None:
-        """Time per step the chosen limit adds against the highest one profiled (0.068 = 6.8% slower);
-        None when the chosen limit was not profiled."""
+        """Time per step the chosen limit adds against the highest one profiled (0.068 = 6.8% slower).
+
+        None when the chosen limit was not profiled.
+        """
         chosen, base = self.point(self.chosen_w), self.uncapped.time_s
         if chosen is None:
             return None
@@ -261,6 +268,20 @@ class LadderProfiler:
     def __init__(self, gpu: str, ladder: Sequence[float], *, eta: float = DEFAULT_ETA, warmup_steps: int = WARMUP_STEPS,
                  measure_steps: int = MEASURE_STEPS, settle_steps: int = SETTLE_STEPS,
                  points: Sequence[ProfilePoint] = ()) -> None:  # fmt: skip
+        """Start at the first rung not yet measured.
+
+        Args:
+            gpu: the GPU's type, recorded in the profile.
+            ladder: the limits to profile, in watts.
+            eta: the chooser's weight of energy against time.
+            warmup_steps: steps at each limit before measuring.
+            measure_steps: steps measured at each limit.
+            settle_steps: steps before the first limit.
+            points: rungs already measured (from a checkpoint); those off the ladder are dropped.
+
+        Raises:
+            ValueError: fewer than one warm-up or measured step per limit.
+        """
         if warmup_steps < 1 or measure_steps < 1:
             raise ValueError("profiling needs at least one warm-up and one measured step per limit")
         self.gpu = gpu

@@ -39,9 +39,14 @@ def is_sharded(module: torch.nn.Module) -> bool:
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """The FSDP2 policy for a task's precision: parameters gathered and computed in bf16/fp16,
-    gradients reduced in fp32 (a sum over many ranks in half precision loses digits), the
-    sharded master weights and the optimizer in fp32. fp32 is the default policy.
+    """Return the FSDP2 policy for a task's precision.
+
+    Parameters gathered and computed in bf16/fp16, gradients reduced in fp32 (a sum over many
+    ranks in half precision loses digits), the sharded master weights and the optimizer in
+    fp32. fp32 is the default policy.
+
+    Args:
+        precision: "bf16", "fp16" or "fp32".
 
     Raises:
         InputError: an unknown precision.
@@ -125,9 +130,16 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
 
 
 def check_batch(*, micro_auto: bool, world_size: int, smoke: bool) -> None:
-    """`micro: auto` probes by catching out-of-memory inside a step; under FSDP2 the other ranks
+    """Refuse `micro: auto` for a model sharded across ranks, with the fix.
+
+    `micro: auto` probes by catching out-of-memory inside a step; under FSDP2 the other ranks
     are then inside a collective that will never complete, so the ranks cannot agree on a
-    smaller micro-batch. Refused, with the fix, until the probe learns to do that.
+    smaller micro-batch. Refused until the probe learns to do that.
+
+    Args:
+        micro_auto: whether the micro-batch is probed.
+        world_size: the number of ranks.
+        smoke: the smoke test (one process on CPU: nothing to refuse).
 
     Raises:
         RuntimeSetupError: `micro: auto` with a sharded model on more than one rank.

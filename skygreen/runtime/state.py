@@ -211,8 +211,17 @@ def apply(states: Mapping[str, Stateful | None], saved: Mapping[str, Any]) -> li
 
 
 def upgrade_layout(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """A checkpoint's shared state in today's layout: one written before the `training` entry
-    (`progress`, `batch`, `counters` at the top level) gets it built from those."""
+    """Return a checkpoint's shared state in today's layout.
+
+    One written before the `training` entry (`progress`, `batch`, `counters` at the top level)
+    gets it built from those, so old checkpoints still resume.
+
+    Args:
+        saved: the shared state as loaded.
+
+    Returns:
+        A new dict; `saved` is not changed.
+    """
     out = dict(saved)
     if TRAINING not in out and "progress" in out:
         batch = out.pop("batch")

@@ -132,8 +132,10 @@ class Step:
 
     @property
     def accum_steps(self) -> int:
-        """Micro-batches this step has on this rank: `micro_batches` yields that many, and `backward`
-        divides the loss by it."""
+        """Micro-batches this step has on this rank.
+
+        `micro_batches` yields that many, and `backward` divides the loss by it.
+        """
         return self.feed.accum_steps
 
     def micro_batches(self) -> Iterator[Any]:
