@@ -89,7 +89,8 @@ def _parameters(fn: Any) -> list[str]:
     for p in inspect.signature(fn).parameters.values():
         if p.name in ("self", "cls"):
             continue
-        names.append({p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "") + p.name)
+        prefix = "*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else ""
+        names.append(prefix + p.name)
     return names
 
 
