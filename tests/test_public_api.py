@@ -31,7 +31,8 @@ PUBLIC = {
 }
 """`skygreen.runtime`'s own list is pinned in tests/test_runtime_parts.py."""
 
-DOCUMENTED = [*PUBLIC, "skygreen.runtime"]
+DOCUMENTED = [*PUBLIC, "skygreen.runtime", "skygreen.api"]
+"""`skygreen.api` has no `__all__`: its public names are the functions it defines."""
 
 
 def _module(name: str) -> Any:
@@ -66,7 +67,12 @@ def test_the_package_loads_its_names_on_first_use_without_torch_or_sky():
 
 def _public_callables(module: Any) -> Iterator[tuple[str, Any]]:
     """Each public function, class, and public method (with `__init__`) defined in skygreen."""
-    for public in module.__all__:
+    names = getattr(module, "__all__", None) or [
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+    ]
+    for public in names:
         obj = getattr(module, public)
         if inspect.ismodule(obj) or not (inspect.isclass(obj) or inspect.isfunction(obj)):
             continue
