@@ -311,7 +311,14 @@ class RunBook:
         self._last_beat_s = now
 
     def over_budget(self) -> bool:
-        """Alerts due now are sent; True once spend reached the budget."""
+        """Check the spend against the budget; alerts due now are sent (log and webhook).
+
+        Spend grows with time, so it is checked at most once a second (`BUDGET_CHECK_EVERY_S`):
+        calls in between return False, as do all calls before `started` set up a budget.
+
+        Returns:
+            True when the spend reached the budget.
+        """
         if self.tracker is None:
             return False
         now = time.time()

@@ -189,7 +189,9 @@ class ShardedCheckpointer:
             default `SKYGREEN_LAUNCH`, and None takes no lease.
 
     Raises:
-        InputError: a bad `keep`, `rank`/`world_size` or `metric_mode`.
+        InputError: a bad `keep`, `rank`/`world_size` or `metric_mode` (`SpecError` for `keep`
+            and for a URL that is not a bucket URL).
+        StoreError: the bucket's client library is not installed.
     """
 
     def __init__(
@@ -498,6 +500,8 @@ class ShardedCheckpointer:
         Raises:
             CheckpointError: no template and no states saved or restored yet (nothing to load
                 into); raised before any checkpoint is tried, so none is judged unloadable for it.
+            StoreError: the bucket cannot be listed or read.
+            SystemExit: a newer life of the run holds the writer lease.
         """
         self.wait()
         _, targets = split_tensors(self._template())
