@@ -28,7 +28,8 @@ class SkygreenError(Exception):
 
     Attributes:
         exit_code: what the `skygreen` command exits with: 2 for bad input
-            (`InputError` and below), 1 for failures of the world.
+            (`InputError` and below), 1 for failures of the world; a few carry their own
+            (a superseded checkpoint writer exits 3; the table is `skygreen.exit_codes`).
     """
 
     exit_code = EXIT_FAILURE
