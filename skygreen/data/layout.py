@@ -41,6 +41,8 @@ from skygreen.errors import InputError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+"""The file that commits a prepared dataset: written last, after every shard is up, so a
+dataset whose folder has it is whole; delete it to make the next start prepare again."""
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}\Z")
 
 
