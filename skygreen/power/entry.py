@@ -26,8 +26,8 @@ log = logging.getLogger("skygreen.power")
 def cap(value: str | float, *, devices: Sequence[int] | None = None, required: bool = False, nvml: Nvml | None = None) -> Iterator[PowerCaps | None]:  # fmt: skip
     """Cap the GPUs of this process while the block runs; restore them on any exit.
 
-    For a phase that needs less power than training (evaluation, data loading): a cap above
-    the board's range is clamped to it with a warning. Without NVML or without permission it
+    For a phase that needs less power than training (evaluation, data loading): a cap outside
+    the board's range is clamped into it with a warning. Without NVML or without permission it
     says so in one line and runs the block uncapped, unless `required=True`.
 
     Args:

@@ -335,7 +335,8 @@ class Run:
         """Record evaluation metrics in the run ledger; the early-stopping metric drives stopping.
 
         The stop takes effect at the next step boundary, agreed by all ranks, after a final
-        checkpoint marked `completed`. Call it on every rank with the same values.
+        checkpoint marked `completed`. Rank 0's values decide (its ledger, its stopper, the
+        metric filed with its checkpoints); on other ranks a call is harmless.
 
         Args:
             **metrics: metric name -> value at the current step (`val_loss=2.31`).

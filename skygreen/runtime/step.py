@@ -143,8 +143,9 @@ class Step:
 
         Gradients are all-reduced only once per step: DDP syncs on the last micro-batch alone
         (FSDP2 reduce-scatters there), since syncing every micro-batch would cost the network
-        `accum_steps` times for the same result. While probing, none syncs and the gradients
-        are averaged by hand at the boundary, after every rank said it had memory enough.
+        `accum_steps` times for the same result. While probing under DDP, none syncs and the
+        gradients are averaged by hand at the boundary, after every rank said it had memory
+        enough (a rank out of memory mid-step must not leave the others in an all-reduce).
 
         Yields:
             `accum_steps` micro-batches, as the dataset's collate function builds them.
