@@ -129,6 +129,7 @@ class Run:
                 precision, power cap or rank variable).
             InputError: bad checkpoint settings (`SpecError` for `keep` or the bucket URL).
             StoreError: the bucket's client library is not installed.
+            ValueError: the dataset is empty.
         """
         self._environ = os.environ if environ is None else environ
         self.smoke = self._environ.get(SMOKE_ENV) == "1"
