@@ -88,8 +88,13 @@ _NOTE_POLL_S = 0.2
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Loaded:
-    """A checkpoint that loaded with every blob verified: its step, the state shared by all ranks,
-    this rank's own state and the manifest."""
+    """A checkpoint that loaded with every blob verified.
+
+    Attributes:
+        step: the optimizer steps done when it was saved.
+        state: the state shared by all ranks (name -> state dict).
+        manifest: the commit: step, blob sizes and sha256s, and the `meta` the run filed.
+    """
 
     step: int
     state: dict
@@ -99,7 +104,13 @@ class Loaded:
 
 
 class Checkpointer:
-    """Asynchronous, verified checkpoints of one run (one instance per rank)."""
+    """Asynchronous, verified checkpoints of one run (one instance per rank).
+
+    Saving blocks training only for the copy to host memory; serialising and uploading run in
+    a background thread, and the manifest, written last, is the commit. Loading takes the
+    newest checkpoint whose blobs all verify, so a save cut short by a preemption costs
+    nothing but that save.
+    """
 
     def __init__(
         self,
@@ -115,6 +126,28 @@ class Checkpointer:
         tmp_dir: str | os.PathLike[str] | None = None,
         launch: int | None = None,
     ) -> None:
+        """Open the checkpoints under `url`; nothing is read or written yet.
+
+        Args:
+            url: the run's folder, `s3://`, `gs://` or `file://` (`<bucket>/<run_id>`).
+            keep: committed checkpoints kept by retention (at least 2: the newest may be the
+                broken one).
+            half_precision: `fp16` or `bf16` to store the `model` entry's floating tensors
+                in half precision; None stores them as they are.
+            rank: this process's rank.
+            world_size: the number of ranks; rank 0 writes the shared state and the manifest.
+            metric_mode: `min` or `max`, for `keep` by best metric.
+            rank_wait_s: how long rank 0 waits for the other ranks' parts before a commit fails.
+            retry: the store's retry policy (default: the process's).
+            tmp_dir: where blobs are staged on the way up and down (default: the system's).
+            launch: this life's launch number, for the writer lease that stops an older life
+                from writing over a newer one (default: `SKYGREEN_LAUNCH`; None takes no lease).
+
+        Raises:
+            SpecError: `keep` is not an integer of at least 2, or the URL is not a bucket URL.
+            InputError: a bad `half_precision`, `metric_mode`, or rank outside the world.
+            StoreError: the bucket's client library is not installed.
+        """
         check_keep(keep, "checkpoint keep")
         if half_precision is not None and half_precision not in HALF_PRECISIONS:
             raise InputError(
@@ -173,7 +206,28 @@ class Checkpointer:
         meta: dict | None = None,
         pin: bool = False,
     ) -> None:
-        """Snapshot `state` (and this rank's `rank_state`) and commit them in the background."""
+        """Snapshot `state` (and this rank's `rank_state`) and commit them in the background.
+
+        Waits for the previous save first. A previous save that failed on the store's
+        transient errors or a rank's timeout is logged and training goes on, until
+        `MAX_FAILED_SAVES_IN_ROW` (3) failed in a row: a bucket that never takes a checkpoint
+        would otherwise cost the whole run's work at the next preemption.
+
+        Args:
+            step: the optimizer steps done; the checkpoint's name.
+            state: name -> state dict, shared by all ranks; only rank 0's is written.
+            rank_state: this rank's own state (its RNG), saved as its own blob.
+            metric: the early-stopping metric at this step, for `keep` by best metric.
+            meta: JSON-able facts `skygreen status` reads from the manifest without loading weights.
+            pin: keep this checkpoint whatever retention says (the final one).
+
+        Raises:
+            CheckpointError: after `close`, a step that is not a non-negative integer, a state
+                that is not a dict or has keys other than str/int, or 3 failed saves in a row.
+            StoreError: the previous save failed on a non-transient store error.
+            ValueError: `meta` holds NaN or infinity; TypeError: it is not JSON-able.
+            SystemExit: a newer life of the run holds the writer lease (its exit code, 3: superseded).
+        """
         if self._closed:
             raise CheckpointError(f"{self.url}: save after close")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -230,8 +284,10 @@ class Checkpointer:
             The state dict handed to the checkpointer (name -> state).
 
         Raises:
-            CheckpointError: after close, a bad step, or the earlier failed saves that stop training.
+            CheckpointError: as for `save`: after close, a bad step, or 3 failed saves in a row.
+            StoreError: the previous save failed on a non-transient store error.
             TypeError: an object in `states` has no `state_dict`/`load_state_dict`.
+            SystemExit: a newer life of the run holds the writer lease.
         """
         state = capture(states)
         self.save(step, state, rank_state=rank_state, metric=metric, meta=meta, pin=pin)
@@ -251,8 +307,10 @@ class Checkpointer:
             The checkpoint loaded (its state in today's layout), or None when there is none.
 
         Raises:
-            CheckpointError: the bucket cannot be read (every checkpoint in it failing to verify
-                is no error: they are skipped and None returned).
+            StoreError: the bucket cannot be listed or read (`TransientStoreError` once retries
+                ran out). Checkpoints that fail to verify or load are no error: each is skipped
+                with a warning, and None is returned when none is left.
+            SystemExit: a newer life of the run holds the writer lease.
         """
         loaded = self.load_latest()
         if loaded is None:
@@ -264,7 +322,13 @@ class Checkpointer:
         return loaded
 
     def wait(self) -> None:
-        """Block until the in-flight save committed; re-raise its error if it failed."""
+        """Block until the in-flight save committed; re-raise its error if it failed.
+
+        Raises:
+            StoreError: the save failed in the store (`TransientStoreError` after its retries).
+            CheckpointError: the save failed otherwise (`RankTimeoutError`: a rank's part never came).
+            SystemExit: a newer life of the run took the writer lease meanwhile.
+        """
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -275,7 +339,12 @@ class Checkpointer:
             raise error
 
     def close(self) -> None:
-        """Finish the in-flight save (re-raising its error) and refuse further saves."""
+        """Finish the in-flight save and refuse further saves; a second call does nothing.
+
+        Raises:
+            StoreError: the in-flight save failed (re-raised, as by `wait`).
+            CheckpointError: the same, for a failure outside the store.
+        """
         try:
             self.wait()
         finally:
@@ -399,9 +468,17 @@ class Checkpointer:
     def load_latest(self) -> Loaded | None:
         """The newest checkpoint whose blobs all verify, loaded; None when there is none.
 
-        Call on every rank (not while a save is in flight). Uncommitted step folders newer
-        than the loaded step are leftovers of a life that died mid-save; rank 0 removes them
-        so a rank's stale note can never be mistaken for a new one.
+        Call on every rank: the ranks agree on one step (the newest that loaded on all of
+        them). An in-flight save is waited for first. Uncommitted step folders newer than the
+        loaded step are leftovers of a life that died mid-save; rank 0 removes them so a
+        rank's stale note can never be mistaken for a new one.
+
+        Returns:
+            The checkpoint, or None when no checkpoint verifies (or there is none).
+
+        Raises:
+            StoreError: the bucket cannot be listed or read.
+            SystemExit: a newer life of the run holds the writer lease.
         """
         self.wait()
         bound: int | None = None

@@ -75,6 +75,7 @@ class Run:
 
     Settings come from `RuntimeSettings.from_env` (what `skygreen up` sets); the keyword
     arguments given here win. `micro_batch="auto"` (or no micro-batch anywhere) probes.
+    Nothing is restored or started until `steps()`: a `Run` built by mistake costs no download.
     """
 
     def __init__(
@@ -97,6 +98,39 @@ class Run:
         device: str | torch.device | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
+        """Set up the run: device, precision, batch shape, DDP wrapping and the run's services.
+
+        Args:
+            model: the model; moved to the run's device, and wrapped in DDP with more than one
+                rank unless it is sharded with FSDP2 (`sg.shard`).
+            optimizer: the optimizer over `model`'s parameters.
+            dataset: a map-style dataset (`len()` and indexing); the run samples it itself so
+                that a resume continues from the exact sample.
+            scheduler: an LR scheduler stepped after each update; None for none.
+            effective_batch: samples per optimizer step across all ranks (default: the task's).
+            micro_batch: samples per forward pass on each rank, or "auto" to probe the largest
+                that fits (default: the task's, else auto).
+            precision: "bf16", "fp16", "fp32" or "auto" (default: the task's).
+            collate_fn: the DataLoader's collate function (default: PyTorch's).
+            num_workers: DataLoader worker processes.
+            shuffle: a fresh permutation each epoch (seeded, so a resume draws the same one).
+            seed: the data order's seed.
+            extra_state: more named stateful objects to checkpoint and restore (an EMA model, ...).
+            settings: the run's settings (default: `RuntimeSettings.from_env`).
+            checkpointer: one already made (default: the settings' `open_checkpointer`, or
+                `open_sharded_checkpointer` for a model sharded with FSDP2).
+            device: the torch device (default: CPU under the smoke test, else this rank's GPU,
+                else CPU).
+            environ: the process environment (default: `os.environ`).
+
+        Raises:
+            RuntimeSetupError: a missing or malformed setting (no run id, bucket or effective
+                batch; a batch that does not divide across ranks or micro-batches; an unknown
+                precision, power cap or rank variable).
+            InputError: bad checkpoint settings (`SpecError` for `keep` or the bucket URL).
+            StoreError: the bucket's client library is not installed.
+            ValueError: the dataset is empty.
+        """
         self._environ = os.environ if environ is None else environ
         self.smoke = self._environ.get(SMOKE_ENV) == "1"
         overrides: dict[str, Any] = {"precision": precision, "effective_batch": effective_batch}
@@ -250,7 +284,26 @@ class Run:
     # -- the loop -------------------------------------------------------------------------
 
     def steps(self, total_steps: int) -> Iterator[Step]:
-        """Optimizer steps `[resumed step, total_steps)`; ends early on early stopping."""
+        """Resume, then hand out optimizer steps `[resumed step, total_steps)`.
+
+        The first call restores the newest verified checkpoint, starts the power governor and
+        the preemption watch; between steps the run checkpoints on its schedule, on a
+        preemption notice and on SIGTERM. A run already completed yields nothing.
+
+        Args:
+            total_steps: the step to train to (at most 2 under the smoke test).
+
+        Yields:
+            Each `Step`; a step retried with a smaller micro-batch comes again with the same index.
+
+        Raises:
+            RuntimeSetupError: a step ended without `step.optimizer_step()`, or out of memory
+                with nothing smaller to try.
+            SystemExit: after SIGTERM, with the preempted code (75) once the checkpoint
+                committed; with 0 when the budget is reached or the smoke test passed.
+            StoreError: the bucket failed (on restore, or a save that cannot be retried).
+            CheckpointError: 3 checkpoints in a row failed to commit.
+        """
         if self.smoke:
             total_steps = min(total_steps, SMOKE_STEPS)
         self.total_steps = total_steps
@@ -280,7 +333,15 @@ class Run:
             self.power.close()  # every exit: end, early stop, exception, SIGTERM, a caller's break
 
     def report(self, **metrics: float) -> None:
-        """Record evaluation metrics; the early-stopping metric drives stopping."""
+        """Record evaluation metrics in the run ledger; the early-stopping metric drives stopping.
+
+        The stop takes effect at the next step boundary, agreed by all ranks, after a final
+        checkpoint marked `completed`. Rank 0's values decide (its ledger, its stopper, the
+        metric filed with its checkpoints); on other ranks a call is harmless.
+
+        Args:
+            **metrics: metric name -> value at the current step (`val_loss=2.31`).
+        """
         values = {k: float(v) for k, v in metrics.items()}
         self.last_metrics.update(values)
         if (
@@ -338,7 +399,16 @@ class Run:
             hold(self.step_index, stopped=lambda: watch.sigterm, environ=self._environ)
 
     def agree_flags(self, *flags: bool) -> list[bool]:
-        """Each flag raised on any rank is raised on all (an all-reduce with MAX)."""
+        """Raise each flag that any rank raised on all of them, so every rank acts at the same step.
+
+        A collective: call it on every rank.
+
+        Args:
+            *flags: this rank's flags.
+
+        Returns:
+            The flags, each True where it was True on some rank.
+        """
         return self.world.agree(*flags)
 
     def _finish(self) -> None:
@@ -351,8 +421,10 @@ class Run:
     # -- micro-batches --------------------------------------------------------------------
 
     def next_micro_batch(self) -> Any:
-        """This rank's next micro-batch, on the run's device. A new loader starts at the run's position
-        on the first call and after an out-of-memory probe halved the micro-batch.
+        """Return this rank's next micro-batch, on the run's device.
+
+        A new loader starts at the run's position on the first call and after an
+        out-of-memory probe halved the micro-batch, so no sample is skipped or repeated.
         """
         if self._loader_iter is None:
             self._loader_iter = iter(self._make_loader())
@@ -392,7 +464,19 @@ class Run:
             self._probe_steps_left -= 1
 
     def shrink_micro_batch(self, error: BaseException, step: Step) -> None:
-        """Redo `step` with half the micro-batch; the effective batch stays the same."""
+        """Set up `step` to be redone with a smaller micro-batch; the effective batch stays the same.
+
+        The new micro-batch is the largest divisor of the per-rank batch at most half the old
+        one, so micro-batches times accumulation steps is still exactly the per-rank batch. The gradients are
+        zeroed, the scaler's stage reset, the step's RNG restored and the loader restarted.
+
+        Args:
+            error: the out-of-memory error that caused the retry.
+            step: the step to redo.
+
+        Raises:
+            RuntimeSetupError: the micro-batch is already 1 (chained from `error`).
+        """
         per_rank = self.effective_batch // self.world_size
         smaller = smaller_micro_batch(self.micro_batch, per_rank)
         if smaller is None:
@@ -545,7 +629,14 @@ class Run:
         self.services.preemption.stop()
 
     def close(self) -> None:
-        """Wait for the in-flight checkpoint, stop background threads, restore the GPU's power limit."""
+        """Stop the preemption watch, restore the GPU's power limit, wait for the in-flight checkpoint.
+
+        `with Run(...) as run:` calls it on the way out; a second call does nothing more.
+
+        Raises:
+            StoreError: the last checkpoint failed to commit (its error, re-raised).
+            CheckpointError: the same, for a failure outside the store.
+        """
         self.services.close()
 
     def __enter__(self) -> Run:

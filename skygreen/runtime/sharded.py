@@ -145,8 +145,10 @@ def open_sharded_checkpointer(
         The checkpointer; `close()` it at the end.
 
     Raises:
-        InputError: a bad keep or metric mode.
-        StoreError: the bucket URL's scheme is unknown.
+        InputError: a bad keep or metric mode, or a rank outside the world (`SpecError`, a
+            subclass, for the keep count and for a bucket URL that is not `s3://`, `gs://` or
+            `file://`).
+        StoreError: the bucket's client library (boto3, google-cloud-storage) is not installed.
     """
     return ShardedCheckpointer(
         f"{settings.bucket.rstrip('/')}/{settings.run_id}",
@@ -187,7 +189,9 @@ class ShardedCheckpointer:
             default `SKYGREEN_LAUNCH`, and None takes no lease.
 
     Raises:
-        InputError: a bad `keep`, `rank`/`world_size` or `metric_mode`.
+        InputError: a bad `keep`, `rank`/`world_size` or `metric_mode` (`SpecError` for `keep`
+            and for a URL that is not a bucket URL).
+        StoreError: the bucket's client library is not installed.
     """
 
     def __init__(
@@ -262,6 +266,14 @@ class ShardedCheckpointer:
     ) -> None:
         """Stage this rank's shards of `state` (and its `rank_state`) to host memory, then write,
         upload and commit them in the background. Call on every rank at the same step.
+
+        Args:
+            step: the optimizer steps done; the checkpoint's name.
+            state: name -> state dict, with this rank's shards as DTensors.
+            rank_state: this rank's own state (its RNG), saved as its own blob.
+            metric: the early-stopping metric at this step, for `keep` by best metric.
+            meta: JSON-able facts `skygreen status` reads from the manifest.
+            pin: keep this checkpoint whatever retention says (the final one).
 
         Raises:
             CheckpointError: a bad step or state, a save after `close`, or too many failed saves.
@@ -339,7 +351,9 @@ class ShardedCheckpointer:
             The checkpoint loaded (its state in today's layout), or None when there is none.
 
         Raises:
-            CheckpointError: the bucket cannot be read.
+            StoreError: the bucket cannot be listed or read (checkpoints that fail to verify
+                or load are skipped with a warning, not raised).
+            SystemExit: a newer life of the run holds the writer lease.
         """
         self._states = states
         loaded = self.load_latest()
@@ -486,6 +500,8 @@ class ShardedCheckpointer:
         Raises:
             CheckpointError: no template and no states saved or restored yet (nothing to load
                 into); raised before any checkpoint is tried, so none is judged unloadable for it.
+            StoreError: the bucket cannot be listed or read.
+            SystemExit: a newer life of the run holds the writer lease.
         """
         self.wait()
         _, targets = split_tensors(self._template())
