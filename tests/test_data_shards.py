@@ -147,6 +147,8 @@ def test_bad_names_and_rows_are_clear_errors(tmp_path):
         ShardSpec(name="ok\n", source={}, config={})  # `$` would match before a final newline
     with pytest.raises(InputError, match="JSON values"):
         ShardSpec(name="ok", source={"when": object()}, config={})
+    with pytest.raises(InputError, match="JSON values"):  # NaN has no JSON form either
+        ShardSpec(name="ok", source={}, config={"dropout": float("nan")})
 
     def mixed(writer):
         writer.add({"input_ids": np.zeros((3, WIDTH), np.uint16)})

@@ -77,7 +77,7 @@ class ShardSpec:
             raise InputError(f"rows_per_shard must be a positive integer, got {self.rows_per_shard!r}")
         try:
             canonical({"source": self.source, "config": self.config})
-        except TypeError as e:
+        except (TypeError, ValueError) as e:  # ValueError: NaN or infinity, which JSON cannot write
             raise InputError(f"data {self.name}: source and config must be JSON values: {e}") from e
 
     @property
