@@ -11,6 +11,11 @@ cell; when the table does not fit the console, whole columns are left out, least
 first (CO2e, energy, instance type, on-demand price, ...), never the one the plan ranks by, and
 a line says which; when even the essential columns do not fit, each offer is printed as two
 lines of text instead (stacked).
+
+A task with `skygreen.model` gets one more column, the GPU memory each offer needs per GPU
+(`Candidate.memory_per_gpu_gb`): a sharded model needs less on more GPUs, so it differs from
+row to row and says how close an offer is to not holding the model. Tasks without a model
+never show it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ def _price(value: float | None) -> str:
     return "-" if value is None else usd_per_hour(value)
 
 
+def _memory(gb: float | None) -> str:
+    return "-" if gb is None else f"{gb:.3g}"
+
+
 def _gpus(c: Candidate) -> str:
     nodes = f" x{c.num_nodes}n" if c.num_nodes > 1 else ""
     return f"{c.accelerator}:{c.accelerator_count}{nodes}"
@@ -50,6 +59,7 @@ COLUMNS: tuple[_Column, ...] = (
     _Column(key="region", header="region", justify="left", cell=lambda c: c.region),
     _Column(key="instance", header="instance", justify="left", cell=lambda c: c.instance_type),
     _Column(key="gpus", header="GPUs", justify="left", cell=_gpus),
+    _Column(key="memory", header="mem\nGB/GPU", justify="right", cell=lambda c: _memory(c.memory_per_gpu_gb)),
     _Column(key="spot", header="spot", justify="left", cell=lambda c: "yes" if c.spot else "no"),
     _Column(key="price", header="$/h", justify="right", cell=lambda c: usd_per_hour(c.price_usd_per_hour)),
     _Column(
@@ -60,7 +70,7 @@ COLUMNS: tuple[_Column, ...] = (
     _Column(key="energy", header="energy\nkWh", justify="right", cell=lambda c: amount(c.energy_kwh)),
     _Column(key="co2e", header="CO2e\nkg", justify="right", cell=lambda c: amount(c.co2e_kg)),
 )
-DROP_ORDER: tuple[str, ...] = ("co2e", "energy", "instance", "on_demand", "time", "spot")
+DROP_ORDER: tuple[str, ...] = ("co2e", "energy", "instance", "on_demand", "memory", "time", "spot")
 """Columns left out, in this order, until the table fits; the rest always stay."""
 OBJECTIVE_COLUMN = {"cost": "cost", "time": "time", "energy": "energy", "carbon": "co2e"}
 
@@ -85,9 +95,10 @@ def fitting_columns(
     """(shown, left out): the columns that fit in `width` once the least telling are left out;
     None when even the essential ones do not fit."""
     keep = OBJECTIVE_COLUMN.get(objective)
-    shown = list(COLUMNS)
+    with_memory = any(c.memory_per_gpu_gb is not None for _, c in rows)
+    shown = [c for c in COLUMNS if with_memory or c.key != "memory"]
     dropped: list[_Column] = []
-    for key in (k for k in DROP_ORDER if k != keep):
+    for key in (k for k in DROP_ORDER if k != keep and any(c.key == k for c in shown)):
         if _natural_width(shown, rows) <= width:
             break
         column = next(c for c in shown if c.key == key)
@@ -128,6 +139,8 @@ def _stacked(title: str, rows: Sequence[tuple[str, Candidate]], writer: PlanWrit
     for rank, c in rows:
         writer.line(f"{rank:>3} {c.cloud} {c.region} {c.instance_type}")
         offer = f"{_gpus(c)} {'spot' if c.spot else 'on-demand'} ${usd_per_hour(c.price_usd_per_hour)}/h"
+        if c.memory_per_gpu_gb is not None:
+            offer += f", {_memory(c.memory_per_gpu_gb)} GB per GPU"
         estimate = f"est. ${usd(c.est_cost_usd)} in {duration_h(c.est_hours)}, {amount(c.energy_kwh)} kWh, {amount(c.co2e_kg)} kg CO2e"
         writer.line(f"    {offer}; {estimate}")
 

@@ -12,7 +12,9 @@ A model the user wrapped with `fully_shard` before handing it to `Run` is recogn
 - checkpoints the model and the optimizer as `sharded_states` (their state taken with
   `get_model_state_dict` / `get_optimizer_state_dict`: keyed by names, not parameter ids, so
   the state reshards) through `skygreen.runtime.sharded`, in the same mapping of named
-  stateful objects as every run (`Checkpointer.save_state` / `restore_state`).
+  stateful objects as every run (`Checkpointer.save_state` / `restore_state`);
+- with `micro: auto` on several ranks, measures the micro-batch instead of trying sizes until
+  one runs out of memory (`skygreen.runtime.autotune.MemoryProbe` says why).
 
 FSDP2 takes its precision when the model is sharded, not later: `mixed_precision` turns the
 task's precision into the `MixedPrecisionPolicy` to pass to `fully_shard`, and `shard` does the
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from skygreen.errors import InputError, RuntimeSetupError
+from skygreen.errors import InputError
 from skygreen.runtime.state import Stateful
 
 _PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -127,28 +129,6 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     full = getattr(norm, "full_tensor", None)
     return full() if callable(full) else norm
-
-
-def check_batch(*, micro_auto: bool, world_size: int, smoke: bool) -> None:
-    """Refuse `micro: auto` for a model sharded across ranks, with the fix.
-
-    `micro: auto` probes by catching out-of-memory inside a step; under FSDP2 the other ranks
-    are then inside a collective that will never complete, so the ranks cannot agree on a
-    smaller micro-batch. Refused until the probe learns to do that.
-
-    Args:
-        micro_auto: whether the micro-batch is probed.
-        world_size: the number of ranks.
-        smoke: the smoke test (one process on CPU: nothing to refuse).
-
-    Raises:
-        RuntimeSetupError: `micro: auto` with a sharded model on more than one rank.
-    """
-    if micro_auto and world_size > 1 and not smoke:
-        raise RuntimeSetupError(
-            "batch.micro: 'auto' cannot probe a model sharded with FSDP2 across ranks\n"
-            "  fix: give the micro-batch, e.g. batch: {effective: 512, micro: 8}"
-        )
 
 
 class ShardedModelState:

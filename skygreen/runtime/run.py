@@ -42,7 +42,14 @@ from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.changeover import restore_figures
 from skygreen.runtime import rng
-from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, smaller_micro_batch
+from skygreen.runtime.autotune import (
+    OOM_PROBE_STEPS,
+    MemoryProbe,
+    device_memory,
+    divisor_at_most,
+    reset_scaler_stage,
+    smaller_micro_batch,
+)
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream, loader_for
 from skygreen.runtime.environment import (
@@ -54,7 +61,7 @@ from skygreen.runtime.environment import (
     show_runtime_logs,
     to_device,
 )
-from skygreen.runtime.fsdp import check_batch, is_sharded, sharded_states
+from skygreen.runtime.fsdp import is_sharded, sharded_states
 from skygreen.runtime.hold import hold, hold_steps
 from skygreen.runtime.preemption import landed_cloud
 from skygreen.runtime.ranks import World, all_reduce
@@ -200,6 +207,7 @@ class Run:
         self._stopping = False
         self.last_metrics: dict[str, float] = {}
         self._probe_steps_left = 0
+        self._memory_probe: MemoryProbe | None = None
         self._loader_iter: Iterator | None = None
         self._started_s = time.monotonic()
         self._wall_base_s = 0.0
@@ -224,7 +232,6 @@ class Run:
             return None
         from skygreen.runtime.sharded import open_sharded_checkpointer
 
-        check_batch(micro_auto=self.micro_auto, world_size=self.world_size, smoke=self.smoke)
         return open_sharded_checkpointer(self.settings, world=self.world, environ=self._environ)
 
     @property
@@ -317,6 +324,7 @@ class Run:
             self._book.step_started()
         try:
             while self.step_index < total_steps and not self._should_stop():
+                self._before_measured_step()
                 step = Step(self.step_index, parts=self._parts, feed=self)
                 yield step
                 if step.retry:
@@ -326,6 +334,7 @@ class Run:
                         f"step {step.index} ended without step.optimizer_step()\n"
                         "  fix: call step.optimizer_step() once at the end of each step"
                     )
+                self._after_measured_step()
                 self._after_step()
             self._finish()
         finally:
@@ -463,6 +472,65 @@ class Run:
         if self._probe_steps_left:
             self._probe_steps_left -= 1
 
+    def _start_probe(self) -> None:
+        """Probe the micro-batch from the next step.
+
+        By halving on out-of-memory, or, for a model sharded over several ranks, by measuring and
+        extrapolating (`autotune.MemoryProbe` says why).
+        """
+        if not (self.sharded and self.world_size > 1):
+            self._probe_steps_left = OOM_PROBE_STEPS
+            return
+        meter = device_memory(self.device)
+        if meter is None:
+            if self.rank == 0:
+                log.warning(
+                    "micro: auto: %s has no memory statistics to probe with; micro-batch stays %d",
+                    self.facts.name,
+                    self.micro_batch,
+                )
+            return
+        self._memory_probe = MemoryProbe(per_rank_batch=self.effective_batch // self.world_size, meter=meter)
+
+    def _before_measured_step(self) -> None:
+        """While the FSDP2 probe runs: the micro-batch of its next step, and a fresh peak."""
+        probe = self._memory_probe
+        if probe is None:
+            return
+        if probe.done:  # nothing to measure (a per-rank batch of 1)
+            self._memory_probe = None
+            return
+        micro = probe.micro_for_next_step()
+        if micro != self.micro_batch:
+            self.micro_batch = micro
+            self._reset_loader()
+
+    def _after_measured_step(self) -> None:
+        """After the FSDP2 probe's last step: every rank's prediction, the smallest for all."""
+        probe = self._memory_probe
+        if probe is None:
+            return
+        probe.step_done()
+        if not probe.done:
+            return
+        own = probe.largest_fitting()
+        agreed = int(all_reduce([own], op="MIN", dtype=torch.int64)[0])
+        micro = divisor_at_most(agreed, probe.per_rank_batch)
+        if self.rank == 0:
+            log.warning(
+                "micro: auto: micro-batch %d (accumulation %d) from peak memory measured at micro-batches %s; "
+                "rank 0 alone would take %d, the tightest rank %d",
+                micro,
+                self.effective_batch // (micro * self.world_size),
+                " and ".join(str(m) for m in sorted(probe.peaks)),
+                own,
+                agreed,
+            )
+        self._memory_probe = None
+        if micro != self.micro_batch:
+            self.micro_batch = micro
+            self._reset_loader()
+
     def shrink_micro_batch(self, error: BaseException, step: Step) -> None:
         """Set up `step` to be redone with a smaller micro-batch; the effective batch stays the same.
 
@@ -560,10 +628,11 @@ class Run:
         restore_started_s = time.monotonic()
         loaded = self.checkpointer.restore_state(self.state_mapping())
         if loaded is not None:
-            restored = restore_figures(loaded.manifest, restore_started_s)  # for this VM's ledger segment
+            # for this VM's ledger segment: the bytes this rank downloaded (a sharded rank: its shards)
+            restored = restore_figures(loaded.manifest, restore_started_s, blob_names=loaded.fetched)
             self._restore(loaded)
         elif self.micro_auto:
-            self._probe_steps_left = OOM_PROBE_STEPS
+            self._start_probe()
         rate = self.settings.preemption_rate_on(landed_cloud(self.settings.cloud, self._environ))
         policy = IntervalPolicy(
             every_steps=self.settings.checkpoint_every_steps,
@@ -590,7 +659,7 @@ class Run:
         self.training.completed = self.training.completed or loaded.manifest.meta.get("state") == "completed"
         if not self.completed:
             self.counters["restarts"] += 1
-        self._restore_micro_batch(saved_batch)
+        self._restore_micro_batch(saved_batch, world_size=loaded.manifest.world_size)
         if loaded.rank_state is not None:
             rng.restore(loaded.rank_state["rng"])
         else:
@@ -599,15 +668,16 @@ class Run:
             )
         log.info("resumed run %s at step %d (epoch %d)", self.settings.run_id, self.step_index, self.epoch)
 
-    def _restore_micro_batch(self, batch: BatchShape) -> None:
+    def _restore_micro_batch(self, batch: BatchShape, *, world_size: int) -> None:
         if not self.micro_auto or self.smoke:
             return
-        if batch.effective == self.effective_batch and batch.device_name == self.facts.name:
+        same_shards = not self.sharded or world_size == self.world_size  # a shard's size follows the world
+        if batch.effective == self.effective_batch and batch.device_name == self.facts.name and same_shards:
             self.micro_batch = batch.micro
             return
         if self.rank == 0:
             log.warning("resumed on %s (was %s); probing the micro-batch again", self.facts.name, batch.device_name)
-        self._probe_steps_left = OOM_PROBE_STEPS
+        self._start_probe()
 
     def _smoke_round_trip(self) -> None:
         """Smoke test: save, load back, and check every tensor came back equal."""
