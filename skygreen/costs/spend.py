@@ -358,10 +358,10 @@ def team_spend(
 
 def _read(url: str, run_id: str, open_store: OpenStore) -> list[Segment]:
     from skygreen.errors import StoreError
-    from skygreen.ledger.io import read_ledger
+    from skygreen.ledger.io import read_run_ledger
 
     try:
-        return read_ledger(open_store(url))
+        return read_run_ledger(open_store(url))
     except StoreError as e:
         raise StoreError(f"run {run_id}: cannot read its ledger at {url}: {str(e).splitlines()[0]}") from e
 

@@ -23,13 +23,14 @@ from dataclasses import replace
 from typing import Any
 
 from skygreen.checkpoint.store import Store
-from skygreen.errors import StoreError
+from skygreen.errors import CheckpointError, StoreError
 from skygreen.ledger.records import (
     LEDGER_DIR,
     RUNNING,
     Place,
     Segment,
     add_point,
+    at_checkpoint,
     is_segment_key,
     new_segment_key,
     settle,
@@ -64,6 +65,35 @@ def read_ledger(store: Store, run_id: str | None = None) -> list[Segment]:
         except (StoreError, ValueError, TypeError, KeyError) as e:
             log.warning("skipping unreadable ledger object %s: %s", key, e)
     return settle(segments)
+
+
+def read_run_ledger(store: Store) -> list[Segment]:
+    """The run's segments as `read_ledger` gives them, with the last one at the step of the run's
+    newest committed checkpoint (`latest_manifest`, the step `skygreen status` shows), so a run
+    killed between a save and its commit reads the same step in `cost` as in `status`
+    (`skygreen.ledger.records.at_checkpoint`).
+
+    Args:
+        store: the run's store, rooted at the run (`<bucket>/<run_id>`).
+
+    Returns:
+        The segments, oldest first; empty when the run has no ledger.
+
+    Raises:
+        StoreError: the ledger cannot be listed. A checkpoint folder that cannot be read leaves
+            the ledger's own step.
+    """
+    from skygreen.checkpoint.manifest import latest_manifest
+
+    segments = read_ledger(store)
+    if not segments:
+        return segments
+    try:
+        manifest = latest_manifest(store)
+    except (StoreError, CheckpointError) as e:
+        log.warning("ledger of %s: its checkpoints cannot be read (%s); showing the ledger's step", store.url, e)
+        return segments
+    return at_checkpoint(segments, manifest.step if manifest else None)
 
 
 CHANGEOVER_FIELDS = ("setup_started_at", "setup_s", "restore_s", "restore_bytes")
