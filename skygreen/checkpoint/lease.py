@@ -13,6 +13,11 @@ watcher relaunch) and a token of its own. Commits and retention check the lease 
 - a writer that finds someone else's lease of the same or a higher number has lost it: it
   commits nothing more and deletes nothing (`LeaseLostError`), and exits with a line saying why.
 
+The check and the write after it are two requests, so an older life can pass its check just
+before a newer one takes over and still upload. Its blobs carry its own name
+(`skygreen.checkpoint.manifest.life_blob_name`), so they land beside the newer life's, never
+over them; its manifest write fails the check that comes before it.
+
 A life without a launch number (training code run outside skygreen's launchers) takes no lease
 and checks none. Pure `Store` operations; no torch.
 """

@@ -53,7 +53,10 @@ from skygreen.checkpoint.manifest import (
     blob_key,
     committed_steps,
     delete_step,
+    find_blob,
     iter_manifests,
+    life_blob_name,
+    life_tag,
     manifest_key,
     rank_blob_name,
     rank_note_name,
@@ -150,6 +153,9 @@ class Checkpointer:
         self.launch = launch if launch is not None else launch_number(os.environ)
         """This life's launch number (`SKYGREEN_LAUNCH`); None: no writer lease is taken."""
         self._lease: Lease | None = None
+        self.life = life_tag(self.launch) if self.launch is not None else None
+        """The name this process gives its blobs (`skygreen.checkpoint.manifest.life_tag`), so no
+        other life of the run ever writes over them; None: plain names."""
 
     # -- saving -------------------------------------------------------------------------
 
@@ -316,14 +322,15 @@ class Checkpointer:
         started = time.perf_counter()
         self._fence()  # a superseded life uploads nothing over a newer life's blobs
         with tempfile.TemporaryDirectory(prefix="skygreen-ckpt-", dir=self.tmp_dir) as tmp:
-            own_name = rank_blob_name(self.rank)
+            own_name = life_blob_name(rank_blob_name(self.rank), self.life)
             blobs = {own_name: self._upload_blob(step, own_name, own, Path(tmp))}
-            self.store.put(blob_key(step, rank_note_name(self.rank)), _note(step, self.rank, blobs))
+            self.store.put(blob_key(step, rank_note_name(self.rank, self.launch)), _note(step, self.rank, blobs))
             if self.rank != 0:
                 self.last_upload_s = time.perf_counter() - started
                 self._failed_in_row = 0
                 return
-            blobs[SHARED_BLOB] = self._upload_blob(step, SHARED_BLOB, shared, Path(tmp))
+            shared_name = life_blob_name(SHARED_BLOB, self.life)
+            blobs[shared_name] = self._upload_blob(step, shared_name, shared, Path(tmp))
             model_hash = (
                 model_sha256(shared["model"])
                 if shared is not None and isinstance(shared.get("model"), Mapping)
@@ -380,7 +387,7 @@ class Checkpointer:
         while pending:
             for rank in sorted(pending):
                 try:
-                    raw = self.store.get(blob_key(step, rank_note_name(rank)))
+                    raw = self.store.get(blob_key(step, rank_note_name(rank, self.launch)))
                 except KeyNotFoundError:
                     continue
                 found.update(_read_note(raw, step, rank, self.url))
@@ -460,11 +467,12 @@ class Checkpointer:
             raise CheckpointError(
                 f"written by an FSDP run (layout {manifest.layout!r}); a model wrapped with fully_shard loads it"
             )
-        own_name = rank_blob_name(self.rank)
+        shared_name = find_blob(manifest.blobs, SHARED_BLOB) or SHARED_BLOB  # a life's own name, or the plain one
+        own_name = find_blob(manifest.blobs, rank_blob_name(self.rank))
         with tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp:
             paths = {name: self._fetch(manifest, name, Path(tmp)) for name in sorted(manifest.blobs)}
-            state = _torch_load(paths[SHARED_BLOB], manifest, SHARED_BLOB)
-            rank_state = _torch_load(paths[own_name], manifest, own_name) if own_name in paths else None
+            state = _torch_load(paths[shared_name], manifest, shared_name)
+            rank_state = _torch_load(paths[own_name], manifest, own_name) if own_name is not None else None
         if rank_state is None and self.world_size > 1:
             log.warning(
                 "%s has no state for rank %d (saved with %d ranks)", manifest.label, self.rank, manifest.world_size
