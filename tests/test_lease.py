@@ -26,8 +26,10 @@ from skygreen.checkpoint.lease import (
 from skygreen.checkpoint.manifest import committed_steps
 from skygreen.checkpoint.retention import apply_retention
 from skygreen.checkpoint.store_factory import open_store
+from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import SUPERSEDED
 from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.settings import env_names
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -68,10 +70,13 @@ def test_a_newer_vm_of_the_same_launch_wins_and_an_older_launch_written_over_our
     assert read_lease(store) == new_vm
 
 
-def test_launch_number_comes_from_the_environment():
-    assert launch_number({LAUNCH_ENV: "4"}) == 4
-    assert launch_number({}) is None and launch_number({LAUNCH_ENV: "0"}) is None
-    assert launch_number({LAUNCH_ENV: "two"}) is None
+def test_launch_number_comes_from_the_environment_through_the_settings_codec():
+    assert launch_number({LAUNCH_ENV: "4"}) == 4 and launch_number({}) is None
+    assert LAUNCH_ENV in env_names()  # one of the runtime settings (`RuntimeSettings.launch`)
+    with pytest.raises(RuntimeSetupError, match=r"SKYGREEN_LAUNCH.*must be an integer >= 1"):
+        launch_number({LAUNCH_ENV: "0"})
+    with pytest.raises(RuntimeSetupError, match=r"SKYGREEN_LAUNCH.*expected an integer"):
+        launch_number({LAUNCH_ENV: "two"})
 
 
 def test_retention_of_a_writer_that_lost_its_lease_deletes_nothing(tmp_path):

@@ -75,9 +75,16 @@ class Lease:
 
 
 def launch_number(environ: Mapping[str, str]) -> int | None:
-    """The life's launch number from `SKYGREEN_LAUNCH`; None when unset or not a number >= 1."""
-    raw = environ.get(LAUNCH_ENV, "").strip()
-    return int(raw) if raw.isdigit() and int(raw) >= 1 else None
+    """The life's launch number from `SKYGREEN_LAUNCH`, read by the settings codec
+    (`RuntimeSettings.launch`); None when unset.
+
+    Raises:
+        RuntimeSetupError: a value that is not a whole number >= 1, naming the variable.
+    """
+    from skygreen.settings import field_from_env
+
+    launch: int | None = field_from_env("launch", environ)
+    return launch
 
 
 def read_lease(store: Store) -> Lease | None:

@@ -40,9 +40,9 @@ BUDGET_CHECK_EVERY_S = 1.0
 """Spend grows with time, not steps: checking once a second is plenty and costs nothing."""
 
 
-HEARTBEAT_ENV = "SKYGREEN_LEDGER_HEARTBEAT_S"
 HEARTBEAT_S = 30.0
-"""Seconds between ledger heartbeats (`RunBook.tick`): one small write to the bucket each."""
+"""Seconds between ledger heartbeats (`RunBook.tick`): one small write to the bucket each;
+`RuntimeSettings.ledger_heartbeat_s` (`SKYGREEN_LEDGER_HEARTBEAT_S`) changes it."""
 
 
 VM_STARTED_MAX_AGE_S = 6 * 3600.0
@@ -60,14 +60,6 @@ def vm_started_at(environ: Mapping[str, str], *, run_id: str, now_s: float) -> f
     except (OSError, ValueError):
         return now_s
     return noted if 0.0 <= now_s - noted <= VM_STARTED_MAX_AGE_S else now_s
-
-
-def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
-    try:
-        value = float(environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
 
 
 def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -117,7 +109,7 @@ class RunBook:
             log.warning("budget alert webhook: $%s is not set; alerts go to the log only", webhook_env)
         self.tracker: BudgetTracker | None = None
         self._last_check_s = 0.0
-        self.heartbeat_s = _float_env(environ, HEARTBEAT_ENV, HEARTBEAT_S)
+        self.heartbeat_s = settings.ledger_heartbeat_s or HEARTBEAT_S
         self._last_beat_s: float | None = None
         self.metering = metering
         """Whether energy is measured (a GPU's counter or a simulated board): else energy_j is None."""
