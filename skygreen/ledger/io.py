@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -125,6 +126,10 @@ class LedgerWriter:
         )
         self._energy_base_j: float | None = None
         self._warned = False
+        self._write_lock = threading.Lock()
+        """One write at a time, each of the segment as it is when the write starts, so a later
+        write always carries everything an earlier one did (a heartbeat's write in the background
+        never lands over a newer checkpoint's)."""
 
     def begin(
         self,
@@ -195,20 +200,27 @@ class LedgerWriter:
         )
         self._write()
 
-    def heartbeat(self, *, step: int) -> None:
+    def heartbeat(self, *, step: int, write: bool = True) -> None:
         """Between checkpoints: the time billed so far and the step reached, so a VM killed without
         a word is billed to its last heartbeat and the steps it trained past its last checkpoint
-        count as redone (`skygreen.ledger.pricing`)."""
+        count as redone (`skygreen.ledger.pricing`). `write=False` only notes them; `flush` (on
+        another thread) writes them."""
         now = self.clock()
         reached = max(step, self.segment.step, self.segment.reached_step or 0)
         self.segment = replace(self.segment, updated_at=max(now, self.segment.started_at), reached_step=reached)
+        if write:
+            self._write()
+
+    def flush(self) -> None:
+        """Write the segment as it is now; safe from another thread than the one that updates it."""
         self._write()
 
     def _write(self) -> None:
-        try:
-            write_segment(self.store, self.segment)
-        except StoreError as e:
-            self._warn(e)
+        with self._write_lock:
+            try:
+                write_segment(self.store, self.segment)
+            except StoreError as e:
+                self._warn(e)
 
     def _warn(self, error: Exception) -> None:
         if not self._warned:

@@ -10,6 +10,7 @@ nothing is metered. No torch here.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -111,6 +112,7 @@ class RunBook:
         self._last_check_s = 0.0
         self.heartbeat_s = settings.ledger_heartbeat_s or HEARTBEAT_S
         self._last_beat_s: float | None = None
+        self._beats = _BackgroundWrites(self.writer)
         self.metering = metering
         """Whether energy is measured (a GPU's counter or a simulated board): else energy_j is None."""
 
@@ -256,12 +258,17 @@ class RunBook:
 
     def tick(self, step: int) -> None:
         """After each step: a ledger heartbeat every `SKYGREEN_LEDGER_HEARTBEAT_S` (30 s) between
-        checkpoints, so time and steps a VM spends after its last checkpoint are on the record."""
+        checkpoints, so time and steps a VM spends after its last checkpoint are on the record.
+
+        The step reached is noted here; the write goes to the bucket on a thread of its own, so a
+        slow bucket never holds a training step (beats that come while a write is slow are folded
+        into the next write)."""
         now = time.monotonic()
         if self._last_beat_s is not None and now - self._last_beat_s < self.heartbeat_s:
             return
         if self._last_beat_s is not None:
-            self.writer.heartbeat(step=step)
+            self.writer.heartbeat(step=step, write=False)
+            self._beats.poke()
         self._last_beat_s = now
 
     def over_budget(self) -> bool:
@@ -287,3 +294,29 @@ class RunBook:
 
     def _energy(self, energy_j: float) -> float | None:
         return energy_j if self.metering else None
+
+
+class _BackgroundWrites:
+    """A daemon thread that writes the ledger segment whenever poked: the heartbeat's write, off
+    the training thread. Pokes while a write is under way fold into one more write."""
+
+    def __init__(self, writer: LedgerWriter) -> None:
+        self.writer = writer
+        self._due = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poke(self) -> None:
+        """Write the segment soon (starts the thread on the first poke)."""
+        self._due.set()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="skygreen-ledger-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            try:
+                self.writer.flush()  # a bucket's errors are a warning there: the ledger never stops training
+            except Exception as e:  # anything else must not end the thread unseen either
+                log.warning("ledger heartbeat not written: %s", e)
