@@ -350,9 +350,11 @@ def team_spend(
     """Every run this machine knows and every run in `buckets`, each once, priced from its ledger
     and grouped `by` task, cloud, gpu or user; `since` (`30d`) keeps the runs active in that window.
 
+    A bucket that cannot be read leaves out only its own runs; it is named in
+    `TeamSpend.unreadable` (and `complete` is False).
+
     Raises:
         SpecError: a bad `by`, `since` or bucket URL (exit 2).
-        StoreError: a bucket cannot be read.
     """
     from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import spend
