@@ -560,9 +560,11 @@ def team_spend(
     Returns:
         The runs' spend, grouped.
 
+    A bucket that cannot be read leaves out only its own runs; it is named in
+    `TeamSpend.unreadable` (and `complete` is False).
+
     Raises:
         SpecError: a bad `by`, `since` or bucket URL (exit 2).
-        StoreError: a bucket cannot be read.
     """
     from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import spend

@@ -50,7 +50,8 @@ def cost(
     per epoch, preemptions (a --local run also gets the clouds' estimate). TASK: a task file:
     estimated cost per run on each cloud's best offer, spot and on-demand, the plan's pick first.
     --all: dollars, energy and CO2e of every run here and in the shared buckets, runs still
-    going included up to their last ledger update.
+    going included up to their last ledger update. A bucket that cannot be read is named on
+    stderr with the reason and the fix, the rest is still shown, and the command exits 1.
     """
     from skygreen import api
 
@@ -117,10 +118,17 @@ def _team_spend(
     spend = api.team_spend(buckets=buckets, by=by, since=since, catalog_dir=catalog)
     if json_output:
         print_json(spend.to_json())
-        return
-    from skygreen.costs.report import print_team_spend
+    else:
+        from skygreen.costs.report import print_team_spend
 
-    print_team_spend(spend, sys.stdout)
+        print_team_spend(spend, sys.stdout)
+    if not spend.complete:  # what was read is shown; the total is not the team's whole spend
+        from skygreen import exit_codes
+
+        for u in spend.unreadable:
+            left_out = f" ({len(u.runs)} run(s) of this machine left out)" if u.runs else ""
+            sys.stderr.write(f"error: cannot read bucket {u.bucket}{left_out}: {u.reason}\n  fix: {u.fix}\n")
+        raise click.exceptions.Exit(exit_codes.FAILED)
 
 
 @click.command()

@@ -112,6 +112,13 @@ class RuntimeSettings:
     """The plan's offers with prices (`skygreen.ledger.place.offers_env`), for the ledger."""
     user: str | None = None
     """Who launched the run (`registry.launching_user`); the ledger records it for `cost --all --by user`."""
+    launch: int | None = None
+    """This life's launch number (1 for `up`, one more for each `resume` or watcher relaunch), set
+    by the launch itself rather than by the render, for the writer lease
+    (`skygreen.checkpoint.lease`); None outside skygreen's launchers: no lease is taken."""
+    ledger_heartbeat_s: float | None = None
+    """Seconds between ledger heartbeats between checkpoints (`skygreen.runtime.run_book`); None:
+    every 30 s. Tests shorten it."""
 
     def __post_init__(self) -> None:
         for name in ("run_id", "bucket"):
@@ -122,7 +129,7 @@ class RuntimeSettings:
             _choice("checkpoint_half_precision", self.checkpoint_half_precision, HALF_PRECISIONS)
         if self.trainer is not None:
             _choice("trainer", self.trainer, TRAINERS)
-        for name in ("effective_batch", "micro_batch", "checkpoint_every_steps", "checkpoint_keep"):
+        for name in ("effective_batch", "micro_batch", "checkpoint_every_steps", "checkpoint_keep", "launch"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 _bad(name, value, "must be an integer >= 1", "set a whole number such as 4")
@@ -150,6 +157,10 @@ class RuntimeSettings:
             if not alerts or any(not (_non_negative(v) and 0 < v <= 1) for v in alerts):
                 _bad("budget_alerts", self.budget_alerts, "every fraction must be in (0, 1]", "0.5,0.8,1")
             object.__setattr__(self, "budget_alerts", alerts)
+        if self.ledger_heartbeat_s is not None and not (
+            _non_negative(self.ledger_heartbeat_s) and self.ledger_heartbeat_s > 0
+        ):
+            _bad("ledger_heartbeat_s", self.ledger_heartbeat_s, "must be a number of seconds > 0", "30, or unset it")
 
     def preemption_rate_on(self, cloud: str | None) -> float | None:
         """The rate to assume on `cloud`: the fixed rate, else the cloud's row of the table,
@@ -412,6 +423,22 @@ def _get(settings: RuntimeSettings, path: tuple[str, ...]) -> Any:
         value = getattr(value, part, None)
         if value is None:
             return None
+    return value
+
+
+def field_from_env(name: str, environ: Mapping[str, str]) -> Any:
+    """One setting read from its variable by the codec, for code that needs it without the rest
+    of the settings (a `Checkpointer` built by hand reads `launch`); None when it is not set.
+
+    Raises:
+        RuntimeSetupError: a malformed or out-of-range value, naming the variable.
+    """
+    variable = _env_name((name,))
+    raw = environ.get(variable, "")
+    if raw.strip() == "":
+        return None
+    value = decode(raw, _HINTS[name], variable)
+    RuntimeSettings(run_id="-", bucket="-", **{name: value})  # the field's own checks
     return value
 
 

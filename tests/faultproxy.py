@@ -11,7 +11,9 @@ by the requests that match:
 - "drop_reply": the request IS forwarded and done by the server, then the connection is
                reset before the reply: the client cannot tell that it succeeded;
 - "corrupt":   the request is forwarded and answered, with one byte of the reply body flipped
-               (same length, same headers): bit rot in transit that only a hash can catch.
+               (same length, same headers): bit rot in transit that only a hash can catch;
+- "hang":      the request is read and held, never forwarded, until `release_hung()`, and then
+               reset: a VM that dies in the middle of a request (tests gate on `hung`).
 
 Every request is logged as (method, path, outcome) so tests can check what happened; a request
 with a `Range` header is also logged in `ranges` as (path, range, outcome), and `inject(range_from=N)`
@@ -30,7 +32,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-FAULTS = ("403", "500", "503", "drop", "drop_reply", "corrupt")
+FAULTS = ("403", "500", "503", "drop", "drop_reply", "corrupt", "hang")
+HANG_LIMIT_S = 600.0
+"""A hung request is reset after this long even if nobody releases it."""
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
 
 _S3_BODIES = {
@@ -73,6 +77,9 @@ class FaultProxy:
         cloud's front end serves one stream (benchmarks model the link with it)."""
         self.on_bytes: Callable[[int], None] | None = None
         """Called with the running upload byte count after each forwarded request body."""
+        self.hung: list[str] = []
+        """Paths of the requests "hang" holds or held, in arrival order."""
+        self._released = threading.Event()
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -88,6 +95,7 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        self.release_hung()
         self._server.shutdown()
         self._server.server_close()
 
@@ -116,6 +124,10 @@ class FaultProxy:
 
         with self._lock:
             self._faults.append(_Fault(kind, times, match))
+
+    def release_hung(self) -> None:
+        """Reset every request "hang" holds now or later (none of them is forwarded)."""
+        self._released.set()
 
     def pending(self) -> int:
         with self._lock:
@@ -163,6 +175,13 @@ class FaultProxy:
                     self._reset()
                     return
                 body = self._read_body()
+                if fault == "hang":
+                    self._record("hang")
+                    with proxy._lock:
+                        proxy.hung.append(self.path)
+                    proxy._released.wait(HANG_LIMIT_S)
+                    self._reset()
+                    return
                 if fault in ("403", "500", "503"):
                     self._record(fault)
                     self._answer_error(int(fault))

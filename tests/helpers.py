@@ -44,3 +44,22 @@ def user_env(home: Path, *, drop: tuple[str, ...] = ("SKYGREEN_",), **extra: str
     environ.update(HOME=str(home), XDG_DATA_HOME=str(home / ".local" / "share"), OMP_NUM_THREADS="1")
     environ.update(extra)
     return environ
+
+
+def fake_cloud_env(home: Path, fake_dir: Path) -> dict[str, str]:
+    """`user_env` of a user whose cloud is `skygreen.testing.FakeLauncher` (its jobs kept in
+    `fake_dir`) and whose S3 is the test's moto server (this process's `AWS_*` variables, set by
+    the `s3_bucket` fixture)."""
+    environ = user_env(home, SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher")
+    environ.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+    environ["SKYGREEN_FAKE_LAUNCHER_DIR"] = str(fake_dir)
+    return environ
+
+
+def cloud_task(folder: Path, bucket: str) -> Path:
+    """A small cloud task (one L4) checkpointing to `s3://BUCKET/runs`, written into `folder`."""
+    path = folder / "cloud.yaml"
+    path.write_text(
+        f"name: cloud\nskygreen: {{gpus: [L4], checkpoint: {{bucket: s3://{bucket}/runs}}}}\nrun: python train.py\n"
+    )
+    return path

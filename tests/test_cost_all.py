@@ -165,6 +165,36 @@ def test_since_keeps_the_runs_active_in_the_window_of_a_bucket(private_home, tmp
     assert run["energy_kwh"] == pytest.approx(0.5 * PUE["aws"]) and run["co2e_kg"] > 0
 
 
+def test_an_unreadable_bucket_leaves_out_its_runs_names_itself_and_exits_1(private_home, tmp_path, s3_bucket):
+    """One shared bucket is readable (a run of another machine in it), one does not exist: the
+    command shows the readable one's spend, names the other with the reason and the fix, and
+    exits 1, because the total is not the team's whole spend (text and --json alike)."""
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.ledger.io import write_segment
+
+    shared, gone = f"s3://{s3_bucket}/team", f"s3://{s3_bucket}-gone/team"
+    run_id = "bob-20261130-000000-cccc"
+    seg = _segment(run_id, cloud="gcp", gpu="L4", start=time.time() - 3600, hours=0.5, price=0.8, energy_j=1.8e6)
+    write_segment(open_store(f"{shared}/{run_id}"), seg)
+    env = user_env(private_home)
+    out = skygreen(env, "cost", "--all", "--bucket", shared, "--bucket", gone, "--json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    data = json.loads(out.stdout)
+    (run,) = data["runs"]
+    assert run["run_id"] == run_id and run["compute_usd"] == pytest.approx(0.4)
+    assert data["total"]["total_usd"] == pytest.approx(run["total_usd"]) and data["complete"] is False
+    (unreadable,) = data["unreadable"]
+    assert unreadable["bucket"] == gone and unreadable["reason"] and gone in unreadable["fix"], unreadable
+    assert "does not exist" in unreadable["reason"], unreadable  # the store's own reason
+    assert f"error: cannot read bucket {gone}" in out.stderr and "fix:" in out.stderr and "Traceback" not in out.stderr
+    text = skygreen(env, "cost", "--all", "--bucket", shared, "--bucket", gone)
+    assert text.returncode == 1 and run_id in text.stdout, text.stdout + text.stderr
+    assert "not counted: 1 bucket(s) could not be read" in " ".join(text.stdout.split()), text.stdout
+    assert gone in text.stderr and "fix:" in text.stderr
+    whole = skygreen(env, "cost", "--all", "--bucket", shared, "--json")
+    assert whole.returncode == 0 and json.loads(whole.stdout)["complete"] is True, whole.stderr
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -262,10 +292,11 @@ def test_a_teams_spend_counts_every_run_once_with_runs_still_going(s3_bucket, sh
         assert set(users) == {"alice", "bob"} and users["alice"]["runs"] == 3 and users["alice"]["running"] == 1
         assert users["bob"]["total_usd"] == pytest.approx(runs[bob_run]["total_usd"], abs=1e-6)
 
-        # a shared bucket that is not there fails loudly: never a smaller total that exits 0
-        missing = skygreen(alice, "cost", "--all", "--bucket", f"s3://{s3_bucket}-gone/team")
-        assert missing.returncode not in (0, 2) and f"{s3_bucket}-gone" in missing.stderr, missing.stderr
-        assert "Traceback" not in missing.stderr and missing.stdout == ""
+        # a shared bucket that is not there: the rest is shown, the bucket named, and exit 1
+        missing = skygreen(alice, "cost", "--all", "--bucket", f"s3://{s3_bucket}-gone/team", "--json")
+        assert missing.returncode == 1 and f"{s3_bucket}-gone" in missing.stderr, missing.stderr
+        assert "Traceback" not in missing.stderr
+        assert {r["run_id"] for r in json.loads(missing.stdout)["runs"]} == {own_run, shared_run, held_run}
 
         # without the bucket: this machine's runs only
         mine = json.loads(skygreen(alice, "cost", "--all", "--json").stdout)

@@ -8,14 +8,13 @@ landed, as SkyPilot's queue does); the bucket is a real S3 (moto) with no ledger
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import user_env
+from helpers import cloud_task, fake_cloud_env
 from skygreen.testing import FakeLauncher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,10 +24,7 @@ SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
 @pytest.fixture
 def env(private_home, tmp_path, s3_bucket) -> dict[str, str]:
-    environ = user_env(private_home, SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher")
-    environ.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
-    environ["SKYGREEN_FAKE_LAUNCHER_DIR"] = str(tmp_path / "fake-sky")
-    return environ
+    return fake_cloud_env(private_home, tmp_path / "fake-sky")
 
 
 def skygreen(env, *args: str) -> subprocess.CompletedProcess:
@@ -36,10 +32,7 @@ def skygreen(env, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_cost_of_a_run_still_setting_up_says_what_is_known(env, tmp_path, s3_bucket):
-    task = tmp_path / "cloud.yaml"
-    task.write_text(
-        f"name: cloud\nskygreen: {{gpus: [L4], checkpoint: {{bucket: s3://{s3_bucket}/runs}}}}\nrun: python train.py\n"
-    )
+    task = cloud_task(tmp_path, s3_bucket)
     up = skygreen(env, "up", str(task), "--no-smoke", "--catalog", CATALOG)
     assert up.returncode == 0, up.stderr
     (run,) = json.loads(skygreen(env, "status", "--json").stdout)

@@ -289,3 +289,66 @@ def test_a_real_skypilot_api_server_without_credentials(tmp_path):
     status = result["status"]  # no jobs controller exists: SkyPilot says so, skygreen says what to do
     assert status.get("cause") == "ClusterNotUpError", status
     assert "sky jobs queue --refresh" in status["error"]
+
+
+class FakeQueue:
+    """SkyPilot's `sky.jobs.queue_v2` and `sky.get` for it, the adapter's outermost edge: the
+    request's arguments are kept, and `get` answers with the real shape, (records, total,
+    status counts, total without filter), or raises what SkyPilot raises."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.asked: list[dict] = []
+
+    def queue_v2(self, **kwargs):
+        self.asked.append(kwargs)
+        return "request-1"
+
+    def get(self, request):
+        assert request == "request-1"
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer, len(self.answer), {}, len(self.answer)
+
+
+def test_jobs_lists_the_unfinished_managed_jobs_by_name_each_once(sky, monkeypatch):
+    from sky.jobs.state import ManagedJobStatus
+    from sky.schemas.api.responses import ManagedJobRecord
+
+    def record(job_id: int, name: str, status, task_id: int = 0):
+        return ManagedJobRecord(job_id=job_id, task_id=task_id, job_name=name, status=status)  # type: ignore[call-arg]
+
+    queue = FakeQueue([
+        record(3, "tiny-20261201-000000-ab12-2", ManagedJobStatus.RUNNING),
+        record(4, "tiny-20261201-000000-ab12-3", ManagedJobStatus.RECOVERING),
+        record(5, "pipeline", ManagedJobStatus.PENDING), record(5, "pipeline", ManagedJobStatus.PENDING, task_id=1),
+        record(6, "someone-elses", ManagedJobStatus.STARTING),
+    ])  # fmt: skip
+    monkeypatch.setattr(sky.jobs, "queue_v2", queue.queue_v2)
+    monkeypatch.setattr(sky, "get", queue.get)
+    jobs = SkyPilotLauncher().jobs()
+    assert [(j.job_id, j.name, j.state) for j in jobs] == [
+        ("3", "tiny-20261201-000000-ab12-2", JobState.RUNNING),
+        ("4", "tiny-20261201-000000-ab12-3", JobState.RECOVERING),
+        ("5", "pipeline", JobState.PENDING),
+        ("6", "someone-elses", JobState.STARTING),
+    ]
+    (asked,) = queue.asked
+    assert asked["refresh"] is False and asked["skip_finished"] is True  # never starts a stopped controller
+    assert {"job_id", "job_name", "status"} <= set(asked["fields"])
+
+
+def test_jobs_with_no_controller_up_is_no_job_and_a_refusal_is_a_launch_error(sky, monkeypatch):
+    from sky import exceptions
+
+    idle = FakeQueue(exceptions.ClusterNotUpError("No in-progress managed jobs."))  # SkyPilot's own words
+    monkeypatch.setattr(sky.jobs, "queue_v2", idle.queue_v2)
+    monkeypatch.setattr(sky, "get", idle.get)
+    assert SkyPilotLauncher().jobs() == []
+    down = FakeQueue(exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    monkeypatch.setattr(sky.jobs, "queue_v2", down.queue_v2)
+    monkeypatch.setattr(sky, "get", down.get)
+    with pytest.raises(LaunchError) as refused:
+        SkyPilotLauncher().jobs()
+    assert "reading the managed jobs queue" in str(refused.value) and "sky api start" in str(refused.value)
+    assert isinstance(refused.value.__cause__, exceptions.ApiServerConnectionError)

@@ -8,6 +8,7 @@ deletes nothing and exits with the superseded code after one line that says why.
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -25,8 +26,10 @@ from skygreen.checkpoint.lease import (
 from skygreen.checkpoint.manifest import committed_steps
 from skygreen.checkpoint.retention import apply_retention
 from skygreen.checkpoint.store_factory import open_store
+from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import SUPERSEDED
 from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.settings import env_names
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -67,10 +70,13 @@ def test_a_newer_vm_of_the_same_launch_wins_and_an_older_launch_written_over_our
     assert read_lease(store) == new_vm
 
 
-def test_launch_number_comes_from_the_environment():
-    assert launch_number({LAUNCH_ENV: "4"}) == 4
-    assert launch_number({}) is None and launch_number({LAUNCH_ENV: "0"}) is None
-    assert launch_number({LAUNCH_ENV: "two"}) is None
+def test_launch_number_comes_from_the_environment_through_the_settings_codec():
+    assert launch_number({LAUNCH_ENV: "4"}) == 4 and launch_number({}) is None
+    assert LAUNCH_ENV in env_names()  # one of the runtime settings (`RuntimeSettings.launch`)
+    with pytest.raises(RuntimeSetupError, match=r"SKYGREEN_LAUNCH.*must be an integer >= 1"):
+        launch_number({LAUNCH_ENV: "0"})
+    with pytest.raises(RuntimeSetupError, match=r"SKYGREEN_LAUNCH.*expected an integer"):
+        launch_number({LAUNCH_ENV: "two"})
 
 
 def test_retention_of_a_writer_that_lost_its_lease_deletes_nothing(tmp_path):
@@ -133,3 +139,80 @@ def test_a_life_that_starts_after_a_newer_one_stops_before_it_deletes_anything(t
         late.load_latest()
     assert stopped.value.code == SUPERSEDED
     assert "ckpt/000000000009/rank0.pt" in store.list("ckpt/")  # not removed as a leftover
+
+
+class GatedUploads:
+    """The run's real store, with the blob uploads of one step held at a gate until `release()`:
+    a life that passed its lease check and is still uploading when a newer life takes over."""
+
+    def __init__(self, store, step: int) -> None:
+        self.store, self.prefix = store, f"ckpt/{step:012d}/"
+        self.reached, self.released = threading.Event(), threading.Event()
+        self.uploaded: list[str] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def put_file(self, key: str, path) -> None:
+        if key.startswith(self.prefix):
+            self.reached.set()
+            assert self.released.wait(120), "the gate was never released"
+            self.uploaded.append(key)
+        self.store.put_file(key, path)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def test_an_older_life_that_passed_its_check_uploads_beside_the_newer_lifes_blobs_never_over_them(url, caplog):
+    old = Checkpointer(url, keep=3, launch=1)
+    old.load_latest()
+    old.save(10, state(10))
+    old.wait()
+    gate = GatedUploads(old.store, 20)
+    old.store = gate  # the same bucket, its uploads of step 20 held
+    old.save(20, state(99))  # passes its lease check, then stalls uploading
+    assert gate.reached.wait(120), "the older life never started uploading step 20"
+
+    new = Checkpointer(url, keep=3, launch=2)
+    assert new.load_latest().step == 10  # takes the lease
+    new.save(20, state(20))  # the same step, as a relaunch redoes it
+    new.wait()
+    caplog.set_level(logging.ERROR, logger="skygreen.checkpoint")
+    gate.release()
+    with pytest.raises(SystemExit) as stopped:
+        old.wait()  # uploaded, then found the newer lease before its manifest
+    assert stopped.value.code == SUPERSEDED
+    assert gate.uploaded, "the older life's uploads went through"
+
+    store = open_store(url)
+    names = {key.rsplit("/", 1)[1] for key in store.list("ckpt/000000000020/")}
+    assert {key.rsplit("/", 1)[1] for key in gate.uploaded} <= names  # beside the newer life's files
+    loaded = Checkpointer(url).load_latest()
+    assert loaded is not None and loaded.step == 20  # the newer life's commit still verifies
+    assert torch.equal(loaded.state["model"]["weight"], state(20)["model"]["weight"])
+    assert all(new.life in name for name in loaded.manifest.blobs)  # it lists its own life's blobs only
+    assert not any(old.life in name for name in loaded.manifest.blobs)
+
+
+def test_checkpoints_of_lives_with_and_without_a_launch_read_each_other_and_ranks_find_their_own(tmp_path):
+    url = str(tmp_path / "run")
+    with Checkpointer(url) as plain:  # written before blobs were named after their life
+        plain.save(5, state(5))
+    assert open_store(url).exists("ckpt/000000000005/shared.pt")
+    ranks = [Checkpointer(url, rank=r, world_size=2, launch=3, rank_wait_s=120) for r in (0, 1)]
+    assert [ck.load_latest().step for ck in ranks] == [5, 5]  # a launched life reads the plain names
+    assert ranks[0].life != ranks[1].life and ranks[0].life.startswith("l3-")
+    threads = [threading.Thread(target=lambda r=r: ranks[r].save(6, state(6), rank_state={"rank": r})) for r in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for ck in ranks:
+        ck.close()
+    names = {key.rsplit("/", 1)[1] for key in open_store(url).list("ckpt/000000000006/")}
+    assert {"rank00000.l3.json", "rank00001.l3.json", "manifest.json"} <= names  # notes of launch 3
+    loaded = [Checkpointer(url, rank=r, world_size=2).load_latest() for r in (0, 1)]  # and read without one
+    assert [each.step for each in loaded] == [6, 6] and [each.rank_state["rank"] for each in loaded] == [0, 1]
+    assert set(loaded[0].manifest.blobs) == {f"shared.{ranks[0].life}.pt", f"rank00000.{ranks[0].life}.pt",
+                                             f"rank00001.{ranks[1].life}.pt"}  # fmt: skip

@@ -23,6 +23,7 @@ from skygreen.ledger.records import (
     MAX_SERIES_POINTS,
     PREEMPTED,
     add_point,
+    at_checkpoint,
     is_segment_key,
     new_segment_key,
     settle,
@@ -275,6 +276,34 @@ def test_a_killed_segment_says_the_step_its_successor_resumed_from(tmp_path):
     assert (killed.end, killed.step, killed.reached_step) == ("killed", 40, 60)
     assert writer.earlier == [killed]  # the budget sees the same settled past
     assert run_cost("r-1", [killed, resumed]).lost_s == pytest.approx(resumed.startup_s + 20 / killed.steps_per_s)
+
+
+def test_the_last_segment_reads_the_step_of_the_newest_checkpoint_either_way(tmp_path):
+    """Written at a save before its commit (the runtime), or after it (the trainer callbacks):
+    killed in between, the ledger is one save off the bucket. Readers say the checkpoint's step;
+    the rate stays the one measured at the written step."""
+    ahead = seg(T0, place=T4, dur_s=600, ended=False, end="running", step=60)  # train_s at step 60
+    (read,) = at_checkpoint([ahead], 40)
+    assert (read.step, read.reached_step, read.steps_done) == (40, 60, 40)
+    assert read.steps_per_s == ahead.steps_per_s == pytest.approx(60 / 600)
+    behind = seg(T0, place=T4, dur_s=600, ended=False, end="running", step=30)
+    (read,) = at_checkpoint([behind], 40)
+    assert (read.step, read.reached_step) == (40, None) and read.steps_per_s == pytest.approx(30 / 600)
+    assert at_checkpoint([ahead], None) == [ahead]  # no checkpoint: nothing to go by
+    old = seg(T0 + 700, place=T4, dur_s=600, ended=False, end="running", start_step=60, step=80)
+    assert at_checkpoint([ahead, old], 40)[-1] == old  # a checkpoint from before this segment is not its own
+    assert "timed_step" not in read.to_json()  # read side only: never written back
+
+    store = LocalStore(str(tmp_path / "run"))
+    write_segment(store, ahead)
+    from skygreen.checkpoint.manifest import Manifest, blob_info, blob_key, manifest_key
+    from skygreen.ledger.io import read_run_ledger
+
+    store.put(blob_key(40, "shared.pt"), b"weights")
+    manifest = Manifest(step=40, created_at="2026-01-01T00:00:00Z", blobs={"shared.pt": blob_info(b"weights")})
+    store.put(manifest_key(40), manifest.dumps())
+    assert [s.step for s in read_run_ledger(store)] == [40]  # what `cost` reads: the bucket's step
+    assert [s.step for s in read_ledger(store)] == [60]  # the ledger as written
 
 
 def test_a_cloud_vm_is_billed_from_its_first_setup_line(tmp_path):

@@ -9,7 +9,6 @@ the real `skygreen up` process. Everything else is the real command.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import user_env, wait_for
+from helpers import cloud_task, fake_cloud_env, wait_for
 from skygreen.launch.launcher import launch_name
 from skygreen.testing import FakeLauncher
 
@@ -28,28 +27,17 @@ SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
 @pytest.fixture
 def env(private_home, tmp_path, s3_bucket) -> dict[str, str]:
-    environ = user_env(private_home, SKYGREEN_LAUNCHER="skygreen.testing:FakeLauncher")
-    environ.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
-    environ["SKYGREEN_FAKE_LAUNCHER_DIR"] = str(tmp_path / "fake-sky")
-    return environ
+    return fake_cloud_env(private_home, tmp_path / "fake-sky")
 
 
 def skygreen(env, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*SKYGREEN, *args], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
-def write_task(tmp_path: Path, bucket: str) -> Path:
-    path = tmp_path / "cloud.yaml"
-    path.write_text(
-        f"name: cloud\nskygreen: {{gpus: [L4], checkpoint: {{bucket: s3://{bucket}/runs}}}}\nrun: python train.py\n"
-    )
-    return path
-
-
 def test_up_killed_inside_the_launch_leaves_a_job_that_status_adopts_and_cancel_stops(env, tmp_path, s3_bucket):
     hold = tmp_path / "hold"
     hold.mkdir()
-    up = subprocess.Popen([*SKYGREEN, "up", str(write_task(tmp_path, s3_bucket)), "--no-smoke", "--catalog", CATALOG],
+    up = subprocess.Popen([*SKYGREEN, "up", str(cloud_task(tmp_path, s3_bucket)), "--no-smoke", "--catalog", CATALOG],
                           env={**env, "SKYGREEN_FAKE_LAUNCHER_HOLD": str(hold)}, cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from helpers import user_env, wait_for
-from skygreen.checkpoint.manifest import SHARED_BLOB, blob_key, committed_steps
+from skygreen.checkpoint.manifest import SHARED_BLOB, blob_key, committed_steps, find_blob, read_manifest
 from skygreen.checkpoint.retention import QUARANTINE_DIR, deletable_steps
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.runtime.checkpointer import Checkpointer
@@ -55,8 +55,9 @@ def save_all(url: str, steps, *, keep: int) -> None:
 
 
 def flip_a_byte(store, step: int) -> None:
-    """Bit rot after the commit: same size, so only the sha256 check on load catches it."""
-    key = blob_key(step, SHARED_BLOB)
+    """Bit rot after the commit: same size, so only the sha256 check on load catches it. A life
+    launched by skygreen names the blob after itself: the manifest says which it is."""
+    key = blob_key(step, find_blob(read_manifest(store, step).blobs, SHARED_BLOB) or SHARED_BLOB)
     data = bytearray(store.get(key))
     data[len(data) // 2] ^= 0xFF
     store.put(key, bytes(data))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_train as job
+from helpers import wait_for
 from metadata_server import MetadataServer
+from skygreen.checkpoint.local_store import LocalStore
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.ledger import read_ledger
 from skygreen.ledger.pricing import run_cost
@@ -157,3 +160,46 @@ def test_budget_alerts_then_a_clean_stop_with_a_checkpoint(tmp_path, monkeypatch
     (segment,) = read_ledger(open_store(f"{tmp_path}/run"))
     assert segment.end == "budget" and segment.step == latest.step < 1000
     assert "skygreen resume run --budget-usd" in caplog.text
+
+
+class HeldLedgerWrites(LocalStore):
+    """A real local bucket whose ledger writes hang, once armed, until `release()`: a bucket that
+    answers slowly. A write still held after 60 s fails the test (a training step waited on it)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.armed = False
+        self.reached, self.released = threading.Event(), threading.Event()
+        self.writers: set[str] = set()
+
+    def put(self, key: str, data) -> None:
+        if self.armed and key.startswith("ledger/"):
+            self.writers.add(threading.current_thread().name)
+            self.reached.set()
+            assert self.released.wait(60), "a ledger write was held and never released"
+        super().put(key, data)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def test_a_slow_heartbeat_write_never_holds_a_training_step(tmp_path):
+    from skygreen.runtime.run_book import RunBook
+    from skygreen.settings import RuntimeSettings
+
+    store = HeldLedgerWrites(str(tmp_path / "r"))
+    settings = RuntimeSettings(run_id="r", bucket=str(tmp_path), ledger_heartbeat_s=1e-9)  # a beat after every step
+    book = RunBook(store=store, settings=settings, device_name=None, gpu_count=0, environ={}, started_at=time.time())
+    book.started(step=0, samples=0, samples_per_epoch=None, energy_j=0.0)
+    store.armed = True
+    book.tick(1)  # the first step only starts the heartbeat's clock
+    book.tick(2)  # the first beat: its write hangs at the bucket
+    assert store.reached.wait(60), "the heartbeat never wrote"
+    for step in range(3, 40):  # training goes on meanwhile; each step's beat folds into the next write
+        book.tick(step)
+    assert not store.released.is_set() and store.writers == {"skygreen-ledger-heartbeat"}
+    assert read_ledger(store)[-1].reached_step is None  # nothing of the beats is written yet
+    noted = book.writer.segment.reached_step
+    assert noted is not None and noted > 2
+    store.release()
+    wait_for(lambda: read_ledger(store)[-1].reached_step == noted, "the beats written once the bucket answers")

@@ -44,6 +44,8 @@ def full() -> RuntimeSettings:
         burn_alert_usd_per_hour=3.5,
         offers="aws:us-east-1:L4:1:0.8",
         user="alice",
+        launch=2,
+        ledger_heartbeat_s=5.0,
     )
 
 
@@ -85,12 +87,34 @@ def test_a_single_variable_overrides_one_setting_as_with_sky_jobs_launch_env():
         ("SKYGREEN_PRECISION", "fp8", "must be one of auto, bf16, fp16, fp32"),
         ("SKYGREEN_EARLY_STOP_MODE", "max", "but SKYGREEN_EARLY_STOP_METRIC is not"),
         ("SKYGREEN_EARLY_STOP_PATIENCE", "x", "expected an integer"),
+        ("SKYGREEN_LAUNCH", "0", "must be an integer >= 1"),
+        ("SKYGREEN_LAUNCH", "two", "expected an integer"),
+        ("SKYGREEN_LEDGER_HEARTBEAT_S", "0", "must be a number of seconds > 0"),
+        ("SKYGREEN_LEDGER_HEARTBEAT_S", "soon", "expected a number"),
     ],
 )
 def test_a_bad_variable_is_refused_naming_it_and_the_value(name, raw, expected):
     with pytest.raises(RuntimeSetupError) as info:
         RuntimeSettings.from_env({**BASE, name: raw})
     assert name in str(info.value) and expected in str(info.value)
+
+
+def test_the_launch_and_the_ledger_heartbeat_reach_the_runtime_through_the_codec(tmp_path):
+    from skygreen.runtime.ranks import World
+    from skygreen.runtime.run_book import HEARTBEAT_S, RunBook
+    from skygreen.runtime.services import open_checkpointer
+
+    env = {**BASE, "SKYGREEN_BUCKET": str(tmp_path), "SKYGREEN_LAUNCH": "3", "SKYGREEN_LEDGER_HEARTBEAT_S": "0.5"}
+    settings = RuntimeSettings.from_env(env)
+    assert (settings.launch, settings.ledger_heartbeat_s) == (3, 0.5)
+    world = World(rank=0, size=1, local_rank=0)
+    assert open_checkpointer(settings, world=world).launch == 3
+    book = RunBook.open(settings, store=open_checkpointer(settings, world=world).store, world=world,
+                        device_name=None, environ=env, metering=False)  # fmt: skip
+    assert book is not None and book.heartbeat_s == 0.5
+    default = RunBook.open(RuntimeSettings.from_env({**BASE, "SKYGREEN_BUCKET": str(tmp_path)}), world=world,
+                           store=book.writer.store, device_name=None, environ={}, metering=False)  # fmt: skip
+    assert default is not None and default.heartbeat_s == HEARTBEAT_S
 
 
 def test_settings_built_in_code_are_validated_too():

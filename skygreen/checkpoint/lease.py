@@ -13,6 +13,11 @@ watcher relaunch) and a token of its own. Commits and retention check the lease 
 - a writer that finds someone else's lease of the same or a higher number has lost it: it
   commits nothing more and deletes nothing (`LeaseLostError`), and exits with a line saying why.
 
+The check and the write after it are two requests, so an older life can pass its check just
+before a newer one takes over and still upload. Its blobs carry its own name
+(`skygreen.checkpoint.manifest.life_blob_name`), so they land beside the newer life's, never
+over them; its manifest write fails the check that comes before it.
+
 A life without a launch number (training code run outside skygreen's launchers) takes no lease
 and checks none. Pure `Store` operations; no torch.
 """
@@ -70,9 +75,16 @@ class Lease:
 
 
 def launch_number(environ: Mapping[str, str]) -> int | None:
-    """The life's launch number from `SKYGREEN_LAUNCH`; None when unset or not a number >= 1."""
-    raw = environ.get(LAUNCH_ENV, "").strip()
-    return int(raw) if raw.isdigit() and int(raw) >= 1 else None
+    """The life's launch number from `SKYGREEN_LAUNCH`, read by the settings codec
+    (`RuntimeSettings.launch`); None when unset.
+
+    Raises:
+        RuntimeSetupError: a value that is not a whole number >= 1, naming the variable.
+    """
+    from skygreen.settings import field_from_env
+
+    launch: int | None = field_from_env("launch", environ)
+    return launch
 
 
 def read_lease(store: Store) -> Lease | None:

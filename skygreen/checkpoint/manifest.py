@@ -9,6 +9,15 @@ Layout under a run's URL (`<bucket>/<run_id>/`):
     ckpt/<step:012d>/rank<r:05d>.json    each rank's note: its blob's size and sha256
     ckpt/<step:012d>/manifest.json       the commit, written last by rank 0
 
+A life launched by skygreen (`SKYGREEN_LAUNCH`, `skygreen.checkpoint.lease`) names its blobs
+after itself, `shared.<life>.pt` and `rank<r:05d>.<life>.pt` with `<life>` = `l<launch>-<8 hex>`
+new in each process, and its notes after its launch, `rank<r:05d>.l<launch>.json`. Two lives
+of a run then never write the same key: an older life that passed its lease check just before
+a newer one took over can still upload, but only beside the newer life's blobs, never over them,
+and a manifest lists only blobs its own life wrote, so whichever manifest of a step is the last
+one written names blobs that are all there and verify. Readers find a blob by its base name
+(`find_blob`); checkpoints written without a launch keep the plain names.
+
 The manifest is the commit: a step folder without one does not exist for readers, whatever
 blobs it holds. It records every blob's size and sha256, so a reader can tell a complete,
 intact checkpoint from a partial or corrupted one without trusting the bucket.
@@ -30,6 +39,7 @@ import logging
 import math
 import os
 import re
+import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -80,9 +90,38 @@ def rank_blob_name(rank: int) -> str:
     return f"rank{rank:05d}.pt"
 
 
-def rank_note_name(rank: int) -> str:
-    """The file name of a rank's note (its blob's size and sha256) in a step folder: `rank00003.json`."""
-    return f"rank{rank:05d}.json"
+def rank_note_name(rank: int, launch: int | None = None) -> str:
+    """The file name of a rank's note (its blob's name, size and sha256) in a step folder:
+    `rank00003.json`, or `rank00003.l2.json` for a life of launch 2 (rank 0 of that launch reads
+    only its own launch's notes)."""
+    return f"rank{rank:05d}.json" if launch is None else f"rank{rank:05d}.l{launch}.json"
+
+
+def life_tag(launch: int) -> str:
+    """This process's name among the lives of its run, for its blob names: `l3-1a2b3c4d` (its
+    launch number and 8 random hex digits, new in each process, so two VMs of one launch differ)."""
+    return f"l{launch}-{secrets.token_hex(4)}"
+
+
+def life_blob_name(base: str, life: str | None) -> str:
+    """The file name a life gives the blob `base` (`shared.pt`, `rank00001.pt`): `shared.<life>.pt`,
+    or `base` itself without a life."""
+    if life is None:
+        return base
+    stem, dot, suffix = base.rpartition(".")
+    return f"{stem}.{life}.{suffix}" if dot else f"{base}.{life}"
+
+
+def find_blob(blobs: Mapping[str, Any], base: str) -> str | None:
+    """The name under which `blobs` (a manifest's) holds the blob `base`: `base` itself, or the
+    name a life gave it (`life_blob_name`); None when it holds neither."""
+    if base in blobs:
+        return base
+    stem, dot, suffix = base.rpartition(".")
+    if not dot:
+        return None
+    pattern = re.compile(re.escape(stem) + r"\.l\d+-[0-9a-f]+\." + re.escape(suffix) + r"\Z")
+    return next((name for name in sorted(blobs) if pattern.match(name)), None)
 
 
 def parse_step_key(key: str) -> tuple[int, str] | None:
@@ -165,8 +204,8 @@ class Manifest:
             raise ValueError(f"Manifest.layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.kind not in KINDS:
             raise ValueError(f"Manifest.kind must be one of {KINDS}, got {self.kind!r}")
-        if self.kind == STATE_KIND and SHARED_BLOB not in self.blobs:
-            raise ValueError(f"Manifest.blobs must include {SHARED_BLOB!r}")
+        if self.kind == STATE_KIND and find_blob(self.blobs, SHARED_BLOB) is None:
+            raise ValueError(f"Manifest.blobs must include {SHARED_BLOB!r} (or a life's name for it)")
 
     @property
     def created_at_s(self) -> float:

@@ -75,15 +75,16 @@ def load_run_cost(
 
 
 def read_segments(record: RunRecord, open_store: OpenStore) -> list[Segment]:
-    """The segments of the run's ledger, oldest first; empty when it has none yet.
+    """The segments of the run's ledger, oldest first, the last one at the run's newest committed
+    checkpoint (`read_run_ledger`: the step `status` shows); empty when it has none yet.
 
     Unreadable ledger objects are skipped with a warning. Raises `StoreError`, naming the run,
     when its bucket cannot be read.
     """
-    from skygreen.ledger.io import read_ledger
+    from skygreen.ledger.io import read_run_ledger
 
     try:
-        return read_ledger(open_store(record.checkpoint_url))
+        return read_run_ledger(open_store(record.checkpoint_url))
     except StoreError as e:
         raise StoreError(
             f"run {record.run_id}: cannot read its ledger at {record.checkpoint_url}: {str(e).splitlines()[0]}"

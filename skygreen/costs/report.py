@@ -213,6 +213,9 @@ def print_team_spend(spend: TeamSpend, out: TextIO) -> None:
         out.write(f"{len(remote)} run(s) known only from the buckets (launched on other machines)\n")
     if spend.without_ledger:
         _say(out, f"no ledger yet (not training yet, nothing counted): {', '.join(spend.without_ledger)}")
+    if spend.unreadable:
+        _say(out, f"not counted: {len(spend.unreadable)} bucket(s) could not be read "
+                  f"({', '.join(u.bucket for u in spend.unreadable)}); the total is of the rest")  # fmt: skip
     if any(r.cost.unpriced_segments for r in spend.runs):
         out.write("warning: some segments ran on an offer with no known price and count $0 (see `skygreen cost RUN`)\n")
 

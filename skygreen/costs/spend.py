@@ -13,6 +13,7 @@ prices them, and the pure `summarise` groups the priced runs.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.checkpoint.store import OpenStore
-from skygreen.errors import SpecError
+from skygreen.errors import SpecError, StoreError
 from skygreen.launch.registry import Registry, RunRecord
 from skygreen.ledger.pricing import RunCost, SegmentCost, run_cost
 from skygreen.ledger.records import Segment, is_segment_key
@@ -203,6 +204,13 @@ class TeamSpend:
     without_ledger: tuple[str, ...] = ()
     """Runs this machine launched that have no ledger yet (not training yet): no spend counted."""
     notices: tuple[str, ...] = field(default_factory=tuple)
+    unreadable: tuple[Unreadable, ...] = ()
+    """Buckets that could not be read: the runs in them are not in the total."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether every bucket answered, so the total is the whole spend; else the command exits 1."""
+        return not self.unreadable
 
     def to_json(self) -> dict[str, Any]:
         """The JSON behind `skygreen cost --all --json`."""
@@ -210,11 +218,35 @@ class TeamSpend:
             "since_s": self.since_s,
             "by": self.by,
             "buckets": list(self.buckets),
+            "complete": self.complete,
             "total": self.total.to_json(),
             "groups": [g.to_json() for g in self.groups],
             "runs": [r.to_json() for r in self.runs],
             "without_ledger": list(self.without_ledger),
+            "unreadable": [u.to_json() for u in self.unreadable],
         }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unreadable:
+    """A bucket `cost --all` could not read: which, why (the store's first line), the runs of this
+    machine that live there (their spend is left out), and what to do."""
+
+    bucket: str
+    reason: str
+    runs: tuple[str, ...] = ()
+
+    @property
+    def fix(self) -> str:
+        """The line that says what to do about it."""
+        return (
+            f"check that {self.bucket} exists and that this machine's credentials may list and read it "
+            "(`aws s3 ls` / `gcloud storage ls` on the URL), then run the command again; or leave the bucket out"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The bucket, the reason, the runs left out and the fix."""
+        return {"bucket": self.bucket, "reason": self.reason, "runs": list(self.runs), "fix": self.fix}
 
 
 def summarise(
@@ -224,6 +256,7 @@ def summarise(
     since_s: float | None = None,
     buckets: Sequence[str] = (),
     without_ledger: Sequence[str] = (),
+    unreadable: Sequence[Unreadable] = (),
 ) -> TeamSpend:
     """Group the runs `by` task, cloud, GPU or user (None: no groups), most spent first, and sum them all.
 
@@ -239,7 +272,8 @@ def summarise(
     groups.sort(key=lambda g: (-g.total_usd, g.name))
     total = _group("total", [(r, r.cost.node_hours, r.cost.total_usd, r.cost.energy_kwh, r.cost.co2e_kg) for r in runs])
     return TeamSpend(runs=tuple(sorted(runs, key=lambda r: -r.last_at)), by=by, groups=tuple(groups), total=total,
-                     since_s=since_s, buckets=tuple(buckets), without_ledger=tuple(without_ledger))  # fmt: skip
+                     since_s=since_s, buckets=tuple(buckets), without_ledger=tuple(without_ledger),
+                     unreadable=tuple(unreadable))  # fmt: skip
 
 
 def _parts(run: SpentRun, by: str) -> list[tuple[str, float, float, float | None, float | None]]:
@@ -306,8 +340,11 @@ def team_spend(
     `since_s`: only runs whose ledger shows activity in the last `since_s` seconds (a run is
     counted whole when any of it falls in the window).
 
-    Raises:
-        StoreError: a run's bucket, or one of `buckets`, cannot be read (naming it).
+    A bucket that cannot be read (gone, no access, down) does not stop the others: it is listed in
+    `unreadable` with the store's reason, and the runs in it are left out of the total. The CLI
+    then still prints what it could read, names each unreadable bucket with its reason and fix,
+    and exits 1: the figure is a team's spend only when every bucket answered, and a script that
+    sums it must not take a part for the whole (`TeamSpend.complete`).
     """
     from skygreen.checkpoint.bucket_url import parse_url
     from skygreen.costs.costing import lazy_lookup, read_segments, storage_bytes
@@ -319,15 +356,29 @@ def team_spend(
     records = {r.run_id: r for r in registry.list()}
     found_in: dict[str, list[str]] = {run_id: [THIS_MACHINE] for run_id in records}
     where: dict[str, str] = {run_id: r.checkpoint_url for run_id, r in records.items()}
+    unreadable: dict[str, Unreadable] = {}
     for url in buckets:
-        for run_id in bucket_runs(url, open_store):
+        try:
+            in_bucket = bucket_runs(url, open_store)
+        except StoreError as e:
+            unreadable[url] = Unreadable(bucket=url, reason=first_line(e))
+            continue
+        for run_id in in_bucket:
             found_in.setdefault(run_id, []).append(url)
             where.setdefault(run_id, f"{url}/{run_id}")
     runs, without = [], []
     for run_id, sources in found_in.items():
         record = records.get(run_id)
         url = where[run_id]
-        segments = read_segments(record, open_store) if record else _read(url, run_id, open_store)
+        base = record.bucket.rstrip("/") if record else url.rsplit("/", 1)[0]
+        if base in unreadable:
+            unreadable[base] = dataclasses.replace(unreadable[base], runs=(*unreadable[base].runs, run_id))
+            continue
+        try:
+            segments = read_segments(record, open_store) if record else _read(url, run_id, open_store)
+        except StoreError as e:
+            unreadable[base] = Unreadable(bucket=base, reason=first_line(e), runs=(run_id,))
+            continue
         if not segments:
             if record is not None:
                 without.append(run_id)
@@ -353,15 +404,20 @@ def team_spend(
                 cost=cost,
             )
         )
-    return summarise(runs, by=by, since_s=since_s, buckets=buckets, without_ledger=sorted(without))
+    return summarise(runs, by=by, since_s=since_s, buckets=buckets, without_ledger=sorted(without),
+                     unreadable=list(unreadable.values()))  # fmt: skip
+
+
+def first_line(error: Exception) -> str:
+    """The error's first line, without the run prefix `read_segments` adds."""
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def _read(url: str, run_id: str, open_store: OpenStore) -> list[Segment]:
-    from skygreen.errors import StoreError
-    from skygreen.ledger.io import read_ledger
+    from skygreen.ledger.io import read_run_ledger
 
     try:
-        return read_ledger(open_store(url))
+        return read_run_ledger(open_store(url))
     except StoreError as e:
         raise StoreError(f"run {run_id}: cannot read its ledger at {url}: {str(e).splitlines()[0]}") from e
 

@@ -242,22 +242,27 @@ class SkyPilotLauncher:
         return status_from_record(job_id, mine)
 
     def jobs(self) -> list[LaunchedJob]:
-        """The managed jobs that have not finished, from `sky jobs queue` (not refreshed), by name.
-        Raises `LaunchError` when the queue cannot be read."""
+        """The managed jobs that have not finished, from `sky jobs queue` (not refreshed), by name,
+        each job once (a pipeline lists a record per task). No jobs controller up means no job in
+        progress (SkyPilot raises `ClusterNotUpError` then): an empty list. Raises `LaunchError`
+        when the queue cannot be read."""
         sky = _sky()
         try:
             request = sky.jobs.queue_v2(refresh=False, skip_finished=True, fields=["job_id", "job_name", "status"])
             records = sky.get(request)[0]
         except Exception as e:
+            if type(e).__name__ == "ClusterNotUpError":
+                return []
             raise launch_error(e, "reading the managed jobs queue") from e
-        return [
-            LaunchedJob(
-                job_id=str(getattr(r, "job_id", "")),
+        jobs: dict[str, LaunchedJob] = {}
+        for r in records:
+            job_id = str(getattr(r, "job_id", ""))
+            jobs.setdefault(job_id, LaunchedJob(
+                job_id=job_id,
                 name=str(getattr(r, "job_name", "") or ""),
                 state=STATE_TABLE.get(_status_word(r), JobState.UNKNOWN),
-            )
-            for r in records
-        ]
+            ))  # fmt: skip
+        return list(jobs.values())
 
     def cancel(self, job_id: str) -> None:
         """Cancel the managed job (`sky.jobs.cancel`) and wait for SkyPilot's answer. Raises

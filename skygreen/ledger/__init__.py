@@ -7,7 +7,8 @@ Public read API (for cost, plans, budgets and progress watchers):
     segments[-1].step, segments[-1].samples_per_s, segments[-1].end
 
 The core (`records`, `place`, `pricing`) is pure; `io` speaks to a `skygreen.checkpoint.store.Store`:
-`read_ledger` for readers, `LedgerWriter` for the runtime's side (rank 0 writes).
+`read_ledger` for readers (`read_run_ledger` with the last segment at the run's newest
+checkpoint, for what `cost` shows), `LedgerWriter` for the runtime's side (rank 0 writes).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 _LAZY = {
     "read_ledger": "skygreen.ledger.io",
+    "read_run_ledger": "skygreen.ledger.io",
     "write_segment": "skygreen.ledger.io",
     "END_REASONS": "skygreen.ledger.records",
     "LEDGER_DIR": "skygreen.ledger.records",
@@ -34,4 +36,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'skygreen.ledger' has no attribute {name!r}")
 
 
-__all__ = ["END_REASONS", "LEDGER_DIR", "Place", "Segment", "read_ledger", "write_segment"]
+__all__ = ["END_REASONS", "LEDGER_DIR", "Place", "Segment", "read_ledger", "read_run_ledger", "write_segment"]

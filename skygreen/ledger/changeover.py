@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from skygreen.ledger.records import Segment
 
 STAMP_DIR = Path(".skygreen") / "changeover"
+SETUP_MAX_AGE_S = 6 * 3600.0
+"""Stamps older than this are another life's (a reused image): this VM's setup did not write them."""
 MIN_RATE_BYTES = 100_000_000
 """Restores smaller than this say more about latency than about the link: their rate is not learned."""
 
@@ -38,11 +40,13 @@ def _read_stamp(path: Path) -> float | None:
 
 
 def read_setup(run_id: str, *, home: Path, process_started_at: float) -> dict[str, float]:
-    """`setup_started_at` and `setup_s` from this VM's stamps, for the segment; empty where no
-    setup ran (a local run) or the stamps are not this process's (a start after the process)."""
+    """`setup_started_at` and `setup_s` from this VM's stamps, read once for both the segment's
+    start (the VM is paid from setup's first line) and its changeover figures; empty where no
+    setup ran (a local run) or the stamps are not this process's (a start after the process, or
+    more than `SETUP_MAX_AGE_S` before it)."""
     started_path, ended_path = stamp_paths(run_id, home)
     started = _read_stamp(started_path)
-    if started is None or started > process_started_at:
+    if started is None or not 0.0 <= process_started_at - started <= SETUP_MAX_AGE_S:
         return {}
     ended = _read_stamp(ended_path)
     out = {"setup_started_at": started}

@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from skygreen.checkpoint.store import Store
-from skygreen.errors import StoreError
+from skygreen.errors import CheckpointError, StoreError
 from skygreen.ledger.records import (
     LEDGER_DIR,
     RUNNING,
     Place,
     Segment,
     add_point,
+    at_checkpoint,
     is_segment_key,
     new_segment_key,
     settle,
@@ -66,6 +68,35 @@ def read_ledger(store: Store, run_id: str | None = None) -> list[Segment]:
     return settle(segments)
 
 
+def read_run_ledger(store: Store) -> list[Segment]:
+    """The run's segments as `read_ledger` gives them, with the last one at the step of the run's
+    newest committed checkpoint (`latest_manifest`, the step `skygreen status` shows), so a run
+    killed between a save and its commit reads the same step in `cost` as in `status`
+    (`skygreen.ledger.records.at_checkpoint`).
+
+    Args:
+        store: the run's store, rooted at the run (`<bucket>/<run_id>`).
+
+    Returns:
+        The segments, oldest first; empty when the run has no ledger.
+
+    Raises:
+        StoreError: the ledger cannot be listed. A checkpoint folder that cannot be read leaves
+            the ledger's own step.
+    """
+    from skygreen.checkpoint.manifest import latest_manifest
+
+    segments = read_ledger(store)
+    if not segments:
+        return segments
+    try:
+        manifest = latest_manifest(store)
+    except (StoreError, CheckpointError) as e:
+        log.warning("ledger of %s: its checkpoints cannot be read (%s); showing the ledger's step", store.url, e)
+        return segments
+    return at_checkpoint(segments, manifest.step if manifest else None)
+
+
 CHANGEOVER_FIELDS = ("setup_started_at", "setup_s", "restore_s", "restore_bytes")
 
 
@@ -95,6 +126,10 @@ class LedgerWriter:
         )
         self._energy_base_j: float | None = None
         self._warned = False
+        self._write_lock = threading.Lock()
+        """One write at a time, each of the segment as it is when the write starts, so a later
+        write always carries everything an earlier one did (a heartbeat's write in the background
+        never lands over a newer checkpoint's)."""
 
     def begin(
         self,
@@ -165,20 +200,27 @@ class LedgerWriter:
         )
         self._write()
 
-    def heartbeat(self, *, step: int) -> None:
+    def heartbeat(self, *, step: int, write: bool = True) -> None:
         """Between checkpoints: the time billed so far and the step reached, so a VM killed without
         a word is billed to its last heartbeat and the steps it trained past its last checkpoint
-        count as redone (`skygreen.ledger.pricing`)."""
+        count as redone (`skygreen.ledger.pricing`). `write=False` only notes them; `flush` (on
+        another thread) writes them."""
         now = self.clock()
         reached = max(step, self.segment.step, self.segment.reached_step or 0)
         self.segment = replace(self.segment, updated_at=max(now, self.segment.started_at), reached_step=reached)
+        if write:
+            self._write()
+
+    def flush(self) -> None:
+        """Write the segment as it is now; safe from another thread than the one that updates it."""
         self._write()
 
     def _write(self) -> None:
-        try:
-            write_segment(self.store, self.segment)
-        except StoreError as e:
-            self._warn(e)
+        with self._write_lock:
+            try:
+                write_segment(self.store, self.segment)
+            except StoreError as e:
+                self._warn(e)
 
     def _warn(self, error: Exception) -> None:
         if not self._warned:

@@ -105,6 +105,9 @@ class Segment:
     reached_step: int | None = None
     """The furthest step this segment trained to, from its heartbeat between checkpoints; steps
     past `step` on a VM killed without a word were redone by the next one. None: no heartbeat."""
+    timed_step: int | None = None
+    """Read side only: the step `train_s` was measured at, where a reader moved `step` to the
+    run's checkpoint (`settle`, `at_checkpoint`); None where `step` is still the written one."""
     start_samples: int = 0
     samples: int = 0
     samples_per_epoch: int | None = None
@@ -170,8 +173,10 @@ class Segment:
 
     @property
     def steps_per_s(self) -> float | None:
-        """Steps per second of training time (`train_s`), or None before a timed step."""
-        return self.steps_done / self.train_s if self.train_s > 0 and self.steps_done else None
+        """Steps per second of training time (`train_s`, measured at the written step), or None
+        before a timed step."""
+        timed = max(0, (self.step if self.timed_step is None else self.timed_step) - self.start_step)
+        return timed / self.train_s if self.train_s > 0 and timed else None
 
     @property
     def startup_s(self) -> float:
@@ -207,6 +212,7 @@ class Segment:
         data = asdict(self)
         data["metrics"] = {name: [list(p) for p in points] for name, points in self.metrics.items()}
         data.pop("segment")
+        data.pop("timed_step")
         return data
 
     @classmethod
@@ -264,11 +270,36 @@ def settle(segments: Sequence[Segment]) -> list[Segment]:
         end = KILLED if seg.end == RUNNING and replaced else seg.end
         seg = replace(seg, segment=i + 1, end=end)
         if end == KILLED and ordered[i + 1].start_step >= seg.start_step:
-            resumed_at = ordered[i + 1].start_step
-            reached = max(seg.step, seg.reached_step or 0)
-            seg = replace(seg, step=resumed_at, reached_step=reached if reached > resumed_at else seg.reached_step)
+            seg = _moved_to(seg, ordered[i + 1].start_step)
         out.append(seg)
     return out
+
+
+def at_checkpoint(segments: Sequence[Segment], committed_step: int | None) -> list[Segment]:
+    """Settled segments with the last one's `step` at the run's newest committed checkpoint, the
+    step `skygreen status` shows; steps trained past it go to `reached_step`.
+
+    Why: the runtime writes its segment at each save before the save commits, and the trainer
+    callbacks write theirs after the commit, so a VM killed in between left its ledger one save
+    off the bucket until a next VM settles it (`settle`). Readers that price or show a run
+    (`skygreen cost`, `compare`, `cost --all`) read both and say the checkpoint's step. A
+    checkpoint older than the last segment's start (it is not this segment's), or none, changes
+    nothing."""
+    out = list(segments)
+    if not out or committed_step is None:
+        return out
+    last = out[-1]
+    if committed_step != last.step and committed_step >= last.start_step:
+        out[-1] = _moved_to(last, committed_step)
+    return out
+
+
+def _moved_to(seg: Segment, step: int) -> Segment:
+    """`seg` with its step at the checkpoint `step`; the written step stays the rate's
+    (`timed_step`) and, past `step`, the furthest reached."""
+    reached = max(seg.step, seg.reached_step or 0)
+    timed = seg.step if seg.timed_step is None else seg.timed_step
+    return replace(seg, step=step, timed_step=timed, reached_step=reached if reached > step else seg.reached_step)
 
 
 def add_point(

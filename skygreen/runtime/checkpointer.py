@@ -43,7 +43,10 @@ from skygreen.checkpoint.manifest import (
     HashingWriter,
     Manifest,
     blob_key,
+    find_blob,
     iter_manifests,
+    life_blob_name,
+    life_tag,
     rank_blob_name,
 )
 from skygreen.checkpoint.prefetch import prefetch_dir, take_prefetched
@@ -135,6 +138,9 @@ class Checkpointer(CommitProtocol):
         self.prefetched = prefetch_dir(url)  # setup's background download; verified before use
         self._load_errors: dict[int, str] = {}
         """Why each checkpoint skipped while loading did not load."""
+        self.life = life_tag(self.launch) if self.launch is not None else None
+        """The name this process gives its blobs (`skygreen.checkpoint.manifest.life_tag`), so no
+        other life of the run ever writes over them; None: plain names."""
 
     # -- saving -------------------------------------------------------------------------
 
@@ -234,11 +240,12 @@ class Checkpointer(CommitProtocol):
         started = time.perf_counter()
         self._fence()  # a superseded life uploads nothing over a newer life's blobs
         with tempfile.TemporaryDirectory(prefix="skygreen-ckpt-", dir=self.tmp_dir) as tmp:
-            own_name = rank_blob_name(self.rank)
+            own_name = life_blob_name(rank_blob_name(self.rank), self.life)
             blobs = {own_name: self._upload_blob(step, own_name, own, Path(tmp))}
             if not self._put_note(step, blobs, started):
                 return
-            blobs[SHARED_BLOB] = self._upload_blob(step, SHARED_BLOB, shared, Path(tmp))
+            shared_name = life_blob_name(SHARED_BLOB, self.life)
+            blobs[shared_name] = self._upload_blob(step, shared_name, shared, Path(tmp))
             model_hash = (
                 model_sha256(shared["model"])
                 if shared is not None and isinstance(shared.get("model"), Mapping)
@@ -330,11 +337,12 @@ class Checkpointer(CommitProtocol):
             raise CheckpointError(
                 f"written by an FSDP run (layout {manifest.layout!r}); a model wrapped with fully_shard loads it"
             )
-        own_name = rank_blob_name(self.rank)
+        shared_name = find_blob(manifest.blobs, SHARED_BLOB) or SHARED_BLOB  # a life's own name, or the plain one
+        own_name = find_blob(manifest.blobs, rank_blob_name(self.rank))
         with tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp:
             paths = {name: self._fetch(manifest, name, Path(tmp)) for name in sorted(manifest.blobs)}
-            state = torch_load_verified(paths[SHARED_BLOB], manifest, SHARED_BLOB)
-            rank_state = torch_load_verified(paths[own_name], manifest, own_name) if own_name in paths else None
+            state = torch_load_verified(paths[shared_name], manifest, shared_name)
+            rank_state = torch_load_verified(paths[own_name], manifest, own_name) if own_name is not None else None
         if rank_state is None and self.world_size > 1:
             log.warning(
                 "%s has no state for rank %d (saved with %d ranks)", manifest.label, self.rank, manifest.world_size

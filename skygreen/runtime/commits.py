@@ -238,7 +238,7 @@ class CommitProtocol:
     def _put_note(self, step: int, blobs: Mapping[str, BlobInfo], started: float) -> bool:
         """Upload this rank's note for `step`; True on rank 0, which goes on to commit. Another
         rank's part of the save ends here."""
-        self.store.put(blob_key(step, rank_note_name(self.rank)), note(step, self.rank, blobs))
+        self.store.put(blob_key(step, rank_note_name(self.rank, self.launch)), note(step, self.rank, blobs))
         if self.rank == 0:
             return True
         self.last_upload_s = time.perf_counter() - started
@@ -247,7 +247,9 @@ class CommitProtocol:
 
     def _collect_rank_notes(self, step: int) -> dict[str, BlobInfo]:
         """Rank 0: every other rank's files, from its note; waits up to `rank_wait_s`."""
-        return collect_rank_notes(self.store, step, world_size=self.world_size, wait_s=self.rank_wait_s)
+        return collect_rank_notes(
+            self.store, step, world_size=self.world_size, wait_s=self.rank_wait_s, launch=self.launch
+        )
 
     def _commit(self, manifest: Manifest, started: float, *, what: str = "checkpoint") -> None:
         """Rank 0: write `manifest` (the commit) if this life still holds the lease, then retention."""
@@ -352,7 +354,9 @@ def read_note(raw: bytes, step: int, rank: int, url: str) -> dict[str, BlobInfo]
         raise CheckpointError(f"{url}: bad note of rank {rank} for step {step}: {e}") from e
 
 
-def collect_rank_notes(store: Store, step: int, *, world_size: int, wait_s: float) -> dict[str, BlobInfo]:
+def collect_rank_notes(
+    store: Store, step: int, *, world_size: int, wait_s: float, launch: int | None = None
+) -> dict[str, BlobInfo]:
     """Rank 0: every other rank's files, from its note (`rank<r>.json`); waits up to `wait_s`.
 
     Raises:
@@ -364,7 +368,7 @@ def collect_rank_notes(store: Store, step: int, *, world_size: int, wait_s: floa
     while pending:
         for rank in sorted(pending):
             try:
-                raw = store.get(blob_key(step, rank_note_name(rank)))
+                raw = store.get(blob_key(step, rank_note_name(rank, launch)))
             except KeyNotFoundError:
                 continue
             found.update(read_note(raw, step, rank, store.url))

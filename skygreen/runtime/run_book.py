@@ -10,6 +10,7 @@ nothing is metered. No torch here.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +25,7 @@ from skygreen.ledger.budget import (
     send,
     stop_message,
 )
-from skygreen.ledger.changeover import read_setup, stamp_paths
+from skygreen.ledger.changeover import read_setup
 from skygreen.ledger.io import LedgerWriter
 from skygreen.ledger.place import current_place, gpu_catalog_name
 from skygreen.ledger.records import KILLED, PREEMPTED
@@ -40,34 +41,25 @@ BUDGET_CHECK_EVERY_S = 1.0
 """Spend grows with time, not steps: checking once a second is plenty and costs nothing."""
 
 
-HEARTBEAT_ENV = "SKYGREEN_LEDGER_HEARTBEAT_S"
 HEARTBEAT_S = 30.0
-"""Seconds between ledger heartbeats (`RunBook.tick`): one small write to the bucket each."""
+"""Seconds between ledger heartbeats (`RunBook.tick`): one small write to the bucket each;
+`RuntimeSettings.ledger_heartbeat_s` (`SKYGREEN_LEDGER_HEARTBEAT_S`) changes it."""
 
 
-VM_STARTED_MAX_AGE_S = 6 * 3600.0
-"""A note older than this is another life's (a reused image); the process start is used then."""
+def vm_setup(environ: Mapping[str, str], *, run_id: str, now_s: float) -> tuple[float, dict[str, float]]:
+    """When this VM began, and its setup's figures for the segment, from one read of setup's
+    stamps (`skygreen.ledger.changeover.read_setup`, under `$HOME`). On a SkyPilot cluster the VM
+    is paid from setup's first line (`setup.sh.tmpl`; setup and restore are paid time too), else
+    from now. Stamps from the future or from another life are ignored."""
+    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+    setup = read_setup(run_id, home=home, process_started_at=now_s)
+    on_cluster = bool(environ.get("SKYPILOT_CLUSTER_INFO"))
+    return (setup.get("setup_started_at", now_s) if on_cluster else now_s), setup
 
 
 def vm_started_at(environ: Mapping[str, str], *, run_id: str, now_s: float) -> float:
-    """When this VM began: the run's setup stamp on a SkyPilot cluster (`setup.sh.tmpl`'s first
-    line, `skygreen.ledger.changeover.stamp_paths`; setup and restore are paid time too), else
-    now. A stamp from the future or older than `VM_STARTED_MAX_AGE_S` is ignored."""
-    if not environ.get("SKYPILOT_CLUSTER_INFO") or not environ.get("HOME"):
-        return now_s
-    try:
-        noted = float(stamp_paths(run_id, Path(environ["HOME"]))[0].read_text(encoding="utf-8").strip())
-    except (OSError, ValueError):
-        return now_s
-    return noted if 0.0 <= now_s - noted <= VM_STARTED_MAX_AGE_S else now_s
-
-
-def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
-    try:
-        value = float(environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
+    """When this VM began (`vm_setup`'s first half)."""
+    return vm_setup(environ, run_id=run_id, now_s=now_s)[0]
 
 
 def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -86,8 +78,9 @@ class RunBook:
         device_name: the GPU's name (None or "cpu" on CPU), priced from the plan's offers.
         gpu_count: GPUs on this node.
         environ: where the place (cloud, region, offers) and the webhook URL are read.
-        started_at: epoch seconds this process started.
+        started_at: epoch seconds this VM's time counts from (`vm_setup`).
         metering: whether energy is measured; else the segment's energy is None.
+        setup: this VM's setup figures (`vm_setup`), written with the segment's start.
     """
 
     def __init__(
@@ -100,6 +93,7 @@ class RunBook:
         environ: Mapping[str, str],
         started_at: float,
         metering: bool = False,
+        setup: Mapping[str, float] | None = None,
     ) -> None:
         gpu = gpu_catalog_name(device_name) if device_name and device_name != "cpu" else None
         self.place = current_place(environ, gpu=gpu, gpu_count=gpu_count if gpu else 0)
@@ -117,10 +111,13 @@ class RunBook:
             log.warning("budget alert webhook: $%s is not set; alerts go to the log only", webhook_env)
         self.tracker: BudgetTracker | None = None
         self._last_check_s = 0.0
-        self.heartbeat_s = _float_env(environ, HEARTBEAT_ENV, HEARTBEAT_S)
+        self.heartbeat_s = settings.ledger_heartbeat_s or HEARTBEAT_S
         self._last_beat_s: float | None = None
+        self._beats = _BackgroundWrites(self.writer)
         self.metering = metering
         """Whether energy is measured (a GPU's counter or a simulated board): else energy_j is None."""
+        self.setup = dict(setup or {})
+        """`setup_started_at` and `setup_s` of this VM, read once when the book opened."""
 
     @classmethod
     def open(
@@ -151,14 +148,16 @@ class RunBook:
         """
         if not world.leader or smoke:
             return None
+        started_at, setup = vm_setup(environ, run_id=settings.run_id, now_s=time.time())
         return cls(
             store=store,
             settings=settings,
             device_name=device_name,
             gpu_count=_int_env(environ, "LOCAL_WORLD_SIZE", 1) if device_name else 0,
             environ=environ,
-            started_at=vm_started_at(environ, run_id=settings.run_id, now_s=time.time()),
+            started_at=started_at,
             metering=metering,
+            setup=setup,
         )
 
     def started_from(
@@ -170,8 +169,9 @@ class RunBook:
         restored: Mapping[str, float | int] | None = None,
     ) -> None:
         """After the resume: the step, samples and energy the run continues from, and this VM's
-        changeover so far: the setup script's stamps (read here) and `restored`, the restore the
-        run timed (`skygreen.ledger.changeover.restore_figures`; None when it started fresh).
+        changeover so far: the setup script's stamps (read when the book opened, `vm_setup`) and
+        `restored`, the restore the run timed (`skygreen.ledger.changeover.restore_figures`; None
+        when it started fresh).
 
         Args:
             training: the training state as restored (step, samples, cumulative energy).
@@ -179,16 +179,13 @@ class RunBook:
             total_steps: where the loop runs to (progress's denominator); None if unknown.
             restored: the restore's figures, or None on a fresh start.
         """
-        # the segment itself starts at setup's stamp on a cloud VM (`vm_started_at`): stamps
-        # are read against now, which is after setup ended and this process started
-        setup = read_setup(self.writer.segment.run_id, home=Path.home(), process_started_at=time.time())
         self.started(
             step=training.step,
             samples=training.samples_seen,
             samples_per_epoch=samples_per_epoch,
             energy_j=training.counters["energy_j"],
             total_steps=total_steps,
-            changeover={**setup, **(restored or {})},
+            changeover={**self.setup, **(restored or {})},
         )
 
     def progress_of(self, training: TrainingState, end: str = "running") -> None:
@@ -300,6 +297,10 @@ class RunBook:
         """After each step: a ledger heartbeat every `SKYGREEN_LEDGER_HEARTBEAT_S` (30 s) between
         checkpoints, so time and steps a VM spends after its last checkpoint are on the record.
 
+        The step reached is noted here; the write goes to the bucket on a thread of its own, so a
+        slow bucket never holds a training step (beats that come while a write is slow are folded
+        into the next write).
+
         Args:
             step: the optimizer steps done.
         """
@@ -307,7 +308,8 @@ class RunBook:
         if self._last_beat_s is not None and now - self._last_beat_s < self.heartbeat_s:
             return
         if self._last_beat_s is not None:
-            self.writer.heartbeat(step=step)
+            self.writer.heartbeat(step=step, write=False)
+            self._beats.poke()
         self._last_beat_s = now
 
     def over_budget(self) -> bool:
@@ -340,3 +342,29 @@ class RunBook:
 
     def _energy(self, energy_j: float) -> float | None:
         return energy_j if self.metering else None
+
+
+class _BackgroundWrites:
+    """A daemon thread that writes the ledger segment whenever poked: the heartbeat's write, off
+    the training thread. Pokes while a write is under way fold into one more write."""
+
+    def __init__(self, writer: LedgerWriter) -> None:
+        self.writer = writer
+        self._due = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poke(self) -> None:
+        """Write the segment soon (starts the thread on the first poke)."""
+        self._due.set()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="skygreen-ledger-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            try:
+                self.writer.flush()  # a bucket's errors are a warning there: the ledger never stops training
+            except Exception as e:  # anything else must not end the thread unseen either
+                log.warning("ledger heartbeat not written: %s", e)

@@ -67,6 +67,7 @@ def open_checkpointer(settings: RuntimeSettings, *, world: World, retry: RetryPo
         world_size=world.size,
         metric_mode=settings.early_stop.mode if settings.early_stop else "min",
         retry=retry,
+        launch=settings.launch,
     )
 
 
