@@ -4,8 +4,9 @@ A page follows these conventions, and this test holds it to them:
 
 - Shell examples are ```` ```console ```` blocks. A line starting with `$ ` is a command; the lines
   after it, up to the next command, are the output shown. The shown lines must appear in the
-  real output (stdout then stderr) in the same order; a page may leave lines out, and `...` on a
-  line of its own marks where it does. Every command must exit 0.
+  real output (stdout and stderr as one stream, as a terminal shows them) in the same order;
+  a page may leave lines out, and `...` on a line of its own marks where it does. Every
+  command must exit 0.
 - ```` ```python ```` blocks are executed, each in a fresh interpreter. A block with a title
   (```` ```python title="train.py" ````, also for `yaml`) is a file the page creates: it is
   written into the page's folder, and the commands after it use it.
@@ -19,8 +20,8 @@ Each page runs as a new user's clone would, on the embedded default: a private H
 dir, one for both pages (`helpers.user_env`, no `SKYGREEN_*` settings, so the catalog is the price table shipped in
 the package and checkpoints go to the local bucket), in a folder holding a copy of `tasks/`,
 with this interpreter's `bin` first on PATH (what `source .venv/bin/activate` does). Commands
-run through bash as subprocesses of the real `skygreen` entry point; `cd DIR` and `export K=V`
-carry over to the page's later commands, as in a shell. `skygreen demo` runs once for both
+run through bash as subprocesses of the real `skygreen` entry point; `cd DIR`, `export K=V`
+and `unset K` carry over to the page's later commands, as in a shell. `skygreen demo` runs once for both
 pages.
 
 What varies run to run is normalised on both sides before the comparison (`normalise`): the
@@ -178,17 +179,22 @@ class Session:
         if export:
             self.env[export[1]] = os.path.expanduser(export[2].replace("~", self.home, 1))
             return subprocess.CompletedProcess(command, 0, "", "")
+        unset = re.fullmatch(r"unset (\w+)", command)
+        if unset:
+            self.env.pop(unset[1], None)
+            return subprocess.CompletedProcess(command, 0, "", "")
         done = cache.get(command) or subprocess.run(
             ["bash", "-c", command],
             cwd=self.cwd,
             env=self.env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # one stream, in the order a terminal shows it
             text=True,
             timeout=COMMAND_TIMEOUT_S,
         )
         if command in RUN_ONCE:
             cache[command] = done
-        for match in RUN_ID.finditer(done.stdout + done.stderr):
+        for match in RUN_ID.finditer(done.stdout):
             self.ids[match["name"]] = match[0]
         return done
 
@@ -237,7 +243,7 @@ def test_every_command_and_snippet_on_the_page_runs_and_prints_what_it_shows(pag
         elif block.language == "console":
             for command in commands(block):
                 done = session.run(command.text, once)
-                output = done.stdout + done.stderr
+                output = done.stdout
                 assert done.returncode == 0, f"{where}: `{command.text}` exited {done.returncode}:\n{output[-3000:]}"
                 shown = normalise("\n".join(command.shown), session.home)
                 missing = missing_lines(shown, normalise(output, session.home))
