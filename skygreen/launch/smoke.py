@@ -152,9 +152,9 @@ def _run(command: str, workdir: Path, env: dict[str, str], timeout_s: float) -> 
     if proc.returncode == 0:
         raise SmokeTestError(
             f"smoke test: `{command}` exited 0 without running the skygreen runtime's smoke test\n"
-            "  fix: train through skygreen.runtime.Run (see the README's Runtime section), add skygreen's "
+            "  fix: train through skygreen.runtime.Run (docs/runtime.md), add skygreen's "
             "callback to an HF or Lightning Trainer, or set checkpoint.dir for the folder mode "
-            "(README: Bring your own trainer)"
+            "(docs/existing-script.md)"
         )
     tail = "\n".join("    " + ln for ln in output.strip().splitlines()[-8:])
     fix = ""
