@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-SOURCES=(skygreen tasks benchmarks tests scripts)
+SOURCES=(skygreen tasks benchmarks tests scripts docs/hooks)
 .venv/bin/ruff check "${SOURCES[@]}"
 .venv/bin/ruff format --check "${SOURCES[@]}"
 .venv/bin/mypy

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from skygreen.deadline.compare import Simulation, SimulationRequest
     from skygreen.deadline.live import DeadlineTerms
     from skygreen.deadline.watch import WatchResult
+    from skygreen.demo import DemoResult, DemoView
     from skygreen.launch.registry import RunRecord
     from skygreen.launch.runs import CancelResult, UpRequest, UpResult
     from skygreen.launch.smoke import SmokeResult
@@ -55,14 +56,28 @@ def plan(
     measured_speed: Mapping[str, float] | None = None,
     measured_changeovers: MeasuredChangeovers | None = None,
 ) -> Plan:
-    """Rank the GPU offers for a task (a parsed `TaskSpec`, or the task file's path), best first.
+    """Rank the GPU offers for a task, best first.
 
-    `catalog_dir`: a SkyPilot v8 catalog folder (`<cloud>/vms.csv`); None means
-    `$SKYGREEN_CATALOG_DIR`, else SkyPilot's own (`~/.sky/catalogs/v8`), else the embedded
-    price table. `measured_speed`: relative speeds measured by earlier runs, which replace
-    the built-in table; `measured_changeovers` (`skygreen.costs.changeovers.MeasuredChangeovers`):
-    their changeovers and restore rate, which replace the flat restart and transfer rate. Raises `NoOfferError` (which constraint to relax), `SpecError`
-    (unknown region) or `CatalogError`.
+    Reads prices from a catalog on disk and imports neither sky nor torch, so planning stays
+    fast and works offline.
+
+    Args:
+        spec: a parsed `TaskSpec`, or the task file's path.
+        catalog_dir: a SkyPilot v8 catalog folder (`<cloud>/vms.csv`); None means
+            `$SKYGREEN_CATALOG_DIR`, else SkyPilot's own (`~/.sky/catalogs/v8`), else the
+            embedded price table.
+        measured_speed: relative speeds measured by earlier runs, which replace the built-in table.
+        measured_changeovers: changeovers and restore rate measured by earlier runs, which
+            replace the flat restart and transfer rate.
+
+    Returns:
+        The ranked candidates, best first, with why the winner won and what was assumed.
+
+    Raises:
+        InputError: the task file is missing, or the catalog folder named has no catalog.
+        SpecError: a bad task field or an unknown region.
+        NoOfferError: no offer meets the task (the message says which constraint to relax).
+        CatalogError: a catalog file cannot be read.
     """
     from skygreen.plan.catalog import load_catalog
     from skygreen.plan.rank import make_plan
@@ -81,8 +96,22 @@ def plan(
 
 
 def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadline: str | None = None) -> Plan:
-    """`skygreen plan TASK`: the task file's plan, with throughput measured by earlier runs of
-    the same task, and `deadline` (`36h`) in place of the file's `skygreen.deadline`."""
+    """Plan a task file as `skygreen plan TASK` does, with what earlier runs of it measured.
+
+    Args:
+        task_path: the task file.
+        catalog_dir: the catalog folder (see `plan`).
+        deadline: a deadline (`36h`) in place of the file's `skygreen.deadline`.
+
+    Returns:
+        The plan.
+
+    Raises:
+        InputError: the task file is missing, or the catalog folder has no catalog.
+        SpecError: a bad task field or `deadline`.
+        NoOfferError: no offer meets the task.
+        CatalogError: a catalog file cannot be read.
+    """
     spec = load_task(task_path)
     if deadline is not None:
         from skygreen.spec import with_deadline
@@ -97,32 +126,57 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
 
 
 def show_store_retries() -> None:
-    """Print each retry of a bucket call on stderr (`SKYGREEN_DEBUG=1`); otherwise only the
-    final error of a call that gave up is shown."""
+    """Print each retry of a bucket call on stderr, as `SKYGREEN_DEBUG=1` does.
+
+    Otherwise only the final error of a call that gave up is shown.
+    """
     from skygreen.checkpoint.store import show_retries
 
     show_retries()
 
 
 def measured_changeovers(task_path: str | Path) -> MeasuredChangeovers:
-    """Changeovers measured by earlier runs of this task on this machine
-    (`skygreen.costs.changeovers.MeasuredChangeovers`)."""
+    """Return the changeovers measured by earlier runs of this task on this machine.
+
+    Args:
+        task_path: the task file.
+
+    Returns:
+        Median changeover seconds per "cloud/GPU" and per cloud, and the restore rate (GB/s).
+    """
     from skygreen.costs.changeovers import measured_changeovers as measured
 
     return measured(task_path)
 
 
 def measured_speeds(spec: TaskSpec, task_path: str | Path) -> dict[str, float]:
-    """Relative speeds per GPU measured by earlier runs of this task on this machine."""
+    """Return the relative speeds per GPU measured by earlier runs of this task on this machine.
+
+    Args:
+        spec: the parsed task.
+        task_path: its file, which identifies the task's runs.
+
+    Returns:
+        GPU name -> speed relative to the built-in table's reference.
+    """
     from skygreen.costs.speeds import measured_speeds as measured
 
     return {gpu: speed for gpu, (speed, _) in measured(spec, task_path).items()}
 
 
 def update_catalog(clouds: Iterable[str] = (), *, catalog_dir: Path | None = None) -> list[CloudUpdate]:
-    """Download SkyPilot's current price catalog for `clouds` (all when empty), through SkyPilot.
+    """Download SkyPilot's current price catalog for `clouds`, through SkyPilot.
 
-    `catalog_dir` (else `$SKYGREEN_CATALOG_DIR`) also receives a copy, for `--catalog`.
+    Args:
+        clouds: `aws`, `gcp`, `azure`; all when empty.
+        catalog_dir: a folder that also receives a copy, for `--catalog` (else
+            `$SKYGREEN_CATALOG_DIR`, when set).
+
+    Returns:
+        For each cloud, where its `vms.csv` is now and whether it was downloaded, kept or stale.
+
+    Raises:
+        SpecError: an unknown cloud.
     """
     from skygreen.fields import read_choice
     from skygreen.plan.catalog import CLOUDS, resolve_catalog_dir
@@ -136,7 +190,18 @@ def update_catalog(clouds: Iterable[str] = (), *, catalog_dir: Path | None = Non
 def smoke(task_path: str | Path) -> SmokeResult:
     """Run the task's training script for two steps on CPU, with a checkpoint round trip.
 
-    Raises `SmokeTestError` naming the step that broke (forward, backward, optimizer, save, load).
+    Minutes on a laptop catch what would otherwise fail on a paid GPU VM.
+
+    Args:
+        task_path: the task file.
+
+    Returns:
+        The runtime's result line, the script's wall time in seconds, and its output.
+
+    Raises:
+        InputError: the task file is missing or bad (`SpecError`).
+        SmokeTestError: the task has no `run` command, or the script failed; the message names
+            the step that broke (forward, backward, optimizer, save, load).
     """
     from skygreen.launch.smoke import run_smoke
 
@@ -147,7 +212,17 @@ def smoke(task_path: str | Path) -> SmokeResult:
 
 
 def wiring(*, catalog_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> Wiring:
-    """The outside world of a run's life on this machine: the real catalog, stores, launchers."""
+    """Return the outside world of a run's life on this machine: the real catalog, stores, launchers.
+
+    Built here, in the composition root, so the core never picks an adapter itself.
+
+    Args:
+        catalog_dir: the catalog folder plans read (see `plan`).
+        environ: the process environment (default: `os.environ`).
+
+    Returns:
+        The wiring `skygreen.launch` takes.
+    """
     from skygreen.checkpoint.store_factory import open_store
     from skygreen.launch import launcher_factory
     from skygreen.launch.registry import Registry
@@ -171,16 +246,31 @@ def wiring(*, catalog_dir: Path | None = None, environ: Mapping[str, str] | None
 
 
 def up(request: UpRequest) -> UpResult:
-    """Validate, plan, CPU smoke-test, preflight the checkpoint bucket, render the SkyPilot
-    task and launch it (a managed spot job; `request.local` runs it on this machine).
-    `request.dryrun` only writes the YAML (to `request.output`, else under the data dir).
+    """Validate, plan, smoke-test, preflight the bucket, render the SkyPilot task and launch it.
 
-    A deadline (`request.deadline`, `36h`; else the task's `skygreen.deadline`) holds the run
+    A managed spot job; `request.local` runs it on this machine. `request.dryrun` only writes
+    the YAML (to `request.output`, else under the data dir). A deadline (`request.deadline`, `36h`; else the task's `skygreen.deadline`) holds the run
     to it: it starts on spot and a watcher started in the background (`request.watch`) moves it
     to on-demand and back as `request.policy` says (default: skygreen's own). `request.compute`
     (`20h`): the compute the run needs, when the plan's estimate (or, for a local run, the
     measured throughput) should not be used. `watch=False` starts no watcher: the caller runs
     `watch` where it can stay up.
+
+    Args:
+        request: what to launch and how (`skygreen.launch.runs.UpRequest`).
+
+    Returns:
+        The rendered YAML's path, the plan (cloud runs), the smoke test's result and the run's
+        record (None for a dry run); `watcher_pid` when a deadline watcher was started.
+
+    Raises:
+        InputError: a bad task, flag or bucket (`SpecError` for fields; a cloud run without an
+            `s3://` or `gs://` bucket).
+        NoOfferError: no offer meets the task.
+        SmokeTestError: the CPU smoke test failed.
+        StoreError: the checkpoint bucket cannot be written (`BucketUnreachableError`,
+            `NoCredentialsError`).
+        LaunchError: SkyPilot (or the local launcher) refused the launch.
     """
     from skygreen.deadline.clock import now_s
     from skygreen.deadline.terms import DeadlineAsk
@@ -204,9 +294,24 @@ def up(request: UpRequest) -> UpResult:
 def watch(
     run_id: str, *, poll: str = "60s", once: bool = False, say: Callable[[str], None] | None = None
 ) -> WatchResult:
-    """Hold a run launched with a deadline to it: poll every `poll` (`60s`), moving it between
-    spot and on-demand as its deadline policy says, until it ends (`once`: one poll). A run
-    already watched by another process returns at once (exit code 0)."""
+    """Hold a run launched with a deadline to it, moving it between spot and on-demand.
+
+    Polls until the run ends, as its deadline policy says. A run already watched by another
+    process returns at once (exit code 0).
+
+    Args:
+        run_id: the run, or a unique prefix of its id.
+        poll: how often to look (`60s`).
+        once: one poll, then return.
+        say: where each decision is told (default: nowhere).
+
+    Returns:
+        How the watch ended: why, and the exit code the command returns.
+
+    Raises:
+        InputError: an unknown run id or a bad `poll` (`SpecError`), or a bad
+            `SKYGREEN_TEST_SPOT_TRACE`.
+    """
     from skygreen.deadline.clock import now_s
     from skygreen.deadline.watch import Watch
     from skygreen.fields import read_duration_s
@@ -239,14 +344,29 @@ def _market(environ: Mapping[str, str]) -> Callable[[DeadlineTerms], Callable[[f
 
 
 def status(run_id: str | None = None) -> list[RunStatus]:
-    """The status of one run, or of every run on this machine (newest last)."""
+    """Return the status of one run, or of every run on this machine (newest last).
+
+    Args:
+        run_id: the run, or a unique prefix of its id; None for every run.
+
+    Returns:
+        Each run's state: the launcher's view joined with the progress in its bucket (the
+        latest checkpoint's step, launches, spend).
+
+    Raises:
+        InputError: an unknown run id.
+    """
     from skygreen.launch.status import status as run_statuses
 
     return run_statuses(run_id, wiring=wiring())
 
 
 def power_gpus() -> dict[str, Any]:
-    """This machine's GPUs (real, or simulated with `SKYGREEN_SIMULATED_GPU`): limits and skygreen's caps."""
+    """Return this machine's GPUs (real, or simulated with `SKYGREEN_SIMULATED_GPU`) and their caps.
+
+    Returns:
+        `{"gpus": [...], "reason": ...}` as `skygreen.power.caps.local_gpus` reads it; sets nothing.
+    """
     from skygreen.power.caps import local_gpus
     from skygreen.power.nvml import Nvml
 
@@ -255,8 +375,23 @@ def power_gpus() -> dict[str, Any]:
 
 def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None) -> RunRecord:
     """Relaunch a stopped run with the same run id; it continues from its last checkpoint.
-    `budget_usd`: a new budget (needed, and higher, for a run stopped at its budget). A run
-    launched with a deadline is held to it again: its watcher starts unless one runs."""
+
+    A run launched with a deadline is held to it again: its watcher starts unless one runs.
+
+    Args:
+        run_id: the run, or a unique prefix of its id.
+        local: relaunch on this machine.
+        budget_usd: a new budget (needed, and higher, for a run stopped at its budget).
+
+    Returns:
+        The run's record, with the new launch.
+
+    Raises:
+        InputError: an unknown run id; a run completed, still going, or being relaunched by
+            another process; or, for a run stopped at its budget, no budget above the old one.
+        StoreError: the run's bucket does not answer or refuses (checked before any launch).
+        LaunchError: the launcher refused the relaunch.
+    """
     from skygreen.deadline.watch_process import start_watcher
     from skygreen.deadline.watch_state import clear_user_cancel, watcher_running
     from skygreen.launch import runs
@@ -271,7 +406,17 @@ def resume(run_id: str, *, local: bool = False, budget_usd: float | None = None)
 
 
 def resume_point(run_id: str) -> ResumePoint:
-    """Where a `resume` of the run would continue: its latest checkpoint's step, or step 0."""
+    """Return where a `resume` of the run would continue: its latest checkpoint's step, or step 0.
+
+    Args:
+        run_id: the run, or a unique prefix of its id.
+
+    Returns:
+        The latest checkpoint's step, or `from_scratch` with a note for the user.
+
+    Raises:
+        InputError: an unknown run id.
+    """
     from skygreen.launch.status import resume_point as point
 
     w = wiring()
@@ -279,15 +424,30 @@ def resume_point(run_id: str) -> ResumePoint:
 
 
 def cancel(run_id: str) -> CancelResult:
-    """Stop a run; the runtime commits a checkpoint first, so `resume` can continue it
-    (`already_ended`: the run had ended; nothing changed)."""
+    """Stop a run; the runtime commits a checkpoint first, so `resume` can continue it.
+
+    Args:
+        run_id: the run, or a unique prefix of its id.
+
+    Returns:
+        What was done; `already_ended` when the run had ended and nothing changed.
+
+    Raises:
+        InputError: an unknown run id, or a run never launched.
+    """
     from skygreen.launch import runs
 
     return runs.cancel(run_id, wiring=wiring())
 
 
 def unknown_jobs() -> list[UnknownJob]:
-    """Jobs still going that skygreen launched but no run record on this machine knows."""
+    """Return the jobs still going that skygreen launched but no run record on this machine knows.
+
+    Such jobs cost money with no `skygreen status` line to show them.
+
+    Returns:
+        The jobs, each with its name (`<run>-<launch>`), run id, launcher and state.
+    """
     from skygreen.launch.status import unknown_jobs as find_unknown
 
     w = wiring()
@@ -295,14 +455,33 @@ def unknown_jobs() -> list[UnknownJob]:
 
 
 def cancel_unknown_jobs(name: str) -> list[UnknownJob]:
-    """Stop the unknown jobs (`unknown_jobs`) named `name` or of run id `name`; returns them."""
+    """Stop the unknown jobs (`unknown_jobs`) named `name` or of run id `name`.
+
+    Args:
+        name: a job's name or run id.
+
+    Returns:
+        The jobs stopped.
+    """
     from skygreen.launch import runs
 
     return runs.cancel_unknown_jobs(name, wiring=wiring())
 
 
 def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None) -> int | None:
-    """Write a run's output to `out` (stdout); with `follow`, until the run ends."""
+    """Write a run's output to `out`; with `follow`, until the run ends.
+
+    Args:
+        run_id: the run, or a unique prefix of its id.
+        follow: keep writing until the run ends.
+        out: where to write (default: stdout).
+
+    Returns:
+        The job's exit code where the launcher knows it, else None.
+
+    Raises:
+        InputError: an unknown run id, or a run never launched.
+    """
     from skygreen.launch import runs
 
     return runs.logs(run_id, follow=follow, out=out, wiring=wiring())
@@ -312,9 +491,19 @@ def logs(run_id: str, *, follow: bool = False, out: TextIO | None = None) -> int
 
 
 def cost_before_ledger(run_id: str) -> dict[str, Any]:
-    """What is known of the spend of a run launched but not training yet (no ledger): its state,
-    how long since its latest launch started, the time its launcher reports it has run (paid,
-    from the VM's first second), and that time priced at the plan's offer (an estimate)."""
+    """Return what is known of the spend of a run launched but not training yet (no ledger).
+
+    Args:
+        run_id: the run, or a unique prefix of its id.
+
+    Returns:
+        Its state, how long since its latest launch started, the time its launcher reports it
+        has run (paid, from the VM's first second), and that time priced at the plan's offer
+        (an estimate).
+
+    Raises:
+        InputError: an unknown run id.
+    """
     from skygreen.launch.status import status as run_statuses
     from skygreen.timestamps import parse_iso_s
 
@@ -337,7 +526,20 @@ def cost_before_ledger(run_id: str) -> dict[str, Any]:
 
 
 def run_cost(run_id: str, *, catalog_dir: Path | None = None) -> RunCostReport:
-    """What a run cost, from its ledger; a local run also gets the same task estimated on each cloud."""
+    """Return what a run cost, from its ledger; a local run also gets the task estimated on each cloud.
+
+    Args:
+        run_id: the run, or a unique prefix of its id.
+        catalog_dir: the catalog folder prices come from (see `plan`).
+
+    Returns:
+        The run's time, energy and spend, per VM and in total.
+
+    Raises:
+        InputError: an unknown run id.
+        NoLedgerYetError: the run has not started training, so it has no ledger yet.
+        StoreError: the ledger cannot be read.
+    """
     from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
 
@@ -347,8 +549,16 @@ def run_cost(run_id: str, *, catalog_dir: Path | None = None) -> RunCostReport:
 def team_spend(
     *, buckets: Iterable[str] = (), by: str | None = None, since: str | None = None, catalog_dir: Path | None = None
 ) -> TeamSpend:
-    """Every run this machine knows and every run in `buckets`, each once, priced from its ledger
-    and grouped `by` task, cloud, gpu or user; `since` (`30d`) keeps the runs active in that window.
+    """Price every run this machine knows and every run in `buckets`, each once, from its ledger.
+
+    Args:
+        buckets: bucket URLs whose runs to include (a team's shared buckets).
+        by: group by `task`, `cloud`, `gpu` or `user`; None for no grouping.
+        since: keep the runs active in that window (`30d`); None for all.
+        catalog_dir: the catalog folder prices come from (see `plan`).
+
+    Returns:
+        The runs' spend, grouped.
 
     Raises:
         SpecError: a bad `by`, `since` or bucket URL (exit 2).
@@ -364,19 +574,50 @@ def team_spend(
 
 
 def estimate(task_path: str | Path, *, catalog_dir: Path | None = None) -> TaskEstimate:
-    """A task's estimated cost per run on each cloud, the plan's pick first."""
+    """Estimate a task's cost per run on each cloud, the plan's pick first.
+
+    Args:
+        task_path: the task file.
+        catalog_dir: the catalog folder prices come from (see `plan`).
+
+    Returns:
+        The estimates.
+
+    Raises:
+        InputError: the task file is missing or bad (`SpecError`).
+        NoOfferError: no offer meets the task.
+    """
     from skygreen.costs import costing
 
     return costing.estimate_task(task_path, catalog_dir=catalog_dir)
 
 
 def is_task_file(target: str) -> bool:
-    """`skygreen cost TARGET`: a task file (`.yaml`, or an existing file) rather than a run id."""
+    """Tell whether `skygreen cost TARGET` names a task file rather than a run id.
+
+    Args:
+        target: what the user typed.
+
+    Returns:
+        True for a name ending in `.yaml`/`.yml`, or an existing file.
+    """
     return target.endswith((".yaml", ".yml")) or Path(target).is_file()
 
 
 def compare(run_ids: list[str], *, catalog_dir: Path | None = None) -> Comparison:
-    """Runs side by side; those with no ledger yet are left out and named (`Comparison.waiting`)."""
+    """Put runs side by side; those with no ledger yet are left out and named (`Comparison.waiting`).
+
+    Args:
+        run_ids: the runs, or unique prefixes of their ids.
+        catalog_dir: the catalog folder prices come from (see `plan`).
+
+    Returns:
+        The comparison.
+
+    Raises:
+        InputError: an unknown run id.
+        StoreError: a ledger cannot be read.
+    """
     from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
 
@@ -384,7 +625,21 @@ def compare(run_ids: list[str], *, catalog_dir: Path | None = None) -> Compariso
 
 
 def plot_runs(path: Path, run_ids: list[str], *, catalog_dir: Path | None = None) -> Path:
-    """Draw the runs' cost figures to `path` (.png, or .html for one page); needs skygreen[report]."""
+    """Draw the runs' cost figures to `path` (.png, or .html for one page); needs skygreen[report].
+
+    Args:
+        path: the file to write.
+        run_ids: the runs.
+        catalog_dir: the catalog folder prices come from (see `plan`).
+
+    Returns:
+        `path`.
+
+    Raises:
+        InputError: an unknown run id or file type, or matplotlib is not installed.
+        NoLedgerYetError: a run has no ledger yet.
+        StoreError: a ledger cannot be read.
+    """
     from skygreen.costs.page import write_plot
 
     write_plot(path, [run_cost(run_id, catalog_dir=catalog_dir) for run_id in run_ids])
@@ -392,7 +647,21 @@ def plot_runs(path: Path, run_ids: list[str], *, catalog_dir: Path | None = None
 
 
 def write_report(run_id: str, output: Path | None = None, *, catalog_dir: Path | None = None) -> Path:
-    """One self-contained HTML page about a run (default `RUN-report.html` here); returns its path."""
+    """Write one self-contained HTML page about a run.
+
+    Args:
+        run_id: the run, or a unique prefix of its id.
+        output: the file (default: `<run_id>-report.html` in the current folder).
+        catalog_dir: the catalog folder prices come from (see `plan`).
+
+    Returns:
+        The page's path.
+
+    Raises:
+        InputError: an unknown run id, or matplotlib is not installed.
+        NoLedgerYetError: the run has no ledger yet.
+        StoreError: the ledger cannot be read.
+    """
     import io
 
     from skygreen.costs.page import write_report as write_page
@@ -411,8 +680,18 @@ def write_report(run_id: str, output: Path | None = None, *, catalog_dir: Path |
 
 
 def simulate(request: SimulationRequest) -> Simulation:
-    """Replay a spot trace against deadline policies (`skygreen simulate`): the request's
-    durations are already read (`48h`, `90m`, or hours), and `SpecError` names a bad flag."""
+    """Replay a spot trace against deadline policies, as `skygreen simulate` does.
+
+    Args:
+        request: the trace, deadline, compute and policies; its durations are already read
+            (`48h`, `90m`, or hours).
+
+    Returns:
+        What was simulated (the trace and its zones, the prices, the job) and each policy's result.
+
+    Raises:
+        SpecError: a bad flag or trace.
+    """
     from skygreen.deadline import compare as deadline_compare
 
     return deadline_compare.run(request)
@@ -422,16 +701,31 @@ def simulate(request: SimulationRequest) -> Simulation:
 
 
 def demo(
-    view,
+    view: DemoView,
     *,
     folder: Path | None = None,
     gpu: str | None = None,
     steps: int | None = None,
     catalog_dir: Path | None = None,
-):
-    """Run `tasks/tiny.yaml` through every stage on this machine (`skygreen.demo.run_demo`):
-    plan, smoke test, training on a simulated GPU, a SIGKILL preemption and the resume, energy,
-    cost, plot and report, all under `folder`. Returns `demo.DemoResult`."""
+) -> DemoResult:
+    """Run `tasks/tiny.yaml` through every stage on this machine (`skygreen.demo.run_demo`).
+
+    Plan, smoke test, training on a simulated GPU, a SIGKILL preemption and the resume,
+    energy, cost, plot and report, all under `folder`.
+
+    Args:
+        view: where the demo tells its progress (`skygreen.demo_view`).
+        folder: where everything goes (default: the demo's own).
+        gpu: the simulated GPU (default: the demo's).
+        steps: training steps (default: the demo's).
+        catalog_dir: the catalog folder prices come from (see `plan`).
+
+    Returns:
+        The demo's result (`skygreen.demo.DemoResult`).
+
+    Raises:
+        SkygreenError: a stage failed; the message names it.
+    """
     from skygreen import demo as demo_module
 
     return demo_module.run_demo(
@@ -450,8 +744,22 @@ def demo(
 def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None, act: bool = False) -> GcResult:
     """Move checkpoints older than `older_than` to a cold storage class; `act=False` is a dry run.
 
-    `target` is a run id (resolved through the run registry), a run's checkpoint URL, or a
-    bucket URL holding runs. The latest, best and pinned checkpoints never move.
+    The latest, best and pinned checkpoints never move: a resume needs the one, a user the other.
+
+    Args:
+        target: a run id (resolved through the run registry), a run's checkpoint URL, or a
+            bucket URL holding runs.
+        older_than: the age (`90d`).
+        storage_class: the cloud's cold class (default: skygreen's per cloud; upper-cased).
+        act: move them; False only lists what would move.
+
+    Returns:
+        The moves, done when `act`, else only planned (none for a local folder).
+
+    Raises:
+        InputError: an unknown run id, a storage class that is not cold on that cloud, or a
+            bad age (`SpecError`).
+        StoreError: the bucket cannot be read.
     """
     from skygreen.checkpoint import gc as cold
     from skygreen.checkpoint.store_factory import open_store

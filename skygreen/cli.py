@@ -356,7 +356,7 @@ def logs(run: str, follow: bool) -> None:
     """Print a run's output (the training script's stdout and stderr).
 
     With --follow, exits with the run's outcome once it ends (0 succeeded, 1 failed, 75
-    stopped with a checkpoint; every exit code: docs/reference/cli.md).
+    stopped with a checkpoint; see the exit codes in docs/reference/cli.md).
     """
     from skygreen import api
 

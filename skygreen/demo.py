@@ -401,5 +401,5 @@ def _wait(view: DemoView, api: Any, run_id: str, *, until, total: int, what: str
                 f"  fix: see its log (skygreen logs {run_id}, with SKYGREEN_DATA_DIR set to the demo folder)"
             )
         if time.monotonic() > deadline:
-            raise LaunchError(f"run {run_id}: no {what} after {WAIT_S:.0f} s")
+            raise LaunchError(f"run {run_id}: waited {WAIT_S:.0f} s for {what}, in vain")
         time.sleep(POLL_S)

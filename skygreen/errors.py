@@ -21,7 +21,16 @@ from skygreen.exit_codes import FAILED as EXIT_FAILURE
 
 
 class SkygreenError(Exception):
-    """Base class: a message meant for the user, and the exit code the CLI returns."""
+    """Base class: a message meant for the user, and the exit code the CLI returns.
+
+    Catch this one class around any skygreen call: every error a user can cause or meet is
+    one, with the outside library's error kept as its `__cause__`.
+
+    Attributes:
+        exit_code: what the `skygreen` command exits with: 2 for bad input
+            (`InputError` and below), 1 for failures of the world; a few carry their own
+            (a superseded checkpoint writer exits 3; the table is `skygreen.exit_codes`).
+    """
 
     exit_code = EXIT_FAILURE
 

@@ -6,14 +6,7 @@ finished run from a failed one without parsing text. Commands that do not follow
 0 when they did what was asked, 1 when the world refused (a bucket, a cloud) and 2 when the
 input was wrong.
 
-| code | meaning |
-|---|---|
-| 0   | done: the run succeeded (or early stopping ended it) |
-| 1   | failed: the run failed, or it stopped with no checkpoint to resume from; a bucket or cloud refused |
-| 2   | bad input: the task file, a flag or a run id is wrong; nothing was launched |
-| 3   | superseded: a newer launch of the same run holds its checkpoint lease; this process stopped without writing |
-| 75  | stopped with a checkpoint (preempted or cancelled): `skygreen resume RUN` continues it |
-| 130 | interrupted (Ctrl-C) while following: the run itself goes on |
+`MEANINGS` below says what each code means; the CLI reference prints it as a table.
 
 75 is EX_TEMPFAIL, the same code the runtime exits with after committing a checkpoint on
 SIGTERM (`PREEMPTED_EXIT_CODE` below, re-exported by `skygreen.runtime`), which SkyPilot's
@@ -30,6 +23,17 @@ SUPERSEDED = 3
 """The runtime's exit status when a newer life of its run took over the bucket (`skygreen.checkpoint.lease`)."""
 STOPPED_WITH_CHECKPOINT = 75
 INTERRUPTED = 130
+
+MEANINGS: dict[int, str] = {
+    SUCCEEDED: "done: the run succeeded (or early stopping ended it)",
+    FAILED: "failed: the run failed, or it stopped with no checkpoint to resume from; a bucket or cloud refused",
+    BAD_INPUT: "bad input: the task file, a flag or a run id is wrong; nothing was launched",
+    SUPERSEDED: "superseded (the runtime's own code): a newer launch of the same run holds its checkpoint lease; "
+    "this process stopped without writing",
+    STOPPED_WITH_CHECKPOINT: "stopped with a checkpoint (preempted or cancelled): `skygreen resume RUN` continues it",
+    INTERRUPTED: "interrupted (Ctrl-C) while following: the run itself goes on",
+}
+"""What each code means, one line each: the exit code table of the CLI reference is made from it."""
 
 PREEMPTED_EXIT_CODE = STOPPED_WITH_CHECKPOINT
 """The runtime's exit status after committing a checkpoint on SIGTERM (75 is EX_TEMPFAIL: try

@@ -154,7 +154,14 @@ class RuntimeSettings:
     def preemption_rate_on(self, cloud: str | None) -> float | None:
         """The rate to assume on `cloud`: the fixed rate, else the cloud's row of the table,
         else (cloud unknown) the highest row, since too many checkpoints cost less than a
-        lost interval; None when nothing is known."""
+        lost interval; None when nothing is known.
+
+        Args:
+            cloud: where the run landed (`aws`, `gcp`, `azure`), or None when unknown.
+
+        Returns:
+            Preemptions per node-hour, or None.
+        """
         if self.preemptions_per_hour is not None:
             return self.preemptions_per_hour
         table = self.preemptions_per_hour_by_cloud or {}
@@ -175,7 +182,24 @@ class RuntimeSettings:
         preemptions_per_hour_by_cloud: Mapping[str, float] | None = None,
         user: str | None = None,
     ) -> RuntimeSettings:
-        """Settings for a run of a task; `bucket` is the resolved base URL."""
+        """Build the settings for a run of a task, as `skygreen up` does before `to_env`.
+
+        Args:
+            spec: the task's `skygreen:` section.
+            run_id: the run's id.
+            bucket: the resolved base URL of the checkpoints.
+            cloud: the cloud the run is pinned to, if any.
+            preemptions_per_hour: a fixed preemption rate for the checkpoint interval.
+            offers: the plan's offers with prices, for the ledger.
+            preemptions_per_hour_by_cloud: the assumed rate on each cloud the run may land on.
+            user: who launched the run.
+
+        Returns:
+            The settings.
+
+        Raises:
+            RuntimeSetupError: a value out of range (the spec has checked most already).
+        """
         power = spec.power
         cap_value = {"watts": power.cap_w, "fraction": power.cap_fraction}.get(power.mode)
         return cls(
@@ -220,7 +244,14 @@ class RuntimeSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RuntimeSettings:
-        """Settings from the environment, with `overrides` (from code) winning.
+        """Read the settings from the `SKYGREEN_*` variables, with `overrides` (from code) winning.
+
+        Args:
+            environ: the process environment (default: `os.environ`).
+            **overrides: field values from code; None values are ignored.
+
+        Returns:
+            The settings.
 
         Raises:
             RuntimeSetupError: a malformed or out-of-range variable, naming it; RUN_ID or

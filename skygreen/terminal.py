@@ -114,6 +114,83 @@ def write_table(
     out.write("".join(f"{pad}{line.rstrip()}\n" for line in buffer.getvalue().splitlines() if line.strip()))
 
 
+BOX_HEAVY_HEAD = ("┏━┳┓", "┃┃┃", "┡━╇┩", "│││", "└─┴┘")
+"""rich's `box.HEAVY_HEAD`: top, header walls, under the header, row walls, bottom."""
+
+_WORD = re.compile(r"\s*\S+\s*")
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """`text` broken into lines of at most `width` columns where rich's `Console.print` breaks it.
+
+    The plan prints without rich (its import and drawing were a third of `skygreen plan`'s CPU
+    time), and its output must not change for that: a word keeps the blanks after it, a line
+    breaks before the first word that does not fit, and a word longer than a line is cut into
+    lines of `width` (rich's `divide_line` with `fold`). ASCII only: each character one column.
+    """
+    lines: list[str] = []
+    line = ""
+    for word in _WORD.findall(text) or [text]:
+        if len(line) + len(word.rstrip()) <= width:
+            line += word
+            continue
+        if line:
+            lines.append(line)
+        if len(word.rstrip()) > width:  # cut whole, blanks after it included, as rich chops it
+            chunks = [word[i : i + width] for i in range(0, len(word), width)]
+            lines.extend(chunks[:-1])
+            word = chunks[-1]
+        line = word
+    lines.append(line)
+    return [part[:width] if len(part) > width and not part[width:].strip() else part for part in lines]
+
+
+def box_table_lines(
+    title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int], *, styled: bool
+) -> list[str]:
+    """A table drawn as rich draws `Table(title=..., title_justify="left", header_style="bold")`
+    with its default box, for cells that never fold: each column as wide as its widest header
+    line or cell, one blank each side, headers of several lines (`"on-demand\n$/h"`) bottom-aligned.
+
+    `styled` (a terminal): the title in italics and the headers in bold, as ANSI codes; piped
+    output gets none. ASCII cells without blanks at either end, as the plan's are (see `wrap_words`).
+    """
+    header_lines = [header.split("\n") for header in headers]
+    depth = max(len(lines) for lines in header_lines)
+    widths = [
+        max([*(len(line) for line in header_lines[i]), *(len(row[i]) for row in rows)]) for i in range(len(headers))
+    ]
+    table_width = sum(widths) + 3 * len(widths) + 1
+
+    def cells(values: Sequence[str], bold: bool) -> list[str]:
+        out = []
+        for i, value in enumerate(values):
+            text = value.rjust(widths[i]) if i in right else value.ljust(widths[i])
+            out.append(f" \x1b[1m{text}\x1b[0m " if bold and styled and value else f" {text} ")
+        return out
+
+    def rule(edges: str) -> str:
+        return edges[0] + edges[2].join(edges[1] * (w + 2) for w in widths) + edges[3]
+
+    top, head, under, body, bottom = BOX_HEAVY_HEAD
+    lines = [
+        f"\x1b[3m{line}\x1b[0m" if styled else line for line in _padded(wrap_words(title, table_width), table_width)
+    ]
+    lines.append(rule(top))
+    for depth_i in range(depth):
+        values = [h[depth_i - depth + len(h)] if depth_i >= depth - len(h) else "" for h in header_lines]
+        lines.append(head[0] + head[1].join(cells(values, bold=True)) + head[2])
+    lines.append(rule(under))
+    lines.extend(body[0] + body[1].join(cells(row, bold=False)) + body[2] for row in rows)
+    lines.append(rule(bottom))
+    return lines
+
+
+def _padded(lines: list[str], width: int) -> list[str]:
+    """Left-justified as rich justifies a table's title: trailing blanks off, then padded to `width`."""
+    return [line.rstrip().ljust(width) for line in lines]
+
+
 def table_width(rows: Sequence[Sequence[str]], *, indent: int = 0) -> int:
     """How wide `write_table` draws `rows` when nothing folds: the widest cell of each column,
     two spaces between columns, and the indent."""

@@ -222,3 +222,56 @@ def _check_task(task: Mapping[str, Any]) -> None:
         raise LaunchError(
             f"launching the managed job failed: SkyPilot rejected the task\n  detail: unknown job recovery strategy {strategy!r}\n  fix: use EAGER_NEXT_REGION or FAILOVER"
         )
+
+
+class FakeDeviceMemory:
+    """A GPU's memory where there is none (CPU tests of `micro: auto`), as `DeviceMemory` reads it
+    (`skygreen.runtime.autotune`), and failing as a full GPU fails.
+
+    Once `install`ed on a module, each forward of it takes `base_bytes + bytes_per_sample x rows`
+    (rows: the first input's first dimension) as its peak; above `capacity_bytes` it raises
+    torch's own `OutOfMemoryError` with CUDA's message, as an allocation on a full GPU does.
+
+    Args:
+        capacity_bytes: the device's total memory.
+        base_bytes: what a step holds whatever its micro-batch (weights, gradients, optimizer states).
+        bytes_per_sample: activation memory per sample of a micro-batch.
+    """
+
+    def __init__(self, *, capacity_bytes: int, base_bytes: int, bytes_per_sample: int) -> None:
+        self._capacity = capacity_bytes
+        self.base_bytes = base_bytes
+        self.bytes_per_sample = bytes_per_sample
+        self._peak = 0
+        self.out_of_memory: list[int] = []
+        """The micro-batch sizes that ran out of memory."""
+
+    def install(self, module: Any) -> None:
+        """Charge each forward of `module` to this memory."""
+        module.register_forward_pre_hook(lambda _module, inputs: self.allocate(int(inputs[0].shape[0])))
+
+    def allocate(self, rows: int) -> None:
+        """A forward over `rows` samples: the peak it reaches, or CUDA's out-of-memory error."""
+        import torch
+
+        need = self.base_bytes + self.bytes_per_sample * rows
+        if need > self._capacity:
+            self.out_of_memory.append(rows)
+            mib = self.bytes_per_sample * rows / 2**20
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {mib:.2f} MiB. GPU 0 has a total capacity of "
+                f"{self._capacity / 2**30:.2f} GiB"
+            )
+        self._peak = max(self._peak, need)
+
+    def reset_peak(self) -> None:
+        """Start a new peak measurement."""
+        self._peak = 0
+
+    def peak_bytes(self) -> int:
+        """The largest forward since `reset_peak`."""
+        return self._peak
+
+    def capacity_bytes(self) -> int:
+        """The device's total memory."""
+        return self._capacity

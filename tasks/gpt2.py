@@ -101,6 +101,46 @@ def build_model(vocab_size: int, size: dict):
     return GPT2LMHeadModel(config)
 
 
+def load_text(size_name: str, size: dict, *, dedup: float | None) -> tuple[Any, int, Rows, Rows]:
+    """(tokens, vocabulary size, training rows, validation rows) of FineWeb-Edu at this size."""
+    data, tokenizer = prepare_text(
+        dataclasses.replace(FINEWEB_EDU, block_size=size["block"]), size=size_name, dedup=dedup
+    )
+    val_rows = min(size["val_rows"], len(data) // 4)
+    return (
+        data,
+        tokenizer.get_vocab_size(),
+        Rows(data, 0, len(data) - val_rows),
+        Rows(data, len(data) - val_rows, len(data)),
+    )
+
+
+def make_optimizer(model: torch.nn.Module, size: dict) -> torch.optim.AdamW:
+    """GPT-3's AdamW: weight decay 0.1 on matrices only, betas (0.9, 0.95). Build it after the
+    model is sharded, if it is: it holds the parameters it is given."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=size["lr"],
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, size: dict, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over the size's `warmup` steps, then cosine decay to 10% at `steps`."""
+    warmup = size["warmup"]
+
+    def lr_factor(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        progress = min(1.0, (s - warmup) / max(1, steps - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+
+
 @torch.no_grad()
 def evaluate(run: sg.Run, val: Rows) -> float:
     run.model.eval()
@@ -121,30 +161,11 @@ def main() -> None:
     size_name = task_size()
     size = SIZES[size_name]
     steps = args.steps or size["steps"]
-    data, tokenizer = prepare_text(
-        dataclasses.replace(FINEWEB_EDU, block_size=size["block"]), size=size_name, dedup=args.dedup
-    )
-    val_rows = min(size["val_rows"], len(data) // 4)
-    train, val = Rows(data, 0, len(data) - val_rows), Rows(data, len(data) - val_rows, len(data))
+    data, vocab_size, train, val = load_text(size_name, size, dedup=args.dedup)
 
-    model = build_model(tokenizer.get_vocab_size(), size)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=size["lr"],
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
-    warmup = size["warmup"]
-
-    def lr_factor(s: int) -> float:  # linear warm-up, cosine decay to 10%
-        if s < warmup:
-            return (s + 1) / warmup
-        progress = min(1.0, (s - warmup) / max(1, steps - warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model = build_model(vocab_size, size)
+    optimizer = make_optimizer(model, size)
+    scheduler = make_scheduler(optimizer, size, steps)
     run = sg.Run(
         model=model,
         optimizer=optimizer,

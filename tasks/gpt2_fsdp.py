@@ -8,14 +8,12 @@ checkpoints through `skygreen.runtime.sharded`. The precision the runtime picked
 becomes FSDP2's `MixedPrecisionPolicy` (bf16 compute, fp32 gradient reduction and master
 weights).
 
-Data, tokenizer, schedule and evaluation are `gpt2.py`'s. `SKYGREEN_TASK_SIZE=small` (set by
+Model, data, tokenizer, optimizer, schedule and evaluation are `gpt2.py`'s. `SKYGREEN_TASK_SIZE=small` (set by
 `skygreen smoke`) trains a 2-layer, 64-wide GPT on 64-token blocks of the shipped sample.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import random
 from typing import Any
@@ -25,11 +23,11 @@ import torch
 import torch.distributed as dist
 
 import skygreen.runtime as sg
-from common import Rows, task_size
-from gpt2 import FINEWEB_EDU, build_model, evaluate, parse_args
+from common import task_size
+from gpt2 import SIZES as GPT2_SIZES
+from gpt2 import build_model, evaluate, load_text, make_optimizer, make_scheduler, parse_args
 from skygreen.runtime.fsdp import shard, task_precision
 from skygreen.settings import SMOKE_ENV
-from textdata import prepare_text
 
 SIZES: dict[str, dict[str, Any]] = {
     # GPT-2 medium; GPT-3 medium's learning rate (3e-4) and the 10B-token schedule of gpt2.py.
@@ -45,19 +43,7 @@ SIZES: dict[str, dict[str, Any]] = {
         eval_every=250,
         vocab_pad=64,
     ),
-    "small": dict(
-        batch=16,
-        embd=64,
-        layers=2,
-        heads=2,
-        block=64,
-        steps=60,
-        lr=3e-3,
-        warmup=5,
-        val_rows=16,
-        eval_every=20,
-        vocab_pad=8,
-    ),
+    "small": GPT2_SIZES["small"],  # the same small model as gpt2.py's smoke test
 }
 
 
@@ -81,32 +67,13 @@ def main() -> None:
     size_name = task_size()
     size = SIZES[size_name]
     steps = args.steps or size["steps"]
-    data, tokenizer = prepare_text(
-        dataclasses.replace(FINEWEB_EDU, block_size=size["block"]), size=size_name, dedup=args.dedup
-    )
-    val_rows = min(size["val_rows"], len(data) // 4)
-    train, val = Rows(data, 0, len(data) - val_rows), Rows(data, len(data) - val_rows, len(data))
+    data, vocab_size, train, val = load_text(size_name, size, dedup=args.dedup)
 
-    model = build_model(tokenizer.get_vocab_size(), size).to(device)
+    model = build_model(vocab_size, size).to(device)
     compute = task_precision(device)  # the task's precision, `auto` resolved for this GPU
     shard(model, blocks=model.transformer.h, precision=compute)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=size["lr"],
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
-    warmup = size["warmup"]
-
-    def lr_factor(s: int) -> float:  # linear warm-up, cosine decay to 10%
-        if s < warmup:
-            return (s + 1) / warmup
-        progress = min(1.0, (s - warmup) / max(1, steps - warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    optimizer = make_optimizer(model, size)  # over the sharded parameters
+    scheduler = make_scheduler(optimizer, size, steps)
     run = sg.Run(
         model=model,
         optimizer=optimizer,

@@ -10,6 +10,13 @@ of every sample the step used on any rank, the gradient reduce-scatters FSDP ran
 and the gradient norm `step.clip_grad_norm_` returned beside the norm of the gathered gradients
 before and after clipping; at the end it writes the gathered full weights to
 `OUT_DIR/weights.pt`.
+
+With `FSDP_TEST_MEMORY_MIB` (each rank's device memory in MiB, comma-separated) the micro-batch
+is `auto` and each rank's "GPU" is a `skygreen.testing.FakeDeviceMemory` of that size, whose
+forward holds `FAKE_BASE_MIB` plus `FAKE_SAMPLE_MIB` per sample.
+
+With `FSDP_TEST_S3_ENDPOINTS` (one S3 endpoint per rank, comma-separated), rank r talks to
+the r-th: a test puts a counting proxy in front of the bucket for each rank.
 """
 
 from __future__ import annotations
@@ -25,14 +32,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from skygreen.runtime import run as run_module
 from skygreen.runtime.fsdp import shard
 from skygreen.runtime.run import Run
 from skygreen.settings import RuntimeSettings
+from skygreen.testing import FakeDeviceMemory
 
 DATASET_LEN = 44
 FEATURES = 6
 CLASSES = 3
 MAX_GRAD_NORM = 0.5
+FAKE_BASE_MIB = 1000
+FAKE_SAMPLE_MIB = 100
 
 
 def dataset() -> torch.utils.data.TensorDataset:
@@ -78,7 +89,19 @@ def main(bucket: str, run_id: str, total_steps: int, out_dir: Path) -> None:
         dist.init_process_group("gloo")
     count_reduce_scatters()
     rank = dist.get_rank()
+    endpoints = os.environ.get("FSDP_TEST_S3_ENDPOINTS")
+    if endpoints:
+        os.environ["AWS_ENDPOINT_URL_S3"] = endpoints.split(",")[rank]
     net = model()
+    memory_mib = os.environ.get("FSDP_TEST_MEMORY_MIB")
+    if memory_mib:
+        fake = FakeDeviceMemory(
+            capacity_bytes=int(memory_mib.split(",")[rank]) * 2**20,
+            base_bytes=FAKE_BASE_MIB * 2**20,
+            bytes_per_sample=FAKE_SAMPLE_MIB * 2**20,
+        )
+        fake.install(net[0])
+        run_module.device_memory = lambda device: fake  # this "GPU" is the only device with statistics
     shard(net, blocks=model_blocks_of(net), precision="fp32")
     optimizer = torch.optim.AdamW(net.parameters(), lr=0.05)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
@@ -87,11 +110,12 @@ def main(bucket: str, run_id: str, total_steps: int, out_dir: Path) -> None:
         bucket=bucket,
         precision="fp32",
         effective_batch=8,
-        micro_batch=1,
+        micro_batch=None if memory_mib else 1,
         checkpoint_every_steps=int(os.environ.get("FSDP_TEST_EVERY", "2")),
     )
     environ = {k: v for k, v in os.environ.items() if k != "SKYGREEN_SMOKE"}
     run = Run(
+        micro_batch="auto" if memory_mib else None,
         model=net,
         optimizer=optimizer,
         scheduler=scheduler,

@@ -147,6 +147,8 @@ def test_bad_names_and_rows_are_clear_errors(tmp_path):
         ShardSpec(name="ok\n", source={}, config={})  # `$` would match before a final newline
     with pytest.raises(InputError, match="JSON values"):
         ShardSpec(name="ok", source={"when": object()}, config={})
+    with pytest.raises(InputError, match="JSON values"):  # NaN has no JSON form either
+        ShardSpec(name="ok", source={}, config={"dropout": float("nan")})
 
     def mixed(writer):
         writer.add({"input_ids": np.zeros((3, WIDTH), np.uint16)})
@@ -279,3 +281,19 @@ def test_text_tasks_leave_deduplication_off_by_default():
     for module in (bert_mlm, gpt2):
         sys.argv = [str(module.__file__)]
         assert module.parse_args().dedup is None
+
+
+def test_rows_come_in_one_field_order_where_built_and_where_streamed(tmp_path):
+    """The process that builds and every later start (which reads the manifest back) see a
+    row's fields in the same order, whatever order the build added them in."""
+
+    def build(writer) -> None:
+        writer.add({"label": np.arange(3, dtype=np.int16), "input_ids": np.ones((3, WIDTH), np.uint16)})
+
+    url = str(tmp_path / "bucket" / "skygreen-data")
+    built = prepare(spec(order="label-first"), build, url=url, cache_dir=tmp_path / "a", environ={}, prefetch=False)
+    streamed = prepare(spec(order="label-first"), build, url=url, cache_dir=tmp_path / "b", environ={}, prefetch=False)
+    assert built.built and not streamed.built
+    assert built.fields == streamed.fields == ("input_ids", "label")
+    for got, want in zip(built[1], streamed[1], strict=True):
+        assert np.array_equal(got, want)

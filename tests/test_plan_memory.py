@@ -256,3 +256,46 @@ def test_plan_json_from_the_command_gives_memory_per_gpu_and_drops_what_cannot_h
     err = subprocess.run([*argv[:-3], str(bad), *argv[-2:]], capture_output=True, text=True, env=env, timeout=120)
     assert err.returncode == 2 and "skygreen.model.params" in err.stderr and "Traceback" not in err.stderr
     assert math.isfinite(doc["candidates"][0]["est_cost_usd"])
+
+
+def plan_text(tmp_path: Path, section: str, *args: str, columns: int | None) -> str:
+    path = tmp_path / "task.yaml"
+    path.write_text(f"name: t\nskygreen: {section}\nrun: python train.py\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKY_", "SKYPILOT_", "SKYGREEN_", "COLUMNS"))}
+    env.update(HOME=str(tmp_path), **({"COLUMNS": str(columns)} if columns else {}))
+    argv = [sys.executable, "-m", "skygreen.cli", "plan", str(path), "--catalog", str(FIXTURE_CATALOG), *args]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def headings_and_rows(text: str) -> tuple[list[str], list[list[str]]]:
+    """The first table's column headings (header lines joined) and the body rows of every table."""
+    header = [line for line in text.splitlines() if line.startswith("┃")]
+    first = header[: next(i for i, line in enumerate(header) if line.lstrip("┃ ").startswith("#")) + 1]
+    cells = [[cell.strip() for cell in line.strip("┃").split("┃")] for line in first]
+    headings = [" ".join(part for part in column if part) for column in zip(*cells, strict=True)]
+    rows = [[cell.strip() for cell in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
+    return headings, rows
+
+
+def test_the_plan_table_shows_memory_per_gpu_when_the_task_has_a_model(tmp_path):
+    section = "{model: {params: 7B, activation_gb: 4}, work: {gpu_hours: 100, gpu: A100}}"
+    candidates = json.loads(plan_text(tmp_path, section, "--json", columns=None))["candidates"]
+    text = plan_text(tmp_path, section, "--top", "10", columns=120)
+    assert max(len(line) for line in text.splitlines()) <= 120
+    headings, rows = headings_and_rows(text)
+    column = headings.index("mem GB/GPU")
+    shown = min(10, len(candidates))
+    for row, c in zip(rows[:shown], candidates[:shown], strict=True):
+        assert row[column] == f"{c['memory_per_gpu_gb']:.3g}", (row, c)  # differs by GPU count: 60, 18, 32, ...
+    assert len({row[column] for row in rows[:shown]}) > 1
+    # too narrow for it: left out whole and named, like any other column; stacked offers still say it
+    narrow = plan_text(tmp_path, section, columns=80)
+    assert "mem GB/GPU" not in " ".join(headings_and_rows(narrow)[0])
+    assert "Not shown at 80 columns:" in narrow and "mem" in narrow.split("Not shown", 1)[1].split("(")[0]
+    stacked = plan_text(tmp_path, section, "--top", "1", columns=40)
+    assert f"{candidates[0]['memory_per_gpu_gb']:.3g} GB per GPU" in " ".join(stacked.split())
+    # a task without a model has no such column
+    plain, _ = headings_and_rows(plan_text(tmp_path, "{work: {gpu_hours: 100, gpu: A100}}", columns=200))
+    assert "mem GB/GPU" not in plain and "CO2e kg" in plain

@@ -161,8 +161,6 @@ def test_report_page_in_headless_chromium(runs, tmp_path):
     pixels = matplotlib.image.imread(str(shot))[:, :, :3]
     colored = ((pixels.max(axis=2) - pixels.min(axis=2)) > 0.2).mean()
     assert colored > 0.01  # the figure's coloured bars and lines were drawn, not a blank page
-    if os.environ.get("SKYGREEN_UPDATE_SCREENSHOT") == "1":
-        shutil.copy(shot, REPO / "docs" / "report.png")
 
 
 def test_report_page_carries_the_energy_statement(runs, tmp_path):

@@ -10,7 +10,12 @@ at a moment it has to race for, and compares the resumed run with an uninterrupt
 - 2 -> 4 -> 1 ranks: the checkpoint reshards, every step uses exactly the samples the
   uninterrupted run used, the effective batch is kept (accumulation 4 -> 2 -> 8), and the loss
   stays within 1e-5 (relative) of the uninterrupted run's: only the order of the fp32 sums
-  changed (moto S3).
+  changed (moto S3);
+- each rank downloads only the shard files its own slices need, counted at a proxy in front of
+  moto for each rank: 2 -> 4 ranks, rank r fetches the one file its half came from; 4 -> 1, all
+  four; and a corrupt shard file that only rank 1 needs still makes both ranks fall back;
+- `micro: auto` with one rank's device smaller than the other's: both ranks agree on the
+  micro-batch the smaller one holds, without ever running out of memory (a fake device).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from faultproxy import FaultProxy
 from skygreen.checkpoint.manifest import committed_steps, manifest_key, read_manifest
 from skygreen.checkpoint.store_factory import open_store
 
@@ -142,6 +148,18 @@ def test_kill_9_during_an_async_save_leaves_no_commit_and_resumes_bit_identical(
     assert manifest.layout == "sharded-dcp" and manifest.world_size == 2 and manifest.meta["state"] == "completed"
     assert {"dcp.metadata", "dcp__0_0.distcp", "dcp__1_0.distcp", "shared.pt"} <= set(manifest.blobs)
     assert not store.list("ckpt/000000000004/") or store.exists(manifest_key(4))  # the leftovers were cleared
+    # the changeover of the sharded restore, in the ledger: rank 0's time and the bytes it fetched
+    segments = sorted(
+        (json.loads(p.read_text()) for p in (Path(bucket) / "victim" / "ledger").glob("*.json")),
+        key=lambda s: s["started_at"],
+    )
+    assert [s["start_step"] for s in segments] == [0, 2]
+    assert segments[0]["restore_bytes"] is None and segments[0]["restore_s"] is None  # started fresh
+    restored = read_manifest(store, 2)
+    own = ("dcp.metadata", "shared.pt", "rank00000.pt", "dcp__0_0.distcp")
+    assert segments[1]["restore_bytes"] == sum(restored.blobs[name].size for name in own)
+    assert segments[1]["restore_bytes"] < sum(b.size for b in restored.blobs.values())  # not rank 1's files
+    assert segments[1]["restore_s"] > 0
 
 
 def test_a_rank_lost_mid_save_leaves_no_commit_and_the_run_falls_back(tmp_path, reference, gcs_bucket):
@@ -160,15 +178,46 @@ def test_a_rank_lost_mid_save_leaves_no_commit_and_the_run_falls_back(tmp_path, 
     assert_same_as(reference, out)
 
 
-def test_resharding_from_2_to_4_to_1_ranks_keeps_the_samples_and_the_loss(tmp_path, reference, s3_bucket):
+@contextlib.contextmanager
+def rank_proxies(upstream: str, nproc: int):
+    """One request-logging proxy in front of moto per rank, and the variable that routes rank r
+    through the r-th (read by fsdp_train.py)."""
+    proxies = [FaultProxy(upstream).start() for _ in range(nproc)]
+    try:
+        yield proxies, {"FSDP_TEST_S3_ENDPOINTS": ",".join(p.url for p in proxies)}
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
+def shard_gets(proxy: FaultProxy, step: int) -> list[str]:
+    """The DCP shard files of `step` this proxy's rank downloaded (GET, any outcome)."""
+    folder = f"/ckpt/{step:012d}/"
+    return sorted(
+        path.rsplit("/", 1)[1]
+        for method, path, _ in proxy.log
+        if method == "GET" and folder in path and path.rsplit("/", 1)[1].startswith("dcp__")
+    )
+
+
+def test_resharding_from_2_to_4_to_1_ranks_keeps_the_samples_and_the_loss(tmp_path, reference, s3_bucket, moto_server):
     bucket, out = f"s3://{s3_bucket}/runs", tmp_path / "out"
     store = open_store(f"{bucket}/elastic")
+    fetched: dict[int, list[list[str]]] = {}
     for nproc, held_at in ((2, 2), (4, 4)):
-        proc = launch(nproc, bucket, "elastic", out, SKYGREEN_TEST_HOLD_AT_STEPS=str(held_at))
-        wait_for(proc, lambda s=held_at: s in committed_steps(store), f"step {held_at} was committed")
-        kill_all(proc)
+        with rank_proxies(moto_server.url, nproc) as (proxies, env):
+            proc = launch(nproc, bucket, "elastic", out, SKYGREEN_TEST_HOLD_AT_STEPS=str(held_at), **env)
+            wait_for(proc, lambda s=held_at: s in committed_steps(store), f"step {held_at} was committed")
+            kill_all(proc)
+            fetched[nproc] = [shard_gets(p, 2) for p in proxies]
     assert read_manifest(store, 4).world_size == 4
-    finish(launch(1, bucket, "elastic", out))
+    with rank_proxies(moto_server.url, 1) as (proxies, env):
+        finish(launch(1, bucket, "elastic", out, **env))
+        fetched[1] = [shard_gets(proxies[0], 4)]
+    # 2 -> 4: each rank's slice lies inside one saved rank's half, so it fetches that file only
+    assert fetched[4] == [["dcp__0_0.distcp"], ["dcp__0_0.distcp"], ["dcp__1_0.distcp"], ["dcp__1_0.distcp"]]
+    # 4 -> 1: the one rank holds everything, so it needs every rank's file
+    assert fetched[1] == [[f"dcp__{r}_0.distcp" for r in range(4)]]
     ref, got = steps_log(reference), steps_log(out)
     assert sorted(got) == list(range(STEPS))
     shapes = [(got[s]["world_size"], got[s]["accum"]) for s in range(STEPS)]
@@ -181,14 +230,78 @@ def test_resharding_from_2_to_4_to_1_ranks_keeps_the_samples_and_the_loss(tmp_pa
         torch.testing.assert_close(got_w[name], ref_w[name], rtol=LOSS_RTOL, atol=1e-6)
 
 
-def test_micro_auto_is_refused_for_a_model_sharded_over_ranks_naming_the_fix():
-    from skygreen.errors import RuntimeSetupError
-    from skygreen.runtime.fsdp import check_batch
+def test_a_corrupt_shard_only_one_rank_needs_still_makes_every_rank_fall_back(
+    tmp_path, reference, s3_bucket, moto_server
+):
+    """Rank 0 never downloads rank 1's shard file at the same world size, so only rank 1 finds it
+    corrupt; the ranks agree, and both load the commit before (bit-identical to the reference)."""
+    import boto3
 
-    with pytest.raises(RuntimeSetupError, match=r"give the micro-batch"):
-        check_batch(micro_auto=True, world_size=2, smoke=False)
-    check_batch(micro_auto=True, world_size=1, smoke=False)  # one rank probes as before
-    check_batch(micro_auto=False, world_size=4, smoke=False)
+    bucket, out = f"s3://{s3_bucket}/runs", tmp_path / "out"
+    store = open_store(f"{bucket}/victim")
+    proc = launch(2, bucket, "victim", out, SKYGREEN_TEST_HOLD_AT_STEPS="4")
+    wait_for(proc, lambda: 4 in committed_steps(store), "step 4 was committed")
+    kill_all(proc)
+    key = f"runs/victim/ckpt/{4:012d}/dcp__1_0.distcp"
+    s3 = boto3.client("s3")
+    data = bytearray(s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0xFF  # bit rot in the bucket, same size
+    s3.put_object(Bucket=s3_bucket, Key=key, Body=bytes(data))
+    with rank_proxies(moto_server.url, 2) as (proxies, env):
+        resumed = finish(launch(2, bucket, "victim", out, **env))
+        step4 = [shard_gets(p, 4) for p in proxies]
+        step2 = [shard_gets(p, 2) for p in proxies]
+    assert "resumed run victim at step 2" in resumed
+    assert "dcp__1_0.distcp does not match the manifest" in resumed
+    assert step4[0] == ["dcp__0_0.distcp"]  # rank 0 fetched its own file only, which verified
+    assert "dcp__1_0.distcp" in step4[1]  # only rank 1 saw the corrupt one
+    assert step2 == [["dcp__0_0.distcp"], ["dcp__1_0.distcp"]]
+    assert_same_as(reference, out)
+
+
+def test_micro_auto_under_fsdp2_agrees_on_what_the_tightest_rank_holds_without_running_out_of_memory(
+    tmp_path, reference
+):
+    """Rank 1's "GPU" (a `FakeDeviceMemory`: 1000 MiB + 100 MiB per sample, raising torch's
+    OutOfMemoryError past its size) holds 3 samples, rank 0's 8. Micro-batch 4, the whole
+    per-rank batch, would run rank 1 out of memory in the middle of FSDP's forward. The probe
+    measures micro 1 and 2 on both ranks, and both take micro 2 (90% of 1350 MiB holds 2.15
+    samples; rank 0 alone would take 4). Nothing runs out of memory, nothing hangs (the run is
+    waited for with a timeout), and every step uses the reference's samples with its loss."""
+    out = tmp_path / "out"
+    log = finish(launch(2, str(tmp_path / "bucket"), "auto", out, FSDP_TEST_MEMORY_MIB="2000,1350"))
+    assert "micro: auto: micro-batch 2 (accumulation 2)" in log, log[-3000:]
+    assert "rank 0 alone would take 4, the tightest rank 2" in log
+    assert "out of memory" not in log.lower().replace("micro: auto", "")
+    ref, got = steps_log(reference), steps_log(out)
+    assert [got[s]["accum"] for s in range(STEPS)] == [4, 4, 2, 2, 2, 2]  # micro 1, 1 (measured), 2 (measured), 2...
+    for step in range(STEPS):
+        assert got[step]["samples"] == ref[step]["samples"], step
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=LOSS_RTOL), step
+    ref_w, got_w = weights(reference), weights(out)
+    for name in ref_w:
+        torch.testing.assert_close(got_w[name], ref_w[name], rtol=LOSS_RTOL, atol=1e-6)
+
+
+def test_the_fsdp2_probe_fits_a_line_and_keeps_to_divisors():
+    from skygreen.runtime.autotune import MemoryProbe, divisor_at_most
+    from skygreen.testing import FakeDeviceMemory
+
+    mib = 2**20
+    fake = FakeDeviceMemory(capacity_bytes=3000 * mib, base_bytes=1000 * mib, bytes_per_sample=50 * mib)
+    probe = MemoryProbe(per_rank_batch=48, meter=fake)
+    assert probe.schedule == (1, 1, 2)
+    for _ in probe.schedule:
+        fake.allocate(probe.micro_for_next_step())
+        probe.step_done()
+    assert probe.done and probe.peaks == {1: 1050 * mib, 2: 1100 * mib}
+    assert probe.largest_fitting() == 34  # (0.9 x 3000 - 1000) / 50
+    assert divisor_at_most(34, 48) == 24 and divisor_at_most(34, 7) == 7 and divisor_at_most(0, 6) == 1
+    assert MemoryProbe(per_rank_batch=9, meter=fake).schedule == (1, 1, 3)
+    assert MemoryProbe(per_rank_batch=1, meter=fake).schedule == ()  # nothing to choose
+    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
+        fake.allocate(41)
+    assert fake.out_of_memory == [41]
 
 
 def test_the_tasks_precision_becomes_fsdp2s_mixed_precision_policy():

@@ -193,3 +193,26 @@ def test_a_sharded_writer_whose_lease_a_newer_launch_took_commits_and_deletes_no
     with pytest.raises(SystemExit) as refused:
         late.load_latest()  # an older life that starts late stops before removing anything
     assert refused.value.code == SUPERSEDED
+
+
+def test_the_load_plan_names_the_files_a_rank_reads_and_the_reader_refuses_any_other(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from skygreen.runtime.dcp_files import VerifiedReader, planned_files
+
+    _two_commits(tmp_path)
+    folder = tmp_path / "dcp"
+    folder.mkdir()
+    for name in ("dcp.metadata", "dcp__0_0.distcp"):
+        (folder / name[len("dcp") :]).write_bytes((tmp_path / blob_key(2, name)).read_bytes())
+    metadata = read_dcp_metadata((folder / ".metadata").read_bytes(), where="test")
+    _, targets = split_tensors(state(0.0))
+    into = {k: t.clone() for k, t in targets.items()}
+    assert planned_files(metadata, into) == {"__0_0.distcp"}
+    with pytest.raises(CheckpointError, match="cannot plan"):
+        planned_files(metadata, {"model.w": torch.zeros(5, 5)})  # a shape the checkpoint does not hold
+    with pytest.raises(BaseException, match=r"__0_0\.distcp, which was not verified"):
+        dcp.load(into, storage_reader=VerifiedReader(folder, verified=set()), no_dist=True)
+    assert torch.equal(into["model.w"], torch.zeros(3, 4))  # nothing was read
+    dcp.load(into, storage_reader=VerifiedReader(folder, verified={"__0_0.distcp"}), no_dist=True)
+    assert torch.equal(into["model.w"], state(2.0)["model"]["w"])

@@ -62,9 +62,10 @@ def test_plan_imports_neither_sky_nor_torch(tmp_path):
 
 OFF_THE_PLAN_PATH = (
     "skygreen.costs.costing", "skygreen.ledger.pricing", "skygreen.ledger.records", "skygreen.launch.registry",
-    "skygreen.checkpoint.store", "skygreen.settings", "secrets",
+    "skygreen.checkpoint.store", "skygreen.settings", "secrets", "rich",
 )  # fmt: skip
-"""What `skygreen plan` has no use for: pricing ledgers, run records, buckets, runtime settings."""
+"""What `skygreen plan` has no use for: pricing ledgers, run records, buckets, runtime settings,
+and rich (the plan draws its tables itself, as rich would: tests/test_plan_report.py)."""
 
 
 def test_plan_imports_no_pricing_registry_or_store(tmp_path):

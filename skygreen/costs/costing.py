@@ -141,7 +141,7 @@ def cost_of_run(
             "callbacks (skygreen.integrations) and the folder mode (checkpoint.dir); a script that uses "
             "none of them writes none\n"
             "  fix: wait for its first step; for a run that ended without one, add skygreen's callback or "
-            "checkpoint.dir to the task (docs/existing-script.md)"
+            "checkpoint.dir to the task (docs/trainers.md)"
         )
     estimate, why = None, None
     if cost.local:

@@ -7,7 +7,8 @@ shards under the run's bucket (keyed by a hash of the source and the preprocessi
 and every later start (a resume, another run of the same task, another rank) downloads and
 memory-maps those shards instead.
 
-- `skygreen.data.shards`: `prepare` (build once or stream) and where the data lives.
+- `skygreen.data.shards`: `prepare` (build once or stream) and where the data lives; its
+  public names are also importable from here (`from skygreen.data import ShardSpec, prepare`).
 - `skygreen.data.layout`: the shard format (NumPy `.npy`) and layout, and why; `ShardSpec`.
 - `skygreen.data.writer` / `skygreen.data.reader`: `ShardWriter`, `ShardedDataset`.
 - `skygreen.data.cache`: the local cache's whole-file writes and hashing.
@@ -18,3 +19,28 @@ This folder also holds skygreen's packaged tables (`default_catalog.csv`,
 `carbon_intensity.csv`) as package data. Importing `skygreen.data` imports nothing else: the
 planner reads those tables by path and must not pay for numpy.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "MANIFEST": "skygreen.data.layout",
+    "ShardSpec": "skygreen.data.layout",
+    "ShardWriter": "skygreen.data.writer",
+    "ShardedDataset": "skygreen.data.reader",
+    "open_prepared": "skygreen.data.shards",
+    "prepare": "skygreen.data.shards",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name on first use, so that the planner's `import skygreen.data` loads no numpy."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'skygreen.data' has no attribute {name!r}")
+
+
+__all__ = ["MANIFEST", "ShardSpec", "ShardWriter", "ShardedDataset", "open_prepared", "prepare"]

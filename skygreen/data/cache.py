@@ -17,7 +17,14 @@ _HASH_CHUNK = 1 << 20
 
 
 def sha256_file(path: Path) -> str:
-    """The file's sha256 as 64 hex digits, read in 1 MiB chunks."""
+    """Return the file's sha256 as 64 hex digits, read in 1 MiB chunks.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The hex digest.
+    """
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_HASH_CHUNK):
@@ -30,15 +37,28 @@ def write_local(path: Path, data: bytes) -> None:
 
     Creates the parent folders. A reader never sees a half-written file; a failed write
     leaves the old file, if any, in place.
+
+    Args:
+        path: the file to write.
+        data: its bytes.
     """
     with temp_beside(path) as tmp:
         Path(tmp).write_bytes(data)
 
 
 class temp_beside:
-    """A temporary file name beside `path`, renamed onto it when the block succeeds."""
+    """A temporary file name beside `path`, renamed onto it when the block succeeds.
+
+    Beside, so the rename stays on one file system and is atomic; on an error the temporary
+    file is removed and `path` left as it was.
+    """
 
     def __init__(self, path: Path) -> None:
+        """Name the file to write; nothing is created before the block starts.
+
+        Args:
+            path: the file that the temporary one replaces.
+        """
         self.path = path
 
     def __enter__(self) -> str:

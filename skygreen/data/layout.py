@@ -41,6 +41,8 @@ from skygreen.errors import InputError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+"""The file that commits a prepared dataset: written last, after every shard is up, so a
+dataset whose folder has it is whole; delete it to make the next start prepare again."""
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}\Z")
 
 
@@ -51,6 +53,16 @@ class ShardSpec:
     `source` and `config` are JSON values; together they are the cache key, so put in them
     everything that changes the rows (dataset id and revision, tokenizer, block size, dedup
     settings, image size) and nothing that does not (paths on this machine, worker counts).
+
+    Attributes:
+        name: the dataset's name: a letter or digit, then letters, digits, '.', '_' or '-'
+            (at most 81 characters).
+        source: where the data comes from (dataset id, revision, files), as JSON values.
+        config: how it is preprocessed, as JSON values.
+        rows_per_shard: rows in each shard file (65,536); the last shard may have fewer.
+
+    Raises:
+        InputError: a bad name or `rows_per_shard`, or a source or config that is not JSON.
     """
 
     name: str
@@ -65,12 +77,12 @@ class ShardSpec:
             raise InputError(f"rows_per_shard must be a positive integer, got {self.rows_per_shard!r}")
         try:
             canonical({"source": self.source, "config": self.config})
-        except TypeError as e:
+        except (TypeError, ValueError) as e:  # ValueError: NaN or infinity, which JSON cannot write
             raise InputError(f"data {self.name}: source and config must be JSON values: {e}") from e
 
     @property
     def key(self) -> str:
-        """16 hex digits of sha256 over the format version, the source and the config."""
+        """The cache key: 16 hex digits of sha256 over the format version, the source and the config."""
         payload = canonical({"format": FORMAT_VERSION, "source": self.source, "config": self.config})
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -81,5 +93,16 @@ class ShardSpec:
 
 
 def canonical(value: Any) -> str:
-    """The JSON text a key is hashed from: sorted keys, no spaces, no NaN."""
+    """Return the JSON text a key is hashed from: sorted keys, no spaces, no NaN.
+
+    Args:
+        value: JSON values.
+
+    Returns:
+        The text; equal values give equal text whatever their key order.
+
+    Raises:
+        TypeError: `value` holds something JSON cannot write.
+        ValueError: `value` holds NaN or infinity.
+    """
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)

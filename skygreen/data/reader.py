@@ -18,8 +18,11 @@ log = logging.getLogger("skygreen.data")
 
 
 class ShardedDataset:
-    """A map-style dataset over committed shards: `len()` rows, `ds[i]` a tuple of arrays
-    (or one array for a single field), in the manifest's field order.
+    """A map-style dataset over committed shards, memory-mapped from the local cache.
+
+    `len(ds)` rows; `ds[i]` is a tuple of arrays, one per field in name order (or one array
+    for a single field). A shard is fetched and its sha256 checked the first time one of its
+    rows is read, so training starts before the whole dataset is down.
 
     Pass it to `skygreen.runtime.Run` as the dataset and as `extra_state={"data": ds}`: the
     checkpoint then records which prepared data the position refers to, and a resume against
@@ -28,6 +31,17 @@ class ShardedDataset:
     """
 
     def __init__(self, manifest: Mapping[str, Any], *, store: Store, local_dir: Path, prefetch: bool = True) -> None:
+        """Open the dataset a manifest describes; nothing is fetched yet (`prepare` does this).
+
+        Args:
+            manifest: the committed manifest (rows, fields, shards, extra files).
+            store: the dataset's folder in the bucket.
+            local_dir: this machine's cache folder for it.
+            prefetch: whether `start_prefetch` starts a background fetch of every shard.
+
+        Raises:
+            KeyError: the manifest lacks `fields`, `key` or `shards`.
+        """
         self.manifest = dict(manifest)
         self.store = store
         self.local_dir = local_dir
@@ -59,7 +73,19 @@ class ShardedDataset:
         return values[0] if len(values) == 1 else values
 
     def file(self, name: str) -> bytes:
-        """An extra file stored with the shards (e.g. the tokenizer the build trained)."""
+        """Return an extra file stored with the shards (e.g. the tokenizer the build trained).
+
+        Args:
+            name: the name given to `ShardWriter.add_file`.
+
+        Returns:
+            Its bytes, fetched into the cache and checked against the manifest's sha256.
+
+        Raises:
+            KeyError: no extra file of that name.
+            RuntimeSetupError: the fetched file's sha256 does not match the manifest.
+            StoreError: the bucket cannot be read.
+        """
         meta = self.manifest["files"].get(name)
         if meta is None:
             raise KeyError(
@@ -74,19 +100,28 @@ class ShardedDataset:
         return int(sum(sizes) + sum(f["size"] for f in self.manifest["files"].values()))
 
     def fetch_all(self) -> None:
-        """Bring every shard into the local cache now (the prefetch thread's job)."""
+        """Bring every shard into the local cache now (the prefetch thread's job).
+
+        Raises:
+            RuntimeSetupError: a shard's sha256 does not match the manifest.
+            StoreError: the bucket cannot be read.
+        """
         for shard in range(len(self.manifest["shards"])):
             self._open(shard)
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint records of the data: its key and row count, not the rows."""
+        """Return what a checkpoint records of the data: its key and row count, not the rows."""
         return {"key": self.key, "rows": len(self)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Check that a checkpoint was trained on this data; nothing is loaded.
 
-        Raises `RuntimeSetupError` when the saved key or row count differs from this
-        dataset's, since the saved sample position would then point at other rows.
+        Args:
+            state: what `state_dict` returned in the run that saved the checkpoint.
+
+        Raises:
+            RuntimeSetupError: the saved key or row count differs from this dataset's, since
+                the saved sample position would then point at other rows.
         """
         if state.get("key") != self.key or int(state.get("rows", -1)) != len(self):
             raise RuntimeSetupError(
@@ -151,8 +186,10 @@ class ShardedDataset:
 
 
 def _row(array: np.ndarray, row: int) -> np.ndarray:
-    """A copy of one row. Token ids stored as uint16/uint32 come back as int64: torch's
-    embeddings and losses take int64, and its uint16/uint32 tensors support few operations."""
+    """Return a copy of one row, with token ids stored as uint16/uint32 widened to int64.
+
+    Torch's embeddings and losses take int64, and its uint16/uint32 tensors support few operations.
+    """
     value = np.array(array[row])
     if value.dtype.kind == "u" and value.dtype.itemsize > 1:
         return value.astype(np.int64)

@@ -49,7 +49,19 @@ CACHE_ENV = "SKYGREEN_DATA_CACHE"
 
 
 def default_data_url(environ: Mapping[str, str] | None = None) -> str:
-    """`SKYGREEN_DATA_URL`, else `<SKYGREEN_BUCKET>/skygreen-data`."""
+    """Return where prepared data lives: `SKYGREEN_DATA_URL`, else `<SKYGREEN_BUCKET>/skygreen-data`.
+
+    Beside the runs by default, so every run of a bucket shares its prepared data.
+
+    Args:
+        environ: the process environment (default: `os.environ`).
+
+    Returns:
+        The base URL; each dataset is a folder `<name>-<key>` under it.
+
+    Raises:
+        RuntimeSetupError: neither variable is set (the script was not started by skygreen).
+    """
     env = os.environ if environ is None else environ
     if env.get(DATA_URL_ENV):
         return env[DATA_URL_ENV]
@@ -62,6 +74,14 @@ def default_data_url(environ: Mapping[str, str] | None = None) -> str:
 
 
 def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Return this machine's shard cache: `SKYGREEN_DATA_CACHE`, else `$XDG_CACHE_HOME/skygreen/data`.
+
+    Args:
+        environ: the process environment (default: `os.environ`).
+
+    Returns:
+        The folder (`~/.cache/skygreen/data` without either variable); not created here.
+    """
     env = os.environ if environ is None else environ
     if env.get(CACHE_ENV):
         return Path(env[CACHE_ENV]).expanduser()
@@ -89,10 +109,34 @@ def prepare(
     prefetch: bool = True,
     environ: Mapping[str, str] | None = None,
 ) -> ShardedDataset:
-    """The prepared dataset for `spec`: streamed from the bucket if committed, else built once.
+    """Return the prepared dataset for `spec`: streamed from the bucket if committed, else built once.
 
-    `build(writer)` does the preprocessing, calling `writer.add(...)` with batches of rows.
-    Under torchrun only rank 0 builds; the other ranks wait (up to `wait_s`) for its manifest.
+    A spot run starts many times; preprocessing once and streaming the shards on every later
+    start saves the CPU hours the GPU would wait through. Under torchrun only rank 0 builds;
+    the other ranks wait for its manifest. What happened (built, or streamed and how long the
+    build once took) is said in one line.
+
+    Args:
+        spec: what to prepare; its source and config are the cache key.
+        build: the preprocessing, `build(writer)`, calling `writer.add(...)` with batches of rows.
+        url: the base URL of prepared data (default: `default_data_url()`).
+        cache_dir: this machine's cache (default: `default_cache_dir()`).
+        rank: this process's rank (default: `RANK`, else 0).
+        wait_s: how long other ranks wait for rank 0's manifest, in seconds (6 hours).
+        poll_s: how often they look, in seconds.
+        prefetch: fetch every shard in a background thread; else each on first read.
+        environ: the process environment (default: `os.environ`).
+
+    Returns:
+        The dataset; `built` says whether this process ran `build`, `prepare_s` how long
+        this call took.
+
+    Raises:
+        RuntimeSetupError: no data URL is known; the committed manifest is of another format
+            or key; rank 0 committed nothing within `wait_s`; the build added no rows.
+        SpecError: `url` is not a bucket URL (`s3://`, `gs://`, `file://` or a path).
+        StoreError: the bucket cannot be read or written, or its client library is missing.
+        ValueError: a batch given to `writer.add` does not match the first one.
     """
     env = os.environ if environ is None else environ
     started = time.monotonic()
@@ -138,7 +182,24 @@ def open_prepared(
     cache_dir: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ShardedDataset | None:
-    """The committed dataset for `spec`, or None when it was never prepared (nothing is built)."""
+    """Open the committed dataset for `spec`, or None when it was never prepared; nothing is built.
+
+    For a process that must not preprocess (an evaluation job, a check of what a run trained on).
+
+    Args:
+        spec: what was prepared.
+        url: the base URL of prepared data (default: `default_data_url()`).
+        cache_dir: this machine's cache (default: `default_cache_dir()`).
+        environ: the process environment (default: `os.environ`).
+
+    Returns:
+        The dataset (shards fetched on first read, no prefetch), or None.
+
+    Raises:
+        RuntimeSetupError: no data URL is known, or the manifest is of another format or key.
+        SpecError: `url` is not a bucket URL.
+        StoreError: the bucket cannot be read, or its client library is missing.
+    """
     env = os.environ if environ is None else environ
     folder_url = join_url(url or default_data_url(env), spec.folder)
     store = open_store(folder_url)
@@ -179,8 +240,10 @@ def _wait_for_manifest(where: _Where, spec: ShardSpec, *, wait_s: float, poll_s:
 
 
 def _narrate(message: str, rank: int) -> None:
-    """Say what happened to the data on stderr (rank 0), as the runtime narrates a run: the
-    runtime's logging is not set up yet when data is prepared, before `Run` is built."""
+    """Say what happened to the data on stderr (rank 0), as the runtime narrates a run.
+
+    The runtime's logging is not set up yet when data is prepared, before `Run` is built.
+    """
     if logging.getLogger("skygreen").handlers or logging.getLogger().handlers:
         log.info("%s", message)
     elif rank == 0:

@@ -30,7 +30,19 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """The narrowest unsigned integer type that holds every token id."""
+    """Return the narrowest unsigned integer type that holds every token id.
+
+    Shards are memory-mapped and streamed: uint16 for a 50k vocabulary halves the bytes of int32.
+
+    Args:
+        vocab_size: the number of token ids (ids 0 to `vocab_size - 1`).
+
+    Returns:
+        uint8, uint16 or uint32.
+
+    Raises:
+        ValueError: the vocabulary does not fit in uint32.
+    """
     for dtype in (np.uint8, np.uint16, np.uint32):
         if vocab_size <= np.iinfo(dtype).max + 1:
             return np.dtype(dtype)
@@ -45,7 +57,21 @@ def pack_blocks(
     dtype: np.dtype,
     blocks_per_batch: int = 1024,
 ) -> Iterator[np.ndarray]:
-    """Batches of `(n, block_size)` blocks cut from the documents laid end to end."""
+    """Cut the documents, laid end to end, into fixed blocks.
+
+    Args:
+        token_lists: each document's token ids, in order.
+        block_size: tokens per block.
+        separator: the token put after each document (an end-of-text id); None for none.
+        dtype: the blocks' dtype (`token_dtype(vocab_size)`).
+        blocks_per_batch: a batch is yielded once this many blocks are full, to bound memory.
+
+    Yields:
+        Arrays of shape `(n, block_size)`, n at least 1; the tail shorter than a block is dropped.
+
+    Raises:
+        ValueError: `block_size` below 1.
+    """
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     chunk = block_size * blocks_per_batch
@@ -71,9 +97,25 @@ def near_duplicates(
     shingle_words: int = 5,
     seed: int = 1,
 ) -> list[int]:
-    """Indices of documents that near-duplicate an earlier one (to drop), in order.
+    """Return the indices of documents that near-duplicate an earlier one (to drop), in order.
 
-    Read the module docstring before using this on curated data.
+    Read the module docstring before using this on curated data. Documents without a word
+    are never dropped.
+
+    Args:
+        texts: the documents.
+        threshold: the estimated Jaccard similarity of word shingles at which a document counts
+            as a duplicate, strictly between 0 and 1.
+        num_perm: MinHash permutations (more: a closer estimate, slower).
+        shingle_words: words per shingle.
+        seed: the MinHash seed, so the same texts give the same answer.
+
+    Returns:
+        Ascending indices into `texts`; the first of each group is kept.
+
+    Raises:
+        ValueError: `threshold` not strictly between 0 and 1.
+        ModuleNotFoundError: `datasketch` is not installed (`pip install 'skygreen[tasks]'`).
     """
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"near-duplicate threshold must be between 0 and 1 (exclusive), got {threshold}")

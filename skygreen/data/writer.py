@@ -21,10 +21,18 @@ class ShardWriter:
     """Collects rows from `build`, cuts them into shards, uploads each shard as it fills.
 
     `add({"input_ids": array(n, L)})` appends n rows (every call the same fields, dtypes and
-    row shapes); `add_file(name, data)` stores an extra file beside the shards.
+    row shapes); `add_file(name, data)` stores an extra file beside the shards. Uploading as
+    shards fill keeps memory bounded by one shard, whatever the dataset's size.
     """
 
     def __init__(self, spec: ShardSpec, store: Store, local_dir: Path) -> None:
+        """Start an empty dataset; `prepare` makes the writer and hands it to `build`.
+
+        Args:
+            spec: what is prepared (`rows_per_shard`, name, key).
+            store: the dataset's folder in the bucket.
+            local_dir: this machine's cache folder for it.
+        """
         self.spec = spec
         self.store = store
         self.local_dir = local_dir
@@ -40,8 +48,15 @@ class ShardWriter:
 
         The first batch fixes the fields, their dtypes and row shapes. Every full shard
         (`rows_per_shard` rows) is written to the local cache and uploaded before this returns.
-        An empty mapping is ignored. Raises `ValueError` when the fields' row counts differ, or
-        the fields, a dtype or a row shape differ from the first batch's.
+        An empty mapping is ignored.
+
+        Args:
+            batch: field name -> array (or anything `np.asarray` takes) of rows.
+
+        Raises:
+            ValueError: the fields' row counts differ, or the fields, a dtype or a row shape
+                differ from the first batch's.
+            StoreError: a shard cannot be uploaded.
         """
         arrays = {name: np.asarray(value) for name, value in batch.items()}
         if not arrays:
@@ -70,9 +85,15 @@ class ShardWriter:
     def add_file(self, name: str, data: bytes) -> None:
         """Store an extra file as `files/<name>`: written to the local cache and uploaded now.
 
-        Adding the same name again replaces it. Raises `ValueError` for a name that does not
-        match the data name pattern (a letter or digit, then letters, digits, '.', '_' or '-'; at
-        most 81 characters).
+        Adding the same name again replaces it.
+
+        Args:
+            name: a letter or digit, then letters, digits, '.', '_' or '-' (at most 81 characters).
+            data: the file's bytes.
+
+        Raises:
+            ValueError: a name that does not match that pattern.
+            StoreError: the file cannot be uploaded.
         """
         if not NAME_PATTERN.match(name):
             raise ValueError(f"extra file name {name!r}: letters, digits, '.', '_' or '-' only")
@@ -86,9 +107,18 @@ class ShardWriter:
     def finish(self, *, preprocess_s: float) -> dict[str, Any]:
         """Upload the last, partial shard and then the manifest, which commits the data.
 
-        `preprocess_s` (seconds the build took) is recorded in the manifest, rounded to
-        milliseconds. The manifest is also written to the local cache, and returned. Raises
-        `RuntimeSetupError` when the build added no rows.
+        The manifest is also written to the local cache.
+
+        Args:
+            preprocess_s: seconds the build took, recorded in the manifest rounded to
+                milliseconds (later starts say what they saved).
+
+        Returns:
+            The manifest, as every later start reads it back.
+
+        Raises:
+            RuntimeSetupError: the build added no rows.
+            StoreError: the last shard or the manifest cannot be uploaded.
         """
         if self._pending_rows:
             self._flush(self._pending_rows)
@@ -110,7 +140,7 @@ class ShardWriter:
         body = json.dumps(manifest, indent=1, sort_keys=True).encode()
         self.store.put(MANIFEST, body)  # the commit: blobs are all up before this
         write_local(self.local_dir / MANIFEST, body)
-        return manifest
+        return json.loads(body)  # as every later start reads it: fields in name order, not `add`'s
 
     def _flush(self, rows: int) -> None:
         index = len(self.shards)

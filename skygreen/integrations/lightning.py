@@ -62,8 +62,10 @@ from skygreen.integrations.services import (
 
 
 def _framework() -> tuple[Any, Any]:
-    """Lightning's `Callback` and `CheckpointIO` from the package the script imported first
-    (`lightning` where neither or both are, `pytorch_lightning` where only it is installed)."""
+    """Return Lightning's `Callback` and `CheckpointIO` from the package the script imported first.
+
+    `lightning` where neither or both are imported, `pytorch_lightning` where only it is installed.
+    """
     import importlib
 
     pairs = [("lightning.pytorch", "lightning.fabric.plugins"), ("pytorch_lightning", "lightning_fabric.plugins")]
@@ -92,32 +94,60 @@ LIGHTNING_PRECISIONS = {"bf16": "bf16", "16": "fp16", "32": "fp32", "64": "fp64"
 
 
 class SkygreenCheckpointIO(_CheckpointIO):
-    """Lightning's storage plugin: writes through the strategy's own `CheckpointIO`, then commits
-    each checkpoint file as a verified folder commit of its step in the task's bucket.
+    """Lightning's storage plugin: the strategy's own `CheckpointIO`, plus a commit of each file.
 
-    Args:
-        callback: the callback whose services commit, and whose counts go into the commit.
-        inner: the `CheckpointIO` that writes and removes local files (Lightning's default).
+    Every checkpoint Lightning writes (`ModelCheckpoint`, `trainer.save_checkpoint`) is written
+    as usual, then committed as a verified folder commit of its step in the task's bucket:
+    a storage plugin sees every save, which no callback hook does.
     """
 
     def __init__(self, callback: SkygreenCallback, inner: Any) -> None:
+        """Wrap `inner`; `SkygreenCallback.setup` does this.
+
+        Args:
+            callback: the callback whose services commit, and whose counts go into the commit.
+            inner: the `CheckpointIO` that writes and removes local files (Lightning's default).
+        """
         self.callback = callback
         self.inner = inner
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        """Write the file, then commit it (rank 0; Lightning calls this on rank 0 only)."""
+        """Write the file, then commit it (rank 0; Lightning calls this on rank 0 only).
+
+        Args:
+            checkpoint: Lightning's checkpoint dict (its `global_step` names the commit).
+            path: the file to write.
+            storage_options: passed to the inner plugin.
+
+        Raises:
+            StoreError: the commit failed in the bucket.
+            CheckpointError: the commit failed otherwise (a newer life holds the lease, ...).
+        """
         self.inner.save_checkpoint(checkpoint, path, storage_options)
         step = int(checkpoint.get("global_step", 0))
         self.callback.committed(Path(path), step=step)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
-        """Read a checkpoint with `torch.load(weights_only=True)`: bucket contents are untrusted."""
+        """Read a checkpoint with `torch.load(weights_only=True)`: bucket contents are untrusted.
+
+        Args:
+            path: the `.ckpt` file.
+            map_location: where tensors go (default: the CPU).
+            weights_only: ignored: always True, whatever the caller asks.
+
+        Returns:
+            The checkpoint dict.
+        """
         import torch
 
         return torch.load(path, map_location=map_location or "cpu", weights_only=True)
 
     def remove_checkpoint(self, path: Any) -> None:
-        """Remove the local file only; the bucket's retention follows the task's `keep`."""
+        """Remove the local file only; the bucket's retention follows the task's `keep`.
+
+        Args:
+            path: the local file `ModelCheckpoint` prunes.
+        """
         self.inner.remove_checkpoint(path)
 
     def teardown(self) -> None:
@@ -126,15 +156,25 @@ class SkygreenCheckpointIO(_CheckpointIO):
 
 
 class SkygreenCallback(_Callback):
-    """Verified checkpoints in the task's bucket, exact resume, power, energy, ledger, budget and
-    early stopping for a Lightning `Trainer`; see the module's docstring for the lines to add.
+    """Verified checkpoints, exact resume, power, energy, ledger, budget and stopping for a Lightning `Trainer`.
 
-    Raises:
-        SystemExit: with skygreen's exit code and message (no traceback unless SKYGREEN_DEBUG=1)
-            when the script was not started by skygreen or the bucket cannot be read.
+    See the module's docstring for the lines to add. The restore happens when the callback is
+    built, because Lightning reads `ckpt_path` as an argument of `fit()` before any hook runs.
     """
 
     def __init__(self, *, restore_dir: str | os.PathLike[str] = "skygreen-restored") -> None:
+        """Read the task's settings and restore the newest checkpoint that verifies.
+
+        Args:
+            restore_dir: the local folder the restored checkpoint goes into; its `.ckpt` file
+                becomes `ckpt_path`.
+
+        Raises:
+            SystemExit: with skygreen's exit code and message (no traceback unless
+                SKYGREEN_DEBUG=1, which re-raises the error) when the script was not started by
+                skygreen, the task names another trainer, the bucket cannot be read, or the
+                restored folder holds no `.ckpt` file.
+        """
         self.ckpt_path: str | None = None
         """The restored checkpoint file, for `trainer.fit(..., ckpt_path=...)`; None on a fresh start."""
         self._start_step = 0
@@ -159,7 +199,19 @@ class SkygreenCallback(_Callback):
     # -- hooks -----------------------------------------------------------------------------
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Check the precision, put the storage plugin in place, send the smoke test's saves to scratch."""
+        """Check the precision, put the storage plugin in place, send the smoke test's saves to scratch.
+
+        Only for `stage == "fit"`; validation, test and predict runs are left alone.
+
+        Args:
+            trainer: the Lightning `Trainer`.
+            pl_module: the `LightningModule` being fitted.
+            stage: Lightning's stage.
+
+        Raises:
+            SystemExit: the task's precision disagrees with `Trainer(precision=...)` (exit 2,
+                the message naming the fix).
+        """
         if stage != "fit":
             return
         services = self.services
@@ -176,7 +228,19 @@ class SkygreenCallback(_Callback):
                 checkpoint.dirpath = str(services.scratch_dir() / "checkpoints")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        """Power cap, ledger segment and preemption watch, at the resumed step."""
+        """Start the power cap, ledger segment and preemption watch, at the resumed step.
+
+        Warns when a checkpoint was restored but the Trainer starts from step 0 (the script
+        did not pass `ckpt_path`).
+
+        Args:
+            trainer: the Lightning `Trainer`.
+            pl_module: the `LightningModule` being fitted.
+
+        Raises:
+            RuntimeSetupError: `power.required` and the cap cannot be applied, or bad runtime
+                settings (raised through `trainer.fit()`, with a traceback).
+        """
         if self.ckpt_path and trainer.global_step == 0:
             log.warning(
                 "a checkpoint was restored to %s, and the Trainer starts from step 0: pass "
@@ -192,7 +256,21 @@ class SkygreenCallback(_Callback):
         )
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Budget and power after each batch; a notice saves, SIGTERM saves and exits, a budget stop saves and stops."""
+        """Feed the power profile and check the budget after each batch.
+
+        A notice saves; SIGTERM saves and exits; a budget stop saves and stops the Trainer.
+
+        Args:
+            trainer: the Lightning `Trainer`.
+            pl_module: the `LightningModule` being fitted.
+            outputs: the step's outputs (unused).
+            batch: the batch (unused).
+            batch_idx: its index (unused).
+
+        Raises:
+            SystemExit: after SIGTERM, with the preempted code (75) once the checkpoint is
+                committed; under the smoke test, 0 once its round trip passed and 1 when not.
+        """
         services = self.services
         step = trainer.global_step
         services.step_done(step=step, samples=self._samples(trainer))
@@ -211,7 +289,14 @@ class SkygreenCallback(_Callback):
             trainer.should_stop = True
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        """Early stopping on the task's metric among the logged ones; a stop saves first."""
+        """Feed the task's early-stopping metric among the logged ones; a stop saves first.
+
+        The sanity check's validation is ignored: its metrics come from an untrained model.
+
+        Args:
+            trainer: the Lightning `Trainer`.
+            pl_module: the `LightningModule` being fitted.
+        """
         if trainer.sanity_checking or self.services.parts is None:
             return
         metrics = {k: _number(v) for k, v in trainer.callback_metrics.items()}
@@ -221,14 +306,30 @@ class SkygreenCallback(_Callback):
             trainer.should_stop = True
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        """Close the ledger segment (completed, early-stopped or budget) and put the power back."""
+        """Close the ledger segment (completed, early-stopped or budget) and put the power back.
+
+        Args:
+            trainer: the Lightning `Trainer`.
+            pl_module: the `LightningModule` being fitted.
+
+        Raises:
+            SystemExit: 1 under the smoke test, which should have ended after its two steps.
+        """
         if self.services.smoke:
             self.services.close(step=trainer.global_step)
             _smoke_exit(f"{SMOKE_FAILED} train: the Trainer finished before {SMOKE_STEPS} steps")
         self.services.close(step=trainer.global_step, samples=self._samples(trainer))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        """A failed or interrupted fit closes its ledger segment with how it ended."""
+        """Close the ledger segment of a failed or interrupted fit with how it ended.
+
+        The runtime's own exits (SystemExit: preempted, smoke) already closed it.
+
+        Args:
+            trainer: the Lightning `Trainer`.
+            pl_module: the `LightningModule` being fitted.
+            exception: what ended the fit; KeyboardInterrupt is `cancelled`, others `failed`.
+        """
         if isinstance(exception, SystemExit):
             return
         end = "cancelled" if isinstance(exception, KeyboardInterrupt) else "failed"
@@ -237,8 +338,20 @@ class SkygreenCallback(_Callback):
     # -- called by the storage plugin ------------------------------------------------------
 
     def committed(self, file: Path, *, step: int) -> None:
-        """Commit the checkpoint file just written as the folder commit of `step`, then hold
-        there when a test asks (`SKYGREEN_TEST_HOLD_AT_STEPS`)."""
+        """Commit the checkpoint file just written as the folder commit of `step`.
+
+        One commit per step: a second file of the same step (`save_last`) is not committed.
+        Then holds there when a test asks (`SKYGREEN_TEST_HOLD_AT_STEPS`).
+
+        Args:
+            file: the `.ckpt` file Lightning wrote.
+            step: its global step.
+
+        Raises:
+            StoreError: the commit failed in the bucket (a smoke test prints its failure line
+                and exits with the error's code instead).
+            CheckpointError: the commit failed otherwise.
+        """
         services = self.services
         if step == self._last_commit:  # a second file of one step (`save_last`): one commit per step
             return
@@ -258,8 +371,10 @@ class SkygreenCallback(_Callback):
     # -- helpers ---------------------------------------------------------------------------
 
     def _save(self, trainer: Any) -> None:
-        """Save a checkpoint of the current step into the first ModelCheckpoint's folder (or
-        `<default_root_dir>/checkpoints`), unless this step is already committed."""
+        """Save a checkpoint of the current step, unless this step is already committed.
+
+        It goes into the first ModelCheckpoint's folder (or `<default_root_dir>/checkpoints`).
+        """
         if trainer.global_step == self._last_commit:
             return
         dirpath = next((c.dirpath for c in trainer.checkpoint_callbacks if c.dirpath), None)
@@ -313,7 +428,10 @@ class SkygreenCallback(_Callback):
 
 
 def check_precision(task_precision: str, trainer_precision: str) -> None:
-    """The task's precision against `Trainer(precision=...)`; `auto` accepts the script's.
+    """Check the task's precision against `Trainer(precision=...)`; `auto` accepts the script's.
+
+    Lightning builds its precision plugin before any callback runs, so the callback cannot
+    apply the task's choice; it can only refuse a script that trains in another one.
 
     Args:
         task_precision: the task's `precision` (auto, bf16, fp16, fp32).

@@ -54,10 +54,19 @@ __all__ = ["SkygreenCallback", "check_precision"]
 
 
 class SkygreenCallback(TrainerCallback):
-    """Verified checkpoints in the task's bucket, exact resume, power, energy, ledger, budget and
-    early stopping for an HF `Trainer`; see the module's docstring for the lines to add."""
+    """Verified checkpoints, exact resume, power, energy, ledger, budget and stopping for an HF `Trainer`.
+
+    See the module's docstring for the lines to add. Every hook takes the Trainer's
+    `(args, state, control, **kwargs)` and returns `control`, as `TrainerCallback` asks.
+
+    Attributes:
+        services: the run's parts, opened when the Trainer is built (`on_init_end`).
+        resume_from_checkpoint: the restored checkpoint folder, for
+            `trainer.train(resume_from_checkpoint=...)`; None on a fresh start.
+    """
 
     def __init__(self) -> None:
+        """Make the callback; it reads the run's settings only when the Trainer is built."""
         self.services: TrainerServices | None = None
         self.resume_from_checkpoint: str | None = None
         """The restored checkpoint folder, for `trainer.train(resume_from_checkpoint=...)`; None on a fresh start."""
@@ -65,8 +74,29 @@ class SkygreenCallback(TrainerCallback):
 
     # -- events ----------------------------------------------------------------------------
 
-    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Read the task's settings, check the precision, restore the latest checkpoint."""
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Read the task's settings, check the precision, restore the latest checkpoint.
+
+        The Trainer loads everything before the first callback event, so the restore happens
+        here, at construction, and the folder goes back to the script to hand to `train()`.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state (`global_step`).
+            control: the Trainer's flags for this event.
+            **kwargs: the Trainer's other objects (model, metrics, ...).
+
+        Returns:
+            `control`, unchanged.
+
+        Raises:
+            SystemExit: a skygreen error (not started by skygreen, another trainer in the task,
+                a precision that disagrees, a bucket that fails): its message on stderr, no
+                traceback (unless SKYGREEN_DEBUG=1, which re-raises it), and its exit code
+                (2 for bad input, 1 otherwise).
+        """
         try:
             services = TrainerServices.from_env(trainer="transformers")
             check_precision(services.settings.precision, args)
@@ -81,8 +111,28 @@ class SkygreenCallback(TrainerCallback):
             log.info("resume: trainer.train(resume_from_checkpoint=%s)", restored.path)
         return control
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Power cap, ledger segment, notice watcher and SIGTERM latch, at the resumed step."""
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Start the power cap, ledger segment, notice watcher and SIGTERM latch, at the resumed step.
+
+        Warns when a checkpoint was restored but the Trainer starts from step 0 (the script
+        did not pass `resume_from_checkpoint`).
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state (`global_step`).
+            control: the Trainer's flags for this event.
+            **kwargs: the Trainer's other objects (model, metrics, ...).
+
+        Returns:
+            `control`, unchanged.
+
+        Raises:
+            RuntimeError: the callback missed `on_init_end` (it was added after the Trainer was built).
+            RuntimeSetupError: `power.required` and the cap cannot be applied, or bad runtime
+                settings (raised through `trainer.train()`, with a traceback).
+        """
         services = self._services()
         if self.resume_from_checkpoint and state.global_step == 0:
             log.warning(
@@ -99,8 +149,22 @@ class SkygreenCallback(TrainerCallback):
         )
         return control
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Budget and power after each step; a notice or SIGTERM asks for a save."""
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Feed the power profile and check the budget; a notice, SIGTERM or budget asks for a save.
+
+        SIGTERM and the budget also stop training; the smoke test stops after its two steps.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state (`global_step`).
+            control: the Trainer's flags for this event.
+            **kwargs: the Trainer's other objects (model, metrics, ...).
+
+        Returns:
+            `control`, with `should_save` (and `should_training_stop`) set when needed.
+        """
         services = self._services()
         services.step_done(step=state.global_step, samples=_samples(args, state.global_step))
         if services.notice_pending():
@@ -114,16 +178,50 @@ class SkygreenCallback(TrainerCallback):
             control.should_training_stop = True
         return control
 
-    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Early stopping on the task's metric; a stop saves first."""
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Feed the task's early-stopping metric (`val_loss` also matches `eval_loss`); a stop saves first.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state (`global_step`).
+            control: the Trainer's flags for this event.
+            **kwargs: the Trainer's other objects (model, metrics, ...).
+
+        Returns:
+            `control`, with `should_save` and `should_training_stop` set when early stopping says stop.
+        """
         metrics = kwargs.get("metrics") or {}
         if self._services().evaluated(metrics, state.global_step):
             control.should_save = True
             control.should_training_stop = True
         return control
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Commit the folder the Trainer just saved; after SIGTERM, exit with the preempted code."""
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Commit the folder the Trainer just saved; after SIGTERM, exit with the preempted code.
+
+        Every rank meets first (each wrote its own RNG file); rank 0 commits the folder
+        manifest-last and applies retention by the task's `keep`.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state (`global_step`).
+            control: the Trainer's flags for this event.
+            **kwargs: the Trainer's other objects (model, metrics, ...).
+
+        Returns:
+            `control`, unchanged.
+
+        Raises:
+            SystemExit: after SIGTERM, with the preempted code (75) once the commit is done;
+                under the smoke test, 0 when the round trip matched and 1 when it did not.
+            StoreError: the commit failed in the bucket (a smoke test prints its failure line
+                and exits with the error's code instead).
+            CheckpointError: the commit failed otherwise (a newer life holds the lease, ...).
+        """
         services = self._services()
         folder = _output_dir(args) / f"checkpoint-{state.global_step}"
         services.ranks_saved()  # every rank wrote its own rng_state_<rank>.pth before rank 0 commits
@@ -145,8 +243,23 @@ class SkygreenCallback(TrainerCallback):
             raise SystemExit(PREEMPTED_EXIT_CODE)
         return control
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Close the ledger segment (completed, early-stopped or budget) and put the power back."""
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Close the ledger segment (completed, early-stopped or budget) and put the power back.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state (`global_step`).
+            control: the Trainer's flags for this event.
+            **kwargs: the Trainer's other objects (model, metrics, ...).
+
+        Returns:
+            `control`, unchanged.
+
+        Raises:
+            SystemExit: 1 under the smoke test, which should have ended in `on_save`.
+        """
         services = self._services()
         services.close(step=state.global_step, samples=_samples(args, state.global_step))
         if services.smoke:
@@ -179,7 +292,14 @@ class SkygreenCallback(TrainerCallback):
 
 
 def check_precision(task_precision: str, args: TrainingArguments) -> None:
-    """The task's precision against the script's `TrainingArguments`; `auto` accepts the script's.
+    """Check the task's precision against the script's `TrainingArguments`.
+
+    The Trainer sets up mixed precision before any callback runs, so the callback cannot
+    apply the task's choice; it can only refuse a script that trains in another one.
+
+    Args:
+        task_precision: the task's `precision` (`auto` accepts whatever the script chose).
+        args: the script's arguments (`bf16`, `fp16`).
 
     Raises:
         RuntimeSetupError: they disagree; the message names both and the switch to set.

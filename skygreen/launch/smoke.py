@@ -154,7 +154,7 @@ def _run(command: str, workdir: Path, env: dict[str, str], timeout_s: float) -> 
             f"smoke test: `{command}` exited 0 without running the skygreen runtime's smoke test\n"
             "  fix: train through skygreen.runtime.Run (docs/runtime.md), add skygreen's "
             "callback to an HF or Lightning Trainer, or set checkpoint.dir for the folder mode "
-            "(docs/existing-script.md)"
+            "(docs/trainers.md)"
         )
     tail = "\n".join("    " + ln for ln in output.strip().splitlines()[-8:])
     fix = ""

@@ -10,7 +10,7 @@ the runtime itself. Readers summarise segments into `Changeover` rows for `statu
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,12 +51,16 @@ def read_setup(run_id: str, *, home: Path, process_started_at: float) -> dict[st
     return out
 
 
-def restore_figures(manifest: Any, started_monotonic_s: float) -> dict[str, float | int]:
+def restore_figures(
+    manifest: Any, started_monotonic_s: float, *, blob_names: Iterable[str] | None = None
+) -> dict[str, float | int]:
     """The restore of a checkpoint whose loading began at `started_monotonic_s` (time.monotonic):
-    its seconds so far and the bytes of every blob the manifest lists."""
+    its seconds so far and the bytes of the blobs this process downloaded (`blob_names`; None:
+    every blob the manifest lists)."""
+    names = manifest.blobs.keys() if blob_names is None else blob_names
     return {
         "restore_s": time.monotonic() - started_monotonic_s,
-        "restore_bytes": sum(blob.size for blob in manifest.blobs.values()),
+        "restore_bytes": sum(manifest.blobs[name].size for name in names),
     }
 
 

@@ -36,7 +36,7 @@ checkpoint under DDP. The rates are measured by earlier runs of the task where k
 
 Energy = (wall_h - restarts x R) x nodes x gpus x board power (TDP) x 0.8 average draw x the
 cloud's PUE x the power cap's energy ratio. Carbon = energy x grams CO2e per kWh of the region
-(`skygreen.carbon`). The cap's ratio comes from `skygreen.power.model` (calibrated to the V100
+(`skygreen.plan.carbon`). The cap's ratio comes from `skygreen.power.model` (calibrated to the V100
 study, arXiv 2205.09646: 0.6 of the default limit -> 0.863 of the energy; `auto` at the limit the
 Zeus-style chooser keeps on the model's ladder; `off` 1.0). The cap's slowdown (+6.8% at 0.6) is
 not added to the time and cost: the runtime's `auto` profile measures it per job.

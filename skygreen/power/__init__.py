@@ -26,8 +26,10 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    """The public names, imported on first use (as `skygreen.runtime` does), so that the
-    package's modules can import one another without running this file's imports first."""
+    """Load a public name on first use, as `skygreen.runtime` does.
+
+    So the package's modules can import one another without running this file's imports first.
+    """
     if name in _LAZY:
         import importlib
 

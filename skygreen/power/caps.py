@@ -41,9 +41,21 @@ def limits_of(gpu: Gpu) -> Limits:
 
 
 class PowerCaps:
-    """The limits this process changed, and the originals to restore."""
+    """The limits this process changed, and the originals to restore.
+
+    Every instance is registered for `restore_all()` and at exit, so a limit skygreen set is
+    put back on every way out of the process short of `kill -9` (for which the record on disk
+    is kept).
+    """
 
     def __init__(self, *, originals: OriginalLimits | None = None, run_id: str | None = None) -> None:
+        """Start with no GPU changed.
+
+        Args:
+            originals: the record of original limits on disk, written before each first
+                change; None keeps them in memory only.
+            run_id: the run named in that record.
+        """
         self.on_disk = originals
         self.run_id = run_id
         self._originals: dict[str, tuple[Gpu, float]] = {}
@@ -55,8 +67,17 @@ class PowerCaps:
     def adopt(self, gpu: Gpu) -> float | None:
         """Before touching `gpu`: undo a cap that a killed skygreen process left on it.
 
-        Returns the limit restored, or None when nothing was left. A cap whose owner is still
-        alive (another run on this GPU) is left alone and raises `PowerError`.
+        Args:
+            gpu: the GPU about to be capped.
+
+        Returns:
+            The original limit the record held, in watts (set again when the board still
+            differed from it), or None when the record on disk has nothing of another process
+            for this GPU (or there is no record).
+
+        Raises:
+            PowerError: a live skygreen process of another run caps this GPU (its limit is left
+                alone), or NVML refused to read or set the limit.
         """
         if self.on_disk is None:
             return None
@@ -79,7 +100,20 @@ class PowerCaps:
         return left.original_limit_w
 
     def set(self, gpu: Gpu, target_w: float) -> bool:
-        """Set `gpu` to `target_w` unless it is already there; True when a set happened."""
+        """Set `gpu` to `target_w` unless it is already there.
+
+        The original limit is recorded (in memory and on disk) before the first change.
+
+        Args:
+            gpu: the GPU.
+            target_w: the limit in watts, already inside the board's range.
+
+        Returns:
+            True when a set happened; False when the board was already at `target_w`.
+
+        Raises:
+            PowerError: NVML refused (`PowerPermissionError` without CAP_SYS_ADMIN or root).
+        """
         current_w = gpu.power_limit_w()
         if not needs_set(current_w, target_w):
             if gpu.uuid in self._originals:
@@ -103,15 +137,26 @@ class PowerCaps:
         return True
 
     def original_w(self, gpu: Gpu) -> float | None:
-        """The limit `gpu` had before this `PowerCaps` first changed it, in watts.
+        """Return the limit `gpu` had before this `PowerCaps` first changed it, in watts.
 
-        None when this `PowerCaps` has not changed it, or has restored it since.
+        Args:
+            gpu: the GPU.
+
+        Returns:
+            The original limit; None when this `PowerCaps` has not changed it, or has restored
+            it since.
         """
         found = self._originals.get(gpu.uuid)
         return None if found is None else found[1]
 
     def restore(self) -> list[tuple[Gpu, float]]:
-        """Put every changed GPU back to its original limit; returns what was restored."""
+        """Put every changed GPU back to its original limit.
+
+        A GPU NVML refuses to restore is logged and kept, to be tried again by the next call.
+
+        Returns:
+            (GPU, original limit in watts) for each GPU restored.
+        """
         restored = []
         for uuid, (gpu, original_w) in list(self._originals.items()):
             try:
@@ -144,10 +189,14 @@ class PowerCaps:
 
 
 def restore_all() -> int:
-    """Restore every power limit any live `PowerCaps` of this process changed; returns how many.
+    """Restore every power limit any live `PowerCaps` of this process changed.
 
     The one call for code that ends a run outside the training loop (a budget stop, a signal
-    handler): idempotent, safe from any thread.
+    handler): idempotent, safe from any thread, and registered with `atexit`. A GPU NVML
+    refuses to restore is logged, not raised.
+
+    Returns:
+        How many GPUs were restored.
     """
     with _LIVE_LOCK:
         live = list(_LIVE)
@@ -158,13 +207,22 @@ atexit.register(restore_all)
 
 
 def local_gpus(open_nvml: Callable[[], Nvml], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """{"gpus": [...], "reason": why none (or None)}; each GPU in watts. `open_nvml` opens the
-    NVML adapter (the composition root's choice).
+    """Return `{"gpus": [...], "reason": why none (or None)}`; each GPU in watts.
 
     `skygreen power`'s read-only view: it sets nothing. A cap is "active" when the record of
     original limits holds the GPU's original limit (a run or `cap()` block changed it and has not
     restored it yet); "left by a killed process" when that owner is dead (the next skygreen
-    start on the GPU restores it)."""
+    start on the GPU restores it).
+
+    Args:
+        open_nvml: opens the NVML adapter (the composition root's choice).
+        environ: where the simulated GPU and the record of original limits are found
+            (default: `os.environ`).
+
+    Returns:
+        The GPUs, each with its limits, skygreen's cap on it and any read errors; "reason" says
+        why there is none (NVML missing, no GPU).
+    """
     from skygreen.power.simulated import SIMULATED_GPU_ENV
 
     environ = os.environ if environ is None else environ

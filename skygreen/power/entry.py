@@ -26,9 +26,24 @@ log = logging.getLogger("skygreen.power")
 def cap(value: str | float, *, devices: Sequence[int] | None = None, required: bool = False, nvml: Nvml | None = None) -> Iterator[PowerCaps | None]:  # fmt: skip
     """Cap the GPUs of this process while the block runs; restore them on any exit.
 
-    `value`: watts (`150`), a fraction of the default limit (`0.6`) or `off`. `devices`: NVML
-    indices (default: `LOCAL_RANK`'s GPU under torchrun, else all). Without NVML or without
-    permission it says so in one line and runs the block uncapped, unless `required=True`.
+    For a phase that needs less power than training (evaluation, data loading): a cap outside
+    the board's range is clamped into it with a warning. Without NVML or without permission it
+    says so in one line and runs the block uncapped, unless `required=True`.
+
+    Args:
+        value: watts (`150`), a fraction of the default limit (`0.6`) or `off` (the block runs
+            as it is).
+        devices: NVML indices (default: `LOCAL_RANK`'s GPU under torchrun, else all).
+        required: raise instead of running uncapped when the cap cannot be set.
+        nvml: the NVML adapter (default: the real one; tests pass a simulated one).
+
+    Yields:
+        The caps set (`PowerCaps`), or None when the block runs uncapped.
+
+    Raises:
+        ValueError: `value` is `auto` (which needs training steps to profile) or not a cap.
+        PowerError: with `required=True`, NVML is missing, refuses the cap, or another live
+            skygreen process caps the GPU.
     """
     request = CapRequest.parse(value)
     if request.mode == "auto":

@@ -57,7 +57,8 @@ class PowerGovernor:
     """The power side of one training process: the cap on its GPU and the meter of its energy.
 
     Made with `gpu=None` (this process has no GPU), it sets nothing and reports method `none`
-    with `reason`; `start()` then raises only when `required` asks for a cap.
+    with `reason`; `start()` then raises only when `required` asks for a cap. No limit is read
+    or set until `start()`.
     """
 
     def __init__(
@@ -78,6 +79,26 @@ class PowerGovernor:
         reduce: Reduce | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Make the governor of one GPU; nothing is read or set before `start()`.
+
+        Args:
+            gpu: this process's GPU at the NVML boundary; None when it has none.
+            request: the cap: `auto`, `off`, watts or a fraction of the default limit.
+            required: stop the run (in `start()`) when the cap cannot be applied, instead of
+                training uncapped.
+            eta: the `auto` chooser's weight of energy against time (0: time only, 1: energy only).
+            run_id: recorded with the original limit, naming the run that set the cap.
+            originals: where the GPU's original limit is recorded on disk before the first
+                change, so a restart after `kill -9` can put it back; None records nothing.
+            gpu_type: the GPU's type for a checkpointed `auto` profile (default: from `gpu.name`).
+            reason: why there is no GPU, shown as the method's reason.
+            warmup_steps: `auto`: steps at each limit before measuring.
+            measure_steps: `auto`: steps measured at each limit.
+            settle_steps: `auto`: steps before the first limit.
+            sync: called before each profiling reading (a barrier across ranks).
+            reduce: combines a profiling reading across ranks (energy summed, time the slowest).
+            clock: seconds, monotonic; a test's clock in tests.
+        """
         self.gpu = gpu
         self.request = request
         self.required = required
@@ -104,10 +125,19 @@ class PowerGovernor:
     # -- start ----------------------------------------------------------------------------
 
     def start(self, saved: Mapping[str, Any] | None = None) -> None:
-        """Restore leftovers, then apply the cap or begin profiling; before the first step.
+        """Restore leftovers, then apply the cap or begin profiling; call before the first step.
 
-        `saved` is a checkpoint's `state_dict()` of an earlier governor (its `auto` profile and
-        the original limit); default: the one given to `load_state_dict`, if any.
+        A limit this GPU still carries from a run killed before it could restore it is put
+        back first. Without NVML support or permission the run trains uncapped after one
+        warning, unless `required`.
+
+        Args:
+            saved: a checkpoint's `state_dict()` of an earlier governor (its `auto` profile
+                and the original limit); default: the one given to `load_state_dict`, if any.
+
+        Raises:
+            RuntimeSetupError: `required` is set and there is no GPU, no permission, or NVML
+                refused the cap.
         """
         saved = self._saved if saved is None else saved
         if self.gpu is None:
@@ -137,9 +167,11 @@ class PowerGovernor:
             self._apply(decision.target_w, why=f"power cap {self.request.describe()}")
 
     def _restore_from_checkpoint(self, saved: Mapping[str, Any] | None) -> None:
-        """The second record of the original limit: the checkpoint. Used when the machine's
-        record of original limits has no entry (its data folder was lost) but this very GPU still carries the cap
-        the checkpointed run set."""
+        """Put back the original limit from the checkpoint, the second record of it.
+
+        Used when the machine's record of original limits has no entry (its data folder was
+        lost) but this very GPU still carries the cap the checkpointed run set.
+        """
         gpu = self._device()
         if not saved or saved.get("uuid") != gpu.uuid:
             return
@@ -192,7 +224,13 @@ class PowerGovernor:
     # -- steps ----------------------------------------------------------------------------
 
     def step_done(self) -> None:
-        """After each optimizer step: feed the profiler while it runs."""
+        """Count an optimizer step: feed the `auto` profiler while it runs and set its next limit.
+
+        Waits for the GPU to finish the step first (the reading must include its work).
+
+        Raises:
+            RuntimeSetupError: `required` is set and NVML refused a limit of the ladder.
+        """
         if self.gpu is None:
             return
         self.gpu.synchronize()
@@ -259,11 +297,14 @@ class PowerGovernor:
         return self.meter.method if self.meter is not None else "none"
 
     def energy_j(self) -> float:
-        """Joules this process's GPU used since `start()` made the meter; 0.0 without a meter."""
+        """Return the joules this process's GPU used since `start()` made the meter; 0.0 without one."""
         return self.meter.read_j() if self.meter is not None else 0.0
 
     def take_j(self) -> float:
-        """Joules since the last call (this process's GPU)."""
+        """Return the joules this process's GPU used since the last call (never negative).
+
+        The run books energy by difference, so a counter read twice is never counted twice.
+        """
         now = self.energy_j()
         used, self._taken_j = now - self._taken_j, now
         return max(used, 0.0)
@@ -271,7 +312,7 @@ class PowerGovernor:
     # -- state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the profile (or its measured rungs), the cap and the method."""
+        """Return what a checkpoint keeps: the profile (or its measured rungs), the cap, the original limit and the method."""
         return {
             "gpu": self.gpu_type,
             "profile": self.profile.to_dict() if self.profile else None,
@@ -288,12 +329,18 @@ class PowerGovernor:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Keep a checkpoint's power state for `start`: the profile is reused on the same GPU
-        type and the original limit restored from it when this machine lost its record."""
+        """Keep a checkpoint's power state for `start` (nothing is applied here).
+
+        The profile is reused on the same GPU type, and the original limit restored from it
+        when this machine lost its own record.
+
+        Args:
+            state: a `state_dict()` of an earlier governor.
+        """
         self._saved = dict(state)
 
     def summary(self) -> dict[str, Any]:
-        """The checkpoint meta's `power`: what `skygreen status` shows without loading weights."""
+        """Return the checkpoint meta's `power`: what `skygreen status` shows without loading weights."""
         state = self.state_dict()
         keep = ("cap_w", "default_limit_w", "method", "reason", "request", "saving_vs_uncapped", "simulated")
         summary = {k: state[k] for k in keep}

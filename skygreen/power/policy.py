@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 DEFAULT_ETA = 0.5
+"""The `auto` chooser's default weight of energy against time (Zeus's eta): half and half."""
 LADDER_STEP_W = 25.0
 """Zeus's `pl_step`."""
 MAX_RUNGS = 8
@@ -53,7 +54,18 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CapRequest:
-    """What the task asks for: mode `auto`, `off`, `watts` or `fraction`, and its value."""
+    """What the task asks for: mode `auto`, `off`, `watts` or `fraction`, and its value.
+
+    A request, not a limit: a board's range is known only on the GPU, where `resolve` turns it
+    into watts and clamps it.
+
+    Attributes:
+        mode: `auto` (profile, then keep the best limit), `off`, `watts` or `fraction`.
+        value: watts, or the fraction of the default limit; None for `auto` and `off`.
+
+    Raises:
+        ValueError: an unknown mode, or `watts`/`fraction` without a positive finite value.
+    """
 
     mode: str = "auto"
     value: float | None = None
@@ -66,7 +78,18 @@ class CapRequest:
 
     @classmethod
     def parse(cls, text: str | float) -> CapRequest:
-        """`auto`, `off`, watts (> 1) or a fraction of the default limit (<= 1)."""
+        """Read a cap as a task file or `cap()` writes it.
+
+        Args:
+            text: `auto`, `off`, watts (a number above 1, `150`) or a fraction of the default
+                limit (at most 1, `0.6`); case and surrounding spaces do not matter.
+
+        Returns:
+            The request.
+
+        Raises:
+            ValueError: `text` is none of those, or a number that is not positive and finite.
+        """
         raw = str(text).strip().lower()
         if raw in ("auto", "off"):
             return cls(mode=raw)
@@ -79,11 +102,11 @@ class CapRequest:
         return cls(mode="fraction" if value <= 1.0 else "watts", value=value)
 
     def to_text(self) -> str:
-        """The request as `parse` reads it (and a task file writes it): `auto`, `off`, `150`, `0.6`."""
+        """Return the request as `parse` reads it (and a task file writes it): `auto`, `off`, `150`, `0.6`."""
         return self.mode if self.value is None else f"{self.value:g}"
 
     def describe(self) -> str:
-        """The request in words for logs and checkpoints: `150 W`, `0.6 of the default limit`, `auto` or `off`."""
+        """Return the request in words for logs and checkpoints: `150 W`, `0.6 of the default limit`, `auto` or `off`."""
         if self.mode == "watts":
             return f"{self.value:g} W"
         if self.mode == "fraction":
@@ -187,8 +210,11 @@ class PowerProfile:
         return cls(gpu=gpu, eta=eta, points=tuple(points), chosen_w=choose(points, eta=eta).limit_w)
 
     def point(self, limit_w: float) -> ProfilePoint | None:
-        """The rung profiled at exactly `limit_w`; None when there is none (a profile read back from a
-        checkpoint edited by hand: its `chosen_w` still sets the cap, but nothing was measured there)."""
+        """Return the rung profiled at exactly `limit_w`; None when there is none.
+
+        None for a profile read back from a checkpoint edited by hand: its `chosen_w` still
+        sets the cap, but nothing was measured there.
+        """
         return next((p for p in self.points if p.limit_w == limit_w), None)
 
     @property
@@ -198,8 +224,10 @@ class PowerProfile:
 
     @property
     def saving_vs_uncapped(self) -> float | None:
-        """Energy per step saved by the chosen limit against the highest one profiled (0.137 = 13.7%);
-        None when the chosen limit was not profiled (not measured, so no claim)."""
+        """Energy per step saved by the chosen limit against the highest one profiled (0.137 = 13.7%).
+
+        None when the chosen limit was not profiled (not measured, so no claim).
+        """
         chosen, base = self.point(self.chosen_w), self.uncapped.energy_j
         if chosen is None:
             return None
@@ -207,8 +235,10 @@ class PowerProfile:
 
     @property
     def slowdown_vs_uncapped(self) -> float | None:
-        """Time per step the chosen limit adds against the highest one profiled (0.068 = 6.8% slower);
-        None when the chosen limit was not profiled."""
+        """Time per step the chosen limit adds against the highest one profiled (0.068 = 6.8% slower).
+
+        None when the chosen limit was not profiled.
+        """
         chosen, base = self.point(self.chosen_w), self.uncapped.time_s
         if chosen is None:
             return None
@@ -238,6 +268,20 @@ class LadderProfiler:
     def __init__(self, gpu: str, ladder: Sequence[float], *, eta: float = DEFAULT_ETA, warmup_steps: int = WARMUP_STEPS,
                  measure_steps: int = MEASURE_STEPS, settle_steps: int = SETTLE_STEPS,
                  points: Sequence[ProfilePoint] = ()) -> None:  # fmt: skip
+        """Start at the first rung not yet measured.
+
+        Args:
+            gpu: the GPU's type, recorded in the profile.
+            ladder: the limits to profile, in watts.
+            eta: the chooser's weight of energy against time.
+            warmup_steps: steps at each limit before measuring.
+            measure_steps: steps measured at each limit.
+            settle_steps: steps before the first limit.
+            points: rungs already measured (from a checkpoint); those off the ladder are dropped.
+
+        Raises:
+            ValueError: fewer than one warm-up or measured step per limit.
+        """
         if warmup_steps < 1 or measure_steps < 1:
             raise ValueError("profiling needs at least one warm-up and one measured step per limit")
         self.gpu = gpu

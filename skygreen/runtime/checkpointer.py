@@ -25,81 +25,60 @@ from the same bucket; when a process group is initialised they also agree by `al
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import torch
 
-from skygreen.checkpoint.keep import check_keep
-from skygreen.checkpoint.lease import Lease, LeaseLostError, check_lease, launch_number, take_lease
 from skygreen.checkpoint.manifest import (
-    CKPT_DIR,
-    MANIFEST_NAME,
-    METRIC_MODES,
     SHARED_BLOB,
     STATE_KIND,
     BlobInfo,
     HashingWriter,
     Manifest,
     blob_key,
-    committed_steps,
-    delete_step,
     iter_manifests,
-    manifest_key,
     rank_blob_name,
-    rank_note_name,
-    step_folders,
-    step_prefix,
 )
 from skygreen.checkpoint.prefetch import prefetch_dir, take_prefetched
 from skygreen.checkpoint.ranged import fetch_verified
-from skygreen.checkpoint.retention import apply_retention, first_line
-from skygreen.checkpoint.store import RetryPolicy, Store
-from skygreen.checkpoint.store_factory import open_store
-from skygreen.errors import (
-    CheckpointError,
-    InputError,
-    KeyNotFoundError,
-    RankTimeoutError,
-    StoreError,
-    TransientStoreError,
+from skygreen.checkpoint.retention import first_line
+from skygreen.checkpoint.store import RetryPolicy
+from skygreen.errors import CheckpointError, InputError, KeyNotFoundError, StoreError, TransientStoreError
+from skygreen.runtime.commits import (
+    MAX_FAILED_SAVES_IN_ROW,
+    CommitProtocol,
+    Loaded,
+    default_launch,
+    synchronize_devices,
+    torch_load_verified,
 )
 from skygreen.runtime.ranks import all_reduce
-from skygreen.runtime.state import Stateful, apply, capture, upgrade_layout
+from skygreen.runtime.state import Stateful, capture
 from skygreen.runtime.tensors import model_sha256, to_host
 from skygreen.spec import HALF_PRECISIONS
 from skygreen.timestamps import utc_now_iso
 
 log = logging.getLogger("skygreen.checkpoint")
 
-MAX_FAILED_SAVES_IN_ROW = 3
 _HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-_NOTE_POLL_S = 0.2
+__all__ = ["MAX_FAILED_SAVES_IN_ROW", "Checkpointer", "Loaded"]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Loaded:
-    """A checkpoint that loaded with every blob verified: its step, the state shared by all ranks,
-    this rank's own state and the manifest."""
+class Checkpointer(CommitProtocol):
+    """Asynchronous, verified checkpoints of one run (one instance per rank).
 
-    step: int
-    state: dict
-    rank_state: dict | None
-    """This rank's own state; None when the checkpoint has none for this rank."""
-    manifest: Manifest
-
-
-class Checkpointer:
-    """Asynchronous, verified checkpoints of one run (one instance per rank)."""
+    Saving blocks training only for the copy to host memory; serialising and uploading run in
+    a background thread, and the manifest, written last, is the commit. Loading takes the
+    newest checkpoint whose blobs all verify, so a save cut short by a preemption costs
+    nothing but that save. The commit protocol is `skygreen.runtime.commits`'s.
+    """
 
     def __init__(
         self,
@@ -115,53 +94,49 @@ class Checkpointer:
         tmp_dir: str | os.PathLike[str] | None = None,
         launch: int | None = None,
     ) -> None:
-        check_keep(keep, "checkpoint keep")
+        """Open the checkpoints under `url`; nothing is read or written yet.
+
+        Args:
+            url: the run's folder, `s3://`, `gs://` or `file://` (`<bucket>/<run_id>`).
+            keep: committed checkpoints kept by retention (at least 2: the newest may be the
+                broken one).
+            half_precision: `fp16` or `bf16` to store the `model` entry's floating tensors
+                in half precision; None stores them as they are.
+            rank: this process's rank.
+            world_size: the number of ranks; rank 0 writes the shared state and the manifest.
+            metric_mode: `min` or `max`, for `keep` by best metric.
+            rank_wait_s: how long rank 0 waits for the other ranks' parts before a commit fails.
+            retry: the store's retry policy (default: the process's).
+            tmp_dir: where blobs are staged on the way up and down (default: the system's).
+            launch: this life's launch number, for the writer lease that stops an older life
+                from writing over a newer one (default: `SKYGREEN_LAUNCH`; None takes no lease).
+
+        Raises:
+            SpecError: `keep` is not an integer of at least 2, or the URL is not a bucket URL.
+            InputError: a bad `half_precision`, `metric_mode`, or rank outside the world.
+            StoreError: the bucket's client library is not installed.
+        """
         if half_precision is not None and half_precision not in HALF_PRECISIONS:
             raise InputError(
                 f"checkpoint half_precision: {half_precision!r} is not one of {', '.join(HALF_PRECISIONS)} or None"
             )
-        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-            raise InputError(
-                f"checkpoint rank/world_size: need 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}"
-            )
-        if metric_mode not in METRIC_MODES:
-            raise InputError(f"checkpoint metric_mode: {metric_mode!r} is not one of {', '.join(METRIC_MODES)}")
-        self.url = url
-        self.store: Store = open_store(url, retry=retry)
-        self.keep = keep
+        super().__init__(
+            url,
+            keep=keep,
+            rank=rank,
+            world_size=world_size,
+            metric_mode=metric_mode,
+            rank_wait_s=rank_wait_s,
+            retry=retry,
+            tmp_dir=tmp_dir,
+            launch=default_launch(launch, os.environ),
+        )
         self.half_precision = half_precision
-        self.rank = rank
-        self.world_size = world_size
-        self.metric_mode = metric_mode
-        self.rank_wait_s = rank_wait_s
-        self.tmp_dir = tmp_dir
         self.prefetched = prefetch_dir(url)  # setup's background download; verified before use
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._failed_in_row = 0
-        self._closed = False
-        self.last_committed_step: int | None = None
-        self._last_save_cost_s: float | None = None
-        self.last_upload_s: float | None = None
         self._load_errors: dict[int, str] = {}
         """Why each checkpoint skipped while loading did not load."""
-        self._unloadable: dict[int, str] = {}
-        """Commits newer than the loaded one, for retention to quarantine after the next commit."""
-        self.launch = launch if launch is not None else launch_number(os.environ)
-        """This life's launch number (`SKYGREEN_LAUNCH`); None: no writer lease is taken."""
-        self._lease: Lease | None = None
 
     # -- saving -------------------------------------------------------------------------
-
-    @property
-    def last_save_cost_s(self) -> float | None:
-        """Seconds the last `save` blocked training (copy to host + waiting for the previous)."""
-        return self._last_save_cost_s
-
-    @property
-    def in_flight(self) -> bool:
-        """Whether a background save is still running."""
-        return self._thread is not None and self._thread.is_alive()
 
     def save(
         self,
@@ -173,7 +148,28 @@ class Checkpointer:
         meta: dict | None = None,
         pin: bool = False,
     ) -> None:
-        """Snapshot `state` (and this rank's `rank_state`) and commit them in the background."""
+        """Snapshot `state` (and this rank's `rank_state`) and commit them in the background.
+
+        Waits for the previous save first. A previous save that failed on the store's
+        transient errors or a rank's timeout is logged and training goes on, until
+        `MAX_FAILED_SAVES_IN_ROW` (3) failed in a row: a bucket that never takes a checkpoint
+        would otherwise cost the whole run's work at the next preemption.
+
+        Args:
+            step: the optimizer steps done; the checkpoint's name.
+            state: name -> state dict, shared by all ranks; only rank 0's is written.
+            rank_state: this rank's own state (its RNG), saved as its own blob.
+            metric: the early-stopping metric at this step, for `keep` by best metric.
+            meta: JSON-able facts `skygreen status` reads from the manifest without loading weights.
+            pin: keep this checkpoint whatever retention says (the final one).
+
+        Raises:
+            CheckpointError: after `close`, a step that is not a non-negative integer, a state
+                that is not a dict or has keys other than str/int, or 3 failed saves in a row.
+            StoreError: the previous save failed on a non-transient store error.
+            ValueError: `meta` holds NaN or infinity; TypeError: it is not JSON-able.
+            SystemExit: a newer life of the run holds the writer lease (its exit code, 3: superseded).
+        """
         if self._closed:
             raise CheckpointError(f"{self.url}: save after close")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -189,17 +185,12 @@ class Checkpointer:
                 k: to_host(v, path=f"state[{k!r}]", half=half if k == "model" else None) for k, v in state.items()
             }
         own = to_host(rank_state if rank_state is not None else {}, path="rank_state")
-        _synchronize_devices(state)
+        synchronize_devices()
         meta_json = json.loads(json.dumps(meta or {}, allow_nan=False))
         if half is not None:
             meta_json.setdefault("stored_weights", self.half_precision)
         self._last_save_cost_s = time.perf_counter() - started
-        self._thread = threading.Thread(
-            target=self._write_guarded,
-            args=(step, shared, own, metric, meta_json, pin),
-            name=f"skygreen-checkpoint-{step}",
-        )
-        self._thread.start()
+        self._start(step, self._write, (step, shared, own, metric, meta_json, pin), name="skygreen-checkpoint")
 
     def save_state(
         self,
@@ -230,87 +221,14 @@ class Checkpointer:
             The state dict handed to the checkpointer (name -> state).
 
         Raises:
-            CheckpointError: after close, a bad step, or the earlier failed saves that stop training.
+            CheckpointError: as for `save`: after close, a bad step, or 3 failed saves in a row.
+            StoreError: the previous save failed on a non-transient store error.
             TypeError: an object in `states` has no `state_dict`/`load_state_dict`.
+            SystemExit: a newer life of the run holds the writer lease.
         """
         state = capture(states)
         self.save(step, state, rank_state=rank_state, metric=metric, meta=meta, pin=pin)
         return state
-
-    def restore_state(self, states: Mapping[str, Stateful | None]) -> Loaded | None:
-        """Load the newest verified checkpoint into a mapping of named stateful objects.
-
-        Every rank must call this (the ranks agree on the step). Entries the checkpoint lacks
-        leave their object as it is and are logged; a checkpoint written before the training
-        state was one record is read in today's layout (`skygreen.runtime.state.upgrade_layout`).
-
-        Args:
-            states: name -> object with `load_state_dict()`, as given to `save_state`.
-
-        Returns:
-            The checkpoint loaded (its state in today's layout), or None when there is none.
-
-        Raises:
-            CheckpointError: the bucket cannot be read (every checkpoint in it failing to verify
-                is no error: they are skipped and None returned).
-        """
-        loaded = self.load_latest()
-        if loaded is None:
-            return None
-        loaded = dataclasses.replace(loaded, state=upgrade_layout(loaded.state))
-        missing = apply(states, loaded.state)
-        if missing:
-            log.warning("%s has no state for %s; they start fresh", loaded.manifest.label, ", ".join(missing))
-        return loaded
-
-    def wait(self) -> None:
-        """Block until the in-flight save committed; re-raise its error if it failed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        error, self._error = self._error, None
-        if isinstance(error, LeaseLostError):
-            _stop_superseded(error)
-        if error is not None:
-            raise error
-
-    def close(self) -> None:
-        """Finish the in-flight save (re-raising its error) and refuse further saves."""
-        try:
-            self.wait()
-        finally:
-            self._closed = True
-
-    def __enter__(self) -> Checkpointer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _collect_previous(self) -> None:
-        """Wait for the previous save; decide whether its failure stops training."""
-        try:
-            self.wait()
-        except (TransientStoreError, RankTimeoutError) as e:
-            if self._failed_in_row >= MAX_FAILED_SAVES_IN_ROW:
-                raise CheckpointError(
-                    f"{self.url}: {self._failed_in_row} checkpoints in a row failed to commit; last error: {e}\n"
-                    f"  the last committed checkpoint is step {self.last_committed_step}; check the bucket's health"
-                ) from e
-            log.warning(
-                "checkpoint was not committed (%s); training goes on, the next save tries again; "
-                "last committed step: %s",
-                e,
-                self.last_committed_step,
-            )
-            return
-
-    def _write_guarded(self, *args) -> None:
-        try:
-            self._write(*args)
-        except BaseException as e:  # surfaced by wait()/save(); never lost in the thread
-            self._failed_in_row += 1
-            self._error = e
 
     def _write(self, step: int, shared: dict | None, own: dict, metric, meta: dict, pin: bool) -> None:
         started = time.perf_counter()
@@ -318,10 +236,7 @@ class Checkpointer:
         with tempfile.TemporaryDirectory(prefix="skygreen-ckpt-", dir=self.tmp_dir) as tmp:
             own_name = rank_blob_name(self.rank)
             blobs = {own_name: self._upload_blob(step, own_name, own, Path(tmp))}
-            self.store.put(blob_key(step, rank_note_name(self.rank)), _note(step, self.rank, blobs))
-            if self.rank != 0:
-                self.last_upload_s = time.perf_counter() - started
-                self._failed_in_row = 0
+            if not self._put_note(step, blobs, started):
                 return
             blobs[SHARED_BLOB] = self._upload_blob(step, SHARED_BLOB, shared, Path(tmp))
             model_hash = (
@@ -341,26 +256,7 @@ class Checkpointer:
             world_size=self.world_size,
             meta=meta,
         )
-        self._fence()
-        self.store.put(manifest_key(step), manifest.dumps())
-        self.last_committed_step = step
-        self._failed_in_row = 0
-        self.last_upload_s = time.perf_counter() - started
-        log.info("checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s)
-        self._unloadable.pop(step, None)  # rewritten by this life: good now
-        apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable, lease=self._lease)
-        self._unloadable = {}
-
-    def _fence(self) -> None:
-        """Take this life's writer lease, or check it is still ours (`skygreen.checkpoint.lease`);
-        `LeaseLostError` when a newer life holds it. Rank 0 holds it for the run; a no-op on other
-        ranks and without a launch number."""
-        if self.launch is None or self.rank != 0:
-            return
-        if self._lease is None:
-            self._lease = take_lease(self.store, self.launch)
-        else:
-            check_lease(self.store, self._lease)
+        self._commit(manifest, started)
 
     def _upload_blob(self, step: int, name: str, obj: Any, tmp: Path) -> BlobInfo:
         """Serialise `obj` to a temporary file (hashing on the way), then stream it up."""
@@ -372,36 +268,22 @@ class Checkpointer:
         self.store.put_file(blob_key(step, name), path)
         return writer.info()
 
-    def _collect_rank_notes(self, step: int) -> dict[str, BlobInfo]:
-        """Rank 0: every other rank's blob info, from its note; waits up to `rank_wait_s`."""
-        pending = set(range(1, self.world_size))
-        found: dict[str, BlobInfo] = {}
-        deadline = time.monotonic() + self.rank_wait_s
-        while pending:
-            for rank in sorted(pending):
-                try:
-                    raw = self.store.get(blob_key(step, rank_note_name(rank)))
-                except KeyNotFoundError:
-                    continue
-                found.update(_read_note(raw, step, rank, self.url))
-                pending.discard(rank)
-            if pending and time.monotonic() > deadline:
-                raise RankTimeoutError(
-                    f"{self.url}: checkpoint step {step} not committed: rank(s) "
-                    f"{', '.join(map(str, sorted(pending)))} did not upload their part within {self.rank_wait_s:g} s"
-                )
-            if pending:
-                time.sleep(_NOTE_POLL_S)
-        return found
-
     # -- loading ------------------------------------------------------------------------
 
     def load_latest(self) -> Loaded | None:
         """The newest checkpoint whose blobs all verify, loaded; None when there is none.
 
-        Call on every rank (not while a save is in flight). Uncommitted step folders newer
-        than the loaded step are leftovers of a life that died mid-save; rank 0 removes them
-        so a rank's stale note can never be mistaken for a new one.
+        Call on every rank: the ranks agree on one step (the newest that loaded on all of
+        them). An in-flight save is waited for first. Uncommitted step folders newer than the
+        loaded step are leftovers of a life that died mid-save; rank 0 removes them so a
+        rank's stale note can never be mistaken for a new one.
+
+        Returns:
+            The checkpoint, or None when no checkpoint verifies (or there is none).
+
+        Raises:
+            StoreError: the bucket cannot be listed or read.
+            SystemExit: a newer life of the run holds the writer lease.
         """
         self.wait()
         bound: int | None = None
@@ -409,28 +291,16 @@ class Checkpointer:
         while True:
             loaded = self._load_newest(bound)
             step = loaded.step if loaded else -1
-            if first_round and self.rank == 0:
-                try:
-                    self._fence()  # this life's lease, before it deletes anything
-                except LeaseLostError as e:
-                    _stop_superseded(e)
-                self._remove_uncommitted_after(step)
+            if first_round:
+                self._clear_leftovers(step)  # rank 0, this life's lease first
             first_round = False
             low = int(all_reduce([step], op="MIN", dtype=torch.int64)[0])
             high = int(all_reduce([step], op="MAX", dtype=torch.int64)[0])
             if low == high:
                 self.last_committed_step = loaded.step if loaded else None
-                self._remember_unloadable(step)
+                self._remember_unloadable(step, self._load_errors, "did not verify on every rank")
                 return loaded
             bound = low
-
-    def _remember_unloadable(self, loaded_step: int) -> None:
-        """Every commit newer than the step the ranks agreed on failed to load somewhere;
-        rank 0's retention moves them aside after its first new commit (`skygreen.checkpoint.retention`)."""
-        if self.rank != 0:
-            return
-        newer = [s for s in committed_steps(self.store) if s > loaded_step]
-        self._unloadable = {s: self._load_errors.get(s, "did not verify on every rank") for s in newer}
 
     def _load_newest(self, bound: int | None) -> Loaded | None:
         for manifest in iter_manifests(self.store):
@@ -463,8 +333,8 @@ class Checkpointer:
         own_name = rank_blob_name(self.rank)
         with tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp:
             paths = {name: self._fetch(manifest, name, Path(tmp)) for name in sorted(manifest.blobs)}
-            state = _torch_load(paths[SHARED_BLOB], manifest, SHARED_BLOB)
-            rank_state = _torch_load(paths[own_name], manifest, own_name) if own_name in paths else None
+            state = torch_load_verified(paths[SHARED_BLOB], manifest, SHARED_BLOB)
+            rank_state = torch_load_verified(paths[own_name], manifest, own_name) if own_name in paths else None
         if rank_state is None and self.world_size > 1:
             log.warning(
                 "%s has no state for rank %d (saved with %d ranks)", manifest.label, self.rank, manifest.world_size
@@ -480,42 +350,3 @@ class Checkpointer:
         except KeyNotFoundError as e:
             raise CheckpointError(f"{name} is missing") from e
         return path
-
-    def _remove_uncommitted_after(self, step: int) -> None:
-        folders = step_folders(self.store.list(CKPT_DIR + "/"))
-        for stale in sorted(s for s in folders if s > step and MANIFEST_NAME not in folders[s]):
-            log.info("removing uncommitted leftovers of step %d (%s)", stale, step_prefix(stale))
-            delete_step(self.store, stale)
-
-
-def _stop_superseded(error: LeaseLostError) -> None:
-    """A newer life owns the bucket: say so in one line and exit with the superseded code."""
-    log.error("%s", error)
-    raise SystemExit(error.exit_code) from error
-
-
-def _note(step: int, rank: int, blobs: Mapping[str, BlobInfo]) -> bytes:
-    return json.dumps({"step": step, "rank": rank, "blobs": {n: b.to_json() for n, b in blobs.items()}}).encode()
-
-
-def _read_note(raw: bytes, step: int, rank: int, url: str) -> dict[str, BlobInfo]:
-    try:
-        note = json.loads(raw)
-        if note["step"] != step or note["rank"] != rank:
-            raise ValueError(f"note is for step {note['step']} rank {note['rank']}")
-        return {name: BlobInfo(size=b["size"], sha256=b["sha256"]) for name, b in note["blobs"].items()}
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{url}: bad note of rank {rank} for step {step}: {e}") from e
-
-
-def _torch_load(path: Path, manifest: Manifest, name: str) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises UnpicklingError, RuntimeError, ... for bad files
-        raise CheckpointError(f"{manifest.label}: {name} verified but cannot be loaded safely: {e}") from e
-
-
-def _synchronize_devices(state: Any) -> None:
-    """Wait for device-to-host copies; a no-op on CPU."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()

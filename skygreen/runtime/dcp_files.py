@@ -1,6 +1,6 @@
 """DCP's files for `skygreen.runtime.sharded`: a state split into tensors (for DCP) and the rest
 (for `shared.pt`), DCP's reader restricted to what skygreen verified and can read without
-unpickling, the test-only hold inside an upload, and the small pieces of the commit protocol around them.
+unpickling, the test-only hold inside an upload, and the small pieces around them.
 
 Why a restricted unpickler: `FileSystemReader.read_metadata` reads `.metadata` with
 `pickle.load`. The sha256 in the manifest proves only that the bytes are those rank 0 listed,
@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadItemType
+from torch.distributed.tensor import DTensor
 
-from skygreen.checkpoint.manifest import BlobInfo, blob_key, rank_note_name
-from skygreen.checkpoint.store import Store
-from skygreen.errors import CheckpointError, InputError, KeyNotFoundError, RankTimeoutError
-from skygreen.runtime.checkpointer import _read_note
+from skygreen.errors import CheckpointError, InputError
 
 log = logging.getLogger("skygreen.checkpoint")
 
@@ -44,17 +44,23 @@ process id) and wait to be killed. `skygreen up` never renders it."""
 # Splitting a state into tensors (for DCP) and the rest (for shared.pt)
 
 
-def split_tensors(state: Any, *, path: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
+def split_tensors(state: Any, *, path: str = "", sharded_only: bool = False) -> tuple[Any, dict[str, torch.Tensor]]:
     """(skeleton, tensors): `state` with each tensor replaced by a placeholder naming its key,
     and those tensors (DTensor shards included, not copied) by key, for DCP.
 
     Keys are the path of the tensor in the state, joined with dots (`model.0.weight`,
     `optimizer.state.0.weight.exp_avg`): the same key on every rank and at every world size.
+
+    With `sharded_only`, only DTensors go to DCP and plain tensors stay in the skeleton. Under
+    FSDP2 a plain tensor (a buffer, an optimizer's step count) is the same on every rank; DCP
+    would keep one copy of it in whichever rank's file its load balancing picks, so every rank
+    would need every rank's file to resume. In `shared.pt`, which every rank reads anyway, a
+    rank needs only the files that hold its own shards.
     """
     tensors: dict[str, torch.Tensor] = {}
 
     def walk(obj: Any, where: str) -> Any:
-        if isinstance(obj, torch.Tensor):
+        if isinstance(obj, torch.Tensor) and not (sharded_only and not isinstance(obj, DTensor)):
             tensors[where] = obj
             return {TENSOR_MARK: where}
         if isinstance(obj, Mapping):
@@ -147,9 +153,36 @@ def read_dcp_metadata(data: bytes, *, where: str) -> Any:
     return metadata
 
 
+def planned_files(metadata: Any, into: Mapping[str, torch.Tensor]) -> set[str]:
+    """DCP's files (`__0_0.distcp`, ...) that loading `into` will read: the files holding the
+    saved chunks that overlap this rank's own slice of each tensor, at any world size.
+
+    This is DCP's own local plan (`DefaultLoadPlanner`, the planner `dcp.load` uses): each read
+    item names a stored chunk, and `metadata.storage_data` names the file that holds it. A
+    rank's local plan depends only on its own tensors and the metadata (the global step of a
+    load changes nothing), so it can be made before any file is fetched, with no collective.
+
+    Raises:
+        CheckpointError: the metadata cannot serve these tensors (a key or shape it lacks).
+    """
+    planner = DefaultLoadPlanner()
+    try:
+        planner.set_up_planner(dict(into), metadata, is_coordinator=False)
+        plan = planner.create_local_plan()
+        return {metadata.storage_data[item.storage_index].relative_path for item in plan.items}
+    except (Exception, CheckpointException) as e:  # DCP raises RuntimeError, KeyError, ... for a mismatch
+        raise CheckpointError(f"DCP cannot plan loading this run's state from it: {e}") from e
+
+
 class VerifiedReader(dcp.FileSystemReader):
     """DCP's file reader over verified files: metadata through the restricted unpickler, tensor
-    data through `torch.load(weights_only=True)` (DCP's own), pickled objects refused."""
+    data through `torch.load(weights_only=True)` (DCP's own), pickled objects refused, and a read
+    from any file not in `verified` refused (a plan that differs from `planned_files`'s can never
+    read a file this rank did not check)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, verified: set[str] | frozenset[str] | None = None) -> None:
+        super().__init__(path)
+        self.verified = None if verified is None else frozenset(verified)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         """DCP's `Metadata` through the restricted unpickler (never `pickle.load`)."""
@@ -170,6 +203,12 @@ class VerifiedReader(dcp.FileSystemReader):
                     f"checkpoint item {item.dest_index.fqn!r} is a pickled object; skygreen never writes one "
                     "and does not unpickle them"
                 )
+            if self.verified is not None:
+                name = self.storage_data[item.storage_index].relative_path
+                if name not in self.verified:
+                    raise CheckpointError(
+                        f"checkpoint item {item.dest_index.fqn!r} is in {name}, which was not verified"
+                    )
         return super().read_data(plan, planner)
 
 
@@ -227,47 +266,3 @@ def torch_save_to(obj: Any, path: Path) -> Path:
     """`torch.save` to `path`; returns `path`."""
     torch.save(obj, path)
     return path
-
-
-def torch_load_verified(path: Path, manifest: Any, name: str) -> Any:
-    """A verified blob, with `torch.load(weights_only=True)`; a refusal is a `CheckpointError`."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises UnpicklingError, RuntimeError, ... for bad files
-        raise CheckpointError(f"{manifest.label}: {name} verified but cannot be loaded safely: {e}") from e
-
-
-def synchronize_devices() -> None:
-    """Wait for device-to-host copies; a no-op on CPU."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-_NOTE_POLL_S = 0.2
-
-
-def collect_rank_notes(store: Store, step: int, *, world_size: int, wait_s: float) -> dict[str, BlobInfo]:
-    """Rank 0: every other rank's files, from its note (`rank<r>.json`); waits up to `wait_s`.
-
-    Raises:
-        RankTimeoutError: a rank's note did not come in time (the step stays uncommitted).
-    """
-    pending = set(range(1, world_size))
-    found: dict[str, BlobInfo] = {}
-    deadline = time.monotonic() + wait_s
-    while pending:
-        for rank in sorted(pending):
-            try:
-                raw = store.get(blob_key(step, rank_note_name(rank)))
-            except KeyNotFoundError:
-                continue
-            found.update(_read_note(raw, step, rank, store.url))
-            pending.discard(rank)
-        if pending and time.monotonic() > deadline:
-            raise RankTimeoutError(
-                f"{store.url}: checkpoint step {step} not committed: rank(s) "
-                f"{', '.join(map(str, sorted(pending)))} did not upload their part within {wait_s:g} s"
-            )
-        if pending:
-            time.sleep(_NOTE_POLL_S)
-    return found

@@ -19,9 +19,21 @@ __all__ = ["EarlyStopConfig", "EarlyStopper"]
 
 
 class EarlyStopper:
-    """Feed it each evaluation of the metric; it says when to stop."""
+    """Feed it each evaluation of the metric; it says when to stop.
+
+    Attributes:
+        evaluations: evaluations seen, grace ones included.
+        best: the best value so far (None before the first finite one after the grace).
+        bad_evaluations: evaluations in a row without an improvement of more than `min_delta`.
+        stopped: whether patience ran out; it stays set.
+    """
 
     def __init__(self, config: EarlyStopConfig) -> None:
+        """Start with nothing seen.
+
+        Args:
+            config: the metric, mode (`min`/`max`), patience, min_delta and grace.
+        """
         self.config = config
         self.evaluations = 0
         self.best: float | None = None
@@ -29,9 +41,16 @@ class EarlyStopper:
         self.stopped = False
 
     def update(self, value: float) -> bool:
-        """Record one evaluation; True once the run should stop (and from then on).
+        """Record one evaluation of the metric.
 
         A NaN or infinite value is never an improvement: a diverged run counts against patience.
+        The first `grace` evaluations are counted and otherwise ignored.
+
+        Args:
+            value: the metric's value at this evaluation.
+
+        Returns:
+            True once the run should stop (and from then on).
         """
         value = float(value)
         self.evaluations += 1
@@ -55,7 +74,7 @@ class EarlyStopper:
         return value > self.best + self.config.min_delta
 
     def state_dict(self) -> dict[str, Any]:
-        """The stopper's whole state as plain numbers, for a checkpoint (the config is not part of it)."""
+        """Return the stopper's whole state as plain numbers, for a checkpoint (the config is not part of it)."""
         return {
             "evaluations": self.evaluations,
             "best": self.best,
@@ -64,7 +83,14 @@ class EarlyStopper:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a state `state_dict` returned."""
+        """Continue from a state `state_dict` returned.
+
+        Args:
+            state: the saved state.
+
+        Raises:
+            KeyError: `state` lacks one of `evaluations`, `best`, `bad_evaluations`, `stopped`.
+        """
         self.evaluations = int(state["evaluations"])
         self.best = None if state["best"] is None else float(state["best"])
         self.bad_evaluations = int(state["bad_evaluations"])

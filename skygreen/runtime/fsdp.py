@@ -12,7 +12,9 @@ A model the user wrapped with `fully_shard` before handing it to `Run` is recogn
 - checkpoints the model and the optimizer as `sharded_states` (their state taken with
   `get_model_state_dict` / `get_optimizer_state_dict`: keyed by names, not parameter ids, so
   the state reshards) through `skygreen.runtime.sharded`, in the same mapping of named
-  stateful objects as every run (`Checkpointer.save_state` / `restore_state`).
+  stateful objects as every run (`Checkpointer.save_state` / `restore_state`);
+- with `micro: auto` on several ranks, measures the micro-batch instead of trying sizes until
+  one runs out of memory (`skygreen.runtime.autotune.MemoryProbe` says why).
 
 FSDP2 takes its precision when the model is sharded, not later: `mixed_precision` turns the
 task's precision into the `MixedPrecisionPolicy` to pass to `fully_shard`, and `shard` does the
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from skygreen.errors import InputError, RuntimeSetupError
+from skygreen.errors import InputError
 from skygreen.runtime.state import Stateful
 
 _PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -39,9 +41,14 @@ def is_sharded(module: torch.nn.Module) -> bool:
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """The FSDP2 policy for a task's precision: parameters gathered and computed in bf16/fp16,
-    gradients reduced in fp32 (a sum over many ranks in half precision loses digits), the
-    sharded master weights and the optimizer in fp32. fp32 is the default policy.
+    """Return the FSDP2 policy for a task's precision.
+
+    Parameters gathered and computed in bf16/fp16, gradients reduced in fp32 (a sum over many
+    ranks in half precision loses digits), the sharded master weights and the optimizer in
+    fp32. fp32 is the default policy.
+
+    Args:
+        precision: "bf16", "fp16" or "fp32".
 
     Raises:
         InputError: an unknown precision.
@@ -55,9 +62,23 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 def task_precision(device: torch.device, environ: Mapping[str, str] | None = None) -> str:
-    """The precision the runtime will train in on `device` (bf16, fp16 or fp32): the task's
-    `precision`, with `auto` resolved for the GPU as `Run` resolves it; fp32 under smoke tests.
-    Call before sharding, and pass it to `shard`, so FSDP2 casts as the task asked."""
+    """Return the precision the runtime will train in on `device`: bf16, fp16 or fp32.
+
+    The task's `precision`, with `auto` resolved for the GPU as `Run` resolves it; fp32 under
+    the smoke test. Call before sharding, and pass it to `shard`, so FSDP2 casts as the task
+    asked: the cast is fixed when the model is sharded, before `Run` sees it.
+
+    Args:
+        device: the device the model trains on.
+        environ: the process environment (default: `os.environ`), read as `RuntimeSettings.from_env`.
+
+    Returns:
+        "bf16", "fp16" or "fp32".
+
+    Raises:
+        RuntimeSetupError: the run's settings are missing (outside `skygreen up`) or malformed,
+            or the precision is unknown or unsupported on `device`.
+    """
     import os
 
     from skygreen.runtime.environment import device_facts, pick_precision
@@ -71,11 +92,23 @@ def task_precision(device: torch.device, environ: Mapping[str, str] | None = Non
 
 
 def shard(model: torch.nn.Module, *, blocks: Iterable[torch.nn.Module], precision: str = "fp32") -> torch.nn.Module:
-    """`fully_shard` each of `blocks` (e.g. the transformer layers), then the root, with the
-    policy for `precision`; returns the model (now an `FSDPModule`). Needs a process group.
+    """Shard `model` with FSDP2: `fully_shard` each of `blocks`, then the root.
 
     Sharding block by block lets FSDP gather one block's weights at a time, which is what
-    bounds the memory; the root holds what is left (embeddings, the head).
+    bounds the memory; the root holds what is left (embeddings, the head). Parameters are
+    gathered and computed in `precision`, gradients reduced and master weights kept in fp32.
+    Needs a process group.
+
+    Args:
+        model: the model, not yet sharded.
+        blocks: its repeated blocks (e.g. the transformer layers).
+        precision: "bf16", "fp16" or "fp32" (`task_precision(device)` gives the task's).
+
+    Returns:
+        `model` itself, now an `FSDPModule`, ready for `Run` or a loop of its own.
+
+    Raises:
+        InputError: `precision` is not bf16, fp16 or fp32.
     """
     policy = mixed_precision(precision)
     for block in blocks:
@@ -98,34 +131,23 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
     return full() if callable(full) else norm
 
 
-def check_batch(*, micro_auto: bool, world_size: int, smoke: bool) -> None:
-    """`micro: auto` probes by catching out-of-memory inside a step; under FSDP2 the other ranks
-    are then inside a collective that will never complete, so the ranks cannot agree on a
-    smaller micro-batch. Refused, with the fix, until the probe learns to do that.
-
-    Raises:
-        RuntimeSetupError: `micro: auto` with a sharded model on more than one rank.
-    """
-    if micro_auto and world_size > 1 and not smoke:
-        raise RuntimeSetupError(
-            "batch.micro: 'auto' cannot probe a model sharded with FSDP2 across ranks\n"
-            "  fix: give the micro-batch, e.g. batch: {effective: 512, micro: 8}"
-        )
-
-
 class ShardedModelState:
-    """The state of a sharded model as a checkpoint holds it: sharded DTensors keyed by parameter
-    name, which the sharded checkpointer reshards to whatever world size loads them.
+    """The state of a sharded model as a checkpoint holds it.
 
-    Args:
-        model: the root module wrapped with `fully_shard`.
+    Sharded DTensors keyed by parameter name, which the sharded checkpointer reshards to
+    whatever world size loads them.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
+        """Wrap the state of `model`.
+
+        Args:
+            model: the root module wrapped with `fully_shard`.
+        """
         self.model = model
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shards of every parameter and buffer, by name."""
+        """Return this rank's shards of every parameter and buffer, by name."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         return get_model_state_dict(self.model)
@@ -138,20 +160,23 @@ class ShardedModelState:
 
 
 class ShardedOptimizerState:
-    """The state of an optimizer over a sharded model, keyed by parameter name (a plain
-    `optimizer.state_dict()` is keyed by parameter id, which does not survive resharding).
+    """The state of an optimizer over a sharded model, keyed by parameter name.
 
-    Args:
-        model: the root module wrapped with `fully_shard`.
-        optimizer: the optimizer over its parameters.
+    A plain `optimizer.state_dict()` is keyed by parameter id, which does not survive resharding.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Wrap the state of `optimizer`.
+
+        Args:
+            model: the root module wrapped with `fully_shard`.
+            optimizer: the optimizer over its parameters.
+        """
         self.model = model
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shards of the optimizer's state, with its hyper-parameters."""
+        """Return this rank's shards of the optimizer's state, with its hyper-parameters."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         return get_optimizer_state_dict(self.model, self.optimizer)
@@ -164,8 +189,10 @@ class ShardedOptimizerState:
 
 
 def sharded_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Stateful]:
-    """The `model` and `optimizer` entries of a checkpoint's state mapping for a sharded model,
-    to pass to `ShardedCheckpointer.save_state` / `restore_state` with the other named states.
+    """Build the `model` and `optimizer` entries of a checkpoint's state mapping for a sharded model.
+
+    Pass them to `ShardedCheckpointer.save_state` / `restore_state` with the other named
+    states: keyed by parameter name, they reshard when a run resumes on another GPU count.
 
     Args:
         model: the root module wrapped with `fully_shard`.

@@ -36,11 +36,13 @@ def open_governor(
     smoke: bool = False,
     originals: OriginalLimits | None = None,
 ) -> PowerGovernor:
-    """This rank's power governor: its GPU opened through NVML (none in the smoke test or where none
-    is found, with the reason), the settings' cap request and eta, and the `auto` ladder's steps.
+    """Open this rank's power governor, for the settings' cap request and eta.
 
-    Under DDP the ranks agree first whether every one has a GPU (a collective every rank must
-    join); only then are `auto` profile readings combined across ranks.
+    The GPU is opened through NVML (none in the smoke test or where none is found, with the
+    reason, so that the run meters nothing but still trains), and the `auto` ladder's steps
+    come from `SKYGREEN_POWER_PROFILE_STEPS`. Under DDP the ranks agree first whether every one
+    has a GPU (a collective every rank must join); only then are `auto` profile readings
+    combined across ranks.
 
     Args:
         settings: the run's settings (cap request, `required`, eta, run id).

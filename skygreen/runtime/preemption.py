@@ -96,8 +96,9 @@ def check_gcp(base_url: str) -> Notice | None:
 
 
 def check_azure(base_url: str) -> Notice | None:
-    """Azure's preemption notice: the first scheduled event of type Preempt; None when there is
-    none, or the answer is not a 200 with a JSON object whose `Events` is a list.
+    """Ask for Azure's preemption notice: the first scheduled event of type Preempt.
+
+    None when there is none, or the answer is not a 200 with a JSON object whose `Events` is a list.
     """
     status, body = _request(f"{base_url}/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"})
     if status != 200:
@@ -176,6 +177,16 @@ class NoticeWatcher:
     """
 
     def __init__(self, cloud: str, *, base_url: str, poll_s: float) -> None:
+        """Make a watcher; nothing is polled before `start`.
+
+        Args:
+            cloud: `aws`, `gcp` or `azure`.
+            base_url: the cloud's metadata server.
+            poll_s: seconds between polls.
+
+        Raises:
+            RuntimeSetupError: a cloud it cannot watch.
+        """
         self.cloud = _known_cloud(cloud)
         self.base_url = base_url.rstrip("/")
         self.poll_s = poll_s
@@ -187,9 +198,19 @@ class NoticeWatcher:
 
     @classmethod
     def from_env(cls, cloud: str, environ: Mapping[str, str] | None = None) -> NoticeWatcher:
-        """A watcher of `cloud` with its endpoint and poll interval (`SKYGREEN_NOTICE_POLL_S`, 5 s by
-        default) from `environ` (os.environ when None); not started. Raises `RuntimeSetupError` for a
-        cloud it cannot watch and for a poll interval that is not a positive number of seconds.
+        """Make a watcher of `cloud` with its endpoint and poll interval from `environ`; not started.
+
+        Args:
+            cloud: `aws`, `gcp` or `azure`.
+            environ: where `SKYGREEN_<CLOUD>_METADATA_URL` and `SKYGREEN_NOTICE_POLL_S` (5 s by
+                default) are read (default: `os.environ`).
+
+        Returns:
+            The watcher.
+
+        Raises:
+            RuntimeSetupError: a cloud it cannot watch, or a poll interval that is not a
+                positive number of seconds.
         """
         environ = os.environ if environ is None else environ
         return cls(cloud, base_url=metadata_url(cloud, environ), poll_s=_env_seconds(POLL_ENV, DEFAULT_POLL_S, environ))
@@ -243,6 +264,12 @@ class SigtermLatch:
     """
 
     def __init__(self, *, deadline_s: float, exit_code: int) -> None:
+        """Make a latch; SIGTERM is not caught before `install`.
+
+        Args:
+            deadline_s: seconds after SIGTERM at which the process exits anyway.
+            exit_code: the exit code then.
+        """
         self.deadline_s = deadline_s
         self.exit_code = exit_code
         self.received_at: float | None = None
@@ -252,16 +279,29 @@ class SigtermLatch:
 
     @classmethod
     def from_env(cls, *, exit_code: int, environ: Mapping[str, str] | None = None) -> SigtermLatch:
-        """A latch whose deadline is `SKYGREEN_SIGTERM_DEADLINE_S` in `environ` (os.environ when None),
-        25 s by default; not installed. Raises `RuntimeSetupError` when it is set to anything but a
-        positive number.
+        """Make a latch whose deadline is `SKYGREEN_SIGTERM_DEADLINE_S` (25 s by default); not installed.
+
+        Args:
+            exit_code: the exit code at the deadline.
+            environ: where the deadline is read (default: `os.environ`).
+
+        Returns:
+            The latch.
+
+        Raises:
+            RuntimeSetupError: the deadline is set to anything but a positive number.
         """
         environ = os.environ if environ is None else environ
         return cls(deadline_s=_env_seconds(DEADLINE_ENV, DEFAULT_SIGTERM_DEADLINE_S, environ), exit_code=exit_code)
 
     def install(self) -> SigtermLatch:
-        """Catch SIGTERM from now on; returns the latch. Python sets signal handlers in the main thread
-        only: from another thread this logs a warning and installs nothing.
+        """Catch SIGTERM from now on.
+
+        Python sets signal handlers in the main thread only: from another thread this logs a
+        warning and installs nothing.
+
+        Returns:
+            The latch itself.
         """
         if threading.current_thread() is not threading.main_thread():
             log.warning("not in the main thread; SIGTERM will not trigger a checkpoint")
@@ -296,8 +336,10 @@ class SigtermLatch:
         return self.received_at is not None
 
     def uninstall(self) -> None:
-        """Cancel the deadline, if running, and put back the SIGTERM handler there was before (the
-        default one when the previous handler was not set from Python)."""
+        """Cancel the deadline, if running, and put back the SIGTERM handler there was before.
+
+        The default handler when the previous one was not set from Python.
+        """
         if self._timer is not None:
             self._timer.cancel()
         if self.installed:
@@ -318,6 +360,7 @@ class PreemptionWatch:
     """
 
     def __init__(self, *, cloud: str | None, environ: Mapping[str, str], exit_code: int) -> None:
+        """Read the settings of both watches; nothing is installed or polled before `start`."""
         self.latch = SigtermLatch.from_env(exit_code=exit_code, environ=environ)
         self.watcher = NoticeWatcher.from_env(cloud, environ) if cloud else None
         self._cloud, self._environ = cloud, environ
@@ -325,8 +368,15 @@ class PreemptionWatch:
         self._used = False
 
     def start(self) -> PreemptionWatch:
-        """Catch SIGTERM (from the main thread) and start polling for notices; returns the watch.
-        After a `stop`, a new start watches afresh (a new SIGTERM latch and poller)."""
+        """Catch SIGTERM and start polling for notices.
+
+        Call from the main thread: Python installs signal handlers only there, and from
+        another thread SIGTERM is not caught (a warning says so; notices are still polled).
+        After a `stop`, a new start watches afresh (a new SIGTERM latch and poller).
+
+        Returns:
+            The watch itself.
+        """
         if self._used:
             self.latch = SigtermLatch(deadline_s=self.latch.deadline_s, exit_code=self.latch.exit_code)
             self.watcher = NoticeWatcher.from_env(self._cloud, self._environ) if self._cloud else None
@@ -347,8 +397,13 @@ class PreemptionWatch:
 
     @property
     def sigterm(self) -> bool:
-        """Whether SIGTERM has arrived since `start`: checkpoint, wait for it, exit with the
-        preempted code before the deadline (`SKYGREEN_SIGTERM_DEADLINE_S`, 25 s)."""
+        """Whether SIGTERM has arrived since `start`.
+
+        Then checkpoint, wait for it, and exit with the preempted code. A process still
+        running at the deadline (`SKYGREEN_SIGTERM_DEADLINE_S` after the signal, 25 s by
+        default) is ended by the latch itself with that code, after restoring the power limits:
+        the last committed checkpoint is intact, and the VM's grace period is short.
+        """
         return self.latch.fired
 
     def stop(self) -> None:

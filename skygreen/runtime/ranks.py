@@ -20,7 +20,18 @@ from skygreen.errors import RuntimeSetupError
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class World:
-    """This process's place among the run's ranks (torchrun's RANK, WORLD_SIZE, LOCAL_RANK)."""
+    """This process's place among the run's ranks (torchrun's RANK, WORLD_SIZE, LOCAL_RANK).
+
+    Passed to each part explicitly, so no part reads the environment on its own.
+
+    Attributes:
+        rank: this process's rank, 0 to `size - 1`.
+        size: the number of ranks.
+        local_rank: this process's rank on its node (its GPU's index).
+
+    Raises:
+        RuntimeSetupError: a rank outside `[0, size)` or a negative local rank.
+    """
 
     rank: int = 0
     size: int = 1
@@ -35,7 +46,13 @@ class World:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> World:
-        """The world torchrun describes in `environ`; a single process when it says nothing.
+        """Read the world torchrun describes in `environ`; a single process when it says nothing.
+
+        Args:
+            environ: the process environment.
+
+        Returns:
+            The world.
 
         Raises:
             RuntimeSetupError: RANK, WORLD_SIZE or LOCAL_RANK is not an integer, or out of range.
@@ -55,8 +72,17 @@ class World:
         return self.rank == 0
 
     def agree(self, *flags: bool) -> list[bool]:
-        """Each flag raised on any rank is raised on all (an all-reduce with MAX); a collective
-        every rank must join, from the main thread."""
+        """Raise each flag that any rank raised on all of them (an all-reduce with MAX).
+
+        A collective every rank must join, from the main thread, so that all ranks act on a
+        signal (SIGTERM, a notice, early stopping) at the same step.
+
+        Args:
+            *flags: this rank's flags.
+
+        Returns:
+            The flags, each True where it was True on some rank; alone, as given.
+        """
         if self.size == 1:
             return [bool(f) for f in flags]
         return [bool(v) for v in all_reduce([int(f) for f in flags], op="MAX", dtype=torch.int32)]

@@ -42,7 +42,14 @@ from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.changeover import restore_figures
 from skygreen.runtime import rng
-from skygreen.runtime.autotune import OOM_PROBE_STEPS, reset_scaler_stage, smaller_micro_batch
+from skygreen.runtime.autotune import (
+    OOM_PROBE_STEPS,
+    MemoryProbe,
+    device_memory,
+    divisor_at_most,
+    reset_scaler_stage,
+    smaller_micro_batch,
+)
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.data import MicroBatchSampler, SampleStream, loader_for
 from skygreen.runtime.environment import (
@@ -54,7 +61,7 @@ from skygreen.runtime.environment import (
     show_runtime_logs,
     to_device,
 )
-from skygreen.runtime.fsdp import check_batch, is_sharded, sharded_states
+from skygreen.runtime.fsdp import is_sharded, sharded_states
 from skygreen.runtime.hold import hold, hold_steps
 from skygreen.runtime.preemption import landed_cloud
 from skygreen.runtime.ranks import World, all_reduce
@@ -75,6 +82,7 @@ class Run:
 
     Settings come from `RuntimeSettings.from_env` (what `skygreen up` sets); the keyword
     arguments given here win. `micro_batch="auto"` (or no micro-batch anywhere) probes.
+    Nothing is restored or started until `steps()`: a `Run` built by mistake costs no download.
     """
 
     def __init__(
@@ -97,6 +105,39 @@ class Run:
         device: str | torch.device | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
+        """Set up the run: device, precision, batch shape, DDP wrapping and the run's services.
+
+        Args:
+            model: the model; moved to the run's device, and wrapped in DDP with more than one
+                rank unless it is sharded with FSDP2 (`sg.shard`).
+            optimizer: the optimizer over `model`'s parameters.
+            dataset: a map-style dataset (`len()` and indexing); the run samples it itself so
+                that a resume continues from the exact sample.
+            scheduler: an LR scheduler stepped after each update; None for none.
+            effective_batch: samples per optimizer step across all ranks (default: the task's).
+            micro_batch: samples per forward pass on each rank, or "auto" to probe the largest
+                that fits (default: the task's, else auto).
+            precision: "bf16", "fp16", "fp32" or "auto" (default: the task's).
+            collate_fn: the DataLoader's collate function (default: PyTorch's).
+            num_workers: DataLoader worker processes.
+            shuffle: a fresh permutation each epoch (seeded, so a resume draws the same one).
+            seed: the data order's seed.
+            extra_state: more named stateful objects to checkpoint and restore (an EMA model, ...).
+            settings: the run's settings (default: `RuntimeSettings.from_env`).
+            checkpointer: one already made (default: the settings' `open_checkpointer`, or
+                `open_sharded_checkpointer` for a model sharded with FSDP2).
+            device: the torch device (default: CPU under the smoke test, else this rank's GPU,
+                else CPU).
+            environ: the process environment (default: `os.environ`).
+
+        Raises:
+            RuntimeSetupError: a missing or malformed setting (no run id, bucket or effective
+                batch; a batch that does not divide across ranks or micro-batches; an unknown
+                precision, power cap or rank variable).
+            InputError: bad checkpoint settings (`SpecError` for `keep` or the bucket URL).
+            StoreError: the bucket's client library is not installed.
+            ValueError: the dataset is empty.
+        """
         self._environ = os.environ if environ is None else environ
         self.smoke = self._environ.get(SMOKE_ENV) == "1"
         overrides: dict[str, Any] = {"precision": precision, "effective_batch": effective_batch}
@@ -166,6 +207,7 @@ class Run:
         self._stopping = False
         self.last_metrics: dict[str, float] = {}
         self._probe_steps_left = 0
+        self._memory_probe: MemoryProbe | None = None
         self._loader_iter: Iterator | None = None
         self._started_s = time.monotonic()
         self._wall_base_s = 0.0
@@ -190,7 +232,6 @@ class Run:
             return None
         from skygreen.runtime.sharded import open_sharded_checkpointer
 
-        check_batch(micro_auto=self.micro_auto, world_size=self.world_size, smoke=self.smoke)
         return open_sharded_checkpointer(self.settings, world=self.world, environ=self._environ)
 
     @property
@@ -250,7 +291,26 @@ class Run:
     # -- the loop -------------------------------------------------------------------------
 
     def steps(self, total_steps: int) -> Iterator[Step]:
-        """Optimizer steps `[resumed step, total_steps)`; ends early on early stopping."""
+        """Resume, then hand out optimizer steps `[resumed step, total_steps)`.
+
+        The first call restores the newest verified checkpoint, starts the power governor and
+        the preemption watch; between steps the run checkpoints on its schedule, on a
+        preemption notice and on SIGTERM. A run already completed yields nothing.
+
+        Args:
+            total_steps: the step to train to (at most 2 under the smoke test).
+
+        Yields:
+            Each `Step`; a step retried with a smaller micro-batch comes again with the same index.
+
+        Raises:
+            RuntimeSetupError: a step ended without `step.optimizer_step()`, or out of memory
+                with nothing smaller to try.
+            SystemExit: after SIGTERM, with the preempted code (75) once the checkpoint
+                committed; with 0 when the budget is reached or the smoke test passed.
+            StoreError: the bucket failed (on restore, or a save that cannot be retried).
+            CheckpointError: 3 checkpoints in a row failed to commit.
+        """
         if self.smoke:
             total_steps = min(total_steps, SMOKE_STEPS)
         self.total_steps = total_steps
@@ -264,6 +324,7 @@ class Run:
             self._book.step_started()
         try:
             while self.step_index < total_steps and not self._should_stop():
+                self._before_measured_step()
                 step = Step(self.step_index, parts=self._parts, feed=self)
                 yield step
                 if step.retry:
@@ -273,6 +334,7 @@ class Run:
                         f"step {step.index} ended without step.optimizer_step()\n"
                         "  fix: call step.optimizer_step() once at the end of each step"
                     )
+                self._after_measured_step()
                 self._after_step()
             self._finish()
         finally:
@@ -280,7 +342,15 @@ class Run:
             self.power.close()  # every exit: end, early stop, exception, SIGTERM, a caller's break
 
     def report(self, **metrics: float) -> None:
-        """Record evaluation metrics; the early-stopping metric drives stopping."""
+        """Record evaluation metrics in the run ledger; the early-stopping metric drives stopping.
+
+        The stop takes effect at the next step boundary, agreed by all ranks, after a final
+        checkpoint marked `completed`. Rank 0's values decide (its ledger, its stopper, the
+        metric filed with its checkpoints); on other ranks a call is harmless.
+
+        Args:
+            **metrics: metric name -> value at the current step (`val_loss=2.31`).
+        """
         values = {k: float(v) for k, v in metrics.items()}
         self.last_metrics.update(values)
         if (
@@ -338,7 +408,16 @@ class Run:
             hold(self.step_index, stopped=lambda: watch.sigterm, environ=self._environ)
 
     def agree_flags(self, *flags: bool) -> list[bool]:
-        """Each flag raised on any rank is raised on all (an all-reduce with MAX)."""
+        """Raise each flag that any rank raised on all of them, so every rank acts at the same step.
+
+        A collective: call it on every rank.
+
+        Args:
+            *flags: this rank's flags.
+
+        Returns:
+            The flags, each True where it was True on some rank.
+        """
         return self.world.agree(*flags)
 
     def _finish(self) -> None:
@@ -351,8 +430,10 @@ class Run:
     # -- micro-batches --------------------------------------------------------------------
 
     def next_micro_batch(self) -> Any:
-        """This rank's next micro-batch, on the run's device. A new loader starts at the run's position
-        on the first call and after an out-of-memory probe halved the micro-batch.
+        """Return this rank's next micro-batch, on the run's device.
+
+        A new loader starts at the run's position on the first call and after an
+        out-of-memory probe halved the micro-batch, so no sample is skipped or repeated.
         """
         if self._loader_iter is None:
             self._loader_iter = iter(self._make_loader())
@@ -391,8 +472,79 @@ class Run:
         if self._probe_steps_left:
             self._probe_steps_left -= 1
 
+    def _start_probe(self) -> None:
+        """Probe the micro-batch from the next step.
+
+        By halving on out-of-memory, or, for a model sharded over several ranks, by measuring and
+        extrapolating (`autotune.MemoryProbe` says why).
+        """
+        if not (self.sharded and self.world_size > 1):
+            self._probe_steps_left = OOM_PROBE_STEPS
+            return
+        meter = device_memory(self.device)
+        if meter is None:
+            if self.rank == 0:
+                log.warning(
+                    "micro: auto: %s has no memory statistics to probe with; micro-batch stays %d",
+                    self.facts.name,
+                    self.micro_batch,
+                )
+            return
+        self._memory_probe = MemoryProbe(per_rank_batch=self.effective_batch // self.world_size, meter=meter)
+
+    def _before_measured_step(self) -> None:
+        """While the FSDP2 probe runs: the micro-batch of its next step, and a fresh peak."""
+        probe = self._memory_probe
+        if probe is None:
+            return
+        if probe.done:  # nothing to measure (a per-rank batch of 1)
+            self._memory_probe = None
+            return
+        micro = probe.micro_for_next_step()
+        if micro != self.micro_batch:
+            self.micro_batch = micro
+            self._reset_loader()
+
+    def _after_measured_step(self) -> None:
+        """After the FSDP2 probe's last step: every rank's prediction, the smallest for all."""
+        probe = self._memory_probe
+        if probe is None:
+            return
+        probe.step_done()
+        if not probe.done:
+            return
+        own = probe.largest_fitting()
+        agreed = int(all_reduce([own], op="MIN", dtype=torch.int64)[0])
+        micro = divisor_at_most(agreed, probe.per_rank_batch)
+        if self.rank == 0:
+            log.warning(
+                "micro: auto: micro-batch %d (accumulation %d) from peak memory measured at micro-batches %s; "
+                "rank 0 alone would take %d, the tightest rank %d",
+                micro,
+                self.effective_batch // (micro * self.world_size),
+                " and ".join(str(m) for m in sorted(probe.peaks)),
+                own,
+                agreed,
+            )
+        self._memory_probe = None
+        if micro != self.micro_batch:
+            self.micro_batch = micro
+            self._reset_loader()
+
     def shrink_micro_batch(self, error: BaseException, step: Step) -> None:
-        """Redo `step` with half the micro-batch; the effective batch stays the same."""
+        """Set up `step` to be redone with a smaller micro-batch; the effective batch stays the same.
+
+        The new micro-batch is the largest divisor of the per-rank batch at most half the old
+        one, so micro-batches times accumulation steps is still exactly the per-rank batch. The gradients are
+        zeroed, the scaler's stage reset, the step's RNG restored and the loader restarted.
+
+        Args:
+            error: the out-of-memory error that caused the retry.
+            step: the step to redo.
+
+        Raises:
+            RuntimeSetupError: the micro-batch is already 1 (chained from `error`).
+        """
         per_rank = self.effective_batch // self.world_size
         smaller = smaller_micro_batch(self.micro_batch, per_rank)
         if smaller is None:
@@ -476,10 +628,11 @@ class Run:
         restore_started_s = time.monotonic()
         loaded = self.checkpointer.restore_state(self.state_mapping())
         if loaded is not None:
-            restored = restore_figures(loaded.manifest, restore_started_s)  # for this VM's ledger segment
+            # for this VM's ledger segment: the bytes this rank downloaded (a sharded rank: its shards)
+            restored = restore_figures(loaded.manifest, restore_started_s, blob_names=loaded.fetched)
             self._restore(loaded)
         elif self.micro_auto:
-            self._probe_steps_left = OOM_PROBE_STEPS
+            self._start_probe()
         rate = self.settings.preemption_rate_on(landed_cloud(self.settings.cloud, self._environ))
         policy = IntervalPolicy(
             every_steps=self.settings.checkpoint_every_steps,
@@ -506,7 +659,7 @@ class Run:
         self.training.completed = self.training.completed or loaded.manifest.meta.get("state") == "completed"
         if not self.completed:
             self.counters["restarts"] += 1
-        self._restore_micro_batch(saved_batch)
+        self._restore_micro_batch(saved_batch, world_size=loaded.manifest.world_size)
         if loaded.rank_state is not None:
             rng.restore(loaded.rank_state["rng"])
         else:
@@ -515,15 +668,16 @@ class Run:
             )
         log.info("resumed run %s at step %d (epoch %d)", self.settings.run_id, self.step_index, self.epoch)
 
-    def _restore_micro_batch(self, batch: BatchShape) -> None:
+    def _restore_micro_batch(self, batch: BatchShape, *, world_size: int) -> None:
         if not self.micro_auto or self.smoke:
             return
-        if batch.effective == self.effective_batch and batch.device_name == self.facts.name:
+        same_shards = not self.sharded or world_size == self.world_size  # a shard's size follows the world
+        if batch.effective == self.effective_batch and batch.device_name == self.facts.name and same_shards:
             self.micro_batch = batch.micro
             return
         if self.rank == 0:
             log.warning("resumed on %s (was %s); probing the micro-batch again", self.facts.name, batch.device_name)
-        self._probe_steps_left = OOM_PROBE_STEPS
+        self._start_probe()
 
     def _smoke_round_trip(self) -> None:
         """Smoke test: save, load back, and check every tensor came back equal."""
@@ -545,7 +699,14 @@ class Run:
         self.services.preemption.stop()
 
     def close(self) -> None:
-        """Wait for the in-flight checkpoint, stop background threads, restore the GPU's power limit."""
+        """Stop the preemption watch, restore the GPU's power limit, wait for the in-flight checkpoint.
+
+        `with Run(...) as run:` calls it on the way out; a second call does nothing more.
+
+        Raises:
+            StoreError: the last checkpoint failed to commit (its error, re-raised).
+            CheckpointError: the same, for a failure outside the store.
+        """
         self.services.close()
 
     def __enter__(self) -> Run:

@@ -172,6 +172,12 @@ class RunBook:
         """After the resume: the step, samples and energy the run continues from, and this VM's
         changeover so far: the setup script's stamps (read here) and `restored`, the restore the
         run timed (`skygreen.ledger.changeover.restore_figures`; None when it started fresh).
+
+        Args:
+            training: the training state as restored (step, samples, cumulative energy).
+            samples_per_epoch: the dataset's length; None if unknown.
+            total_steps: where the loop runs to (progress's denominator); None if unknown.
+            restored: the restore's figures, or None on a fresh start.
         """
         # the segment itself starts at setup's stamp on a cloud VM (`vm_started_at`): stamps
         # are read against now, which is after setup ended and this process started
@@ -188,6 +194,10 @@ class RunBook:
     def progress_of(self, training: TrainingState, end: str = "running") -> None:
         """Write the run's step, samples and energy so far; `end` other than `running` closes the
         segment with that ending (completed, preempted, budget, ...).
+
+        Args:
+            training: the training state now.
+            end: `running`, or how the segment ended.
         """
         self.progress(
             step=training.step, samples=training.samples_seen, energy_j=training.counters["energy_j"], end=end
@@ -195,7 +205,12 @@ class RunBook:
 
     def exited(self, training: TrainingState, exc_type: type[BaseException]) -> None:
         """The training loop left with an exception: cancelled (Ctrl-C) or failed. SystemExit
-        is the runtime's own exit (preempted, budget), already written."""
+        is the runtime's own exit (preempted, budget), already written.
+
+        Args:
+            training: the training state at the exception.
+            exc_type: the exception's type; KeyboardInterrupt writes `cancelled`, others `failed`.
+        """
         if not issubclass(exc_type, SystemExit):
             self.progress_of(training, "cancelled" if issubclass(exc_type, KeyboardInterrupt) else "failed")
 
@@ -215,6 +230,14 @@ class RunBook:
         from; `total_steps` is where the loop runs to (progress's denominator). With a budget or
         a burn alert set, spend tracking starts here; a VM whose price is unknown gets a warning
         and its time is not counted.
+
+        Args:
+            step: the step the run resumes at.
+            samples: samples seen at that step.
+            samples_per_epoch: the dataset's length; None if unknown.
+            energy_j: the meter's cumulative joules, in J.
+            total_steps: where the loop runs to; None if unknown.
+            changeover: this VM's setup and restore figures, if measured.
         """
         self.writer.begin(
             step=step,
@@ -249,7 +272,12 @@ class RunBook:
         self.writer.first_step()
 
     def reported(self, metrics: Mapping[str, float], step: int) -> None:
-        """Add metric values reported at `step` to the segment; they are written with the next progress."""
+        """Add metric values reported at `step` to the segment; they are written with the next progress.
+
+        Args:
+            metrics: metric name -> value.
+            step: the optimizer steps done.
+        """
         for name, value in metrics.items():
             self.writer.report(name, step, value)
 
@@ -257,6 +285,12 @@ class RunBook:
         """Write the segment's progress: train time in seconds since the first step (0 before it) and
         energy in joules since the segment began (None when not metering). `end` other than
         `running` closes the segment.
+
+        Args:
+            step: the optimizer steps done.
+            samples: samples seen.
+            energy_j: the meter's cumulative joules, in J.
+            end: `running`, or how the segment ended.
         """
         seg = self.writer.segment
         train_s = max(0.0, time.time() - seg.first_step_at) if seg.first_step_at is not None else 0.0
@@ -264,7 +298,11 @@ class RunBook:
 
     def tick(self, step: int) -> None:
         """After each step: a ledger heartbeat every `SKYGREEN_LEDGER_HEARTBEAT_S` (30 s) between
-        checkpoints, so time and steps a VM spends after its last checkpoint are on the record."""
+        checkpoints, so time and steps a VM spends after its last checkpoint are on the record.
+
+        Args:
+            step: the optimizer steps done.
+        """
         now = time.monotonic()
         if self._last_beat_s is not None and now - self._last_beat_s < self.heartbeat_s:
             return
@@ -273,7 +311,14 @@ class RunBook:
         self._last_beat_s = now
 
     def over_budget(self) -> bool:
-        """Alerts due now are sent; True once spend reached the budget."""
+        """Check the spend against the budget; alerts due now are sent (log and webhook).
+
+        Spend grows with time, so it is checked at most once a second (`BUDGET_CHECK_EVERY_S`):
+        calls in between return False, as do all calls before `started` set up a budget.
+
+        Returns:
+            True when the spend reached the budget.
+        """
         if self.tracker is None:
             return False
         now = time.time()

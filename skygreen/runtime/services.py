@@ -39,8 +39,11 @@ if TYPE_CHECKING:
 
 
 def open_checkpointer(settings: RuntimeSettings, *, world: World, retry: RetryPolicy | None = None) -> Checkpointer:
-    """The checkpointer of a run: `<bucket>/<run_id>`, with the settings' keep, half precision and
-    early-stopping mode (for keep by best metric).
+    """Open the checkpointer of a run in `<bucket>/<run_id>`, as the task file configured it.
+
+    The keep count, half-precision weights and the early-stopping mode (for `keep` by best
+    metric) come from `settings`, so a trainer that owns its loop checkpoints exactly as `Run`
+    would and `skygreen status` reads both the same way.
 
     Args:
         settings: the run's settings.
@@ -51,8 +54,10 @@ def open_checkpointer(settings: RuntimeSettings, *, world: World, retry: RetryPo
         The checkpointer; `close()` it at the end.
 
     Raises:
-        InputError: a bad keep, half precision or metric mode.
-        StoreError: the bucket URL's scheme is unknown.
+        InputError: a bad keep, half precision or metric mode, or a rank outside the world
+            (`SpecError`, a subclass, for the keep count and for a bucket URL whose scheme is
+            not `s3://`, `gs://` or `file://`).
+        StoreError: the bucket's client library (boto3, google-cloud-storage) is not installed.
     """
     return Checkpointer(
         f"{settings.bucket.rstrip('/')}/{settings.run_id}",
@@ -66,13 +71,34 @@ def open_checkpointer(settings: RuntimeSettings, *, world: World, retry: RetryPo
 
 
 def open_stopper(settings: RuntimeSettings) -> EarlyStopper | None:
-    """The early stopper of the settings' config; None when early stopping is not configured."""
+    """Open the early stopper the task file configured.
+
+    Args:
+        settings: the run's settings; `settings.early_stop` is the metric, mode and patience.
+
+    Returns:
+        A fresh stopper (a resume loads its state from the checkpoint), or None when the task
+        has no `early_stopping`.
+    """
     return EarlyStopper(settings.early_stop) if settings.early_stop else None
 
 
 @dataclass(kw_only=True, slots=True)
 class RunServices:
-    """The parts of one run on one rank, built by `open_services`."""
+    """The parts of one run on one rank, built by `open_services`.
+
+    One record instead of a `Run`, so that a trainer owning its loop (HF, Lightning, an FSDP
+    script) gets the same checkpoints, power, ledger, budget and stopping as `sg.Run`.
+
+    Attributes:
+        settings: the run's settings.
+        world: this process's rank and world size.
+        checkpointer: full or sharded checkpoints in `<bucket>/<run_id>`.
+        governor: this rank's GPU power cap, `auto` profile and energy meter.
+        book: the run ledger and budget (rank 0 only).
+        stopper: early stopping; None when the task configures none.
+        preemption: SIGTERM and the cloud's preemption notice.
+    """
 
     settings: RuntimeSettings
     world: World
@@ -90,8 +116,7 @@ class RunServices:
         return self.checkpointer.store
 
     def report(self, metrics: Mapping[str, float], *, step: int) -> bool:
-        """Record evaluation metrics: into the ledger segment and, for the configured metric,
-        early stopping.
+        """Record evaluation metrics in the ledger segment and feed the configured one to early stopping.
 
         Args:
             metrics: metric name -> value at `step`.
@@ -125,15 +150,25 @@ class RunServices:
     def over_budget(self) -> bool:
         """Check the budget at a step boundary (at most once a second; rank 0 only).
 
+        The check reads the ledger's spend, so it runs at most once a second: calls in between
+        return False. Alerts due now are sent (log and webhook) on the way.
+
         Returns:
-            True once the run's spend reached its budget: checkpoint with state `budget` and
-            exit 0. Alerts due now are sent (log and webhook) on the way.
+            True when the run's spend reached its budget: the caller checkpoints with state
+            `budget` and exits 0. False without a ledger (ranks other than 0, the smoke test)
+            or without a budget.
         """
         return self.book is not None and self.book.over_budget()
 
     def close(self) -> None:
-        """Stop watching for preemption, restore the GPU's power limit, wait for the last
-        checkpoint; a second call does nothing more."""
+        """Stop watching for preemption, restore the GPU's power limit, wait for the last checkpoint.
+
+        A second call does nothing more.
+
+        Raises:
+            StoreError: the last checkpoint failed to commit (its error, re-raised).
+            CheckpointError: the same, for a checkpoint the runtime could not write.
+        """
         self.preemption.stop()
         self.governor.close()
         self.checkpointer.close()
@@ -169,9 +204,13 @@ def open_services(
         The services; `close()` them at the end.
 
     Raises:
-        RuntimeSetupError: a bad power cap, profile steps, alert fractions, poll interval or
-            SIGTERM deadline, or a cloud the watcher cannot watch.
-        InputError: bad checkpoint settings.
+        RuntimeSetupError: a bad `SKYGREEN_POWER_PROFILE_STEPS`, notice poll interval or
+            SIGTERM deadline, or a `SKYGREEN_CLOUD` the notice watcher cannot watch. (A cap
+            that cannot be applied is `governor.start()`'s error, and only with `required`.)
+        InputError: bad checkpoint settings, when no checkpointer is given (`SpecError` for
+            the keep count and the bucket URL).
+        StoreError: the bucket's client library is not installed.
+        ValueError: a budget of 0, which the settings accept and the ledger's budget does not.
     """
     checkpointer = checkpointer or open_checkpointer(settings, world=world)
     governor = open_governor(settings, device=device, world=world, environ=environ, smoke=smoke, originals=originals)

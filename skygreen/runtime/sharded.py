@@ -24,14 +24,20 @@ How a save works, and why:
   (`rank<r>.json`: every file's size and sha256); rank 0 waits for every note, then writes the
   manifest listing every file of every rank with its sha256, marked `layout: "sharded-dcp"`.
   A rank that dies mid-save never writes its note: no manifest, the step does not exist.
-- **What is not a tensor** (progress, counters, batch shape, the scheduler, optimizer
-  hyper-parameters) goes into `shared.pt` with a placeholder where each tensor was; DCP holds
-  tensors only. Each rank's own RNG goes into `rank<r>.pt`, as for DDP.
+- **What is not sharded** (progress, counters, batch shape, the scheduler, optimizer
+  hyper-parameters, and in a multi-rank run every plain tensor, which FSDP2 keeps alike on
+  every rank: buffers, optimizer step counts) goes into `shared.pt` with a placeholder where
+  each DCP tensor was; DCP holds the sharded tensors (alone in one process: every tensor).
+  Each rank's own RNG goes into `rank<r>.pt`, as for DDP.
 
 Loading trusts nothing it did not verify, and unpickles nothing from the bucket:
 
-- every file the manifest lists is downloaded and checked against its size and sha256 before
-  any of it is read; every rank checks, and the ranks agree (all-reduce) before DCP reads;
+- a rank downloads only what it reads: `dcp.metadata`, `shared.pt`, its own `rank<r>.pt`, and
+  the shard files DCP's load plan for this rank's slices names (worked out from the verified
+  metadata before any shard is fetched; `dcp_files.planned_files`). At the same world size
+  that is its own file; 2 -> 4 ranks, the one file its half came from; 4 -> 1, all four.
+  Each file is checked against its size and sha256 before any of it is read, the ranks agree
+  (all-reduce) before DCP reads, and DCP's reader refuses a file this rank did not check;
 - DCP's `.metadata` is a pickle: it is read by a restricted unpickler, never `pickle.load`
   (`skygreen.runtime.dcp_files` says why a matching sha256 is not enough);
 - tensor data is read by DCP with `torch.load(weights_only=True)`; DCP's other item kind, a
@@ -54,7 +60,6 @@ import dataclasses
 import logging
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -66,55 +71,39 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from skygreen.checkpoint.keep import check_keep
-from skygreen.checkpoint.lease import Lease, LeaseLostError, check_lease, launch_number, take_lease
 from skygreen.checkpoint.manifest import (
-    CKPT_DIR,
-    MANIFEST_NAME,
-    METRIC_MODES,
     SHARED_BLOB,
     STATE_KIND,
     BlobInfo,
     Manifest,
     blob_key,
-    committed_steps,
-    delete_step,
     file_info,
     iter_manifests,
-    manifest_key,
     rank_blob_name,
-    rank_note_name,
-    step_folders,
-    step_prefix,
 )
 from skygreen.checkpoint.ranged import fetch_verified
-from skygreen.checkpoint.retention import apply_retention
-from skygreen.checkpoint.store import RetryPolicy, Store
-from skygreen.checkpoint.store_factory import open_store
-from skygreen.errors import (
-    CheckpointError,
-    InputError,
-    KeyNotFoundError,
-    RankTimeoutError,
-    StoreError,
-    TransientStoreError,
+from skygreen.checkpoint.store import RetryPolicy
+from skygreen.errors import CheckpointError, KeyNotFoundError, StoreError, TransientStoreError
+from skygreen.runtime.commits import (
+    CommitProtocol,
+    Loaded,
+    default_launch,
+    synchronize_devices,
+    torch_load_verified,
 )
-from skygreen.runtime.checkpointer import MAX_FAILED_SAVES_IN_ROW, Loaded, _note, _stop_superseded
 from skygreen.runtime.dcp_files import (
     UploadHold,
     VerifiedReader,
-    collect_rank_notes,
     join_tensors,
     placeholders,
+    planned_files,
     read_dcp_metadata,
     split_tensors,
     stage_tensors,
-    synchronize_devices,
-    torch_load_verified,
     torch_save_to,
 )
 from skygreen.runtime.ranks import World, all_reduce, distributed
-from skygreen.runtime.state import Stateful, apply, capture, upgrade_layout
+from skygreen.runtime.state import Stateful, capture
 from skygreen.runtime.tensors import to_host
 from skygreen.settings import RuntimeSettings
 from skygreen.timestamps import utc_now_iso
@@ -127,6 +116,17 @@ DCP_PREFIX = "dcp"
 """Blob names of DCP's files: `dcp` + DCP's own file name (`dcp.metadata`, `dcp__0_0.distcp`)."""
 
 _UPLOAD_THREADS = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Fetched:
+    """What a rank verified of one checkpoint, ready for DCP: the non-tensor state, its own
+    state, fresh tensors of this run's layout to load into, and the DCP files it checked."""
+
+    skeleton: Any
+    rank_state: dict | None
+    into: dict[str, torch.Tensor]
+    files: frozenset[str]
 
 
 def open_sharded_checkpointer(
@@ -145,8 +145,10 @@ def open_sharded_checkpointer(
         The checkpointer; `close()` it at the end.
 
     Raises:
-        InputError: a bad keep or metric mode.
-        StoreError: the bucket URL's scheme is unknown.
+        InputError: a bad keep or metric mode, or a rank outside the world (`SpecError`, a
+            subclass, for the keep count and for a bucket URL that is not `s3://`, `gs://` or
+            `file://`).
+        StoreError: the bucket's client library (boto3, google-cloud-storage) is not installed.
     """
     return ShardedCheckpointer(
         f"{settings.bucket.rstrip('/')}/{settings.run_id}",
@@ -162,8 +164,9 @@ def open_sharded_checkpointer(
 # The checkpointer
 
 
-class ShardedCheckpointer:
-    """Asynchronous, verified, resharding checkpoints of one FSDP2 run (one instance per rank).
+class ShardedCheckpointer(CommitProtocol):
+    """Asynchronous, verified, resharding checkpoints of one FSDP2 run (one instance per rank);
+    the commit protocol is `skygreen.runtime.commits`'s.
 
     The same surface as `skygreen.runtime.checkpointer.Checkpointer` (`save_state`,
     `restore_state`, `save`, `wait`, `close`, `load_latest`, `last_save_cost_s`,
@@ -187,7 +190,9 @@ class ShardedCheckpointer:
             default `SKYGREEN_LAUNCH`, and None takes no lease.
 
     Raises:
-        InputError: a bad `keep`, `rank`/`world_size` or `metric_mode`.
+        InputError: a bad `keep`, `rank`/`world_size` or `metric_mode` (`SpecError` for `keep`
+            and for a URL that is not a bucket URL).
+        StoreError: the bucket's client library is not installed.
     """
 
     def __init__(
@@ -205,50 +210,30 @@ class ShardedCheckpointer:
         environ: Mapping[str, str] | None = None,
         launch: int | None = None,
     ) -> None:
-        check_keep(keep, "checkpoint keep")
-        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-            raise InputError(
-                f"checkpoint rank/world_size: need 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}"
-            )
-        if metric_mode not in METRIC_MODES:
-            raise InputError(f"checkpoint metric_mode: {metric_mode!r} is not one of {', '.join(METRIC_MODES)}")
-        self.url = url
-        self.store: Store = open_store(url, retry=retry)
+        env = os.environ if environ is None else environ
+        super().__init__(
+            url,
+            keep=keep,
+            rank=rank,
+            world_size=world_size,
+            metric_mode=metric_mode,
+            rank_wait_s=rank_wait_s,
+            retry=retry,
+            tmp_dir=tmp_dir,
+            launch=default_launch(launch, env),
+        )
         self.template: Callable[[], dict] | None = template
-        self.keep = keep
-        self.rank = rank
-        self.world_size = world_size
-        self.metric_mode = metric_mode
-        self.rank_wait_s = rank_wait_s
-        self.tmp_dir = tmp_dir
-        self.hold = UploadHold.from_env(os.environ if environ is None else environ)
-        self.launch = launch if launch is not None else launch_number(os.environ if environ is None else environ)
-        """This life's launch number; None: no writer lease is taken."""
-        self._lease: Lease | None = None
+        self.hold = UploadHold.from_env(env)
         self._group: Any = None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._failed_in_row = 0
-        self._closed = False
-        self.last_committed_step: int | None = None
-        self._last_save_cost_s: float | None = None
-        self.last_upload_s: float | None = None
         self.last_stage_s: float | None = None
         """Seconds the last `save` spent copying tensors to host memory (the staging copy)."""
-        self._unloadable: dict[int, str] = {}
         self._states: Mapping[str, Stateful | None] | None = None
+        self._download: tempfile.TemporaryDirectory | None = None
+        self._fetched: _Fetched | None = None
+        self.last_fetched: tuple[str, ...] = ()
+        """The blob names the last load attempt downloaded and verified on this rank."""
 
     # -- saving -------------------------------------------------------------------------
-
-    @property
-    def last_save_cost_s(self) -> float | None:
-        """Seconds the last `save` blocked training (staging copy + waiting for the previous)."""
-        return self._last_save_cost_s
-
-    @property
-    def in_flight(self) -> bool:
-        """Whether a background save is still running."""
-        return self._thread is not None and self._thread.is_alive()
 
     def save(
         self,
@@ -263,6 +248,14 @@ class ShardedCheckpointer:
         """Stage this rank's shards of `state` (and its `rank_state`) to host memory, then write,
         upload and commit them in the background. Call on every rank at the same step.
 
+        Args:
+            step: the optimizer steps done; the checkpoint's name.
+            state: name -> state dict, with this rank's shards as DTensors.
+            rank_state: this rank's own state (its RNG), saved as its own blob.
+            metric: the early-stopping metric at this step, for `keep` by best metric.
+            meta: JSON-able facts `skygreen status` reads from the manifest.
+            pin: keep this checkpoint whatever retention says (the final one).
+
         Raises:
             CheckpointError: a bad step or state, a save after `close`, or too many failed saves.
         """
@@ -276,7 +269,7 @@ class ShardedCheckpointer:
         self._collect_previous()
         group = self._checkpoint_group()
         waited = time.perf_counter()
-        skeleton, tensors = split_tensors(state)
+        skeleton, tensors = split_tensors(state, sharded_only=group is not None)
         staged = stage_tensors(tensors)
         synchronize_devices()
         skeleton = to_host(skeleton, path="state")
@@ -284,12 +277,12 @@ class ShardedCheckpointer:
         meta_json = dict(meta or {})
         self.last_stage_s = time.perf_counter() - waited
         self._last_save_cost_s = time.perf_counter() - started
-        self._thread = threading.Thread(
-            target=self._write_guarded,
-            args=(step, staged, skeleton, own, group, metric, meta_json, pin),
-            name=f"skygreen-sharded-checkpoint-{step}",
+        self._start(
+            step,
+            self._write,
+            (step, staged, skeleton, own, group, metric, meta_json, pin),
+            name="skygreen-sharded-checkpoint",
         )
-        self._thread.start()
 
     def save_state(
         self,
@@ -339,41 +332,12 @@ class ShardedCheckpointer:
             The checkpoint loaded (its state in today's layout), or None when there is none.
 
         Raises:
-            CheckpointError: the bucket cannot be read.
+            StoreError: the bucket cannot be listed or read (checkpoints that fail to verify
+                or load are skipped with a warning, not raised).
+            SystemExit: a newer life of the run holds the writer lease.
         """
         self._states = states
-        loaded = self.load_latest()
-        if loaded is None:
-            return None
-        loaded = dataclasses.replace(loaded, state=upgrade_layout(loaded.state))
-        missing = apply(states, loaded.state)
-        if missing:
-            log.warning("%s has no state for %s; they start fresh", loaded.manifest.label, ", ".join(missing))
-        return loaded
-
-    def wait(self) -> None:
-        """Block until the in-flight save committed; re-raise its error if it failed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        error, self._error = self._error, None
-        if isinstance(error, LeaseLostError):
-            _stop_superseded(error)
-        if error is not None:
-            raise error
-
-    def close(self) -> None:
-        """Finish the in-flight save (re-raising its error) and refuse further saves."""
-        try:
-            self.wait()
-        finally:
-            self._closed = True
-
-    def __enter__(self) -> ShardedCheckpointer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        return super().restore_state(states)
 
     def _checkpoint_group(self) -> Any:
         """The gloo group the background thread's collectives use (None when alone).
@@ -385,29 +349,6 @@ class ShardedCheckpointer:
 
             self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.rank_wait_s))
         return self._group
-
-    def _collect_previous(self) -> None:
-        try:
-            self.wait()
-        except (TransientStoreError, RankTimeoutError) as e:
-            if self._failed_in_row >= MAX_FAILED_SAVES_IN_ROW:
-                raise CheckpointError(
-                    f"{self.url}: {self._failed_in_row} checkpoints in a row failed to commit; last error: {e}\n"
-                    f"  the last committed checkpoint is step {self.last_committed_step}; check the bucket's health"
-                ) from e
-            log.warning(
-                "checkpoint was not committed (%s); training goes on, the next save tries again; "
-                "last committed step: %s",
-                e,
-                self.last_committed_step,
-            )
-
-    def _write_guarded(self, *args: Any) -> None:
-        try:
-            self._write(*args)
-        except BaseException as e:  # surfaced by wait()/save(); never lost in the thread
-            self._failed_in_row += 1
-            self._error = e
 
     def _write(
         self,
@@ -433,12 +374,9 @@ class ShardedCheckpointer:
             blobs = self._upload_all(step, files)
             if self.hold is not None:
                 self.hold.wait_if_due(step, self.rank)
-        self.store.put(blob_key(step, rank_note_name(self.rank)), _note(step, self.rank, blobs))
-        if self.rank != 0:
-            self.last_upload_s = time.perf_counter() - started
-            self._failed_in_row = 0
+        if not self._put_note(step, blobs, started):
             return
-        blobs.update(collect_rank_notes(self.store, step, world_size=self.world_size, wait_s=self.rank_wait_s))
+        blobs.update(self._collect_rank_notes(step))
         manifest = Manifest(
             step=step,
             created_at=utc_now_iso(microseconds=True),
@@ -450,17 +388,7 @@ class ShardedCheckpointer:
             layout=LAYOUT,
             meta=meta,
         )
-        self._fence()  # a superseded life commits nothing
-        self.store.put(manifest_key(step), manifest.dumps())
-        self.last_committed_step = step
-        self._failed_in_row = 0
-        self.last_upload_s = time.perf_counter() - started
-        log.info(
-            "sharded checkpoint step %d committed to %s (%.2f s in the background)", step, self.url, self.last_upload_s
-        )
-        self._unloadable.pop(step, None)
-        apply_retention(self.store, keep=self.keep, committed_step=step, unloadable=self._unloadable, lease=self._lease)
-        self._unloadable = {}
+        self._commit(manifest, started, what="sharded checkpoint")
 
     def _upload_all(self, step: int, files: Mapping[str, Path]) -> dict[str, BlobInfo]:
         """Hash and upload this rank's files, several at once; their sizes and sha256s."""
@@ -480,23 +408,32 @@ class ShardedCheckpointer:
         """The newest checkpoint that verifies on every rank, resharded into this run's layout;
         None when there is none. Call on every rank (collectives), not while a save is in flight.
 
-        Older commits are tried in turn when a newer one fails anywhere; rank 0 removes
-        uncommitted step folders newer than the one loaded (leftovers of a life that died mid-save).
+        Each rank downloads and verifies only what it reads: the manifest's `dcp.metadata`,
+        `shared.pt` and its own `rank<r>.pt`, then the shard files DCP's plan for this rank's
+        slices names (`planned_files`). Older commits are tried in turn when a newer one fails
+        on any rank; rank 0 removes uncommitted step folders newer than the one loaded
+        (leftovers of a life that died mid-save).
 
         Raises:
             CheckpointError: no template and no states saved or restored yet (nothing to load
                 into); raised before any checkpoint is tried, so none is judged unloadable for it.
+            StoreError: the bucket cannot be listed or read.
+            SystemExit: a newer life of the run holds the writer lease.
         """
         self.wait()
         _, targets = split_tensors(self._template())
         errors: dict[int, str] = {}
         loaded: Loaded | None = None
         for manifest in iter_manifests(self.store):
-            problem = self._fetch_and_verify(manifest)
+            try:
+                problem = self._fetch_and_verify(manifest, targets)
+            except TransientStoreError:
+                self._discard_download()
+                raise
             ok = int(all_reduce([int(problem is None)], op="MIN", dtype=torch.int64)[0])
             if ok:
                 try:
-                    loaded = self._read(manifest, targets)
+                    loaded = self._read(manifest)
                     break
                 except CheckpointError as e:
                     problem = str(e)
@@ -508,27 +445,67 @@ class ShardedCheckpointer:
             log.warning("skipping %s: %s", manifest.label, problem)
             errors[manifest.step] = problem.splitlines()[0]
         step = loaded.step if loaded else -1
-        if self.rank == 0:
-            try:
-                self._fence()  # this life's lease, before it deletes anything
-            except LeaseLostError as e:
-                _stop_superseded(e)
-            self._remove_uncommitted_after(step)
-            self._unloadable = {s: errors.get(s, "did not load") for s in committed_steps(self.store) if s > step}
+        self._clear_leftovers(step)  # rank 0, this life's lease first
+        self._remember_unloadable(step, errors, "did not load")
         self.last_committed_step = loaded.step if loaded else None
         return loaded
 
-    _download: tempfile.TemporaryDirectory | None = None
+    def _fetch_and_verify(self, manifest: Manifest, targets: Mapping[str, torch.Tensor]) -> str | None:
+        """Download and check what this rank reads of `manifest`; the problem, or None.
 
-    def _fetch_and_verify(self, manifest: Manifest) -> str | None:
-        """Download every file of `manifest` into a fresh folder, checking each; the problem, or None."""
+        First `dcp.metadata`, `shared.pt` and this rank's own blob, read only once verified (the
+        metadata through the restricted unpickler); then the shard files that DCP's plan for
+        this rank's tensors reads, each checked against its size and sha256 as it lands."""
         if manifest.kind != STATE_KIND:
             return f"a {manifest.kind} checkpoint (a trainer's files), not the runtime's own state"
         if manifest.layout != LAYOUT:
             return f"written by a DDP run (layout {manifest.layout!r}), not sharded"
+        metadata_name = DCP_PREFIX + ".metadata"
+        own_name = rank_blob_name(self.rank)
+        common = [n for n in (metadata_name, SHARED_BLOB) if n not in manifest.blobs]
+        if common:
+            return f"{', '.join(common)} not in the manifest"
         self._download = tempfile.TemporaryDirectory(prefix="skygreen-dcp-load-", dir=self.tmp_dir)
         folder = Path(self._download.name)
         (folder / DCP_PREFIX).mkdir()
+        self.last_fetched = ()
+        first = [metadata_name, SHARED_BLOB] + ([own_name] if own_name in manifest.blobs else [])
+        problem = self._fetch_blobs(manifest, first, folder)
+        if problem:
+            return problem
+        try:
+            metadata = read_dcp_metadata((folder / DCP_PREFIX / ".metadata").read_bytes(), where=metadata_name)
+            skeleton = torch_load_verified(folder / SHARED_BLOB, manifest, SHARED_BLOB)
+            own_path = folder / own_name
+            rank_state = torch_load_verified(own_path, manifest, own_name) if own_path.exists() else None
+            wanted = placeholders(skeleton)
+            missing = sorted(set(wanted) - set(targets))
+            if missing:
+                return f"this run's state has no {', '.join(missing[:3])}"
+            # fresh tensors of this run's layout: a failed load leaves the live state alone
+            into = {key: targets[key].detach().clone() for key in wanted}
+            files = planned_files(metadata, into)
+        except CheckpointError as e:
+            return str(e)
+        shards = sorted(DCP_PREFIX + f for f in files)
+        unlisted = [n for n in shards if n not in manifest.blobs]
+        if unlisted:
+            return f"{', '.join(unlisted)} not in the manifest"
+        problem = self._fetch_blobs(manifest, shards, folder)
+        if problem:
+            return problem
+        log.info(
+            "%s: rank %d verified %d of %d shard files (what its slices need)",
+            manifest.label,
+            self.rank,
+            len(shards),
+            sum(1 for n in manifest.blobs if n.startswith(DCP_PREFIX + "__")),
+        )
+        self._fetched = _Fetched(skeleton=skeleton, rank_state=rank_state, into=into, files=frozenset(files))
+        return None
+
+    def _fetch_blobs(self, manifest: Manifest, names: list[str], folder: Path) -> str | None:
+        """Download `names` of `manifest` into `folder`, several at once, each verified; the problems."""
 
         def one(name: str) -> str | None:
             local = folder / DCP_PREFIX / name[len(DCP_PREFIX) :] if name.startswith(DCP_PREFIX) else folder / name
@@ -542,56 +519,43 @@ class ShardedCheckpointer:
 
         try:
             with ThreadPoolExecutor(max_workers=_UPLOAD_THREADS, thread_name_prefix="skygreen-fetch") as pool:
-                problems = [p for p in pool.map(one, sorted(manifest.blobs)) if p]
+                problems = [p for p in pool.map(one, names) if p]
         except TransientStoreError:
             raise
         except StoreError as e:
             return str(e)
-        if DCP_PREFIX + ".metadata" not in manifest.blobs:
-            problems.append("dcp.metadata is not in the manifest")
-        if not problems:
-            try:  # refused here, on every rank alike, before DCP's collectives start
-                read_dcp_metadata((folder / DCP_PREFIX / ".metadata").read_bytes(), where="dcp.metadata")
-            except CheckpointError as e:
-                problems.append(str(e))
+        self.last_fetched += tuple(names)
         return "; ".join(problems) or None
 
     def _discard_download(self) -> None:
+        self._fetched = None
         if self._download is not None:
             self._download.cleanup()
             self._download = None
 
-    def _read(self, manifest: Manifest, targets: Mapping[str, torch.Tensor]) -> Loaded:
+    def _read(self, manifest: Manifest) -> Loaded:
         """DCP-load the verified files into this run's current state (resharding it)."""
-        assert self._download is not None
-        folder = Path(self._download.name)
-        skeleton = torch_load_verified(folder / SHARED_BLOB, manifest, SHARED_BLOB)
-        own_path = folder / rank_blob_name(self.rank)
-        rank_state = torch_load_verified(own_path, manifest, own_path.name) if own_path.exists() else None
-        wanted = placeholders(skeleton)
-        missing = sorted(set(wanted) - set(targets))
-        if missing:
-            raise CheckpointError(f"{manifest.label}: this run's state has no {', '.join(missing[:3])}")
-        # fresh tensors of this run's layout: a failed load leaves the live state alone
-        into = {key: targets[key].detach().clone() for key in wanted}
+        assert self._download is not None and self._fetched is not None
+        fetched = self._fetched
+        reader = VerifiedReader(Path(self._download.name) / DCP_PREFIX, verified=fetched.files)
         try:
             group = self._checkpoint_group()
-            dcp.load(
-                into, storage_reader=VerifiedReader(folder / DCP_PREFIX), process_group=group, no_dist=group is None
-            )
+            dcp.load(fetched.into, storage_reader=reader, process_group=group, no_dist=group is None)
         except CheckpointError:
             raise
         except (Exception, CheckpointException) as e:  # DCP raises CheckpointException on every rank alike
             raise CheckpointError(f"{manifest.label}: verified but DCP cannot load it into this run: {e}") from e
-        state = join_tensors(skeleton, into)
-        if rank_state is None and self.world_size > 1:
+        state = join_tensors(fetched.skeleton, fetched.into)
+        if fetched.rank_state is None and self.world_size > 1:
             log.warning(
                 "%s has no state for rank %d (saved with %d ranks); its random streams restart",
                 manifest.label,
                 self.rank,
                 manifest.world_size,
             )
-        return Loaded(step=manifest.step, state=state, rank_state=rank_state, manifest=manifest)
+        return Loaded(
+            step=manifest.step, state=state, rank_state=fetched.rank_state, manifest=manifest, fetched=self.last_fetched
+        )
 
     def _template(self) -> dict:
         """This run's current state, whose tensors a load fills (and so reshards to)."""
@@ -600,19 +564,3 @@ class ShardedCheckpointer:
         if self._states is not None:
             return capture(self._states)
         raise CheckpointError(f"{self.url}: nothing to load into; call restore_state with the run's states")
-
-    def _fence(self) -> None:
-        """Rank 0 takes this life's writer lease, or checks it is still ours; `LeaseLostError`
-        when a newer life holds it (as `Checkpointer` does). A no-op without a launch number."""
-        if self.launch is None or self.rank != 0:
-            return
-        if self._lease is None:
-            self._lease = take_lease(self.store, self.launch)
-        else:
-            check_lease(self.store, self._lease)
-
-    def _remove_uncommitted_after(self, step: int) -> None:
-        folders = step_folders(self.store.list(CKPT_DIR + "/"))
-        for stale in sorted(s for s in folders if s > step and MANIFEST_NAME not in folders[s]):
-            log.info("removing uncommitted leftovers of step %d (%s)", stale, step_prefix(stale))
-            delete_step(self.store, stale)

@@ -30,17 +30,35 @@ class Stateful(Protocol):
     """Anything a checkpoint can hold: torch modules, optimizers, schedulers, scalers, our records."""
 
     def state_dict(self) -> Any:
-        """The object's state, as plain containers and tensors."""
+        """Return the object's state, as plain containers and tensors.
+
+        Plain, because a checkpoint is loaded with `torch.load(weights_only=True)`: anything
+        else would need unpickling code from the bucket.
+        """
         ...
 
     def load_state_dict(self, state: Any) -> Any:
-        """Put a state from `state_dict` back."""
+        """Put a state from `state_dict` back.
+
+        Args:
+            state: what `state_dict` returned, as loaded from a checkpoint.
+        """
         ...
 
 
 @dataclass(kw_only=True, slots=True)
 class BatchShape:
-    """The batch a checkpoint was trained with, so a resume can keep a probed micro-batch."""
+    """The batch a checkpoint was trained with, so a resume can keep a probed micro-batch.
+
+    Attributes:
+        effective: samples per optimizer step across all ranks.
+        micro: samples per forward pass on each rank.
+        micro_auto: whether the micro-batch was probed (`micro: auto`).
+        device_name: the GPU it was probed on; another GPU probes again.
+
+    Raises:
+        ValueError: `effective` or `micro` below 1.
+    """
 
     effective: int
     micro: int
@@ -54,10 +72,20 @@ class BatchShape:
 
 @dataclass(kw_only=True, slots=True)
 class TrainingState:
-    """Where a run stands: optimizer steps done, samples seen (the data position), the batch
-    shape, cumulative counters (energy, wall time, preemptions, restarts) and whether it ended.
+    """Where a run stands, as one record a checkpoint holds under the name `training`.
 
     Mutable on purpose: the step advances it, the checkpointer saves it, a resume loads it.
+
+    Attributes:
+        batch: the batch shape trained with.
+        step: optimizer steps done.
+        samples_seen: samples trained on across all ranks: the data position.
+        counters: cumulative across restarts: `energy_j`, `wall_s`, `preemptions`, `restarts`
+            (missing ones start at 0).
+        completed: the run reached its end and checkpointed it.
+
+    Raises:
+        ValueError: a negative `step` or `samples_seen`.
     """
 
     batch: BatchShape
@@ -72,12 +100,12 @@ class TrainingState:
         self.counters = {**dict.fromkeys(COUNTER_NAMES, 0.0), **self.counters}
 
     def advance(self) -> None:
-        """One optimizer step done: one more step, one effective batch more of samples."""
+        """Count one optimizer step done: one more step, one effective batch more of samples."""
         self.step += 1
         self.samples_seen += self.batch.effective
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain values only (ints, floats, strings), so `torch.load(weights_only=True)` reads them."""
+        """Return plain values only (ints, floats, strings), so `torch.load(weights_only=True)` reads them."""
         return {
             "step": self.step,
             "samples_seen": self.samples_seen,
@@ -105,7 +133,19 @@ class TrainingState:
 
     @staticmethod
     def saved_batch(state: Mapping[str, Any]) -> BatchShape:
-        """The batch shape in a checkpoint's `training` entry."""
+        """Read the batch shape in a checkpoint's `training` entry.
+
+        Args:
+            state: the `training` entry of a loaded checkpoint.
+
+        Returns:
+            The batch shape it was trained with.
+
+        Raises:
+            KeyError: `state` has no `batch`.
+            TypeError: the saved batch has fields `BatchShape` does not know.
+            ValueError: the saved batch is out of range.
+        """
         return BatchShape(**state["batch"])
 
 
@@ -117,14 +157,19 @@ class StateGroup:
     """
 
     def __init__(self, objects: Mapping[str, Stateful]) -> None:
+        """Group `objects` (copied into a dict; the objects themselves are not copied)."""
         self.objects = dict(objects)
 
     def state_dict(self) -> dict[str, Any]:
-        """Each object's state under its name."""
+        """Return each object's state under its name."""
         return {name: obj.state_dict() for name, obj in self.objects.items()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Load each object whose name the saved state has; the others keep their state."""
+        """Load each object whose name the saved state has; the others keep their state.
+
+        Args:
+            state: what `state_dict` returned (name -> the object's state).
+        """
         for name, obj in self.objects.items():
             if name in state:
                 obj.load_state_dict(state[name])
@@ -166,8 +211,17 @@ def apply(states: Mapping[str, Stateful | None], saved: Mapping[str, Any]) -> li
 
 
 def upgrade_layout(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """A checkpoint's shared state in today's layout: one written before the `training` entry
-    (`progress`, `batch`, `counters` at the top level) gets it built from those."""
+    """Return a checkpoint's shared state in today's layout.
+
+    One written before the `training` entry (`progress`, `batch`, `counters` at the top level)
+    gets it built from those, so old checkpoints still resume.
+
+    Args:
+        saved: the shared state as loaded.
+
+    Returns:
+        A new dict; `saved` is not changed.
+    """
     out = dict(saved)
     if TRAINING not in out and "progress" in out:
         batch = out.pop("batch")

@@ -30,7 +30,20 @@ from skygreen.runtime.state import TrainingState
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepParts:
-    """What every step of a run trains with; built once by the loop that hands out steps."""
+    """What every step of a run trains with; built once by the loop that hands out steps.
+
+    A record rather than the `Run`, so a step can be built and tested from its parts alone.
+
+    Attributes:
+        optimizer: the user's optimizer; stepped through the scaler under fp16.
+        scheduler: the user's LR scheduler, stepped after each update; None for none.
+        scaler: the GradScaler (enabled only for fp16).
+        precision: the precision chosen for this device.
+        autocast: makes the forward pass's mixed-precision context.
+        training: the step counter and data position the step advances.
+        world: this process's rank and world size.
+        smoke: the CPU smoke test: an error says which phase of the step failed.
+    """
 
     model: torch.nn.Module
     """The model as called (DDP-wrapped with more than one rank)."""
@@ -93,6 +106,14 @@ class Step:
     """
 
     def __init__(self, index: int, *, parts: StepParts, feed: BatchFeed) -> None:
+        """Make step `index`; the run's loop does this, a user's loop receives steps.
+
+        Args:
+            index: optimizer steps done before this one.
+            parts: what the step trains with.
+            feed: where micro-batches come from (the `Run`); while it probes, the RNG state at
+                the step's start is kept so a retry redraws the same randomness.
+        """
         self.parts = parts
         self.feed = feed
         self.index = index
@@ -111,12 +132,24 @@ class Step:
 
     @property
     def accum_steps(self) -> int:
-        """Micro-batches this step has on this rank: `micro_batches` yields that many, and `backward`
-        divides the loss by it."""
+        """Micro-batches this step has on this rank.
+
+        `micro_batches` yields that many, and `backward` divides the loss by it.
+        """
         return self.feed.accum_steps
 
     def micro_batches(self) -> Iterator[Any]:
-        """This rank's micro-batches of the step; DDP syncs gradients only on the last one."""
+        """Yield this rank's micro-batches of the step, on the run's device.
+
+        Gradients are all-reduced only once per step: DDP syncs on the last micro-batch alone
+        (FSDP2 reduce-scatters there), since syncing every micro-batch would cost the network
+        `accum_steps` times for the same result. While probing under DDP, none syncs and the
+        gradients are averaged by hand at the boundary, after every rank said it had memory
+        enough (a rank out of memory mid-step must not leave the others in an all-reduce).
+
+        Yields:
+            `accum_steps` micro-batches, as the dataset's collate function builds them.
+        """
         feed = self.feed
         accum = feed.accum_steps
         sharded = self.parts.sharded
@@ -135,11 +168,22 @@ class Step:
                 yield batch
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """Mixed precision for the forward pass (a no-op in fp32)."""
+        """Mixed precision for the forward pass (a no-op in fp32).
+
+        Returns:
+            A context manager: `with step.autocast(): loss = ...`.
+        """
         return self.parts.autocast()
 
     def backward(self, loss: torch.Tensor) -> None:
-        """`loss / accum_steps`, scaled when fp16, backpropagated."""
+        """Backpropagate `loss / accum_steps`, scaled when fp16.
+
+        Dividing by the accumulation steps makes the summed gradients those of the effective
+        batch's mean loss, so the learning rate does not depend on how the batch was split.
+
+        Args:
+            loss: this micro-batch's mean loss.
+        """
         self.phase = "backward"
         loss = loss / self.feed.accum_steps
         if self.parts.precision.grad_scaler:
@@ -148,7 +192,18 @@ class Step:
         self._backwards += 1
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Clip the gradient norm after unscaling (clipping scaled gradients would clip nothing)."""
+        """Clip the gradient norm after unscaling (clipping scaled gradients would clip nothing).
+
+        Args:
+            max_norm: the largest total 2-norm of the gradients (over every shard under FSDP2).
+
+        Returns:
+            The total norm before clipping.
+
+        Raises:
+            RuntimeSetupError: the step did not draw every micro-batch or call `backward` once
+                for each.
+        """
         self._boundary()
         self.phase = "optimizer"
         if self.parts.precision.grad_scaler:
@@ -158,7 +213,15 @@ class Step:
         return torch.nn.utils.clip_grad_norm_(self.parts.module.parameters(), max_norm)
 
     def optimizer_step(self) -> None:
-        """Step (skipped by the scaler on inf/nan gradients), update the scale, zero, schedule."""
+        """Update the weights, then zero the gradients, step the scheduler and advance the step.
+
+        Under fp16 the scaler skips the update on inf/NaN gradients and lowers its scale. The
+        step counts as done only here: a step left without it stops the run with an error.
+
+        Raises:
+            RuntimeSetupError: the step did not draw every micro-batch or call `backward` once
+                for each.
+        """
         self._boundary()
         self.phase = "optimizer"
         parts = self.parts

@@ -1,0 +1,583 @@
+"""Every field of the task file as a user writes it: type, default, allowed values and meaning.
+
+`skygreen.spec` reads the task file into the records of `skygreen.spec_model`; this table says
+what each key a user may write means. It is the one source of the task file reference
+(docs/reference/task-file.md is generated from it when the site builds), and
+tests/test_docs_reference.py holds it to the parser: every key the parser accepts must have a
+row here, and every row must name a key the parser accepts. A field added to the parser without
+a row, or a row without a description, fails that test.
+
+Defaults are read from the records themselves wherever a key names a record's attribute
+(`skygreen.checkpoint.keep` is `CheckpointSpec.keep`), so a changed default changes the page;
+`default=` text is only for keys the parser turns into something else (`every`, `power.cap`).
+Allowed values come from the same constants the parser checks against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from skygreen.checkpoint.bucket_url import URL_FORMS
+from skygreen.checkpoint.keep import MIN_KEEP
+from skygreen.fields import DURATION_UNITS_S
+from skygreen.gpus import GPU_NAMES
+from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
+from skygreen.power.policy import DEFAULT_ETA
+from skygreen.spec_model import (
+    CLOUDS,
+    DEFAULT_QUIET_S,
+    EARLY_STOP_MODES,
+    FSDP_FROM_PARAMS,
+    HALF_PRECISIONS,
+    OBJECTIVES,
+    PRECISIONS,
+    RECOVERY_STRATEGIES,
+    SHARDINGS,
+    TRAINERS,
+    Batch,
+    BudgetAlertSpec,
+    CheckpointSpec,
+    EarlyStopConfig,
+    GpuChoice,
+    GreenSpec,
+    ModelSpec,
+    PowerSpec,
+    PreemptionSpec,
+    RecoverySpec,
+    Work,
+)
+
+__all__ = ["RECORDS", "TASK_FIELDS", "TaskField", "default_text", "one_of"]
+
+SKYPILOT = "skypilot"
+"""`TaskField.owner` of a SkyPilot key that skygreen reads or rewrites."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TaskField:
+    """One key of the task file, as the reference lists it."""
+
+    path: str
+    """Where the key sits, dotted from the top of the file: `skygreen.checkpoint.keep`, `run`."""
+    type: str
+    """What a user writes: `integer`, `number`, `string`, `boolean`, `list of GPU names`, ..."""
+    doc: str
+    """What the key does, in full sentences."""
+    allowed: str = ""
+    """Allowed values, ranges and units; empty when the type says it all."""
+    default: str | None = None
+    """The default as text; None reads it from the record the key lands in (`RECORDS`)."""
+
+    def __post_init__(self) -> None:
+        if not self.path or self.path != self.path.strip() or " " in self.path:
+            raise ValueError(f"TaskField.path must be a dotted key such as skygreen.keep, got {self.path!r}")
+        if not self.type.strip():
+            raise ValueError(f"TaskField {self.path}: give its type (what a user writes)")
+        if not self.doc.strip():
+            raise ValueError(f"TaskField {self.path}: give it a description (doc=)")
+
+    @property
+    def section(self) -> str:
+        """The mapping the key sits in: `skygreen.checkpoint` for `skygreen.checkpoint.keep`, "" at the top."""
+        return self.path.rpartition(".")[0]
+
+    @property
+    def key(self) -> str:
+        """The key as written in its mapping: `keep`."""
+        return self.path.rpartition(".")[2]
+
+
+RECORDS: Mapping[str, type] = {
+    "skygreen": GreenSpec,
+    "skygreen.gpus": GpuChoice,
+    "skygreen.work": Work,
+    "skygreen.budget_alerts": BudgetAlertSpec,
+    "skygreen.preemption": PreemptionSpec,
+    "skygreen.batch": Batch,
+    "skygreen.checkpoint": CheckpointSpec,
+    "skygreen.power": PowerSpec,
+    "skygreen.early_stopping": EarlyStopConfig,
+    "skygreen.recovery": RecoverySpec,
+    "skygreen.model": ModelSpec,
+}
+"""The record each section of the task file is read into, where defaults are read from."""
+
+
+def one_of(choices: tuple[str, ...]) -> str:
+    """`a | b | c`, the way the reference lists allowed names."""
+    return " | ".join(choices)
+
+
+def _value_text(value: Any) -> str:
+    """A default as a user would write it in YAML."""
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_value_text(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_value_text(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def default_text(field: TaskField) -> str:
+    """The default a reader sees for `field`: its own text, else the record attribute's default.
+
+    Raises:
+        ValueError: `field` gives no default text and names no attribute of its section's record.
+    """
+    if field.default is not None:
+        return field.default
+    record = RECORDS.get(field.section)
+    attributes = {f.name: f for f in dataclasses.fields(record)} if record is not None else {}
+    attribute = attributes.get(field.key)
+    if attribute is None:
+        raise ValueError(f"TaskField {field.path}: no record attribute to read its default from; give default= text")
+    if attribute.default is not dataclasses.MISSING:
+        return _value_text(attribute.default)
+    if attribute.default_factory is not dataclasses.MISSING:
+        return _value_text(attribute.default_factory())
+    return "required"
+
+
+_GPUS = ", ".join(GPU_NAMES)
+_UNITS = ", ".join(DURATION_UNITS_S)
+
+TASK_FIELDS: tuple[TaskField, ...] = (
+    # ------------------------------------------------------------ SkyPilot's keys skygreen reads
+    TaskField(
+        path="name",
+        type="string",
+        default="not set (run ids start with `run`)",
+        doc="The task's name. Run ids start with it (`tiny-20261201-063404-5c6d`), and the managed job is named after it.",
+    ),
+    TaskField(
+        path="num_nodes",
+        type="integer",
+        allowed="1 or more",
+        default="1",
+        doc="Nodes per run, each with `skygreen.gpu_count` GPUs; more than one starts `run` with torchrun on every node. "
+        "With `skygreen.model` and no `num_nodes`, the plan picks the node count that holds the model.",
+    ),
+    TaskField(
+        path="run",
+        type="string",
+        default="required",
+        doc="The command that trains. With more than one GPU or node it must be one line, `python SCRIPT ARGS`, "
+        "which skygreen starts with torchrun (or a command that calls torchrun itself).",
+    ),
+    TaskField(
+        path="workdir",
+        type="string or mapping",
+        default="the task file's folder",
+        doc="The folder synced to the VM, relative to the task file; `smoke` and `up --local` run the command in it. "
+        "A git workdir (`{url, ref}`) goes to SkyPilot as written.",
+    ),
+    TaskField(
+        path="setup",
+        type="string",
+        default="not set",
+        doc="Commands run once per VM before `run`, after skygreen installs its runtime there.",
+    ),
+    TaskField(
+        path="envs",
+        type="mapping",
+        default="not set",
+        doc="Environment variables for the training command. Each needs a value (an empty string counts); "
+        "the `SKYGREEN_*` variables skygreen sets for every run are refused.",
+    ),
+    TaskField(
+        path="secrets",
+        type="mapping or list",
+        default="not set",
+        doc="Secrets for the VM, such as a webhook URL or a bucket key. Their values come from the environment "
+        "of `skygreen up` (or the file) at launch and are never written to a rendered task, a log or the ledger.",
+    ),
+    TaskField(
+        path="resources",
+        type="mapping",
+        default="not set",
+        doc="SkyPilot's resources, except the keys skygreen sets from the plan (`accelerators`, `infra`, "
+        "`use_spot`, `job_recovery`, ...): those are refused with the `skygreen:` field to set instead.",
+    ),
+    TaskField(
+        path="file_mounts",
+        type="mapping",
+        default="not set",
+        doc="SkyPilot's file mounts, kept as written; skygreen adds its own source folder when it installs from a checkout.",
+    ),
+    # ------------------------------------------------------------ skygreen: where it may run
+    TaskField(
+        path="skygreen",
+        type="mapping",
+        default="{}",
+        doc="skygreen's own section. skygreen reads it, removes it and writes the final SkyPilot task; "
+        "every other top-level key stays SkyPilot's.",
+    ),
+    TaskField(
+        path="skygreen.gpus",
+        type="GPU name, list of GPU names, or mapping",
+        allowed=f"{_GPUS}; any case (`a100`)",
+        default="every GPU skygreen knows",
+        doc="The GPUs that may run the job. A list names candidates; the mapping form sets `names` and/or "
+        "`min_memory_gb`, and a GPU must meet both. Give the count in `gpu_count`, not in the name.",
+    ),
+    TaskField(
+        path="skygreen.gpus.names",
+        type="list of GPU names",
+        allowed=_GPUS,
+        default="every GPU skygreen knows",
+        doc="Candidate GPU models, in the mapping form of `gpus`.",
+    ),
+    TaskField(
+        path="skygreen.gpus.min_memory_gb",
+        type="number",
+        allowed="above 0, GB per GPU",
+        doc="Keep only GPUs with at least this much memory each.",
+    ),
+    TaskField(
+        path="skygreen.gpu_count",
+        type="integer",
+        allowed="1 to 64",
+        doc="GPUs per node. Without it, a task with `model` may get any count that holds the model.",
+    ),
+    TaskField(
+        path="skygreen.clouds",
+        type="cloud or list of clouds",
+        allowed=one_of(CLOUDS),
+        doc="The clouds whose offers the plan ranks.",
+    ),
+    TaskField(
+        path="skygreen.regions",
+        type="list of strings",
+        default="every region",
+        doc="Keep only offers in these regions (cloud region names such as `us-east-1`).",
+    ),
+    TaskField(
+        path="skygreen.spot",
+        type="boolean",
+        doc="true: rank spot offers (checkpoints and exact resume carry a run through preemptions); false: on-demand only.",
+    ),
+    TaskField(
+        path="skygreen.on_demand_fallback",
+        type="boolean",
+        doc="Also rank on-demand offers, as fallbacks behind the spot ones. Only with `spot: true`.",
+    ),
+    TaskField(
+        path="skygreen.objective",
+        type="string",
+        allowed=one_of(OBJECTIVES),
+        doc="What the plan minimises: the run's cost, its time, its energy, or its CO2e.",
+    ),
+    TaskField(
+        path="skygreen.max_candidates",
+        type="integer",
+        allowed="1 to 64",
+        doc="How many of the best offers go to SkyPilot, in order, as fallbacks for one another.",
+    ),
+    TaskField(
+        path="skygreen.speed",
+        type="mapping of GPU name to number",
+        allowed="above 0, at most 1000; relative to one A100 (1.0)",
+        default="skygreen's speed table",
+        doc="Relative training speeds that override the built-in table for this task, e.g. `{L4: 0.35}`.",
+    ),
+    TaskField(
+        path="skygreen.preemption",
+        type="mapping",
+        default="the built-in spot model",
+        doc="Overrides of the planner's spot model, for a task whose preemptions you have measured.",
+    ),
+    TaskField(
+        path="skygreen.preemption.rate_per_hour",
+        type="mapping of cloud to number",
+        allowed=f"clouds: {one_of(CLOUDS)}; 0 to 60 preemptions per hour",
+        default="the built-in rates",
+        doc="Expected preemptions per hour of a spot VM, per cloud.",
+    ),
+    TaskField(
+        path="skygreen.preemption.restart_minutes",
+        type="number",
+        allowed="0 to 1440 minutes",
+        default="the built-in restart time",
+        doc="Minutes lost per preemption: a new VM, setup and the restore.",
+    ),
+    # ------------------------------------------------------------ skygreen: size, money, time
+    TaskField(
+        path="skygreen.work",
+        type="mapping",
+        default="1 GPU-hour on one A100 (plan says so)",
+        doc="The size of the job: `gpu_hours` of training on one `gpu`. Every estimate (hours, cost, energy) "
+        "scales from it. The old key `on:` (and the `true:` a YAML 1.1 tool makes of it) is still read as `gpu:`, with a note.",
+    ),
+    TaskField(
+        path="skygreen.work.gpu_hours",
+        type="number",
+        allowed="above 0, at most 1e7 hours on ONE `gpu`",
+        doc="Hours the whole job takes on one reference GPU; `plan` warns above 100,000.",
+    ),
+    TaskField(
+        path="skygreen.work.gpu",
+        type="GPU name",
+        allowed=_GPUS,
+        doc="The reference GPU that `gpu_hours` is measured on.",
+    ),
+    TaskField(
+        path="skygreen.max_price_per_hour",
+        type="number",
+        allowed="above 0, USD per node-hour",
+        doc="Drop offers that cost more per node-hour.",
+    ),
+    TaskField(
+        path="skygreen.budget_usd",
+        type="number",
+        allowed="above 0, USD",
+        doc="The run's budget. The plan drops offers whose estimated run cost exceeds it, and the runtime "
+        "commits a checkpoint and stops the run when its spend reaches it (`skygreen resume --budget-usd` raises it).",
+    ),
+    TaskField(
+        path="skygreen.budget_alerts",
+        type="mapping",
+        default="alerts at " + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS),
+        doc="When the runtime warns about spend, in the log and optionally to a webhook.",
+    ),
+    TaskField(
+        path="skygreen.budget_alerts.at",
+        type="list of numbers",
+        allowed="fractions of `budget_usd`, above 0, at most 1",
+        default="[" + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS) + "]",
+        doc="Warn once as spend crosses each fraction of `budget_usd` (0.5 for 50%).",
+    ),
+    TaskField(
+        path="skygreen.budget_alerts.webhook_env",
+        type="string",
+        allowed="an environment variable name, not the URL",
+        doc="The environment variable (declare it in `secrets:`) that holds the URL each alert is POSTed to as JSON.",
+    ),
+    TaskField(
+        path="skygreen.budget_alerts.burn_usd_per_hour",
+        type="number",
+        allowed="above 0, USD per hour",
+        doc="Warn once per segment when the run spends faster than this (controller included).",
+    ),
+    TaskField(
+        path="skygreen.deadline",
+        type="duration or number of hours",
+        allowed="36h, 90m, 45min, 3600s, or hours (1.5); above 0",
+        doc="Finish within this long after launch. The plan prefers spot while there is slack and falls back to "
+        "on-demand when the deadline needs it; `skygreen up --deadline` and `watch` hold a run to it.",
+    ),
+    TaskField(
+        path="skygreen.recovery",
+        type="mapping or strategy name",
+        doc="SkyPilot's job recovery for the managed job (`recovery: FAILOVER` sets the strategy alone). "
+        "skygreen adds the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on.",
+        default=_value_text(dataclasses.asdict(RecoverySpec())),
+    ),
+    TaskField(
+        path="skygreen.recovery.strategy",
+        type="string",
+        allowed=one_of(RECOVERY_STRATEGIES),
+        doc="Where SkyPilot relaunches a preempted job: the next region at once, or first the same region.",
+    ),
+    TaskField(
+        path="skygreen.recovery.max_restarts_on_errors",
+        type="integer",
+        allowed="0 to 100",
+        doc="Relaunches after a failure that is not a preemption, before the job counts as failed.",
+    ),
+    # ------------------------------------------------------------ skygreen: the training loop
+    TaskField(
+        path="skygreen.trainer",
+        type="string",
+        allowed=one_of(TRAINERS),
+        doc="What owns the training loop: `runtime` (the script trains through `sg.Run`), `transformers` or "
+        "`lightning` (the script's Trainer carries skygreen's callback), `folder` (any script that saves checkpoint "
+        "folders into `checkpoint.dir`; skygreen wraps the command). `checkpoint.dir` alone implies `folder`.",
+    ),
+    TaskField(
+        path="skygreen.precision",
+        type="string",
+        allowed=one_of(PRECISIONS),
+        doc="Mixed precision: `auto` is bf16 where the GPU has it and fp16 elsewhere; `bf16` refuses GPUs without it.",
+    ),
+    TaskField(
+        path="skygreen.batch",
+        type="mapping",
+        default="the script's own",
+        doc="The effective batch and the micro-batch each rank runs at once; the runtime accumulates gradients between them.",
+    ),
+    TaskField(
+        path="skygreen.batch.effective",
+        type="integer",
+        allowed="1 or more; a multiple of gpu_count x num_nodes",
+        default="the script's `effective_batch=`",
+        doc="Samples per optimizer step over all ranks. It stays the same on any GPU and any number of them, so a "
+        "resumed run trains the same steps.",
+    ),
+    TaskField(
+        path="skygreen.batch.micro",
+        type="integer or auto",
+        allowed="1 or more, dividing the per-rank batch; or auto",
+        default="auto",
+        doc="Samples per forward pass on each rank; `auto` probes the largest that fits the GPU.",
+    ),
+    TaskField(
+        path="skygreen.early_stopping",
+        type="mapping or false",
+        default="off",
+        doc="Stop the run when the metric the script reports (`run.report(val_loss=...)`) stops improving; the run ends as done.",
+    ),
+    TaskField(
+        path="skygreen.early_stopping.metric",
+        type="string",
+        doc="The name of the reported metric, e.g. `val_loss`.",
+    ),
+    TaskField(
+        path="skygreen.early_stopping.mode",
+        type="string",
+        allowed=one_of(EARLY_STOP_MODES),
+        doc="Whether lower (`min`) or higher (`max`) is better.",
+    ),
+    TaskField(
+        path="skygreen.early_stopping.patience",
+        type="integer",
+        allowed="1 or more",
+        doc="Evaluations without improvement before the run stops.",
+    ),
+    TaskField(
+        path="skygreen.early_stopping.min_delta",
+        type="number",
+        allowed="0 or more",
+        doc="The smallest change that counts as an improvement.",
+    ),
+    TaskField(
+        path="skygreen.early_stopping.grace",
+        type="integer",
+        allowed="0 or more",
+        doc="Evaluations at the start that never count against patience (curricula, warm-up).",
+    ),
+    TaskField(
+        path="skygreen.model",
+        type="mapping",
+        default="not set (the plan ranks every GPU)",
+        doc="How big the model is, so the plan keeps only the GPUs, GPU counts and node counts that hold it.",
+    ),
+    TaskField(
+        path="skygreen.model.params",
+        type="number or string",
+        allowed="7e9, 350000000, or with a suffix: 7B, 350M, 1.5B (K, M, B, T)",
+        doc="Trainable parameters.",
+    ),
+    TaskField(
+        path="skygreen.model.activation_gb",
+        type="number",
+        allowed="0 to 10000 GB (1e9 bytes) per GPU",
+        doc="Activation memory per GPU at the micro-batch.",
+    ),
+    TaskField(
+        path="skygreen.model.sharding",
+        type="string",
+        allowed=one_of(SHARDINGS),
+        default=f"fsdp from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below",
+        doc="`fsdp` shards weights, gradients and optimizer states over every GPU of the run (ZeRO stage 3); "
+        "with `ddp` every GPU holds them whole.",
+    ),
+    TaskField(
+        path="skygreen.model.max_nodes",
+        type="integer",
+        allowed="1 to 64",
+        doc="The most nodes the plan may give a run whose task does not fix `num_nodes`.",
+    ),
+    # ------------------------------------------------------------ skygreen: checkpoints
+    TaskField(
+        path="skygreen.checkpoint",
+        type="mapping",
+        default=f"every: auto, keep: {CheckpointSpec().keep}, in the local default bucket",
+        doc="Where checkpoints go, how often, and how many are kept. A checkpoint counts once its manifest, "
+        "written last after every file is verified, is in the bucket.",
+    ),
+    TaskField(
+        path="skygreen.checkpoint.bucket",
+        type="string",
+        allowed=URL_FORMS,
+        default="the local default bucket",
+        doc="Where the run's checkpoints, ledger and prepared data live. Use a cloud bucket for a cloud run.",
+    ),
+    TaskField(
+        path="skygreen.checkpoint.every",
+        type="auto, integer or duration",
+        allowed=f"auto | a number of steps | a duration ({_UNITS}), e.g. 500, 90s, 5m",
+        default="auto",
+        doc="How often to checkpoint. `auto` uses Daly's optimum from the measured save cost and the spot "
+        "preemption rate; a preemption notice always commits one more.",
+    ),
+    TaskField(
+        path="skygreen.checkpoint.keep",
+        type="integer",
+        allowed=f"{MIN_KEEP} to 1000",
+        doc="After each commit the bucket keeps the last `keep` checkpoints, the best by metric and every pinned one; "
+        f"the rest are deleted. At least {MIN_KEEP}: the newest may be the broken one.",
+    ),
+    TaskField(
+        path="skygreen.checkpoint.half_precision",
+        type="string or false",
+        allowed=one_of(HALF_PRECISIONS),
+        default="false (weights stored as trained)",
+        doc="Store weights as fp16 or bf16: smaller checkpoints, not bit-exact on resume.",
+    ),
+    TaskField(
+        path="skygreen.checkpoint.dir",
+        type="string",
+        allowed="a path inside the workdir (no `..`)",
+        doc="Folder mode: the folder the script saves its own checkpoint folders into; skygreen commits each "
+        "complete one to the bucket and restores the latest before the script starts.",
+    ),
+    TaskField(
+        path="skygreen.checkpoint.marker",
+        type="string",
+        allowed="a file name, e.g. trainer_state.json or .metadata",
+        doc="Folder mode: a checkpoint folder is complete once it holds this file. Only with `dir`; not with `quiet_s`.",
+    ),
+    TaskField(
+        path="skygreen.checkpoint.quiet_s",
+        type="number",
+        allowed="above 0, seconds",
+        default=f"{DEFAULT_QUIET_S:g} when there is no marker",
+        doc="Folder mode without a marker: a checkpoint folder is complete once no file in it changed for this long. Only with `dir`.",
+    ),
+    # ------------------------------------------------------------ skygreen: power
+    TaskField(
+        path="skygreen.power",
+        type="mapping",
+        default=f"{{cap: {PowerSpec().mode}}}",
+        doc="The GPU power cap the runtime sets through NVML while training, and puts back afterwards.",
+    ),
+    TaskField(
+        path="skygreen.power.cap",
+        type="auto, off, watts or fraction",
+        allowed="auto | off | 50 to 1500 (watts) | 0.3 to 1.0 (fraction of the default limit)",
+        default="auto",
+        doc="`auto` measures steps at a few caps and keeps the one that best trades time for energy; "
+        "`off` leaves the limit alone.",
+    ),
+    TaskField(
+        path="skygreen.power.required",
+        type="boolean",
+        doc="Fail before training when the cap cannot be applied (no permission, no GPU); otherwise the run "
+        "trains uncapped and says so.",
+    ),
+    TaskField(
+        path="skygreen.power.eta",
+        type="number",
+        allowed="0 (time only) to 1 (energy only)",
+        default=f"{DEFAULT_ETA:g}",
+        doc="The `auto` chooser's weight on energy against time.",
+    ),
+)
+"""Every key of the task file, in the order the reference lists them."""
