@@ -7,6 +7,12 @@ one per stage change, with no escape codes and no redrawn bar.
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
 from skygreen.demo import STAGES
@@ -87,8 +93,48 @@ def view_for(out: TextIO) -> PlainView | BarView:
     return BarView(out) if terminal else PlainView(out)
 
 
+def skygreen_command(
+    *, environ: Mapping[str, str] | None = None, executable: str | None = None, cwd: Path | None = None
+) -> str:
+    """How to type the `skygreen` of this installation, for the commands the demo prints.
+
+    After `bash scripts/install.sh` the command lives in `.venv/bin`, which is on PATH only once
+    the venv is activated: a bare `skygreen` in a hint would be "command not found", or run
+    another installation. So the hints name the command that runs this one:
+
+    - `skygreen` when the first `skygreen` on PATH is this interpreter's own entry point;
+    - else that entry point's path, relative to the current folder when it lies under it
+      (`.venv/bin/skygreen` after the quick start), absolute otherwise;
+    - else (no entry point beside the interpreter) `PYTHON -m skygreen.cli`.
+
+    Args:
+        environ: the environment whose PATH is searched (default: this process's).
+        executable: the interpreter running skygreen (default: `sys.executable`).
+        cwd: the folder the printed command will be typed in (default: the current one).
+
+    Returns:
+        The command, quoted for a POSIX shell where it needs quoting.
+    """
+    env = os.environ if environ is None else environ
+    python = Path(executable or sys.executable)
+    here = Path.cwd() if cwd is None else cwd
+    own = shutil.which("skygreen", path=str(python.parent))
+    if own is None:
+        return f"{shlex.quote(str(python))} -m skygreen.cli"
+    found = shutil.which("skygreen", path=env.get("PATH", ""))
+    if found is not None and os.path.samefile(found, own):
+        return "skygreen"
+    path = Path(own).absolute()
+    try:
+        shown = path.relative_to(here.absolute()).as_posix()
+    except ValueError:
+        shown = str(path)
+    return shlex.quote(shown)
+
+
 def print_summary(result: Any, out: TextIO) -> None:
-    """Where everything is (`skygreen.demo.DemoResult`), and what to try next."""
+    """Where everything is (`skygreen.demo.DemoResult`), and what to try next, with commands that
+    run as printed (`skygreen_command`)."""
     ending = "early-stopped" if result.early_stopped else result.state
     out.write(
         f"\ndemo done in {result.duration_s:.0f} s: run {result.run_id} {ending} at step {result.final_step}, "
@@ -104,14 +150,19 @@ def print_summary(result: Any, out: TextIO) -> None:
     ]
     for key, value in rows:
         out.write(f"  {key:<12} {value}\n")
+    sg = skygreen_command()
+    run = result.run_id
+    hints = [
+        (f"{sg} plan YOUR_TASK.yaml", "rank spot GPUs for your own task (see tasks/ for examples)"),
+        (f"{sg} up YOUR_TASK.yaml --local", "run it here; without --local, on the cloud (needs `sky check`)"),
+    ]
+    width = max(len(command) for command, _ in hints) + 3
     out.write(
         "\nthe demo's runs live in its folder; to look at them with the other commands:\n"
-        f"  export SKYGREEN_DATA_DIR={result.folder}\n"
-        f"  skygreen status {result.run_id}; skygreen cost {result.run_id}; skygreen report {result.run_id}\n"
+        f"  export SKYGREEN_DATA_DIR={shlex.quote(str(result.folder))}\n"
+        f"  {sg} status {run}; {sg} cost {run}; {sg} report {run}\n"
         "next:\n"
-        "  skygreen plan YOUR_TASK.yaml           rank spot GPUs for your own task (see tasks/ for examples)\n"
-        "  skygreen up YOUR_TASK.yaml --local     run it here; without --local, on the cloud (needs `sky check`)\n"
-        "  skygreen simulate TRACE --hours 48h --deadline 72h --changeover 0.3h --policy all\n"
-        "                                         replay a spot availability trace against deadline policies\n"
-        "                                         (README, Deadlines: where traces come from)\n"
+        + "".join(f"  {command:<{width}}{what}\n" for command, what in hints)
+        + f"  {sg} simulate TRACE --hours 48h --deadline 72h --changeover 0.3h --policy all\n"
+        "      replay a spot availability trace against deadline policies (docs/deadlines.md: where traces come from)\n"
     )

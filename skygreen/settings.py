@@ -13,7 +13,7 @@ profile ladder, test holds, simulated faults) use too, so the VM has no second p
 
 Why one variable per field and not one JSON variable: users override a single setting at
 launch with `sky jobs launch --env SKYGREEN_BUDGET_USD=40` (or in a cluster's defaults), the
-README documents such variables (`SKYGREEN_RUN_ID`, `SKYGREEN_BUCKET`, `SKYGREEN_CLOUD`,
+documentation names such variables (`SKYGREEN_RUN_ID`, `SKYGREEN_BUCKET`, `SKYGREEN_CLOUD`,
 `SKYGREEN_PREEMPTIONS_PER_HOUR(_BY_CLOUD)`, `SKYGREEN_OFFERS`, `SKYGREEN_BUDGET_USD`), and a
 task's `envs:` is checked against these names; one JSON blob would make every such override
 rewrite the whole blob. `skygreen up` renders these as `envs` of the SkyPilot task (and

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import user_env
+from skygreen.demo_view import skygreen_command
 from skygreen.terminal import ANSI_ESCAPE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,6 +79,43 @@ def test_demo_runs_every_stage_and_leaves_a_plot_and_a_report(env, tmp_path):
         assert f"  log          {log}\n" in text
     assert f"export SKYGREEN_DATA_DIR={folder}" in text
     assert "skygreen plan YOUR_TASK.yaml" in text and "skygreen simulate" in text
+
+    # The hint's two lines run as printed, in a shell with this environment's PATH.
+    lines = text.splitlines()
+    hint = lines.index(f"  export SKYGREEN_DATA_DIR={folder}")
+    script = "set -e\n" + lines[hint].strip() + "\n" + lines[hint + 1].strip() + "\n"
+    shown = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-2000:]
+    assert f"run            {run_id}" in shown.stdout and f"run {run_id}:" in shown.stdout
+    assert (tmp_path / f"{run_id}-report.html").is_file()
+
+
+def _entry_point(folder: Path) -> Path:
+    """A `skygreen` entry point and an interpreter beside it, as a venv's bin folder holds them."""
+    folder.mkdir(parents=True)
+    for name in ("skygreen", "python"):
+        (folder / name).write_text("#!/bin/sh\n")
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def test_the_printed_command_is_the_one_that_runs_this_installation(tmp_path):
+    venv_bin = _entry_point(tmp_path / "proj" / ".venv" / "bin")
+    other_bin = _entry_point(tmp_path / "elsewhere" / "bin")
+    python = str(venv_bin / "python")
+
+    activated = {"PATH": f"{venv_bin}:/usr/bin"}
+    assert skygreen_command(environ=activated, executable=python, cwd=tmp_path / "proj") == "skygreen"
+    # Not activated: the path, relative to where the user stands when it is under it.
+    bare = {"PATH": "/usr/bin"}
+    assert skygreen_command(environ=bare, executable=python, cwd=tmp_path / "proj") == ".venv/bin/skygreen"
+    assert skygreen_command(environ=bare, executable=python, cwd=tmp_path / "elsewhere") == str(venv_bin / "skygreen")
+    # Another installation's `skygreen` first on PATH: still this one's path.
+    shadowed = {"PATH": f"{other_bin}:{venv_bin}"}
+    assert skygreen_command(environ=shadowed, executable=python, cwd=tmp_path / "proj") == ".venv/bin/skygreen"
+    # No entry point beside the interpreter: the module, through this interpreter.
+    (venv_bin / "skygreen").unlink()
+    assert skygreen_command(environ=activated, executable=python, cwd=tmp_path) == f"{python} -m skygreen.cli"
 
 
 def test_an_unknown_gpu_is_a_clear_error_before_anything_is_written(env, tmp_path):

@@ -1,7 +1,7 @@
 """Bucket URLs: the one parser, for the task file and for every store opened.
 
 `s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX`, `file:///DIR`, or a plain path (a local directory,
-as the README documents). A plain path that only reads as a URL that lost part of its `://`
+as the documentation says). A plain path that only reads as a URL that lost part of its `://`
 (`s3//team/ckpt`, `s3:/team`, `gs:team`) is refused, so a typo never trains into a folder
 named `s3`.
 
@@ -43,7 +43,7 @@ class StoreUrl:
 def parse_url(url: str, *, field: str = "checkpoint.bucket") -> StoreUrl:
     """Split a bucket URL: the one parser, for the task file and for every store opened.
 
-    A plain path (no scheme) is a local directory, as the README documents. A path that only
+    A plain path (no scheme) is a local directory, as the documentation says. A path that only
     looks like one because a URL lost part of its `://` (`s3//team/ckpt`, `s3:/team`,
     `gs:team`) is refused rather than read as a folder named `s3`: `./s3/team` says that
     folder is meant.
