@@ -69,6 +69,8 @@ class TrainerTask:
     """The step of the last one (the end of the short run)."""
     restore_parent: Path
     """Where the callback restores checkpoint folders, relative to the working folder."""
+    saved_files: str
+    """Where the script saved the files of the checkpoint folder `{folder}` (as committed)."""
 
     def workdir(self, tmp_path: Path, name: str) -> Path:
         """A fresh working folder holding the task's script and task file."""
@@ -109,7 +111,7 @@ HF_TASK = TrainerTask(
     name="hf", trainer="transformers", script="hf_trainer.py", task_file="hf-trainer.yaml",
     run_id="hf-20260101-000000-abcd", final=Path("out/hf-trainer/final/model.safetensors"),
     short={"HF_MAX_STEPS": "12", "HF_SAVE_STEPS": "4"}, first_commit=4, last_commit=12,
-    restore_parent=Path("out/hf-trainer"),
+    restore_parent=Path("out/hf-trainer"), saved_files="out/hf-trainer/{folder}",
 )  # fmt: skip
 LIGHTNING_STEPS_PER_EPOCH = 8
 """256 samples in batches of 32 (SKYGREEN_TASK_SIZE=small); Lightning's task saves at each epoch end."""
@@ -117,7 +119,7 @@ LIGHTNING_TASK = TrainerTask(
     name="lightning", trainer="lightning", script="lightning_task.py", task_file="lightning.yaml",
     run_id="lt-20260101-000000-abcd", final=Path("out/lightning/final.pt"),
     short={"LT_EPOCHS": "3"}, first_commit=LIGHTNING_STEPS_PER_EPOCH, last_commit=3 * LIGHTNING_STEPS_PER_EPOCH,
-    restore_parent=Path("skygreen-restored"),
+    restore_parent=Path("skygreen-restored"), saved_files="out/lightning/checkpoints",
 )  # fmt: skip
 
 

@@ -30,6 +30,9 @@ Resumes are bit-identical on CPU in fp32, dropout included: mid-epoch, the Train
 trained batches, fetches the next one and only then reloads the checkpoint's `rng_state.pth`,
 right before the first resumed forward pass (transformers 5.17, `Trainer._run_epoch`:
 `rng_to_sync` and `_load_rng_state` after `get_batch_samples`), so the dropout masks match.
+One case is not: a restart from the checkpoint of `max_steps` itself (a VM lost after its last
+commit, before the script's own end) trains one step more, because `_run_epoch` looks at
+`should_training_stop` only after a step, and a callback cannot stop the Trainer before it.
 """
 
 from __future__ import annotations
