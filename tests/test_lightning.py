@@ -115,3 +115,20 @@ def test_up_local_killed_at_a_checkpoint_then_resume_ends_with_the_uninterrupted
     same_weights(LIGHTNING_TASK.weights(work), LIGHTNING_TASK.weights(reference))
     cost = skygreen(env, "cost", run_id)
     assert cost.returncode == 0, cost.stdout + cost.stderr
+
+
+@pytest.mark.slow
+def test_a_pytorch_lightning_script_gets_the_callback_of_its_package(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    work = workdir_of(tmp_path, "work")
+    script = work / "lightning_task.py"
+    source = script.read_text().replace("import lightning as L\n", "import pytorch_lightning as L\n")
+    source = source.replace("from lightning.pytorch.callbacks import", "from pytorch_lightning.callbacks import")
+    script.write_text(source.replace("from torch import nn\n", "from torch import nn\n\nassert 'lightning' not in sys.modules\n")
+                      .replace("import os\n", "import os\nimport sys\n", 1))  # fmt: skip
+    bucket = tmp_path / "bucket"
+    proc = train(work, env_for(tmp_path, bucket, LT_EPOCHS="1"))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out
+    assert committed_folder_steps(open_store(join_url(str(bucket), RUN_ID))) == [STEPS_PER_EPOCH]
