@@ -17,6 +17,10 @@ drives, and only ever talk to `TrainerServices`:
 - the cloud's preemption notice and SIGTERM (`RunServices.preemption`);
 - early stopping on evaluation metrics (`RunServices.stopper`).
 
+What each framework's callback does with these is the same, so it is decided here: after each
+step (`after_step`: save, stop, or exit after SIGTERM), the preempted exit (`exit_preempted`)
+and the smoke test's round trip (`smoke_round_trip`); the callbacks only translate.
+
 torch is imported when the parts are opened (`start`), not with this module.
 """
 
@@ -221,6 +225,7 @@ class TrainerServices:
             hold(step, stopped=lambda: self.sigterm, environ=self.environ)
 
     # -- the run's life --------------------------------------------------------------------
+
     def warn_if_not_resumed(self, restored: str | None, *, step: int, argument: str) -> None:
         """A checkpoint was restored and the framework still starts at step 0: the script does
         not hand the restored checkpoint to the framework (`argument` names how)."""
