@@ -6,7 +6,8 @@ air-gapped tests included. Swap in your own model and dataset; the skygreen part
 marked lines.
 
 SKYGREEN_TASK_SIZE=small (set by the smoke test) shrinks the model; HF_MAX_STEPS,
-HF_SAVE_STEPS and HF_DROPOUT override the length, the save interval and the dropout.
+HF_SAVE_STEPS, HF_SAVE_TOTAL_LIMIT and HF_DROPOUT override the length, the save interval, the
+number of checkpoint folders the Trainer keeps on disk and the dropout.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def main() -> None:
         per_device_train_batch_size=8,
         learning_rate=3e-4,
         save_steps=int(os.environ.get("HF_SAVE_STEPS", "200")),
+        save_total_limit=int(os.environ["HF_SAVE_TOTAL_LIMIT"]) if "HF_SAVE_TOTAL_LIMIT" in os.environ else None,
         eval_strategy="steps",
         eval_steps=int(os.environ.get("HF_SAVE_STEPS", "200")),
         logging_steps=10,

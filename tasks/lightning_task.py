@@ -94,6 +94,7 @@ def main() -> None:
         default_root_dir=OUT,
     )
     trainer.fit(model, loader, val, ckpt_path=skygreen.ckpt_path)  # skygreen (3/3)
+    os.makedirs(OUT, exist_ok=True)  # a restart after the last checkpoint trains nothing and writes no folder
     torch.save(model.state_dict(), f"{OUT}/final.pt")
 
 

@@ -1,17 +1,16 @@
 """skygreen's HF Trainer callback with a real `Trainer` (tasks/hf_trainer.py, a tiny GPT-2 on CPU):
 every checkpoint-N committed, SIGKILL at a known checkpoint then a restart that restores from the
-bucket and ends bit-identical to an uninterrupted run, the smoke test in a scratch folder, and the
-precision check."""
+bucket and ends bit-identical to an uninterrupted run (dropout on), the smoke test in a scratch
+folder, and the precision check. What the HF and Lightning callbacks share (SIGTERM, notices,
+budgets, early stopping, cloud buckets) is tested for both in test_trainer_services.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,57 +18,17 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from helpers import user_env, wait_for
-from local_runs import SKYGREEN, launch_log, run_record, skygreen, status
+from local_runs import HF_TASK, SKYGREEN, launch_log, run_record, same_weights, skygreen, status, wait_for_commit
 from skygreen.checkpoint.folders import committed_folder_steps
 from skygreen.checkpoint.store import join_url
 from skygreen.checkpoint.store_factory import open_store
-from skygreen.exit_codes import PREEMPTED_EXIT_CODE
-from skygreen.settings import SMOKE_LINE, RuntimeSettings
+from skygreen.settings import SMOKE_LINE
 
-REPO = Path(__file__).resolve().parents[1]
-TASKS = REPO / "tasks"
-RUN_ID = "hf-20260101-000000-abcd"
-FINAL = Path("out/hf-trainer/final/model.safetensors")
-
-
-def workdir_of(tmp_path: Path, name: str) -> Path:
-    work = tmp_path / name
-    work.mkdir()
-    shutil.copy(TASKS / "hf_trainer.py", work / "hf_trainer.py")
-    shutil.copy(TASKS / "hf-trainer.yaml", work / "hf-trainer.yaml")
-    return work
-
-
-def env_for(tmp_path: Path, bucket: Path, **extra: str) -> dict[str, str]:
-    settings = RuntimeSettings(run_id=RUN_ID, bucket=str(bucket), checkpoint_keep=2, trainer="transformers")
-    # Dropout off: HF Trainer (5.17) reloads the saved RNG state only after fetching the first
-    # batch of the resumed epoch, so with dropout on the resumed run's masks differ and the
-    # weights are not bit-identical (measured here). Without dropout, the data order and every
-    # other state come back exactly.
-    values = {**settings.to_env(), "SKYGREEN_TASK_SIZE": "small", "HF_MAX_STEPS": "12", "HF_SAVE_STEPS": "4",
-              "HF_DROPOUT": "0", **extra}  # fmt: skip
-    env = user_env(tmp_path / "home")
-    env.update(values)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
-
-
-def train(work: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "hf_trainer.py"],
-        cwd=work,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def weights(path: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(path))
+RUN_ID = HF_TASK.run_id
+FINAL = HF_TASK.final
+workdir_of = HF_TASK.workdir
+env_for = HF_TASK.env
+train = HF_TASK.train
 
 
 @pytest.mark.slow
@@ -85,9 +44,7 @@ def test_sigkill_at_a_checkpoint_then_restart_ends_bit_identical(tmp_path):
     first = workdir_of(tmp_path, "vm1")
     proc = train(first, env_for(tmp_path, bucket, SKYGREEN_TEST_HOLD_AT_STEPS="8"))
     try:
-        # gate: step 8 is committed and the run holds there (it cannot go past it on its own)
-        wait_for(lambda: 8 in committed_folder_steps(store) or proc.poll() is not None, "the commit of step 8", 900)
-        assert proc.poll() is None, "the run ended before the test could kill it"
+        wait_for_commit(proc, store, 8)  # step 8 is committed and the run holds there
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=120)
     finally:
@@ -101,10 +58,7 @@ def test_sigkill_at_a_checkpoint_then_restart_ends_bit_identical(tmp_path):
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out
     assert (second / "out/hf-trainer/checkpoint-8").is_dir()  # restored from the bucket
-    resumed, uninterrupted = weights(second / FINAL), weights(alone / FINAL)
-    assert resumed.keys() == uninterrupted.keys()
-    for name, tensor in uninterrupted.items():
-        assert resumed[name].dtype == tensor.dtype and bool((resumed[name] == tensor).all()), name
+    same_weights(HF_TASK.weights(second), HF_TASK.weights(alone))  # dropout on: the RNG came back too
     assert committed_folder_steps(store) == [8, 12]
 
 
@@ -137,7 +91,7 @@ def test_a_precision_the_training_arguments_contradict_stops_before_training(tmp
 
 @pytest.mark.slow
 def test_up_local_killed_at_a_checkpoint_then_resume_ends_with_the_uninterrupted_weights(tmp_path, private_home):
-    env = user_env(private_home, SKYGREEN_TASK_SIZE="small", HF_MAX_STEPS="12", HF_SAVE_STEPS="4", HF_DROPOUT="0")
+    env = user_env(private_home, SKYGREEN_TASK_SIZE="small", HF_MAX_STEPS="12", HF_SAVE_STEPS="4")
     env["CUDA_VISIBLE_DEVICES"] = ""
     reference = workdir_of(tmp_path, "reference")
     out = skygreen(env, "up", str(reference / "hf-trainer.yaml"), "--local", "--no-smoke")
@@ -173,26 +127,4 @@ def test_up_local_killed_at_a_checkpoint_then_resume_ends_with_the_uninterrupted
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert status(env, run_id)["state"] == "SUCCEEDED"
     assert "restored checkpoint folder" in launch_log(env, run_id) or (work / "out/hf-trainer/checkpoint-8").is_dir()
-    after, before = weights(work / FINAL), weights(reference / FINAL)
-    assert after.keys() == before.keys()
-    for name, tensor in before.items():
-        assert bool((after[name] == tensor).all()), name
-
-
-@pytest.mark.slow
-def test_sigterm_exits_with_the_preempted_code_after_the_commit(tmp_path):
-    bucket = tmp_path / "bucket"
-    store = open_store(join_url(str(bucket), RUN_ID))
-    work = workdir_of(tmp_path, "work")
-    proc = train(work, env_for(tmp_path, bucket, SKYGREEN_TEST_HOLD_AT_STEPS="4"))
-    try:
-        wait_for(lambda: 4 in committed_folder_steps(store) or proc.poll() is not None, "the commit of step 4", 900)
-        assert proc.poll() is None, "the run ended before the test could signal it"
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == PREEMPTED_EXIT_CODE, out
-    assert committed_folder_steps(store) == [4]
-    assert not (work / FINAL).exists()
+    same_weights(HF_TASK.weights(work), HF_TASK.weights(reference))

@@ -40,7 +40,7 @@ def env_for(tmp_path: Path, bucket: Path, **extra: str) -> dict[str, str]:
     settings = RuntimeSettings(run_id=RUN_ID, bucket=str(bucket), checkpoint_keep=2, trainer="transformers")
     env = user_env(tmp_path / "home")
     env.update({**settings.to_env(), "SKYGREEN_TASK_SIZE": "small", "HF_MAX_STEPS": "12", "HF_SAVE_STEPS": "4",
-                "HF_DROPOUT": "0", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", **extra})  # fmt: skip
+                "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", **extra})  # fmt: skip
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 

@@ -1,8 +1,8 @@
 """skygreen's Lightning callback with a real `lightning.Trainer` (tasks/lightning_task.py, a small
 regressor on CPU): every checkpoint committed through the storage plugin, SIGKILL at a known
-checkpoint then `skygreen resume` ending bit-identical to an uninterrupted run, SIGTERM exiting
-with the preempted code after its commit, the smoke test in a scratch folder, and the precision
-check."""
+checkpoint then `skygreen resume` ending bit-identical to an uninterrupted run, the smoke test in a
+scratch folder, and the precision check. What the HF and Lightning callbacks share (SIGTERM,
+notices, budgets, early stopping, cloud buckets) is tested for both in test_trainer_services.py."""
 
 from __future__ import annotations
 
@@ -11,53 +11,33 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("lightning")
 
 from helpers import user_env, wait_for
-from local_runs import SKYGREEN, launch_log, run_record, skygreen, status
+from local_runs import (
+    LIGHTNING_STEPS_PER_EPOCH,
+    LIGHTNING_TASK,
+    SKYGREEN,
+    launch_log,
+    run_record,
+    same_weights,
+    skygreen,
+    status,
+)
 from skygreen.checkpoint.folders import committed_folder_steps
 from skygreen.checkpoint.store import join_url
 from skygreen.checkpoint.store_factory import open_store
-from skygreen.exit_codes import PREEMPTED_EXIT_CODE
-from skygreen.settings import SMOKE_LINE, RuntimeSettings
+from skygreen.settings import SMOKE_LINE
 
-REPO = Path(__file__).resolve().parents[1]
-TASKS = REPO / "tasks"
-RUN_ID = "lt-20260101-000000-abcd"
-FINAL = Path("out/lightning/final.pt")
-STEPS_PER_EPOCH = 8  # 256 samples, batches of 32 (SKYGREEN_TASK_SIZE=small)
-
-
-def workdir_of(tmp_path: Path, name: str) -> Path:
-    work = tmp_path / name
-    work.mkdir()
-    shutil.copy(TASKS / "lightning_task.py", work / "lightning_task.py")
-    shutil.copy(TASKS / "lightning.yaml", work / "lightning.yaml")
-    return work
-
-
-def env_for(tmp_path: Path, bucket: Path, **extra: str) -> dict[str, str]:
-    settings = RuntimeSettings(run_id=RUN_ID, bucket=str(bucket), checkpoint_keep=2, trainer="lightning")
-    env = user_env(tmp_path / "home")
-    env.update({**settings.to_env(), "SKYGREEN_TASK_SIZE": "small", "LT_EPOCHS": "3", **extra})
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
-
-
-def train(work: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "lightning_task.py"], cwd=work, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-
-
-def weights(path: Path) -> dict:
-    import torch
-
-    return torch.load(path, weights_only=True)
+RUN_ID = LIGHTNING_TASK.run_id
+FINAL = LIGHTNING_TASK.final
+STEPS_PER_EPOCH = LIGHTNING_STEPS_PER_EPOCH
+workdir_of = LIGHTNING_TASK.workdir
+env_for = LIGHTNING_TASK.env
+train = LIGHTNING_TASK.train
 
 
 @pytest.mark.slow
@@ -91,27 +71,6 @@ def test_a_script_not_started_by_skygreen_is_told_how(tmp_path):
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 2, out
     assert "SKYGREEN_RUN_ID is not set" in out and "skygreen up" in out and "Traceback" not in out
-
-
-@pytest.mark.slow
-def test_sigterm_exits_with_the_preempted_code_after_the_commit(tmp_path):
-    bucket = tmp_path / "bucket"
-    store = open_store(join_url(str(bucket), RUN_ID))
-    work = workdir_of(tmp_path, "work")
-    held = STEPS_PER_EPOCH
-    proc = train(work, env_for(tmp_path, bucket, SKYGREEN_TEST_HOLD_AT_STEPS=str(held)))
-    try:
-        wait_for(lambda: held in committed_folder_steps(store) or proc.poll() is not None, "the first commit", 600)
-        assert proc.poll() is None, "the run ended before the test could signal it"
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == PREEMPTED_EXIT_CODE, out
-    # the held step, then the step the SIGTERM was seen after: saved and committed before the exit
-    assert committed_folder_steps(store) == [held, held + 1], out
-    assert not (work / FINAL).exists()
 
 
 @pytest.mark.slow
@@ -153,28 +112,23 @@ def test_up_local_killed_at_a_checkpoint_then_resume_ends_with_the_uninterrupted
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert status(env, run_id)["state"] == "SUCCEEDED"
     assert f"step={held}.ckpt" in launch_log(env, run_id), "the resumed run restored the held step's checkpoint"
-    after, before = weights(work / FINAL), weights(reference / FINAL)
-    assert after.keys() == before.keys()
-    for name, tensor in before.items():
-        assert after[name].dtype == tensor.dtype and bool((after[name] == tensor).all()), name
+    same_weights(LIGHTNING_TASK.weights(work), LIGHTNING_TASK.weights(reference))
     cost = skygreen(env, "cost", run_id)
     assert cost.returncode == 0, cost.stdout + cost.stderr
 
 
 @pytest.mark.slow
-def test_early_stopping_on_a_logged_metric_saves_and_stops_the_trainer(tmp_path):
-    from skygreen.ledger.io import read_ledger
-
-    bucket = tmp_path / "bucket"
-    store = open_store(join_url(str(bucket), RUN_ID))
+def test_a_pytorch_lightning_script_gets_the_callback_of_its_package(tmp_path):
+    pytest.importorskip("pytorch_lightning")
     work = workdir_of(tmp_path, "work")
-    # val_loss falls epoch after epoch, so with mode max the second evaluation does not improve
-    stop = {"SKYGREEN_EARLY_STOP_METRIC": "val_loss", "SKYGREEN_EARLY_STOP_MODE": "max",
-            "SKYGREEN_EARLY_STOP_PATIENCE": "1"}  # fmt: skip
-    proc = train(work, env_for(tmp_path, bucket, LT_EPOCHS="5", **stop))
+    script = work / "lightning_task.py"
+    source = script.read_text().replace("import lightning as L\n", "import pytorch_lightning as L\n")
+    source = source.replace("from lightning.pytorch.callbacks import", "from pytorch_lightning.callbacks import")
+    script.write_text(source.replace("from torch import nn\n", "from torch import nn\n\nassert 'lightning' not in sys.modules\n")
+                      .replace("import os\n", "import os\nimport sys\n", 1))  # fmt: skip
+    bucket = tmp_path / "bucket"
+    proc = train(work, env_for(tmp_path, bucket, LT_EPOCHS="1"))
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
-    assert committed_folder_steps(store) == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH], "stopped after epoch 2, saved"
-    (segment,) = read_ledger(store)
-    assert (segment.end, segment.step) == ("early-stopped", 2 * STEPS_PER_EPOCH)
-    assert "val_loss" in segment.metrics
+    assert "Traceback" not in out
+    assert committed_folder_steps(open_store(join_url(str(bucket), RUN_ID))) == [STEPS_PER_EPOCH]

@@ -49,16 +49,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from skygreen.errors import RuntimeSetupError, SkygreenError
-from skygreen.integrations.services import (
-    BUDGET,
-    PREEMPTED,
-    PREEMPTED_EXIT_CODE,
-    SMOKE_FAILED,
-    SMOKE_LINE,
-    SMOKE_STEPS,
-    TrainerServices,
-    fail_script,
-)
+from skygreen.integrations.services import SMOKE_FAILED, SMOKE_STEPS, TrainerServices, fail_script
 
 
 def _framework() -> tuple[Any, Any]:
@@ -179,6 +170,7 @@ class SkygreenCallback(_Callback):
         """The restored checkpoint file, for `trainer.fit(..., ckpt_path=...)`; None on a fresh start."""
         self._start_step = 0
         self._last_commit: int | None = None
+        self._last_file: Path | None = None
         self._trainer: Any = None
         try:
             services = TrainerServices.from_env(trainer="lightning")
@@ -241,12 +233,9 @@ class SkygreenCallback(_Callback):
             RuntimeSetupError: `power.required` and the cap cannot be applied, or bad runtime
                 settings (raised through `trainer.fit()`, with a traceback).
         """
-        if self.ckpt_path and trainer.global_step == 0:
-            log.warning(
-                "a checkpoint was restored to %s, and the Trainer starts from step 0: pass "
-                "ckpt_path=callback.ckpt_path to trainer.fit()",
-                self.ckpt_path,
-            )
+        self.services.warn_if_not_resumed(
+            self.ckpt_path, step=trainer.global_step, argument="ckpt_path=callback.ckpt_path to trainer.fit()"
+        )
         self._start_step = trainer.global_step
         self.services.start(
             step=trainer.global_step,
@@ -273,19 +262,14 @@ class SkygreenCallback(_Callback):
         """
         services = self.services
         step = trainer.global_step
-        services.step_done(step=step, samples=self._samples(trainer))
-        if services.smoke and step - self._start_step >= SMOKE_STEPS:
+        verdict = services.after_step(step=step, samples=self._samples(trainer), start_step=self._start_step)
+        if services.smoke and verdict.stop:
             self._smoke_check(trainer)
-        if services.notice_pending():
-            log.warning("preemption notice: saving a checkpoint now")
+        if verdict.save:
             self._save(trainer)
-        if services.stop_reason == PREEMPTED:
-            self._save(trainer)
-            services.close(step=step, samples=self._samples(trainer))
-            log.warning("SIGTERM: checkpoint of step %d committed; exiting for the restart", step)
-            raise SystemExit(PREEMPTED_EXIT_CODE)
-        if services.stop_reason == BUDGET:
-            self._save(trainer)
+        if verdict.exit_preempted:
+            services.exit_preempted(step=step, samples=self._samples(trainer))
+        if verdict.stop:
             trainer.should_stop = True
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -365,7 +349,7 @@ class SkygreenCallback(_Callback):
                 if services.smoke:
                     fail_script(e, smoke=True, phase="save")
                 raise
-        self._last_commit = step
+        self._last_commit, self._last_file = step, Path(file)
         services.hold_if_asked(step)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -390,41 +374,33 @@ class SkygreenCallback(_Callback):
         return int(trainer.global_step * batch * trainer.accumulate_grad_batches * max(trainer.world_size, 1))
 
     def _smoke_check(self, trainer: Any) -> NoReturn:
-        """Save, restore the commit into a scratch folder, compare the bytes, print the smoke line, exit."""
-        from skygreen.checkpoint.folders import restore_latest
+        """Save, restore the commit into a scratch folder and check it; print the smoke line and exit.
 
-        services = self.services
+        The bytes are compared and the checkpoint is loaded as `fit(ckpt_path=...)` would.
+        """
         step = trainer.global_step
         self._save(trainer)
-        with tempfile.TemporaryDirectory(prefix="skygreen-smoke-restore-") as scratch:
-            restored = restore_latest(services.store, scratch)
-            ok = restored is not None and restored.step == step and bool(list(restored.path.glob(f"*{CKPT_SUFFIX}")))
-            if ok and restored is not None:
-                back = next(restored.path.glob(f"*{CKPT_SUFFIX}"))
-                saved = Path(self._scratch_checkpoints()) / back.name
-                ok = saved.exists() and saved.read_bytes() == back.read_bytes()
-                if ok:
-                    self._loads(trainer, back)
-        services.close(step=step)
-        if not ok:
-            _smoke_exit(f"{SMOKE_FAILED} load: the checkpoint did not come back identical")
-        print(f"{SMOKE_LINE}: Lightning: {SMOKE_STEPS} steps, checkpoint of step {step} committed and restored",
-              flush=True)  # fmt: skip
-        raise SystemExit(0)
+        saved = self._last_file if self._last_commit == step else None
+        self.services.smoke_round_trip(
+            {saved.name: saved} if saved is not None else {},
+            step=step,
+            line=f"Lightning: {SMOKE_STEPS} steps, checkpoint of step {step}",
+            loads=lambda folder: self._loads(trainer, next(folder.glob(f"*{CKPT_SUFFIX}"))),
+        )
 
-    def _scratch_checkpoints(self) -> str:
-        dirpath = next((c.dirpath for c in self._trainer.checkpoint_callbacks if c.dirpath), None)
-        return str(dirpath or Path(self._trainer.default_root_dir) / "checkpoints")
+    def _loads(self, trainer: Any, file: Path) -> str | None:
+        """What differs when the restored checkpoint loads as `fit(ckpt_path=...)` would; None if nothing.
 
-    def _loads(self, trainer: Any, file: Path) -> None:
-        """The restored checkpoint loads as `fit(ckpt_path=...)` would read it, weights equal to the module's."""
+        The weights it holds must equal the module's.
+        """
         import torch
 
         state = trainer.strategy.checkpoint_io.load_checkpoint(file)
         module_state = trainer.lightning_module.state_dict()
         for name, tensor in state["state_dict"].items():
             if not torch.equal(tensor, module_state[name].detach().cpu()):
-                _smoke_exit(f"{SMOKE_FAILED} load: {name} differs after the round trip")
+                return f"{name} differs after the round trip"
+        return None
 
 
 def check_precision(task_precision: str, trainer_precision: str) -> None:

@@ -17,6 +17,10 @@ drives, and only ever talk to `TrainerServices`:
 - the cloud's preemption notice and SIGTERM (`RunServices.preemption`);
 - early stopping on evaluation metrics (`RunServices.stopper`).
 
+What each framework's callback does with these is the same, so it is decided here: after each
+step (`after_step`: save, stop, or exit after SIGTERM), the preempted exit (`exit_preempted`)
+and the smoke test's round trip (`smoke_round_trip`); the callbacks only translate.
+
 torch is imported when the parts are opened (`start`), not with this module.
 """
 
@@ -31,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from skygreen.checkpoint.folders import RestoredFolder, commit_and_retain, restore_latest
+from skygreen.checkpoint.folders import RestoredFolder, commit_and_retain, folder_files, restore_latest
 from skygreen.checkpoint.store import Store
 from skygreen.errors import RuntimeSetupError, SkygreenError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
@@ -58,9 +62,22 @@ __all__ = [
     "SMOKE_FAILED",
     "SMOKE_LINE",
     "SMOKE_STEPS",
+    "StepVerdict",
     "TrainerServices",
     "fail_script",
 ]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepVerdict:
+    """What a trainer does after an optimizer step, whatever the framework's words for it."""
+
+    save: bool = False
+    """Save a checkpoint now (a preemption notice, or any stop below)."""
+    stop: bool = False
+    """Stop training after that save (budget, early stopping, SIGTERM, the smoke test's bound)."""
+    exit_preempted: bool = False
+    """SIGTERM: once the save is committed, exit with `PREEMPTED_EXIT_CODE` (`exit_preempted`)."""
 
 
 @dataclass(kw_only=True)
@@ -209,6 +226,14 @@ class TrainerServices:
 
     # -- the run's life --------------------------------------------------------------------
 
+    def warn_if_not_resumed(self, restored: str | None, *, step: int, argument: str) -> None:
+        """A checkpoint was restored and the framework still starts at step 0: the script does
+        not hand the restored checkpoint to the framework (`argument` names how)."""
+        if restored and step == 0:
+            log.warning(
+                "a checkpoint was restored to %s, and the Trainer starts from step 0: pass %s", restored, argument
+            )
+
     def start(self, *, step: int, samples: int = 0, total_steps: int | None = None, device: Any = None) -> None:
         """Before the first step: open the runtime's parts on `device` (CPU when None), start the
         power cap, the ledger segment and the preemption watch."""
@@ -251,6 +276,57 @@ class TrainerServices:
                 self.stop_reason = BUDGET
         if parts.preemption.sigterm and self.stop_reason is None:
             self.stop_reason = PREEMPTED
+
+    def after_step(self, *, step: int, samples: int = 0, start_step: int = 0) -> StepVerdict:
+        """After each optimizer step: power and budget (`step_done`), then what the trainer must
+        do: save for a preemption notice; save and stop for a budget, an early stop or the
+        smoke test's bound (`SMOKE_STEPS` after `start_step`); save and exit after SIGTERM."""
+        self.step_done(step=step, samples=samples)
+        notice = self.notice_pending()
+        if notice:
+            log.warning("preemption notice: saving a checkpoint now")
+        smoke_done = self.smoke and step - start_step >= SMOKE_STEPS
+        stop = self.stop_reason is not None or smoke_done
+        return StepVerdict(save=notice or stop, stop=stop, exit_preempted=self.stop_reason == PREEMPTED)
+
+    def exit_preempted(self, *, step: int, samples: int = 0) -> NoReturn:
+        """After SIGTERM, once the checkpoint of `step` is committed: close the ledger segment as
+        preempted and exit with the code SkyPilot's recovery restarts."""
+        self.stop_reason = PREEMPTED
+        self.close(step=step, samples=samples)
+        log.warning("SIGTERM: checkpoint of step %d committed; exiting for the restart", step)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    def smoke_round_trip(
+        self,
+        saved: Mapping[str, Path],
+        *,
+        step: int,
+        line: str,
+        loads: Callable[[Path], str | None] | None = None,
+    ) -> NoReturn:
+        """The smoke test's end: restore the newest commit into a scratch folder, compare it file
+        by file with what the trainer saved, print the smoke line and exit 0 (1 on a mismatch).
+
+        Args:
+            saved: the committed checkpoint's files by their name inside the commit.
+            step: the step the checkpoint was saved at; the restored commit must be that one.
+            line: what follows the smoke line's prefix, naming the framework and the checkpoint.
+            loads: reads the restored folder as the framework would; returns what failed, or None.
+        """
+        with tempfile.TemporaryDirectory(prefix="skygreen-smoke-restore-") as scratch:
+            restored = restore_latest(self.store, scratch)
+            failed: str | None = "the checkpoint did not come back identical"
+            if restored is not None and restored.step == step:
+                back = dict(folder_files(restored.path))
+                if back.keys() == saved.keys() and all(back[n].read_bytes() == saved[n].read_bytes() for n in saved):
+                    failed = loads(restored.path) if loads is not None else None
+        self.close(step=step)
+        if failed is not None:
+            print(f"{SMOKE_FAILED} load: {failed}", flush=True)
+            raise SystemExit(1)
+        print(f"{SMOKE_LINE}: {line} committed and restored", flush=True)
+        raise SystemExit(0)
 
     def notice_pending(self) -> bool:
         """A preemption notice arrived since the last look (each notice counts once)."""

@@ -25,28 +25,28 @@ What the callback does, started by `skygreen up` (or `up --local`):
   builds its mixed precision before any callback runs, so a mismatch is an error naming the fix;
 - under the smoke test (`SKYGREEN_SMOKE=1`) the Trainer saves into a scratch folder, trains
   two steps, commits, restores and compares the checkpoint, prints the smoke line and exits 0.
+
+Resumes are bit-identical on CPU in fp32, dropout included: mid-epoch, the Trainer skips the
+trained batches, fetches the next one and only then reloads the checkpoint's `rng_state.pth`,
+right before the first resumed forward pass (transformers 5.17, `Trainer._run_epoch`:
+`rng_to_sync` and `_load_rng_state` after `get_batch_samples`), so the dropout masks match.
+One case is not: a restart from the checkpoint of `max_steps` itself (a VM lost after its last
+commit, before the script's own end) trains one step more, because `_run_epoch` looks at
+`should_training_stop` only after a step, and a callback cannot stop the Trainer before it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from skygreen.checkpoint.folders import folder_files
 from skygreen.errors import SkygreenError
-from skygreen.integrations.services import (
-    PREEMPTED,
-    PREEMPTED_EXIT_CODE,
-    SMOKE_FAILED,
-    SMOKE_LINE,
-    SMOKE_STEPS,
-    TrainerServices,
-    fail_script,
-)
+from skygreen.integrations.services import PREEMPTED, SMOKE_STEPS, TrainerServices, fail_script
 
 log = logging.getLogger("skygreen.integrations")
 
@@ -134,12 +134,11 @@ class SkygreenCallback(TrainerCallback):
                 settings (raised through `trainer.train()`, with a traceback).
         """
         services = self._services()
-        if self.resume_from_checkpoint and state.global_step == 0:
-            log.warning(
-                "a checkpoint was restored to %s, and the Trainer starts from step 0: pass "
-                "resume_from_checkpoint=callback.resume_from_checkpoint to trainer.train()",
-                self.resume_from_checkpoint,
-            )
+        services.warn_if_not_resumed(
+            self.resume_from_checkpoint,
+            step=state.global_step,
+            argument="resume_from_checkpoint=callback.resume_from_checkpoint to trainer.train()",
+        )
         self._start_step = state.global_step
         services.start(
             step=state.global_step,
@@ -166,16 +165,10 @@ class SkygreenCallback(TrainerCallback):
             `control`, with `should_save` (and `should_training_stop`) set when needed.
         """
         services = self._services()
-        services.step_done(step=state.global_step, samples=_samples(args, state.global_step))
-        if services.notice_pending():
-            log.warning("preemption notice: saving a checkpoint now")
-            control.should_save = True
-        if services.stop_reason is not None:
-            control.should_save = True
-            control.should_training_stop = True
-        if services.smoke and state.global_step - self._start_step >= SMOKE_STEPS:
-            control.should_save = True
-            control.should_training_stop = True
+        step = state.global_step
+        verdict = services.after_step(step=step, samples=_samples(args, step), start_step=self._start_step)
+        control.should_save = control.should_save or verdict.save
+        control.should_training_stop = control.should_training_stop or verdict.stop
         return control
 
     def on_evaluate(
@@ -233,14 +226,13 @@ class SkygreenCallback(TrainerCallback):
                     fail_script(e, smoke=True, phase="save")
                 raise
         if services.smoke:
-            self._smoke_check(services, folder)
+            saved = dict(folder_files(folder))
+            services.smoke_round_trip(
+                saved, step=state.global_step, line=f"HF Trainer: {SMOKE_STEPS} steps, {folder.name}"
+            )
         services.hold_if_asked(state.global_step)
-        if services.sigterm:
-            services.stop_reason = PREEMPTED
-        if services.stop_reason == PREEMPTED:
-            services.close(step=state.global_step, samples=_samples(args, state.global_step))
-            log.warning("SIGTERM: checkpoint of step %d committed; exiting for the restart", state.global_step)
-            raise SystemExit(PREEMPTED_EXIT_CODE)
+        if services.sigterm or services.stop_reason == PREEMPTED:
+            services.exit_preempted(step=state.global_step, samples=_samples(args, state.global_step))
         return control
 
     def on_train_end(
@@ -263,7 +255,7 @@ class SkygreenCallback(TrainerCallback):
         services = self._services()
         services.close(step=state.global_step, samples=_samples(args, state.global_step))
         if services.smoke:
-            raise SystemExit(1)  # `_smoke_check` exits 0 once the round trip passed; no save came
+            raise SystemExit(1)  # `smoke_round_trip` exits 0 once the round trip passed; no save came
         return control
 
     # -- helpers ---------------------------------------------------------------------------
@@ -272,23 +264,6 @@ class SkygreenCallback(TrainerCallback):
         if self.services is None:
             raise RuntimeError("SkygreenCallback: pass it to Trainer(callbacks=[...]) so it sees on_init_end")
         return self.services
-
-    def _smoke_check(self, services: TrainerServices, folder: Path) -> NoReturn:
-        """Restore the commit into a scratch folder, compare every file, print the smoke line, exit."""
-        from skygreen.checkpoint.folders import folder_files, restore_latest
-
-        with tempfile.TemporaryDirectory(prefix="skygreen-smoke-restore-") as scratch:
-            restored = restore_latest(services.store, scratch)
-            ok = restored is not None and [(r, p.read_bytes()) for r, p in folder_files(restored.path)] == [
-                (r, p.read_bytes()) for r, p in folder_files(folder)
-            ]
-        step = restored.step if restored else None
-        services.close(step=step or 0)
-        if not ok:
-            print(f"{SMOKE_FAILED} load: the checkpoint folder did not come back identical", flush=True)
-            raise SystemExit(1)
-        print(f"{SMOKE_LINE}: HF Trainer: {SMOKE_STEPS} steps, checkpoint-{step} committed and restored", flush=True)
-        raise SystemExit(0)
 
 
 def check_precision(task_precision: str, args: TrainingArguments) -> None:
