@@ -2,7 +2,9 @@
 
 The store operations on a real local store and on S3 (moto), then two real `Checkpointer`s of
 the same run in one process: the older one, finding a newer launch's lease, commits nothing,
-deletes nothing and exits with the superseded code after one line that says why.
+deletes nothing and exits with the superseded code after one line that says why. An older life
+held after its lease check uploads beside the newer life's blobs, never over them, for full
+checkpoints and for sharded (DCP) ones alike.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from skygreen.checkpoint.lease import (
     read_lease,
     take_lease,
 )
-from skygreen.checkpoint.manifest import committed_steps
+from skygreen.checkpoint.manifest import base_blob_name, committed_steps
 from skygreen.checkpoint.retention import apply_retention
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import SUPERSEDED
 from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.runtime.sharded import ShardedCheckpointer
 from skygreen.settings import env_names
 
 
@@ -216,3 +219,83 @@ def test_checkpoints_of_lives_with_and_without_a_launch_read_each_other_and_rank
     assert [each.step for each in loaded] == [6, 6] and [each.rank_state["rank"] for each in loaded] == [0, 1]
     assert set(loaded[0].manifest.blobs) == {f"shared.{ranks[0].life}.pt", f"rank00000.{ranks[0].life}.pt",
                                              f"rank00001.{ranks[1].life}.pt"}  # fmt: skip
+
+
+def sharded_state(scale: float) -> dict:
+    return {
+        "model": {"w": torch.arange(12.0).reshape(3, 4) * scale, "b": torch.ones(4) * scale},
+        "progress": {"step": int(scale)},
+    }
+
+
+def sharded(url: str, **kwargs) -> ShardedCheckpointer:
+    return ShardedCheckpointer(url, template=lambda: sharded_state(0.0), environ={}, **kwargs)
+
+
+SHARDED_BASES = {"dcp.metadata", "dcp__0_0.distcp", "shared.pt", "rank00000.pt"}
+
+
+def test_an_older_sharded_life_that_passed_its_check_uploads_beside_the_newer_lifes_shard_files(url, caplog):
+    old = sharded(url, keep=3, launch=1)
+    assert old.load_latest() is None
+    old.save(10, sharded_state(1.0))
+    old.wait()
+    gate = GatedUploads(old.store, 20)
+    old.store = gate  # the same bucket, its uploads of step 20 held
+    old.save(20, sharded_state(99.0))  # stages its DCP files, passes its lease check, then stalls uploading
+    assert gate.reached.wait(120), "the older life never started uploading step 20"
+
+    new = sharded(url, keep=3, launch=2)
+    assert new.load_latest().step == 10  # takes the lease
+    new.save(20, sharded_state(2.0))  # the same step, as a relaunch redoes it
+    new.wait()
+    caplog.set_level(logging.ERROR, logger="skygreen.checkpoint")
+    gate.release()
+    with pytest.raises(SystemExit) as stopped:
+        old.wait()  # uploaded every file, then found the newer lease before its manifest
+    assert stopped.value.code == SUPERSEDED
+    uploaded = {key.rsplit("/", 1)[1] for key in gate.uploaded}
+    assert {base_blob_name(name) for name in uploaded} == SHARDED_BASES  # the same files as the newer life's
+
+    names = {key.rsplit("/", 1)[1] for key in open_store(url).list("ckpt/000000000020/")}
+    assert uploaded <= names  # beside the newer life's files
+    loaded = sharded(url).load_latest()
+    assert loaded is not None and loaded.step == 20  # the newer life's commit still verifies
+    assert torch.equal(loaded.state["model"]["w"], sharded_state(2.0)["model"]["w"])
+    assert loaded.state["progress"] == {"step": 2}
+    assert {base_blob_name(name) for name in loaded.manifest.blobs} == SHARDED_BASES
+    assert all(new.life in name for name in loaded.manifest.blobs)  # it lists its own life's files only
+    assert not uploaded & set(loaded.manifest.blobs)
+    assert set(loaded.fetched or ()) == set(loaded.manifest.blobs)  # one rank: it reads every file
+
+
+def test_sharded_checkpoints_of_lives_with_and_without_a_launch_read_each_other(tmp_path):
+    url = str(tmp_path / "run")
+    with sharded(url) as plain:  # written before shard files were named after their life
+        plain.save(5, sharded_state(5.0))
+    assert {key.rsplit("/", 1)[1] for key in open_store(url).list("ckpt/000000000005/")} == SHARDED_BASES | {
+        "rank00000.json",
+        "manifest.json",
+    }
+    life = sharded(url, launch=3)
+    loaded = life.load_latest()  # a launched life reads the plain names
+    assert loaded is not None and loaded.step == 5 and set(loaded.fetched or ()) == SHARDED_BASES
+    assert torch.equal(loaded.state["model"]["w"], sharded_state(5.0)["model"]["w"])
+    life.save(6, sharded_state(6.0), rank_state={"rank": 0})
+    life.close()
+    assert life.life is not None and life.life.startswith("l3-")
+
+    names = {key.rsplit("/", 1)[1] for key in open_store(url).list("ckpt/000000000006/")}
+    tag = life.life
+    assert names == {
+        f"dcp.{tag}.metadata",
+        f"dcp__0_0.{tag}.distcp",
+        f"shared.{tag}.pt",
+        f"rank00000.{tag}.pt",
+        "rank00000.l3.json",
+        "manifest.json",
+    }
+    again = sharded(url).load_latest()  # and a reader without a launch reads the life's names
+    assert again is not None and again.step == 6 and again.rank_state == {"rank": 0}
+    assert torch.equal(again.state["model"]["b"], sharded_state(6.0)["model"]["b"])
+    assert set(again.fetched or ()) == set(again.manifest.blobs) == names - {"rank00000.l3.json", "manifest.json"}

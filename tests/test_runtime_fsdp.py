@@ -36,6 +36,7 @@ import torch
 from faultproxy import FaultProxy
 from skygreen.checkpoint.manifest import committed_steps, manifest_key, read_manifest
 from skygreen.checkpoint.store_factory import open_store
+from skygreen.runtime.sharded import blobs_by_base
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "fsdp_train.py"
@@ -133,20 +134,23 @@ def test_accumulation_reduce_scatters_once_per_step_and_clipping_sees_the_global
 
 
 def test_kill_9_during_an_async_save_leaves_no_commit_and_resumes_bit_identical(tmp_path, reference):
+    """Launched as skygreen launches it (`SKYGREEN_LAUNCH` 1, then 2 for the resume): every rank's
+    files carry its life's name, and the next launch's ranks each find and read their own."""
     bucket, out, held = str(tmp_path / "bucket"), tmp_path / "out", tmp_path / "held"
-    proc = launch(2, bucket, "victim", out, SKYGREEN_TEST_HOLD_UPLOAD=f"4:0,1:{held}")
+    proc = launch(2, bucket, "victim", out, SKYGREEN_LAUNCH="1", SKYGREEN_TEST_HOLD_UPLOAD=f"4:0,1:{held}")
     markers = [held / "upload-4-rank0", held / "upload-4-rank1"]
     wait_for(proc, lambda: all(m.exists() for m in markers), "both ranks were inside the upload of step 4")
     kill_all(proc)
     store = open_store(f"{bucket}/victim")
     assert committed_steps(store) == [2]
     assert not store.exists(manifest_key(4)) and store.list("ckpt/000000000004/")  # files up, no commit
-    resumed = finish(launch(2, bucket, "victim", out))
+    resumed = finish(launch(2, bucket, "victim", out, SKYGREEN_LAUNCH="2"))
     assert "resumed run victim at step 2" in resumed
     assert_same_as(reference, out)
     manifest = read_manifest(store, max(committed_steps(store)))
     assert manifest.layout == "sharded-dcp" and manifest.world_size == 2 and manifest.meta["state"] == "completed"
-    assert {"dcp.metadata", "dcp__0_0.distcp", "dcp__1_0.distcp", "shared.pt"} <= set(manifest.blobs)
+    assert {"dcp.metadata", "dcp__0_0.distcp", "dcp__1_0.distcp", "shared.pt"} <= set(blobs_by_base(manifest))
+    assert all(".l2-" in name for name in manifest.blobs)  # written by launch 2's ranks, each under its own name
     assert not store.list("ckpt/000000000004/") or store.exists(manifest_key(4))  # the leftovers were cleared
     # the changeover of the sharded restore, in the ledger: rank 0's time and the bytes it fetched
     segments = sorted(
@@ -156,8 +160,10 @@ def test_kill_9_during_an_async_save_leaves_no_commit_and_resumes_bit_identical(
     assert [s["start_step"] for s in segments] == [0, 2]
     assert segments[0]["restore_bytes"] is None and segments[0]["restore_s"] is None  # started fresh
     restored = read_manifest(store, 2)
+    names = blobs_by_base(restored)
+    assert all(".l1-" in name for name in restored.blobs)  # launch 1's files, read by launch 2
     own = ("dcp.metadata", "shared.pt", "rank00000.pt", "dcp__0_0.distcp")
-    assert segments[1]["restore_bytes"] == sum(restored.blobs[name].size for name in own)
+    assert segments[1]["restore_bytes"] == sum(restored.blobs[names[name]].size for name in own)
     assert segments[1]["restore_bytes"] < sum(b.size for b in restored.blobs.values())  # not rank 1's files
     assert segments[1]["restore_s"] > 0
 

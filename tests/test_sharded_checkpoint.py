@@ -216,3 +216,27 @@ def test_the_load_plan_names_the_files_a_rank_reads_and_the_reader_refuses_any_o
     assert torch.equal(into["model.w"], torch.zeros(3, 4))  # nothing was read
     dcp.load(into, storage_reader=VerifiedReader(folder, verified={"__0_0.distcp"}), no_dist=True)
     assert torch.equal(into["model.w"], state(2.0)["model"]["w"])
+
+
+def test_a_manifest_naming_one_shard_file_twice_or_a_path_is_skipped(tmp_path, caplog):
+    """Each blob is read under its base name (the life tag taken out): a manifest that lists two
+    files for one blob, or a name that is no file name, cannot say which to read, and is skipped."""
+    url = str(tmp_path)
+    ck = ShardedCheckpointer(url, template=lambda: state(0.0), environ={LAUNCH_ENV: "1"})
+    ck.save(1, state(1.0))
+    ck.save(2, state(2.0))
+    ck.save(3, state(3.0))
+    ck.close()
+    assert ck.life is not None
+    shard = f"dcp__0_0.{ck.life}.distcp"
+    for step, extra in ((3, "dcp__0_0.distcp"), (2, "../dcp__0_0.distcp")):
+        old = read_manifest(ck.store, step)
+        blobs = dict(old.blobs, **{extra: old.blobs[shard]})
+        forged = Manifest(step=step, created_at=old.created_at, blobs=blobs, layout=old.layout, meta=old.meta)
+        ck.store.put(manifest_key(step), forged.dumps())
+    with caplog.at_level(logging.WARNING, logger="skygreen.checkpoint"):
+        loaded = checkpointer(url, state(0.0)).load_latest()
+    assert loaded is not None and loaded.step == 1
+    assert torch.equal(loaded.state["model"]["w"], state(1.0)["model"]["w"])
+    assert f"lists dcp__0_0.distcp twice (dcp__0_0.distcp, {shard})" in caplog.text
+    assert "blob name '../dcp__0_0.distcp' is not a file name" in caplog.text

@@ -10,7 +10,8 @@ Layout under a run's URL (`<bucket>/<run_id>/`):
     ckpt/<step:012d>/manifest.json       the commit, written last by rank 0
 
 A life launched by skygreen (`SKYGREEN_LAUNCH`, `skygreen.checkpoint.lease`) names its blobs
-after itself, `shared.<life>.pt` and `rank<r:05d>.<life>.pt` with `<life>` = `l<launch>-<8 hex>`
+after itself, `shared.<life>.pt` and `rank<r:05d>.<life>.pt` (a sharded checkpoint's DCP files
+too: `dcp.<life>.metadata`, `dcp__<r>_<i>.<life>.distcp`) with `<life>` = `l<launch>-<8 hex>`
 new in each process, and its notes after its launch, `rank<r:05d>.l<launch>.json`. Two lives
 of a run then never write the same key: an older life that passed its lease check just before
 a newer one took over can still upload, but only beside the newer life's blobs, never over them,
@@ -110,6 +111,16 @@ def life_blob_name(base: str, life: str | None) -> str:
         return base
     stem, dot, suffix = base.rpartition(".")
     return f"{stem}.{life}.{suffix}" if dot else f"{base}.{life}"
+
+
+_LIFE_NAME = re.compile(r"(?P<stem>.+)\.l\d+-[0-9a-f]+(?P<suffix>\.[^.]+)?\Z")
+
+
+def base_blob_name(name: str) -> str:
+    """The blob a file name stands for, its life tag taken out (`life_blob_name` undone):
+    `dcp__1_0.l3-1a2b3c4d.distcp` -> `dcp__1_0.distcp`; a plain name is its own base."""
+    match = _LIFE_NAME.match(name)
+    return match.group("stem") + (match.group("suffix") or "") if match else name
 
 
 def find_blob(blobs: Mapping[str, Any], base: str) -> str | None:

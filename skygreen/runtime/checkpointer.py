@@ -46,7 +46,6 @@ from skygreen.checkpoint.manifest import (
     find_blob,
     iter_manifests,
     life_blob_name,
-    life_tag,
     rank_blob_name,
 )
 from skygreen.checkpoint.prefetch import prefetch_dir, take_prefetched
@@ -138,9 +137,6 @@ class Checkpointer(CommitProtocol):
         self.prefetched = prefetch_dir(url)  # setup's background download; verified before use
         self._load_errors: dict[int, str] = {}
         """Why each checkpoint skipped while loading did not load."""
-        self.life = life_tag(self.launch) if self.launch is not None else None
-        """The name this process gives its blobs (`skygreen.checkpoint.manifest.life_tag`), so no
-        other life of the run ever writes over them; None: plain names."""
 
     # -- saving -------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from skygreen.checkpoint.manifest import (
     blob_key,
     committed_steps,
     delete_step,
+    life_tag,
     manifest_key,
     rank_note_name,
     step_folders,
@@ -135,6 +136,9 @@ class CommitProtocol:
         self.tmp_dir = tmp_dir
         self.launch = launch
         """This life's launch number (`SKYGREEN_LAUNCH`); None: no writer lease is taken."""
+        self.life = life_tag(launch) if launch is not None else None
+        """The name this process gives its blobs (`skygreen.checkpoint.manifest.life_tag`), so no
+        other life of the run ever writes over them; None: plain names."""
         self._lease: Lease | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

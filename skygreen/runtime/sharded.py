@@ -52,6 +52,15 @@ Layout (file names have no slash, like every step folder's):
     ckpt/<step:012d>/rank<r:05d>.pt          rank r's own state (RNG)
     ckpt/<step:012d>/rank<r:05d>.json        rank r's note
     ckpt/<step:012d>/manifest.json           the commit (rank 0, last)
+
+A life launched by skygreen (`SKYGREEN_LAUNCH`) uploads each of these files under its own
+name, as the full checkpointer does (`skygreen.checkpoint.manifest.life_blob_name`):
+`dcp.<life>.metadata`, `dcp__<r>_<i>.<life>.distcp`, `shared.<life>.pt`, `rank<r:05d>.<life>.pt`,
+notes `rank<r:05d>.l<launch>.json`, and rank 0 checks the writer lease before any upload. An
+older life that passed that check just before a newer one took over uploads beside the newer
+life's shard files, never over them, and the manifest lists only its own life's files. A rank
+downloads each file under its base name (the life tag taken out, `blobs_by_base`), so DCP reads
+its own names; checkpoints written without a launch keep the plain names and load as before.
 """
 
 from __future__ import annotations
@@ -76,9 +85,11 @@ from skygreen.checkpoint.manifest import (
     STATE_KIND,
     BlobInfo,
     Manifest,
+    base_blob_name,
     blob_key,
     file_info,
     iter_manifests,
+    life_blob_name,
     rank_blob_name,
 )
 from skygreen.checkpoint.ranged import fetch_verified
@@ -158,6 +169,25 @@ def open_sharded_checkpointer(
         metric_mode=settings.early_stop.mode if settings.early_stop else "min",
         environ=environ,
     )
+
+
+def blobs_by_base(manifest: Manifest) -> dict[str, str]:
+    """Each blob of `manifest` by its base name (`base_blob_name`: the life tag taken out), the
+    name it is read and stored locally under: `dcp__1_0.distcp` -> `dcp__1_0.l3-1a2b3c4d.distcp`.
+
+    Raises:
+        CheckpointError: a name that is no plain file name, or two names of one blob (a manifest
+            lists only its own life's blobs, one of each).
+    """
+    names: dict[str, str] = {}
+    for name in sorted(manifest.blobs):
+        base = base_blob_name(name)
+        if "/" in name or "\\" in name or base in ("", ".", "..") or base == DCP_PREFIX:
+            raise CheckpointError(f"{manifest.label}: blob name {name!r} is not a file name")
+        if base in names:
+            raise CheckpointError(f"{manifest.label}: lists {base} twice ({names[base]}, {name})")
+        names[base] = name
+    return names
 
 
 # ---------------------------------------------------------------------------------------
@@ -367,10 +397,9 @@ class ShardedCheckpointer(CommitProtocol):
             writer = dcp.FileSystemWriter(stage, sync_files=False)
             dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
             del staged
-            files = {DCP_PREFIX + p.name: p for p in sorted(stage.iterdir()) if p.is_file()}
-            files[rank_blob_name(self.rank)] = torch_save_to(own, Path(tmp) / rank_blob_name(self.rank))
-            if self.rank == 0:
-                files[SHARED_BLOB] = torch_save_to(skeleton, Path(tmp) / SHARED_BLOB)
+            # rank 0, after DCP's collectives (no rank waits on it): a superseded life uploads nothing
+            self._fence()
+            files = self._life_named(stage, own, skeleton, Path(tmp))
             blobs = self._upload_all(step, files)
             if self.hold is not None:
                 self.hold.wait_if_due(step, self.rank)
@@ -389,6 +418,18 @@ class ShardedCheckpointer(CommitProtocol):
             meta=meta,
         )
         self._commit(manifest, started, what="sharded checkpoint")
+
+    def _life_named(self, stage: Path, own: dict, skeleton: Any, tmp: Path) -> dict[str, Path]:
+        """This rank's files by the blob name they are uploaded under: DCP's staged files
+        (`dcp` + DCP's name), its own state and, on rank 0, the shared state, each named after
+        this life (`life_blob_name`), so no other life of the run ever uploads over them."""
+        files = {life_blob_name(DCP_PREFIX + p.name, self.life): p for p in sorted(stage.iterdir()) if p.is_file()}
+        own_name = life_blob_name(rank_blob_name(self.rank), self.life)
+        files[own_name] = torch_save_to(own, tmp / own_name)
+        if self.rank == 0:
+            shared_name = life_blob_name(SHARED_BLOB, self.life)
+            files[shared_name] = torch_save_to(skeleton, tmp / shared_name)
+        return files
 
     def _upload_all(self, step: int, files: Mapping[str, Path]) -> dict[str, BlobInfo]:
         """Hash and upload this rank's files, several at once; their sizes and sha256s."""
@@ -455,29 +496,35 @@ class ShardedCheckpointer(CommitProtocol):
 
         First `dcp.metadata`, `shared.pt` and this rank's own blob, read only once verified (the
         metadata through the restricted unpickler); then the shard files that DCP's plan for
-        this rank's tensors reads, each checked against its size and sha256 as it lands."""
+        this rank's tensors reads, each checked against its size and sha256 as it lands. Blobs
+        are looked up by their base name (a life's own name or the plain one) and land under it,
+        DCP's files in the folder DCP reads, under DCP's own names."""
         if manifest.kind != STATE_KIND:
             return f"a {manifest.kind} checkpoint (a trainer's files), not the runtime's own state"
         if manifest.layout != LAYOUT:
             return f"written by a DDP run (layout {manifest.layout!r}), not sharded"
+        try:
+            names = blobs_by_base(manifest)
+        except CheckpointError as e:
+            return str(e)
         metadata_name = DCP_PREFIX + ".metadata"
         own_name = rank_blob_name(self.rank)
-        common = [n for n in (metadata_name, SHARED_BLOB) if n not in manifest.blobs]
+        common = [n for n in (metadata_name, SHARED_BLOB) if n not in names]
         if common:
             return f"{', '.join(common)} not in the manifest"
         self._download = tempfile.TemporaryDirectory(prefix="skygreen-dcp-load-", dir=self.tmp_dir)
         folder = Path(self._download.name)
         (folder / DCP_PREFIX).mkdir()
         self.last_fetched = ()
-        first = [metadata_name, SHARED_BLOB] + ([own_name] if own_name in manifest.blobs else [])
-        problem = self._fetch_blobs(manifest, first, folder)
+        first = [metadata_name, SHARED_BLOB] + ([own_name] if own_name in names else [])
+        problem = self._fetch_blobs(manifest, names, first, folder)
         if problem:
             return problem
         try:
-            metadata = read_dcp_metadata((folder / DCP_PREFIX / ".metadata").read_bytes(), where=metadata_name)
-            skeleton = torch_load_verified(folder / SHARED_BLOB, manifest, SHARED_BLOB)
+            metadata = read_dcp_metadata((folder / DCP_PREFIX / ".metadata").read_bytes(), where=names[metadata_name])
+            skeleton = torch_load_verified(folder / SHARED_BLOB, manifest, names[SHARED_BLOB])
             own_path = folder / own_name
-            rank_state = torch_load_verified(own_path, manifest, own_name) if own_path.exists() else None
+            rank_state = torch_load_verified(own_path, manifest, names[own_name]) if own_path.exists() else None
             wanted = placeholders(skeleton)
             missing = sorted(set(wanted) - set(targets))
             if missing:
@@ -488,10 +535,10 @@ class ShardedCheckpointer(CommitProtocol):
         except CheckpointError as e:
             return str(e)
         shards = sorted(DCP_PREFIX + f for f in files)
-        unlisted = [n for n in shards if n not in manifest.blobs]
+        unlisted = [n for n in shards if n not in names]
         if unlisted:
             return f"{', '.join(unlisted)} not in the manifest"
-        problem = self._fetch_blobs(manifest, shards, folder)
+        problem = self._fetch_blobs(manifest, names, shards, folder)
         if problem:
             return problem
         log.info(
@@ -499,16 +546,18 @@ class ShardedCheckpointer(CommitProtocol):
             manifest.label,
             self.rank,
             len(shards),
-            sum(1 for n in manifest.blobs if n.startswith(DCP_PREFIX + "__")),
+            sum(1 for n in names if n.startswith(DCP_PREFIX + "__")),
         )
         self._fetched = _Fetched(skeleton=skeleton, rank_state=rank_state, into=into, files=frozenset(files))
         return None
 
-    def _fetch_blobs(self, manifest: Manifest, names: list[str], folder: Path) -> str | None:
-        """Download `names` of `manifest` into `folder`, several at once, each verified; the problems."""
+    def _fetch_blobs(self, manifest: Manifest, names: Mapping[str, str], bases: list[str], folder: Path) -> str | None:
+        """Download the blobs `bases` of `manifest` (stored as `names[base]`) into `folder` under
+        their base names, several at once, each verified; the problems."""
 
-        def one(name: str) -> str | None:
-            local = folder / DCP_PREFIX / name[len(DCP_PREFIX) :] if name.startswith(DCP_PREFIX) else folder / name
+        def one(base: str) -> str | None:
+            local = folder / DCP_PREFIX / base[len(DCP_PREFIX) :] if base.startswith(DCP_PREFIX) else folder / base
+            name = names[base]
             try:
                 fetch_verified(self.store, blob_key(manifest.step, name), local, manifest.blobs[name])
             except KeyNotFoundError:
@@ -519,12 +568,12 @@ class ShardedCheckpointer(CommitProtocol):
 
         try:
             with ThreadPoolExecutor(max_workers=_UPLOAD_THREADS, thread_name_prefix="skygreen-fetch") as pool:
-                problems = [p for p in pool.map(one, names) if p]
+                problems = [p for p in pool.map(one, bases) if p]
         except TransientStoreError:
             raise
         except StoreError as e:
             return str(e)
-        self.last_fetched += tuple(names)
+        self.last_fetched += tuple(names[base] for base in bases)
         return "; ".join(problems) or None
 
     def _discard_download(self) -> None:
