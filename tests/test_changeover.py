@@ -73,7 +73,7 @@ def wait_for_step(env, run_id: str, step: int) -> dict:
 # ---------------------------------------------------------------- the setup script's stamps
 
 
-def rendered_setup(tmp_path: Path) -> tuple[str, str]:
+def rendered_setup(tmp_path: Path, bucket: str = "s3://b/runs") -> tuple[str, str]:
     """The setup script `skygreen up` renders for a task whose own setup sleeps 0.2 s, and its run id."""
     spec = parse_spec({"name": "t", "skygreen": {}, "run": "python train.py", "setup": "sleep 0.2"})
     plan = Plan(
@@ -84,7 +84,7 @@ def rendered_setup(tmp_path: Path) -> tuple[str, str]:
         ),
         objective="cost",
     )  # fmt: skip
-    settings = RuntimeSettings.from_spec(spec.green, run_id="t-20260101-000000-abcd", bucket="s3://b/runs")
+    settings = RuntimeSettings.from_spec(spec.green, run_id="t-20260101-000000-abcd", bucket=bucket)
     return render_task(spec, plan, settings=settings, task_dir=tmp_path)["setup"], settings.run_id
 
 
@@ -115,6 +115,134 @@ def test_the_rendered_setup_stamps_its_start_and_end_for_the_runtime(tmp_path):
     # A stamp from after the process started is not this process's setup: ignored.
     assert read_setup(run_id, home=home, process_started_at=before - 10) == {}
     assert read_setup("another-run", home=home, process_started_at=time.time()) == {}
+
+
+FAKE_UV = r"""
+import importlib.metadata as md, os, subprocess, sys, time
+from pathlib import Path
+from packaging.requirements import Requirement
+
+args = sys.argv[1:]
+log = Path(os.environ["FAKE_UV_LOG"])
+assert args[:2] == ["pip", "install"], args
+py = args[args.index("--python") + 1]
+names = [a for a in args[2:] if not a.startswith("--") and a != py]
+fresh = Path(subprocess.check_output([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True).strip())
+farm = fresh.parent / "installed-by-fake-uv"
+farm.mkdir(exist_ok=True)
+(fresh / "installed-by-fake-uv.pth").write_text(str(farm) + "\n")
+
+
+def link(top: Path) -> None:
+    if not (farm / top.name).exists():
+        (farm / top.name).symlink_to(top)
+
+
+def closure(name: str, seen: set) -> None:
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        return
+    key = dist.metadata["Name"].lower()
+    if key in seen:
+        return
+    seen.add(key)
+    for f in dist.files or ():
+        if f.parts[0] != ".." and f.parts[0] != "__pycache__":
+            link(Path(dist.locate_file(f.parts[0])))
+    for line in dist.requires or ():
+        r = Requirement(line)
+        if r.marker is None or r.marker.evaluate({"extra": ""}):
+            closure(r.name, seen)
+
+
+heavy = any(Requirement(n).name == "torch" for n in names if "--no-deps" not in args)
+note = ""
+if heavy:  # the rest of the runtime: held until the prefetch started before it has finished
+    before = subprocess.run([py, "-c", "import google.cloud.storage"], capture_output=True).returncode == 0
+    prefetch_log = Path(os.environ["FAKE_UV_PREFETCH_LOG"])
+    deadline = time.monotonic() + 120
+    while "prefetched" not in (prefetch_log.read_text() if prefetch_log.exists() else ""):
+        if time.monotonic() > deadline:
+            sys.exit("fake uv: the prefetch did not finish while the runtime requirements were installing")
+        time.sleep(0.05)
+    note = f" [held until the prefetch finished; google-cloud-storage importable before: {before}]"
+if "--no-deps" in args:
+    link(Path(os.environ["FAKE_UV_SKYGREEN"]))
+else:
+    seen = set()
+    for n in names:
+        closure(Requirement(n).name, seen)
+with log.open("a") as f:
+    f.write("uv " + " ".join(args) + note + "\n")
+"""
+
+
+@pytest.mark.slow
+def test_on_a_fresh_image_the_prefetch_starts_before_the_runtime_requirements_are_installed(tmp_path, s3_bucket):
+    """A fresh virtualenv without skygreen, the rendered setup script run with bash, and an
+    installer that installs for real into that virtualenv (linking the packages this checkout's
+    environment holds, as no package index is reachable from tests) and holds the install of the
+    runtime requirements until the prefetch has finished: setup must have started the prefetch
+    with only skygreen and the bucket's client installed."""
+    import torch
+
+    from skygreen.checkpoint.manifest import iter_manifests
+    from skygreen.checkpoint.prefetch import blob_info, prefetch_dir, run_url
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.runtime.checkpointer import Checkpointer
+
+    bucket = f"s3://{s3_bucket}/runs"
+    setup, run_id = rendered_setup(tmp_path, bucket=bucket)
+    url = run_url(bucket, run_id)
+    with Checkpointer(url) as ck:
+        ck.save(3, {"model": {"w": torch.randn(256, 256)}, "step": 3})
+
+    venv = tmp_path / "image"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "uv").write_text(f"#!{sys.executable}\n{FAKE_UV}")
+    (fake_bin / "uv").chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    stamps = home / ".skygreen" / "changeover"
+    env = {
+        **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
+        "PATH": f"{venv / 'bin'}:{fake_bin}:/usr/bin:/bin",
+        "HOME": str(home),
+        "SKYGREEN_BUCKET": bucket,
+        "SKYGREEN_RUN_ID": run_id,
+        "FAKE_UV_LOG": str(tmp_path / "uv.log"),
+        "FAKE_UV_PREFETCH_LOG": str(stamps / f"{run_id}.prefetch.log"),
+        "FAKE_UV_SKYGREEN": str(REPO / "skygreen"),
+    }
+    fresh = subprocess.run(
+        [venv / "bin" / "python", "-c", "import skygreen"], env=env, cwd=tmp_path, capture_output=True
+    )
+    assert fresh.returncode != 0  # the image holds no skygreen
+    done = subprocess.run(["bash", "-c", setup], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    order = (stamps / f"{run_id}.setup.log").read_text().splitlines()
+    assert order == [
+        "skygreen setup: installing boto3 for the bucket before the rest, so the prefetch can start",
+        "skygreen setup: checkpoint prefetch started in the background",
+        "skygreen setup: installing the runtime requirements",
+        "skygreen setup: runtime requirements installed",
+    ]
+    installs = (tmp_path / "uv.log").read_text().splitlines()
+    assert len(installs) == 3 and "--no-deps skygreen==" in installs[0]
+    assert installs[1].endswith("--quiet boto3>=1.28")
+    assert "torch>=2.4" in installs[2]
+    assert installs[2].endswith("[held until the prefetch finished; google-cloud-storage importable before: False]")
+    assert f"prefetch: {url}: step 3 prefetched" in (stamps / f"{run_id}.prefetch.log").read_text()
+    manifest = next(iter_manifests(open_store(url)))
+    folder = prefetch_dir(url, home=home) / "3"
+    assert {name: blob_info(folder / name) for name in manifest.blobs} == dict(manifest.blobs)
+    # After setup the image holds the whole runtime.
+    after = [venv / "bin" / "python", "-c", "import google.cloud.storage, torch, skygreen"]
+    assert subprocess.run(after, env=env, cwd=tmp_path, capture_output=True).returncode == 0
 
 
 def test_typical_changeover_is_the_median_per_cloud_and_gpu():
