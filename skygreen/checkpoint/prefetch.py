@@ -3,9 +3,10 @@
 The rendered setup script starts `python -m skygreen.runtime.prefetch` in the background as
 its first step wherever skygreen is already importable (an image that holds it, a restarted VM),
 and on a fresh image right after installing skygreen (no dependencies) and the bucket's client
-library, before the other runtime requirements; so the download overlaps the installs instead of following them (`skygreen.runtime.prefetch`
-opens the run's bucket from `SKYGREEN_BUCKET` and `SKYGREEN_RUN_ID`, which SkyPilot sets for
-setup too). `prefetch` writes each blob of the newest committed checkpoint to `prefetch_dir(url)/<step>/<name>`
+library, before the other runtime requirements: the download overlaps the installs instead of
+following them. It opens the run's bucket from `SKYGREEN_BUCKET` and `SKYGREEN_RUN_ID`, which
+SkyPilot sets for setup too. `prefetch` writes each blob of the newest committed checkpoint to
+`prefetch_dir(url)/<step>/<name>`
 (written as `.part`, big blobs in ranged parallel parts, renamed once complete and verified).
 
 Nothing here is trusted: the runtime takes a prefetched blob only after its size and sha256
