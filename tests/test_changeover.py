@@ -15,9 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from helpers import user_env, wait_for
+from skygreen.checkpoint.local_store import LocalStore
 from skygreen.launch.render import render_task
+from skygreen.ledger import read_ledger
 from skygreen.ledger.changeover import (
     Changeover,
     describe,
@@ -28,7 +31,7 @@ from skygreen.ledger.changeover import (
 from skygreen.plan.catalog import load_catalog
 from skygreen.plan.cost import DEFAULT_RESTART_S, PROVISION_S
 from skygreen.plan.rank import Candidate, Plan, make_plan
-from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
+from skygreen.runtime.hold import HOLD_ENV, HOLD_UNCOMMITTED_ENV, RELEASE_ENV
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import parse_spec, parse_spec_text
 
@@ -258,6 +261,21 @@ def test_typical_changeover_is_the_median_per_cloud_and_gpu():
     assert "restore" not in describe(rows[0]) and "first step after 100 s" in describe(rows[0])
 
 
+def test_redone_steps_reach_to_the_furthest_heartbeat_of_an_earlier_life():
+    from skygreen.ledger.changeover import redone_steps
+    from skygreen.ledger.records import Place, Segment
+
+    def life(key: str, step: int, reached: int | None) -> Segment:
+        return Segment(run_id="r", key=key, place=Place(cloud="aws", region="us-east-1"), started_at=1.0,
+                       updated_at=2.0, step=step, reached_step=reached)  # fmt: skip
+
+    assert redone_steps([], 0) is None  # a first life
+    assert redone_steps([life("a", 30, 60)], 30) == 30  # the heartbeat's steps past the commit
+    assert redone_steps([life("a", 30, None)], 30) == 0  # no heartbeat: nothing known past the commit
+    assert redone_steps([life("a", 90, 95), life("b", 30, 60)], 90) == 5
+    assert redone_steps([life("a", 30, 60)], 60) == 0
+
+
 def test_setup_installs_with_uv_where_present_else_pip_and_skips_what_is_installed(tmp_path):
     setup, _ = rendered_setup(tmp_path)
     with_uv, log = fake_tools(tmp_path / "a", "python", "uv")
@@ -456,3 +474,53 @@ def test_a_resumed_local_run_records_its_changeover_and_status_and_cost_show_it(
     assert f"the changeover measured by earlier runs of this task (local {second['to_first_step_s'] / 60:.3g} min" in (
         restart_line
     )
+
+
+@pytest.mark.slow
+def test_a_kill_9_past_the_last_commit_counts_the_heartbeats_steps_as_redone(private_home, tmp_path):
+    """Committed at step 30, then held at step 60 without a commit (checkpoints an hour apart, so
+    none lands in between) until the ledger's heartbeat records step 60; kill -9 and `resume`:
+    the new life restores step 30 and trains steps 31-60 again, and its changeover says so."""
+    spec = yaml.safe_load(TINY.read_text())
+    spec["skygreen"]["checkpoint"] = {"every": "1h", "keep": 3, "bucket": str(tmp_path / "bucket")}
+    spec["skygreen"].pop("early_stopping", None)
+    spec["workdir"] = str(REPO / "tasks")
+    task = tmp_path / "tiny.yaml"
+    task.write_text(yaml.safe_dump(spec))
+    release = tmp_path / "release"
+    release.mkdir()
+    env = user_env(private_home, TINY_STEPS="80", SKYGREEN_LEDGER_HEARTBEAT_S="0.001")
+    gated = {**env, HOLD_ENV: "30", HOLD_UNCOMMITTED_ENV: "60", RELEASE_ENV: str(release)}
+    launched = skygreen(gated, "up", str(task), "--local", "--no-smoke", "--detach")
+    assert launched.returncode == 0, launched.stderr
+    (run,) = json.loads(skygreen(env, "status", "--json").stdout)
+    run_id = run["run_id"]
+    store = LocalStore(str(tmp_path / "bucket" / run_id))
+    wait_for_step(env, run_id, 30)
+    (release / "30").touch()
+
+    def held_at_60_with_its_heartbeat() -> bool:
+        s = status(env, run_id)
+        assert s["state"] == "RUNNING", f"the run ended ({s['state']}) before step 60"
+        segments = read_ledger(store)
+        return "held at step 60 (" in launch_log(env, run_id) and segments[-1].reached_step == 60
+
+    wait_for(held_at_60_with_its_heartbeat, "the run held at step 60, its heartbeat recorded")
+    assert status(env, run_id)["step"] == 30  # nothing was committed past step 30
+    os.killpg(json.loads(run_json(env, run_id).read_text())["launches"][-1]["pid"], signal.SIGKILL)
+    wait_for(lambda: status(env, run_id)["state"] == "STOPPED", "the run to read as stopped")
+
+    resumed = skygreen(env, "resume", run_id)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert status(env, run_id)["state"] == "SUCCEEDED"
+    cost = skygreen(env, "cost", run_id, "--json")
+    assert cost.returncode == 0, cost.stderr
+    killed, finished = json.loads(cost.stdout)["segments"]
+    assert killed["end"] == "killed" and killed["reached_step"] == 60 and finished["start_step"] == 30
+    assert finished["changeover"]["redone_steps"] == 30  # steps 31-60, trained twice
+    first, second = read_ledger(store)
+    assert second.redone_steps == 30 and first.reached_step == 60
+    (shown,) = status(env, run_id)["changeovers"]
+    assert shown["redone_steps"] == 30 and describe(Changeover(**shown)).endswith(", 30 steps redone")
+    table = skygreen(env, "cost", run_id)
+    assert table.returncode == 0 and "30 steps redone" in table.stdout
