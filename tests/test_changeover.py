@@ -352,10 +352,11 @@ def test_a_prefetched_checkpoint_is_used_once_verified_and_a_bad_blob_is_downloa
     assert prefetch_main({"SKYGREEN_BUCKET": str(tmp_path / "empty"), "SKYGREEN_RUN_ID": "none"}) == 0
 
 
-def test_a_prefetch_still_writing_is_waited_for_and_a_dead_one_is_not(tmp_path, monkeypatch):
+def test_a_prefetch_still_writing_is_waited_for_while_it_lives_and_a_dead_one_is_not(tmp_path, monkeypatch):
     from skygreen.checkpoint import prefetch as prefetch_module
     from skygreen.checkpoint.manifest import BlobInfo, Manifest
-    from skygreen.checkpoint.prefetch import blob_info, take_prefetched, wait_for_part
+    from skygreen.checkpoint.prefetch import LOCK_NAME, blob_info, take_prefetched, wait_for_part
+    from skygreen.locks import held_while_alive
 
     folder = tmp_path / "7"
     folder.mkdir()
@@ -364,23 +365,26 @@ def test_a_prefetch_still_writing_is_waited_for_and_a_dead_one_is_not(tmp_path, 
     info = blob_info(folder / "shared.pt")
     (folder / "shared.pt").rename(folder / "shared.pt.part")  # the prefetch is mid-download
     manifest = Manifest(step=7, blobs={"shared.pt": info}, created_at="2026-01-01T00:00:00Z")
-    finished: list[bool] = []
+    polls: list[float] = []
 
-    def prefetch_finishes_while_we_wait(_seconds: float) -> None:  # the first poll of the wait
-        if not finished:
+    def prefetch_writes_its_part_after_a_while(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 50:  # a whole ranged part lands at last: the prefetch renames the file
             (folder / "shared.pt.part").rename(folder / "shared.pt")
-            finished.append(True)
 
-    monkeypatch.setattr(prefetch_module.time, "sleep", prefetch_finishes_while_we_wait)
-    assert take_prefetched(tmp_path, manifest, "shared.pt", tmp_path / "taken")  # waited, verified, taken
-    assert finished == [True]
+    monkeypatch.setattr(prefetch_module.time, "sleep", prefetch_writes_its_part_after_a_while)
+    with held_while_alive(tmp_path / LOCK_NAME):  # the prefetch process, alive
+        assert take_prefetched(tmp_path, manifest, "shared.pt", tmp_path / "taken")  # waited, verified, taken
+    assert len(polls) == 50  # no write for 49 polls did not make it download the blob a second time
     monkeypatch.undo()
     assert (tmp_path / "taken").read_bytes() == data
     assert info == BlobInfo(size=4096, sha256=info.sha256)
 
-    (folder / "dead.part").write_bytes(b"x")  # a prefetch that died: the part never grows
-    wait_for_part(folder / "dead.part", folder / "dead", stall_s=0.2)
+    (folder / "dead.part").write_bytes(b"x")  # the prefetch died mid-download: nothing holds the lock
+    wait_for_part(folder / "dead.part", folder / "dead", lock=tmp_path / LOCK_NAME)
     assert not (folder / "dead").exists()
+    with held_while_alive(tmp_path / LOCK_NAME):  # alive but hung: given up after the stall
+        wait_for_part(folder / "dead.part", folder / "dead", lock=tmp_path / LOCK_NAME, stall_s=0.2)
 
 
 # ---------------------------------------------------------------- the plan learns it
