@@ -8,16 +8,22 @@ Changeover, as a recovered VM with the packages already in its image lives it:
   2. a new Python process (what `run` starts): imports torch and skygreen, `Checkpointer.load_latest`
      (takes the prefetched blobs once verified, downloads the rest), loads the state into the
      model and AdamW, and takes one optimizer step.
+The same on a fresh image (`--fresh`): a fresh virtualenv with torch preinstalled stands in for a
+deep-learning image (made once per run, torch from pip's configured sources, outside the timing;
+each round gets a hard-linked copy of it). Setup installs skygreen without dependencies (a wheel
+built from this checkout, standing in for `skygreen==VERSION` from PyPI), the bucket's client
+(boto3), starts the prefetch, then installs the rest of the runtime requirements with pip from its
+configured index (PyPI, pip's cache from the second round on); then the same new process, in that
+virtualenv. Setup's phases are timed by the lines it prints as they arrive.
 Lower bound, in this process: the fastest raw boto3 download of the same blob (concurrency 1, 4
 and 8, the best kept) + `torch.load` of it + one optimizer step, plus the bare start of a Python
 process that imports torch (no skygreen, no setup).
 
 The model is a stack of 1024 x 4096 fp32 linear layers sized by --ckpt-mb (the checkpoint holds
-its weights and AdamW's two moments: 3x the weights); the default 384 MB checkpoint is smaller
-than a GPT-2-medium one (about 4.3 GB with AdamW) so that a round fits this shared machine. The
-fresh-image case (the installs themselves) is not measured here: it needs a package index.
+its weights and AdamW's two moments: 3x the weights). The issue's size is about 1.4 GB
+(`--ckpt-mb 1400`); a GPT-2-medium's fp32 weights alone are 1.4 GB, 4.3 GB with AdamW.
 
-Run: .venv/bin/python benchmarks/bench_changeover.py [--ckpt-mb 384] [--rounds 3]
+Run: .venv/bin/python benchmarks/bench_changeover.py [--ckpt-mb 384] [--rounds 3] [--fresh]
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,8 +96,10 @@ def one_step(state: dict, layers: int) -> None:
     opt.step()
 
 
-def rendered_setup(run_id: str, bucket: str) -> str:
-    from skygreen.launch.render import render_task
+def rendered_setup(run_id: str, bucket: str, requirement: str | None = None) -> str:
+    """The setup script `skygreen up` renders; `requirement` is what it installs skygreen from
+    (default `skygreen==VERSION`)."""
+    from skygreen.launch.render import RuntimeInstall, render_task
     from skygreen.plan.rank import Candidate, Plan
     from skygreen.settings import RuntimeSettings
     from skygreen.spec import parse_spec
@@ -100,25 +109,192 @@ def rendered_setup(run_id: str, bucket: str) -> str:
                       accelerator_count=1, spot=True, price_usd_per_hour=0.3, on_demand_price_usd_per_hour=0.8,
                       spot_price_usd_per_hour=0.3, est_hours=1.0, est_cost_usd=0.3, energy_kwh=0.1, co2e_kg=0.03)  # fmt: skip
     settings = RuntimeSettings.from_spec(spec.green, run_id=run_id, bucket=bucket)
-    return render_task(spec, Plan(candidates=(offer,), objective="cost"), settings=settings, task_dir=REPO)["setup"]
+    install = RuntimeInstall(requirement=requirement) if requirement else None
+    plan = Plan(candidates=(offer,), objective="cost")
+    return render_task(spec, plan, settings=settings, task_dir=REPO, install=install)["setup"]
+
+
+def deep_learning_image(tmp: Path) -> Path:
+    """A fresh virtualenv holding torch (this torch's version, from pip's configured sources) and
+    nothing of skygreen: the image a recovered VM boots. Made once, outside the timing."""
+    image = tmp / "image"
+    subprocess.run([sys.executable, "-m", "venv", str(image)], check=True, timeout=600)
+    version = torch.__version__.split("+")[0]
+    pip = [str(image / "bin" / "python"), "-m", "pip", "install", "--quiet", f"torch=={version}"]
+    subprocess.run(pip, check=True, timeout=3600, stdout=subprocess.DEVNULL)
+    return image
+
+
+def skygreen_wheel(tmp: Path) -> Path:
+    """This checkout built as a wheel: what `pip install skygreen==VERSION` would fetch."""
+    out = tmp / "wheel"
+    build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)]
+    subprocess.run(build, check=True, timeout=600, stdout=subprocess.DEVNULL)
+    return next(out.glob("skygreen-*.whl"))
+
+
+def run_setup(setup: str, env: dict[str, str], cwd: Path) -> tuple[float, dict[str, float], str]:
+    """Run setup with bash: its seconds, the seconds at which each `skygreen setup:` line came
+    out (from its start), and its output."""
+    t0 = time.time()
+    proc = subprocess.Popen(["bash", "-c", setup], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    marks: dict[str, float] = {}
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("skygreen setup: "):
+            marks.setdefault(line.removeprefix("skygreen setup: ").strip(), time.time() - t0)
+    proc.wait(timeout=3600)
+    took = time.time() - t0
+    assert proc.returncode == 0, "".join(lines)[-3000:]
+    return took, marks, "".join(lines)
+
+
+def first_step(python: str, url: str, layers: int, env: dict[str, str], cwd: Path) -> dict[str, float]:
+    """The new process `run` starts: import, restore, one step (seconds of each)."""
+    child = subprocess.run([python, "-c", CHILD, str(time.time()), url, str(layers)], env=env, cwd=cwd,
+                           capture_output=True, text=True, timeout=3600)  # fmt: skip
+    assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-2000:]
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def prefetched_after_s(home: Path, run_id: str, started_at: float) -> float:
+    """When the prefetch wrote its last line, seconds after setup began; it must have prefetched."""
+    log = home / ".skygreen" / "changeover" / f"{run_id}.prefetch.log"
+    assert "prefetched" in log.read_text(), log.read_text()
+    return log.stat().st_mtime - started_at
+
+
+FRESH_MARKS = {
+    "boto3": "installing boto3 for the bucket before the rest, so the prefetch can start",
+    "prefetch": "checkpoint prefetch started in the background",
+    "rest": "installing the runtime requirements",
+    "installed": "runtime requirements installed",
+}
+
+
+def fresh_round(image: Path, setup: str, env: dict[str, str], tmp: Path, i: int, url: str, layers: int,
+                run_id: str) -> dict[str, float]:  # fmt: skip
+    """One changeover on a fresh copy of the image: setup installs everything, then the first step."""
+    venv, home = tmp / f"fresh-{i}", tmp / f"fresh-home-{i}"
+    subprocess.run(["cp", "-al", str(image), str(venv)], check=True)  # a copy of the image, in seconds
+    home.mkdir()
+    renv = {**env, "HOME": str(home), "PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
+    t0 = time.time()
+    setup_s, marks, out = run_setup(setup, renv, tmp)
+    assert set(FRESH_MARKS.values()) <= set(marks), out[-3000:]
+    order = [marks[FRESH_MARKS[k]] for k in ("boto3", "prefetch", "rest", "installed")]
+    assert order == sorted(order), marks  # the prefetch started before the rest was installed
+    figures = first_step(str(venv / "bin" / "python"), url, layers, renv, tmp)
+    row = {
+        "setup": setup_s,
+        "skygreen": marks[FRESH_MARKS["boto3"]],
+        "boto3": marks[FRESH_MARKS["prefetch"]] - marks[FRESH_MARKS["boto3"]],
+        "rest": marks[FRESH_MARKS["installed"]] - marks[FRESH_MARKS["rest"]],
+        "prefetch_start": marks[FRESH_MARKS["prefetch"]],
+        "prefetched": prefetched_after_s(home, run_id, t0),
+        "import": figures["import_s"],
+        "restore": figures["restore_s"],
+        "step": figures["step_s"],
+        "changeover": setup_s + figures["total_s"],
+    }
+    shutil.rmtree(venv)
+    shutil.rmtree(home)
+    return row
+
+
+def lower_bound(client, key: str, tmp: Path, env: dict[str, str], layers: int) -> dict[str, float]:
+    """Bare start + the best raw download + torch.load + one step, each in seconds."""
+    from boto3.s3.transfer import TransferConfig
+
+    start = float(subprocess.run([sys.executable, "-c", BARE, str(time.time())], env=env,
+                                 capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    downloads = {}
+    for streams in (1, 4, 8):
+        path = tmp / f"raw-{streams}.pt"
+        config = TransferConfig(max_concurrency=streams, multipart_chunksize=16 * 2**20)
+        t = time.perf_counter()
+        client.download_file("bench", key, str(path), Config=config)
+        downloads[streams] = time.perf_counter() - t
+        if streams > 1:
+            path.unlink()  # keep one copy on disk at a time beside the first
+    best = min(downloads, key=lambda k: downloads[k])
+    t = time.perf_counter()
+    raw = torch.load(tmp / "raw-1.pt", map_location="cpu", weights_only=True)
+    load_s = time.perf_counter() - t
+    (tmp / "raw-1.pt").unlink()
+    t = time.perf_counter()
+    one_step(raw, layers)
+    step_s = time.perf_counter() - t
+    del raw
+    return {"start": start, "download": downloads[best], "load": load_s, "step": step_s,
+            "bound": start + downloads[best] + load_s + step_s, "streams": float(best)}  # fmt: skip
+
+
+def median_of(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]} if rows else {}
+
+
+def print_table(present: list[dict], fresh: list[dict], low: list[dict]) -> None:
+    med, fr, lo = median_of(present), median_of(fresh), median_of(low)
+
+    def cell(d: dict[str, float], key: str) -> str:
+        return f"{d[key]:.2f}" if key in d else "-"
+
+    head = "| phase (median, s) | packages in the image | fresh image | lower bound |"
+    print(head if fresh else head.replace(" fresh image |", ""))
+    print("|---|---:|---:|---:|" if fresh else "|---|---:|---:|")
+    rows = [
+        ("setup, first line to last", "setup", "setup", None),
+        ("&nbsp; skygreen, no dependencies", None, "skygreen", None),
+        ("&nbsp; boto3 (the bucket's client)", None, "boto3", None),
+        ("&nbsp; the rest of the runtime requirements", None, "rest", None),
+        ("&nbsp; prefetch started (from setup's first line)", "prefetch_start", "prefetch_start", None),
+        ("&nbsp; prefetch finished (from setup's first line)", "prefetched", "prefetched", None),
+        ("process start, import torch (+ skygreen)", "import", "import", "start"),
+        ("restore: find, download, verify, torch.load", "restore", "restore", "restore"),
+        ("first optimizer step", "step", "step", "step"),
+        ("total: first setup line -> first new step", "changeover", "changeover", "bound"),
+    ]
+    lo = {**lo, "restore": lo["download"] + lo["load"]}
+    for label, a, b, c in rows:
+        cells = [
+            cell(med, a) if a else "-",
+            *([cell(fr, b) if b else "-"] if fresh else []),
+            cell(lo, c) if c else ("0" if a == "setup" else "-"),
+        ]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    for name, rows_ in (("packages in the image", present), ("fresh image", fresh)):
+        if rows_:
+            ratios = [r["changeover"] / b["bound"] for r, b in zip(rows_, low, strict=True)]
+            print(f"ratio changeover / lower bound, {name}: {statistics.median(ratios):.2f} "
+                  f"(per round {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt-mb", type=int, default=384)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--fresh", action="store_true", help="also time the fresh image (installs everything)")
     args = parser.parse_args()
     import boto3
-    from boto3.s3.transfer import TransferConfig
 
     from skygreen import __version__
     from skygreen.checkpoint.manifest import SHARED_BLOB, blob_key
     from skygreen.runtime.checkpointer import Checkpointer
 
-    torch.manual_seed(0)
-    state, layers = make_state(args.ckpt_mb)
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        image = wheel = None
+        if args.fresh:
+            t = time.time()
+            image, wheel = deep_learning_image(tmp), skygreen_wheel(tmp)
+            print(f"fresh image (venv + torch=={torch.__version__}) and skygreen wheel made in {time.time() - t:.0f} s")
+        torch.manual_seed(0)
+        state, layers = make_state(args.ckpt_mb)
         os.environ.update(FAKE_AWS_ENV)
         moto = moto_process().start(log_dir=tmp)
         try:
@@ -129,6 +305,7 @@ def main() -> None:
             url = f"s3://bench/{run_id}"
             with Checkpointer(url) as ck:
                 ck.save(100, state)
+            del state
             key = f"{run_id}/" + blob_key(100, SHARED_BLOB)
             size = client.head_object(Bucket="bench", Key=key)["ContentLength"]
             print(f"checkpoint: {size / 1e6:.0f} MB ({layers} layers of weights + AdamW moments); {args.rounds} rounds")
@@ -144,62 +321,29 @@ def main() -> None:
                 env=env, capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
             (home / ".skygreen" / "installed").write_text(wanted + "\n")
-            rows: dict[str, list[float]] = {k: [] for k in ("setup", "import", "restore", "step", "changeover")}
-            low: dict[str, list[float]] = {k: [] for k in ("start", "download", "load", "step", "bound")}
-            best_streams = []
-            for _ in range(args.rounds):
+            fresh_setup = rendered_setup(run_id, "s3://bench", requirement=str(wheel)) if wheel else ""
+            present: list[dict[str, float]] = []
+            fresh: list[dict[str, float]] = []
+            low: list[dict[str, float]] = []
+            for i in range(args.rounds):
                 t0 = time.time()
-                done = subprocess.run(["bash", "-c", setup], env=env, capture_output=True, text=True, timeout=600)
-                assert done.returncode == 0 and "skipping the installs" in done.stdout, done.stdout + done.stderr
-                rows["setup"].append(time.time() - t0)
-                child = subprocess.run([sys.executable, "-c", CHILD, str(time.time()), url, str(layers)],
-                                       env=env, capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
-                figures = json.loads(child.stdout.strip().splitlines()[-1])
-                rows["import"].append(figures["import_s"])
-                rows["restore"].append(figures["restore_s"])
-                rows["step"].append(figures["step_s"])
-                rows["changeover"].append(rows["setup"][-1] + figures["total_s"])
-
-                start = float(subprocess.run([sys.executable, "-c", BARE, str(time.time())], env=env,
-                                             capture_output=True, text=True, check=True).stdout)  # fmt: skip
-                downloads = {}
-                for streams in (1, 4, 8):
-                    path = tmp / f"raw-{streams}.pt"
-                    config = TransferConfig(max_concurrency=streams, multipart_chunksize=16 * 2**20)
-                    t = time.perf_counter()
-                    client.download_file("bench", key, str(path), Config=config)
-                    downloads[streams] = time.perf_counter() - t
-                best = min(downloads, key=lambda k: downloads[k])
-                best_streams.append(best)
-                t = time.perf_counter()
-                raw = torch.load(tmp / f"raw-{best}.pt", map_location="cpu", weights_only=True)
-                load_s = time.perf_counter() - t
-                t = time.perf_counter()
-                one_step(raw, layers)
-                step_s = time.perf_counter() - t
-                for streams in downloads:
-                    (tmp / f"raw-{streams}.pt").unlink()
-                low["start"].append(start)
-                low["download"].append(downloads[best])
-                low["load"].append(load_s)
-                low["step"].append(step_s)
-                low["bound"].append(start + downloads[best] + load_s + step_s)
-            med = {k: statistics.median(v) for k, v in rows.items()}
-            lo = {k: statistics.median(v) for k, v in low.items()}
-            print(f"skygreen {__version__}; medians in seconds; best raw concurrency per round: {best_streams}")
-            print("| phase | changeover (s) | lower bound (s) |")
-            print("|---|---:|---:|")
-            print(f"| setup (packages in the image: skipped; prefetch started) | {med['setup']:.2f} | 0 |")
-            print(f"| process start, import torch (+ skygreen) | {med['import']:.2f} | {lo['start']:.2f} |")
-            print(
-                f"| restore: find, download, verify, torch.load | {med['restore']:.2f} | {lo['download'] + lo['load']:.2f} |"
-            )
-            print(f"| first optimizer step | {med['step']:.2f} | {lo['step']:.2f} |")
-            print(f"| total: first setup line -> first new step | {med['changeover']:.2f} | {lo['bound']:.2f} |")
-            ratios = [c / b for c, b in zip(rows["changeover"], low["bound"], strict=True)]
-            print(
-                f"ratio changeover / lower bound: {statistics.median(ratios):.2f} (per round {', '.join(f'{r:.2f}' for r in ratios)}; goal <= 1.2)"
-            )
+                setup_s, _, out = run_setup(setup, env, tmp)
+                assert "skipping the installs" in out, out
+                figures = first_step(sys.executable, url, layers, env, tmp)
+                present.append({"setup": setup_s, "prefetch_start": 0.0,
+                                "prefetched": prefetched_after_s(home, run_id, t0), "import": figures["import_s"],
+                                "restore": figures["restore_s"], "step": figures["step_s"],
+                                "changeover": setup_s + figures["total_s"]})  # fmt: skip
+                if image is not None:
+                    fresh.append(fresh_round(image, fresh_setup, env, tmp, i, url, layers, run_id))
+                low.append(lower_bound(client, key, tmp, env, layers))
+            print(f"skygreen {__version__}; medians of {args.rounds} rounds in seconds; "
+                  f"best raw concurrency per round: {[int(b['streams']) for b in low]}")  # fmt: skip
+            print_table(present, fresh, low)
+            if fresh:
+                print("fresh rounds: " + "; ".join(f"setup {r['setup']:.1f} s (skygreen {r['skygreen']:.1f}, boto3 "
+                      f"{r['boto3']:.1f}, rest {r['rest']:.1f}), total {r['changeover']:.1f} s" for r in fresh))  # fmt: skip
+            print(f"load average (1, 5, 15 min) at start {load_start}, at end {os.getloadavg()}")
         finally:
             moto.stop()
 

@@ -56,6 +56,20 @@ def exclusive_lock(path: Path, *, wait_s: float | None = None) -> Iterator[bool]
         lock.release()
 
 
+@contextlib.contextmanager
+def held_while_alive(path: Path) -> Iterator[None]:
+    """Hold the exclusive lock on `path` for the block, waiting for it, with `flock` alone:
+    for a process that may start before `filelock` is installed (setup's prefetch on a fresh
+    image). Others see it held with `is_locked` until the block ends or the process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, LOCK_FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def is_locked(path: Path) -> bool:
     """Whether a process (this one included) holds the exclusive lock on `path` now.
 

@@ -15,9 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from helpers import user_env, wait_for
+from skygreen.checkpoint.local_store import LocalStore
 from skygreen.launch.render import render_task
+from skygreen.ledger import read_ledger
 from skygreen.ledger.changeover import (
     Changeover,
     describe,
@@ -28,7 +31,7 @@ from skygreen.ledger.changeover import (
 from skygreen.plan.catalog import load_catalog
 from skygreen.plan.cost import DEFAULT_RESTART_S, PROVISION_S
 from skygreen.plan.rank import Candidate, Plan, make_plan
-from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
+from skygreen.runtime.hold import HOLD_ENV, HOLD_UNCOMMITTED_ENV, RELEASE_ENV
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import parse_spec, parse_spec_text
 
@@ -73,7 +76,7 @@ def wait_for_step(env, run_id: str, step: int) -> dict:
 # ---------------------------------------------------------------- the setup script's stamps
 
 
-def rendered_setup(tmp_path: Path) -> tuple[str, str]:
+def rendered_setup(tmp_path: Path, bucket: str = "s3://b/runs") -> tuple[str, str]:
     """The setup script `skygreen up` renders for a task whose own setup sleeps 0.2 s, and its run id."""
     spec = parse_spec({"name": "t", "skygreen": {}, "run": "python train.py", "setup": "sleep 0.2"})
     plan = Plan(
@@ -84,7 +87,7 @@ def rendered_setup(tmp_path: Path) -> tuple[str, str]:
         ),
         objective="cost",
     )  # fmt: skip
-    settings = RuntimeSettings.from_spec(spec.green, run_id="t-20260101-000000-abcd", bucket="s3://b/runs")
+    settings = RuntimeSettings.from_spec(spec.green, run_id="t-20260101-000000-abcd", bucket=bucket)
     return render_task(spec, plan, settings=settings, task_dir=tmp_path)["setup"], settings.run_id
 
 
@@ -117,6 +120,134 @@ def test_the_rendered_setup_stamps_its_start_and_end_for_the_runtime(tmp_path):
     assert read_setup("another-run", home=home, process_started_at=time.time()) == {}
 
 
+FAKE_UV = r"""
+import importlib.metadata as md, os, subprocess, sys, time
+from pathlib import Path
+from packaging.requirements import Requirement
+
+args = sys.argv[1:]
+log = Path(os.environ["FAKE_UV_LOG"])
+assert args[:2] == ["pip", "install"], args
+py = args[args.index("--python") + 1]
+names = [a for a in args[2:] if not a.startswith("--") and a != py]
+fresh = Path(subprocess.check_output([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True).strip())
+farm = fresh.parent / "installed-by-fake-uv"
+farm.mkdir(exist_ok=True)
+(fresh / "installed-by-fake-uv.pth").write_text(str(farm) + "\n")
+
+
+def link(top: Path) -> None:
+    if not (farm / top.name).exists():
+        (farm / top.name).symlink_to(top)
+
+
+def closure(name: str, seen: set) -> None:
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        return
+    key = dist.metadata["Name"].lower()
+    if key in seen:
+        return
+    seen.add(key)
+    for f in dist.files or ():
+        if f.parts[0] != ".." and f.parts[0] != "__pycache__":
+            link(Path(dist.locate_file(f.parts[0])))
+    for line in dist.requires or ():
+        r = Requirement(line)
+        if r.marker is None or r.marker.evaluate({"extra": ""}):
+            closure(r.name, seen)
+
+
+heavy = any(Requirement(n).name == "torch" for n in names if "--no-deps" not in args)
+note = ""
+if heavy:  # the rest of the runtime: held until the prefetch started before it has finished
+    before = subprocess.run([py, "-c", "import google.cloud.storage"], capture_output=True).returncode == 0
+    prefetch_log = Path(os.environ["FAKE_UV_PREFETCH_LOG"])
+    deadline = time.monotonic() + 120
+    while "prefetched" not in (prefetch_log.read_text() if prefetch_log.exists() else ""):
+        if time.monotonic() > deadline:
+            sys.exit("fake uv: the prefetch did not finish while the runtime requirements were installing")
+        time.sleep(0.05)
+    note = f" [held until the prefetch finished; google-cloud-storage importable before: {before}]"
+if "--no-deps" in args:
+    link(Path(os.environ["FAKE_UV_SKYGREEN"]))
+else:
+    seen = set()
+    for n in names:
+        closure(Requirement(n).name, seen)
+with log.open("a") as f:
+    f.write("uv " + " ".join(args) + note + "\n")
+"""
+
+
+@pytest.mark.slow
+def test_on_a_fresh_image_the_prefetch_starts_before_the_runtime_requirements_are_installed(tmp_path, s3_bucket):
+    """A fresh virtualenv without skygreen, the rendered setup script run with bash, and an
+    installer that installs for real into that virtualenv (linking the packages this checkout's
+    environment holds, as no package index is reachable from tests) and holds the install of the
+    runtime requirements until the prefetch has finished: setup must have started the prefetch
+    with only skygreen and the bucket's client installed."""
+    import torch
+
+    from skygreen.checkpoint.manifest import iter_manifests
+    from skygreen.checkpoint.prefetch import blob_info, prefetch_dir, run_url
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.runtime.checkpointer import Checkpointer
+
+    bucket = f"s3://{s3_bucket}/runs"
+    setup, run_id = rendered_setup(tmp_path, bucket=bucket)
+    url = run_url(bucket, run_id)
+    with Checkpointer(url) as ck:
+        ck.save(3, {"model": {"w": torch.randn(256, 256)}, "step": 3})
+
+    venv = tmp_path / "image"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "uv").write_text(f"#!{sys.executable}\n{FAKE_UV}")
+    (fake_bin / "uv").chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    stamps = home / ".skygreen" / "changeover"
+    env = {
+        **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
+        "PATH": f"{venv / 'bin'}:{fake_bin}:/usr/bin:/bin",
+        "HOME": str(home),
+        "SKYGREEN_BUCKET": bucket,
+        "SKYGREEN_RUN_ID": run_id,
+        "FAKE_UV_LOG": str(tmp_path / "uv.log"),
+        "FAKE_UV_PREFETCH_LOG": str(stamps / f"{run_id}.prefetch.log"),
+        "FAKE_UV_SKYGREEN": str(REPO / "skygreen"),
+    }
+    fresh = subprocess.run(
+        [venv / "bin" / "python", "-c", "import skygreen"], env=env, cwd=tmp_path, capture_output=True
+    )
+    assert fresh.returncode != 0  # the image holds no skygreen
+    done = subprocess.run(["bash", "-c", setup], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    order = (stamps / f"{run_id}.setup.log").read_text().splitlines()
+    assert order == [
+        "skygreen setup: installing boto3 for the bucket before the rest, so the prefetch can start",
+        "skygreen setup: checkpoint prefetch started in the background",
+        "skygreen setup: installing the runtime requirements",
+        "skygreen setup: runtime requirements installed",
+    ]
+    installs = (tmp_path / "uv.log").read_text().splitlines()
+    assert len(installs) == 3 and "--no-deps skygreen==" in installs[0]
+    assert installs[1].endswith("--quiet boto3>=1.28")
+    assert "torch>=2.4" in installs[2]
+    assert installs[2].endswith("[held until the prefetch finished; google-cloud-storage importable before: False]")
+    assert f"prefetch: {url}: step 3 prefetched" in (stamps / f"{run_id}.prefetch.log").read_text()
+    manifest = next(iter_manifests(open_store(url)))
+    folder = prefetch_dir(url, home=home) / "3"
+    assert {name: blob_info(folder / name) for name in manifest.blobs} == dict(manifest.blobs)
+    # After setup the image holds the whole runtime.
+    after = [venv / "bin" / "python", "-c", "import google.cloud.storage, torch, skygreen"]
+    assert subprocess.run(after, env=env, cwd=tmp_path, capture_output=True).returncode == 0
+
+
 def test_typical_changeover_is_the_median_per_cloud_and_gpu():
     def row(cloud: str, gpu: str | None, seconds: float) -> Changeover:
         return Changeover(segment=2, cloud=cloud, gpu=gpu, setup_s=None, restore_s=None, restore_bytes=None,
@@ -128,6 +259,21 @@ def test_typical_changeover_is_the_median_per_cloud_and_gpu():
     assert typical[("aws", None)] == (100.0, 3)
     assert typical[("gcp", "L4")] == (70.0, 1)
     assert "restore" not in describe(rows[0]) and "first step after 100 s" in describe(rows[0])
+
+
+def test_redone_steps_reach_to_the_furthest_heartbeat_of_an_earlier_life():
+    from skygreen.ledger.changeover import redone_steps
+    from skygreen.ledger.records import Place, Segment
+
+    def life(key: str, step: int, reached: int | None) -> Segment:
+        return Segment(run_id="r", key=key, place=Place(cloud="aws", region="us-east-1"), started_at=1.0,
+                       updated_at=2.0, step=step, reached_step=reached)  # fmt: skip
+
+    assert redone_steps([], 0) is None  # a first life
+    assert redone_steps([life("a", 30, 60)], 30) == 30  # the heartbeat's steps past the commit
+    assert redone_steps([life("a", 30, None)], 30) == 0  # no heartbeat: nothing known past the commit
+    assert redone_steps([life("a", 90, 95), life("b", 30, 60)], 90) == 5
+    assert redone_steps([life("a", 30, 60)], 60) == 0
 
 
 def test_setup_installs_with_uv_where_present_else_pip_and_skips_what_is_installed(tmp_path):
@@ -206,10 +352,11 @@ def test_a_prefetched_checkpoint_is_used_once_verified_and_a_bad_blob_is_downloa
     assert prefetch_main({"SKYGREEN_BUCKET": str(tmp_path / "empty"), "SKYGREEN_RUN_ID": "none"}) == 0
 
 
-def test_a_prefetch_still_writing_is_waited_for_and_a_dead_one_is_not(tmp_path, monkeypatch):
+def test_a_prefetch_still_writing_is_waited_for_while_it_lives_and_a_dead_one_is_not(tmp_path, monkeypatch):
     from skygreen.checkpoint import prefetch as prefetch_module
     from skygreen.checkpoint.manifest import BlobInfo, Manifest
-    from skygreen.checkpoint.prefetch import blob_info, take_prefetched, wait_for_part
+    from skygreen.checkpoint.prefetch import LOCK_NAME, blob_info, take_prefetched, wait_for_part
+    from skygreen.locks import held_while_alive
 
     folder = tmp_path / "7"
     folder.mkdir()
@@ -218,23 +365,26 @@ def test_a_prefetch_still_writing_is_waited_for_and_a_dead_one_is_not(tmp_path, 
     info = blob_info(folder / "shared.pt")
     (folder / "shared.pt").rename(folder / "shared.pt.part")  # the prefetch is mid-download
     manifest = Manifest(step=7, blobs={"shared.pt": info}, created_at="2026-01-01T00:00:00Z")
-    finished: list[bool] = []
+    polls: list[float] = []
 
-    def prefetch_finishes_while_we_wait(_seconds: float) -> None:  # the first poll of the wait
-        if not finished:
+    def prefetch_writes_its_part_after_a_while(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 50:  # a whole ranged part lands at last: the prefetch renames the file
             (folder / "shared.pt.part").rename(folder / "shared.pt")
-            finished.append(True)
 
-    monkeypatch.setattr(prefetch_module.time, "sleep", prefetch_finishes_while_we_wait)
-    assert take_prefetched(tmp_path, manifest, "shared.pt", tmp_path / "taken")  # waited, verified, taken
-    assert finished == [True]
+    monkeypatch.setattr(prefetch_module.time, "sleep", prefetch_writes_its_part_after_a_while)
+    with held_while_alive(tmp_path / LOCK_NAME):  # the prefetch process, alive
+        assert take_prefetched(tmp_path, manifest, "shared.pt", tmp_path / "taken")  # waited, verified, taken
+    assert len(polls) == 50  # no write for 49 polls did not make it download the blob a second time
     monkeypatch.undo()
     assert (tmp_path / "taken").read_bytes() == data
     assert info == BlobInfo(size=4096, sha256=info.sha256)
 
-    (folder / "dead.part").write_bytes(b"x")  # a prefetch that died: the part never grows
-    wait_for_part(folder / "dead.part", folder / "dead", stall_s=0.2)
+    (folder / "dead.part").write_bytes(b"x")  # the prefetch died mid-download: nothing holds the lock
+    wait_for_part(folder / "dead.part", folder / "dead", lock=tmp_path / LOCK_NAME)
     assert not (folder / "dead").exists()
+    with held_while_alive(tmp_path / LOCK_NAME):  # alive but hung: given up after the stall
+        wait_for_part(folder / "dead.part", folder / "dead", lock=tmp_path / LOCK_NAME, stall_s=0.2)
 
 
 # ---------------------------------------------------------------- the plan learns it
@@ -328,3 +478,53 @@ def test_a_resumed_local_run_records_its_changeover_and_status_and_cost_show_it(
     assert f"the changeover measured by earlier runs of this task (local {second['to_first_step_s'] / 60:.3g} min" in (
         restart_line
     )
+
+
+@pytest.mark.slow
+def test_a_kill_9_past_the_last_commit_counts_the_heartbeats_steps_as_redone(private_home, tmp_path):
+    """Committed at step 30, then held at step 60 without a commit (checkpoints an hour apart, so
+    none lands in between) until the ledger's heartbeat records step 60; kill -9 and `resume`:
+    the new life restores step 30 and trains steps 31-60 again, and its changeover says so."""
+    spec = yaml.safe_load(TINY.read_text())
+    spec["skygreen"]["checkpoint"] = {"every": "1h", "keep": 3, "bucket": str(tmp_path / "bucket")}
+    spec["skygreen"].pop("early_stopping", None)
+    spec["workdir"] = str(REPO / "tasks")
+    task = tmp_path / "tiny.yaml"
+    task.write_text(yaml.safe_dump(spec))
+    release = tmp_path / "release"
+    release.mkdir()
+    env = user_env(private_home, TINY_STEPS="80", SKYGREEN_LEDGER_HEARTBEAT_S="0.001")
+    gated = {**env, HOLD_ENV: "30", HOLD_UNCOMMITTED_ENV: "60", RELEASE_ENV: str(release)}
+    launched = skygreen(gated, "up", str(task), "--local", "--no-smoke", "--detach")
+    assert launched.returncode == 0, launched.stderr
+    (run,) = json.loads(skygreen(env, "status", "--json").stdout)
+    run_id = run["run_id"]
+    store = LocalStore(str(tmp_path / "bucket" / run_id))
+    wait_for_step(env, run_id, 30)
+    (release / "30").touch()
+
+    def held_at_60_with_its_heartbeat() -> bool:
+        s = status(env, run_id)
+        assert s["state"] == "RUNNING", f"the run ended ({s['state']}) before step 60"
+        segments = read_ledger(store)
+        return "held at step 60 (" in launch_log(env, run_id) and segments[-1].reached_step == 60
+
+    wait_for(held_at_60_with_its_heartbeat, "the run held at step 60, its heartbeat recorded")
+    assert status(env, run_id)["step"] == 30  # nothing was committed past step 30
+    os.killpg(json.loads(run_json(env, run_id).read_text())["launches"][-1]["pid"], signal.SIGKILL)
+    wait_for(lambda: status(env, run_id)["state"] == "STOPPED", "the run to read as stopped")
+
+    resumed = skygreen(env, "resume", run_id)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert status(env, run_id)["state"] == "SUCCEEDED"
+    cost = skygreen(env, "cost", run_id, "--json")
+    assert cost.returncode == 0, cost.stderr
+    killed, finished = json.loads(cost.stdout)["segments"]
+    assert killed["end"] == "killed" and killed["reached_step"] == 60 and finished["start_step"] == 30
+    assert finished["changeover"]["redone_steps"] == 30  # steps 31-60, trained twice
+    first, second = read_ledger(store)
+    assert second.redone_steps == 30 and first.reached_step == 60
+    (shown,) = status(env, run_id)["changeovers"]
+    assert shown["redone_steps"] == 30 and describe(Changeover(**shown)).endswith(", 30 steps redone")
+    table = skygreen(env, "cost", run_id)
+    assert table.returncode == 0 and "30 steps redone" in table.stdout

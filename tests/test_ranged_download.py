@@ -235,7 +235,8 @@ def test_a_ranged_prefetch_writing_in_place_is_waited_for_not_taken_for_dead(tmp
     so the runtime must see progress in the writes themselves, not in the size. The clock here
     jumps past `stall_s` between polls; only the writes keep the wait alive."""
     from skygreen.checkpoint import prefetch as prefetch_module
-    from skygreen.checkpoint.prefetch import wait_for_part
+    from skygreen.checkpoint.prefetch import LOCK_NAME, wait_for_part
+    from skygreen.locks import held_while_alive
 
     part, final = tmp_path / "shared.pt.part", tmp_path / "shared.pt"
     with open(part, "wb") as f:
@@ -254,9 +255,11 @@ def test_a_ranged_prefetch_writing_in_place_is_waited_for_not_taken_for_dead(tmp
         else:
             part.rename(final)
 
+    lock = tmp_path / LOCK_NAME
     monkeypatch.setattr(prefetch_module.time, "monotonic", lambda: clock_s[0])
     monkeypatch.setattr(prefetch_module.time, "sleep", one_poll_later)
-    wait_for_part(part, final, stall_s=5.0)
+    with held_while_alive(lock):  # the prefetch process, alive
+        wait_for_part(part, final, lock=lock, stall_s=5.0)
     monkeypatch.undo()
     assert final.exists() and len(polls) == 5, polls
 

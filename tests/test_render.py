@@ -273,15 +273,22 @@ def test_setup_installs_the_runtime_then_runs_the_users_setup_quoted():
     spec = spec_of(setup="echo 'it''s' \"$HOME\"")
     plan = Plan(candidates=(candidate("gcp", "us-central1", "L4"),), objective="cost")
     released = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR)
-    assert f"pip install --quiet --no-deps skygreen=={__version__}\n" in released["setup"]
+    assert 'python -m pip install --quiet --upgrade-strategy only-if-needed "$@"' in released["setup"]
+    assert f"skygreen_pip --no-deps skygreen=={__version__}\n" in released["setup"]
     requirements = " ".join(shlex.quote(r) for r in container_requirements())
-    assert f"pip install --quiet --upgrade-strategy only-if-needed {requirements}\n" in released["setup"]
+    assert f"skygreen_pip {requirements}\n" in released["setup"]
+    # A fresh image installs the bucket's client before the rest, so that the prefetch can start.
+    assert "skygreen_pip 'boto3>=1.28'\n    skygreen_prefetch\n" in released["setup"]
+    for bucket, first in (("gs://b/runs", "skygreen_pip 'google-cloud-storage>=2.14'"), ("/tmp/b", ":  # a local")):
+        settings = RuntimeSettings.from_spec(spec.green, run_id="demo-20260101-000000-abcd", bucket=bucket)
+        other = render_task(spec, plan, settings=settings, task_dir=WORKDIR)["setup"]
+        assert other.index(first) < other.index("    skygreen_prefetch\n") and "skygreen_pip 'boto3" not in other
     assert "bash -c " + shlex.quote(spec.sky["setup"]) in released["setup"]
     from_source = render_task(
         spec, plan, settings=settings_for(spec), task_dir=WORKDIR, install=RuntimeInstall(source_dir=str(REPO))
     )
     assert from_source["file_mounts"] == {"~/.skygreen/src": str(REPO)}
-    assert 'pip install --quiet --no-deps "$HOME/.skygreen/src"' in from_source["setup"]
+    assert 'skygreen_pip --no-deps "$HOME/.skygreen/src"' in from_source["setup"]
     subprocess.run(["bash", "-n", "-c", from_source["setup"]], check=True)
 
 

@@ -1,10 +1,12 @@
 """Prefetch: the newest checkpoint downloaded while a recovered VM is still installing packages.
 
-The rendered setup script starts `python -m skygreen.checkpoint.prefetch` in the background as
+The rendered setup script starts `python -m skygreen.runtime.prefetch` in the background as
 its first step wherever skygreen is already importable (an image that holds it, a restarted VM),
-so the download overlaps the installs instead of following them (`skygreen.runtime.prefetch`
-opens the run's bucket from `SKYGREEN_BUCKET` and `SKYGREEN_RUN_ID`, which SkyPilot sets for
-setup too). `prefetch` writes each blob of the newest committed checkpoint to `prefetch_dir(url)/<step>/<name>`
+and on a fresh image right after installing skygreen (no dependencies) and the bucket's client
+library, before the other runtime requirements: the download overlaps the installs instead of
+following them. It opens the run's bucket from `SKYGREEN_BUCKET` and `SKYGREEN_RUN_ID`, which
+SkyPilot sets for setup too. `prefetch` writes each blob of the newest committed checkpoint to
+`prefetch_dir(url)/<step>/<name>`
 (written as `.part`, big blobs in ranged parallel parts, renamed once complete and verified).
 
 Nothing here is trusted: the runtime takes a prefetched blob only after its size and sha256
@@ -23,13 +25,19 @@ from pathlib import Path
 from skygreen.checkpoint.manifest import BlobInfo, Manifest, blob_key, iter_manifests
 from skygreen.checkpoint.ranged import fetch_verified
 from skygreen.checkpoint.store import Store
+from skygreen.locks import held_while_alive, is_locked
 
 log = logging.getLogger("skygreen.runtime")
 
 PREFETCH_ROOT = Path(".skygreen") / "prefetch"
 _CHUNK_BYTES = 1 << 20
-PART_STALL_S = 5.0
-"""A prefetch whose file has not grown for this long is taken for dead."""
+LOCK_NAME = ".prefetching"
+"""Held by the prefetch process while it downloads (`flock`: the kernel drops it when the process
+dies): a blob still being written is waited for only while its writer is alive."""
+PART_STALL_S = 120.0
+"""A live prefetch whose file has not been written for this long is taken for hung. Generous:
+a ranged download writes a whole 16 MiB part at a time, which on a slow or busy link takes
+seconds, and a second download beside the first would only halve both."""
 
 
 def run_url(bucket: str, run_id: str) -> str:
@@ -57,30 +65,36 @@ def blob_info(path: Path) -> BlobInfo:
 def prefetch(store: Store, dest: Path) -> int | None:
     """Download every blob of the newest committed checkpoint under `dest/<step>/`; its step,
     or None when the run has no checkpoint yet."""
-    manifest = next(iter_manifests(store), None)
-    if manifest is None:
-        return None
-    folder = dest / str(manifest.step)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in sorted(manifest.blobs):
-        final = folder / name
-        if final.exists():
-            continue
-        part = folder / f"{name}.part"
-        fetch_verified(store, blob_key(manifest.step, name), part, manifest.blobs[name])
-        os.replace(part, final)
-    return manifest.step
+    with held_while_alive(dest / LOCK_NAME):
+        manifest = next(iter_manifests(store), None)
+        if manifest is None:
+            return None
+        folder = dest / str(manifest.step)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in sorted(manifest.blobs):
+            final = folder / name
+            if final.exists():
+                continue
+            part = folder / f"{name}.part"
+            fetch_verified(store, blob_key(manifest.step, name), part, manifest.blobs[name])
+            os.replace(part, final)
+        return manifest.step
 
 
-def wait_for_part(part: Path, final: Path, *, stall_s: float = PART_STALL_S, poll_s: float = 0.05) -> None:
+def wait_for_part(part: Path, final: Path, *, lock: Path, stall_s: float = PART_STALL_S, poll_s: float = 0.05) -> None:
     """While a prefetch is still writing `part`, wait for it to become `final`: the download is
-    already under way, and a second one would only halve both. Gives up when the part has not
-    been written for `stall_s` (a prefetch that died), leaving the caller to download. Progress
-    is the file's size and modification time together: a ranged download preallocates the
-    whole file and then writes into it, so its size alone never changes."""
+    already under way, and a second one would only halve both. Waits only while the prefetch
+    process holds `lock` (it is alive); a part left by a dead prefetch is not waited for. Gives
+    up too when a live prefetch has not written the part for `stall_s` (hung), leaving the caller
+    to download. Progress is the file's size and modification time together: a ranged download
+    preallocates the whole file and then writes into it, so its size alone never changes."""
     last_seen: tuple[int, int] | None = None
     last_change = time.monotonic()
     while part.exists() and not final.exists():
+        if not is_locked(lock):
+            if not final.exists():
+                log.warning("the prefetch of %s is not running; downloading it instead", final.name)
+            return
         try:
             info = part.stat()
         except OSError:
@@ -102,7 +116,7 @@ def take_prefetched(dest: Path | None, manifest: Manifest, name: str, target: Pa
     if dest is None:
         return False
     path = dest / str(manifest.step) / name
-    wait_for_part(path.with_name(f"{name}.part"), path)
+    wait_for_part(path.with_name(f"{name}.part"), path, lock=dest / LOCK_NAME)
     if not path.is_file():
         return False
     got, want = blob_info(path), manifest.blobs[name]

@@ -36,6 +36,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from skygreen import __version__
+from skygreen.checkpoint.bucket_url import parse_url
 from skygreen.errors import NoOfferError, SkygreenError, SpecError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.settings import RuntimeSettings
@@ -307,7 +308,8 @@ def _setup(spec: TaskSpec, settings: RuntimeSettings, install: RuntimeInstall) -
         target = '"$HOME/.skygreen/src"'
     else:
         target = shlex.quote(install.requirement or "")
-    requirements = " ".join(shlex.quote(r) for r in container_requirements())
+    wanted = container_requirements()
+    requirements = " ".join(shlex.quote(r) for r in wanted)
     user_setup = spec.sky.get("setup")
     user_part = ""
     if user_setup:
@@ -322,10 +324,29 @@ def _setup(spec: TaskSpec, settings: RuntimeSettings, install: RuntimeInstall) -
             wanted_quoted=shlex.quote(f"{__version__} {install.requirement or 'source'} {requirements}"),
             version_quoted=shlex.quote(__version__),
             reuse=0 if install.source_dir is not None else 1,  # a checkout may change under one version
+            store_install=_store_install(settings.bucket, wanted),
             user_setup=user_part,
         )
         .rstrip()
         + "\n"
+    )
+
+
+STORE_CLIENTS: dict[str, str] = {"s3": "boto3", "gs": "google-cloud-storage"}
+"""The client library each bucket scheme's store imports: on a fresh image setup installs it right
+after skygreen, so the checkpoint prefetch can start before the other runtime requirements."""
+
+
+def _store_install(bucket: str, wanted: Sequence[str]) -> str:
+    """The setup lines that install the bucket's client library (as the runtime requirements pin
+    it), or a no-op for a local bucket."""
+    client = STORE_CLIENTS.get(parse_url(bucket).scheme)
+    pinned = [r for r in wanted if client and canonicalize_name(Requirement(r).name) == client]
+    if not pinned:
+        return ":  # a local bucket needs no client library"
+    return (
+        f'skygreen_say "installing {client} for the bucket before the rest, so the prefetch can start"\n'
+        f"    skygreen_pip {shlex.quote(pinned[0])}"
     )
 
 

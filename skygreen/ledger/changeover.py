@@ -55,6 +55,17 @@ def read_setup(run_id: str, *, home: Path, process_started_at: float) -> dict[st
     return out
 
 
+def redone_steps(earlier: Sequence[Segment], resumed_at: int) -> int | None:
+    """Steps the earlier lives of a run trained beyond `resumed_at`, the step this life resumes
+    from, and that it trains again: the furthest step any of them reached (its last checkpoint,
+    or the step its ledger heartbeat recorded past that checkpoint before a kill -9) minus
+    `resumed_at`. None for a run's first life."""
+    if not earlier:
+        return None
+    furthest = max(max(s.step, s.reached_step or 0) for s in earlier)
+    return max(0, furthest - resumed_at)
+
+
 def restore_figures(
     manifest: Any, started_monotonic_s: float, *, blob_names: Iterable[str] | None = None
 ) -> dict[str, float | int]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from skygreen.checkpoint.store import Store
 from skygreen.errors import CheckpointError, StoreError
+from skygreen.ledger.changeover import redone_steps
 from skygreen.ledger.records import (
     LEDGER_DIR,
     RUNNING,
@@ -145,7 +146,7 @@ class LedgerWriter:
 
         `changeover`: the setup and restore figures of this VM (`Segment`'s `setup_started_at`,
         `setup_s`, `restore_s`, `restore_bytes`); the steps redone are counted here, from the
-        furthest step an earlier segment reached."""
+        furthest step an earlier segment reached, its heartbeat's included (`redone_steps`)."""
         try:
             # This VM replaces any segment still marked running: its VM is gone (settled as
             # `read_ledger` will settle them once this segment is written).
@@ -163,7 +164,7 @@ class LedgerWriter:
             samples=samples,
             samples_per_epoch=samples_per_epoch,
             total_steps=total_steps,
-            redone_steps=max(0, max(e.step for e in self.earlier) - step) if self.earlier else None,
+            redone_steps=redone_steps(self.earlier, step),
             **{key: value for key, value in (changeover or {}).items() if key in CHANGEOVER_FIELDS},
         )
         self._write()

@@ -62,7 +62,7 @@ from skygreen.runtime.environment import (
     to_device,
 )
 from skygreen.runtime.fsdp import is_sharded, sharded_states
-from skygreen.runtime.hold import hold, hold_steps
+from skygreen.runtime.hold import HOLD_UNCOMMITTED_ENV, hold, hold_steps
 from skygreen.runtime.preemption import landed_cloud
 from skygreen.runtime.ranks import World, all_reduce
 from skygreen.runtime.services import open_services
@@ -213,6 +213,7 @@ class Run:
         self._wall_base_s = 0.0
         self._schedule: CheckpointSchedule | None = None
         self._hold_at_steps = hold_steps(self._environ)
+        self._hold_uncommitted_at = hold_steps(self._environ, HOLD_UNCOMMITTED_ENV)
         if self.precision.warning and self.rank == 0:
             log.warning("%s", self.precision.warning)
 
@@ -404,7 +405,7 @@ class Run:
             not stop and self._schedule is not None and self._schedule.due(self.step_index, time.monotonic())
         ):
             self._save(state="running", wait=held)
-        if held:
+        if held or (not stop and self.step_index in self._hold_uncommitted_at):
             hold(self.step_index, stopped=lambda: watch.sigterm, environ=self._environ)
 
     def agree_flags(self, *flags: bool) -> list[bool]:
