@@ -138,12 +138,16 @@ class RuntimeSettings:
             "checkpoint_quiet_s",
             "power_eta",
             "preemptions_per_hour",
-            "budget_usd",
             "burn_alert_usd_per_hour",
         ):
             value = getattr(self, name)
             if value is not None and not _non_negative(value):
                 _bad(name, value, "must be a finite number >= 0", "set a number such as 0.5")
+        # A budget of 0 would stop before the first step; the ledger's BudgetPolicy refuses it too,
+        # but only later, deep in the run's start, so it is refused here with the variable's name.
+        if self.budget_usd is not None and not (_non_negative(self.budget_usd) and self.budget_usd > 0):
+            _bad("budget_usd", self.budget_usd, "must be a number of dollars > 0",
+                 "set a budget such as 40, or unset it for no budget")  # fmt: skip
         if not isinstance(self.power_cap, CapRequest):
             _bad("power_cap", self.power_cap, "must be a CapRequest", "CapRequest.parse('0.6')")
         if self.preemptions_per_hour_by_cloud is not None:
