@@ -250,10 +250,37 @@ class TrainerServices:
         """Before the first step: open the runtime's parts and start them.
 
         Opens the parts on `device` (CPU when None), then starts the power cap, the ledger segment
-        and the preemption watch.
+        and the preemption watch. A setup error here ends the script as one at the callback's
+        construction does (`fail_script`), not as a traceback out of the framework's `train()` or
+        `fit()`: what already started is stopped first (the power limit put back; a ledger segment
+        is closed as failed only if it was begun), so nothing is left half-written.
+
+        Args:
+            step: the step the framework starts at (the resumed step, or 0).
+            samples: samples seen before that step.
+            total_steps: where training runs to; None if unknown.
+            device: the framework's torch device (CPU when None).
+
+        Raises:
+            SystemExit: a setup error: `power.required` and the cap cannot be applied, an
+                unknown `SKYGREEN_CLOUD`, a bad runtime variable, an unusable bucket (exit 2 for
+                bad input, with the message and its fix; the `SkygreenError` itself, with its
+                traceback, when SKYGREEN_DEBUG=1).
         """
         if self.parts is not None:
             return
+        try:
+            self._start(step=step, samples=samples, total_steps=total_steps, device=device)
+        except SkygreenError as e:
+            self.close(step=step, samples=samples, end=FAILED)
+            fail_script(e, smoke=self.smoke)
+
+    def _start(self, *, step: int, samples: int, total_steps: int | None, device: Any) -> None:
+        """`start`'s work, without the handling of its errors.
+
+        The book joins the parts only once its segment is begun, so that a failure before then
+        closes no segment that was never written.
+        """
         import torch
 
         import skygreen.runtime as sg
@@ -266,14 +293,16 @@ class TrainerServices:
             checkpointer=self.checkpointer,
             smoke=self.smoke,
         )
+        book, parts.book = parts.book, None
         self.parts = parts
         if parts.stopper is not None and self._stopper_state is not None:
             parts.stopper.load_state_dict(self._stopper_state)
         parts.governor.start(None)
-        if parts.book is not None:
-            parts.book.started(
+        if book is not None:
+            book.started(
                 step=step, samples=samples, samples_per_epoch=None, energy_j=self.energy_j(), total_steps=total_steps
             )
+            parts.book = book
         parts.preemption.start()
 
     def step_done(self, *, step: int, samples: int = 0) -> None:
