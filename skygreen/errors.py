@@ -59,6 +59,7 @@ class SpecError(InputError):
         source: str | None = None,
         line: int | None = None,
     ) -> None:
+        """Keep the error's parts and build its message from them (`_format`)."""
         self.field = field
         self.problem = problem
         self.value = value
@@ -66,8 +67,10 @@ class SpecError(InputError):
         self.hint = hint
         self.source = source
         self.line = line
-        """1-based line in `source`, where known; shown after the problem, so that every error
-        still starts with `file.yaml: field.path:`."""
+        """1-based line in `source`, where known.
+
+        Shown after the problem, so that every error still starts with `file.yaml: field.path:`.
+        """
         super().__init__(self._format())
 
     def _format(self) -> str:
@@ -100,8 +103,10 @@ class NoOfferError(InputError):
 
 
 class NoLedgerYetError(InputError):
-    """The run has no ledger yet (launched, not training yet): `skygreen cost` answers from its
-    launcher instead (`skygreen.api.cost_before_ledger`)."""
+    """The run has no ledger yet: it was launched but is not training yet.
+
+    `skygreen cost` answers from its launcher instead (`skygreen.api.cost_before_ledger`).
+    """
 
 
 class CatalogError(SkygreenError):

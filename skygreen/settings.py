@@ -138,12 +138,16 @@ class RuntimeSettings:
             "checkpoint_quiet_s",
             "power_eta",
             "preemptions_per_hour",
-            "budget_usd",
             "burn_alert_usd_per_hour",
         ):
             value = getattr(self, name)
             if value is not None and not _non_negative(value):
                 _bad(name, value, "must be a finite number >= 0", "set a number such as 0.5")
+        # A budget of 0 would stop before the first step; the ledger's BudgetPolicy refuses it too,
+        # but only later, deep in the run's start, so it is refused here with the variable's name.
+        if self.budget_usd is not None and not (_non_negative(self.budget_usd) and self.budget_usd > 0):
+            _bad("budget_usd", self.budget_usd, "must be a number of dollars > 0",
+                 "set a budget such as 40, or unset it for no budget")  # fmt: skip
         if not isinstance(self.power_cap, CapRequest):
             _bad("power_cap", self.power_cap, "must be a CapRequest", "CapRequest.parse('0.6')")
         if self.preemptions_per_hour_by_cloud is not None:
@@ -163,9 +167,10 @@ class RuntimeSettings:
             _bad("ledger_heartbeat_s", self.ledger_heartbeat_s, "must be a number of seconds > 0", "30, or unset it")
 
     def preemption_rate_on(self, cloud: str | None) -> float | None:
-        """The rate to assume on `cloud`: the fixed rate, else the cloud's row of the table,
-        else (cloud unknown) the highest row, since too many checkpoints cost less than a
-        lost interval; None when nothing is known.
+        """The preemption rate to assume on `cloud`.
+
+        The fixed rate, else the cloud's row of the table, else (cloud unknown) the highest row,
+        since too many checkpoints cost less than a lost interval; None when nothing is known.
 
         Args:
             cloud: where the run landed (`aws`, `gcp`, `azure`), or None when unknown.
@@ -300,9 +305,11 @@ class RuntimeSettings:
 
 
 def encode(value: Any, hint: Any) -> str:
-    """One setting's value as the text of its variable: floats as `%g`, booleans as
-    `true`/`false`, tuples comma-separated, mappings as `key=value` pairs, a record with a text
-    form (`to_text`) as that text."""
+    """One setting's value as the text of its variable.
+
+    Floats as `%g`, booleans as `true`/`false`, tuples comma-separated, mappings as `key=value`
+    pairs, a record with a text form (`to_text`) as that text.
+    """
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
@@ -427,8 +434,10 @@ def _get(settings: RuntimeSettings, path: tuple[str, ...]) -> Any:
 
 
 def field_from_env(name: str, environ: Mapping[str, str]) -> Any:
-    """One setting read from its variable by the codec, for code that needs it without the rest
-    of the settings (a `Checkpointer` built by hand reads `launch`); None when it is not set.
+    """One setting read from its variable by the codec; None when it is not set.
+
+    For code that needs it without the rest of the settings (a `Checkpointer` built by hand reads
+    `launch`).
 
     Raises:
         RuntimeSetupError: a malformed or out-of-range value, naming the variable.
@@ -443,8 +452,10 @@ def field_from_env(name: str, environ: Mapping[str, str]) -> Any:
 
 
 def env_names() -> frozenset[str]:
-    """The `SKYGREEN_*` variables skygreen owns in every run's environment (a task's own
-    `envs:` may not set them)."""
+    """The `SKYGREEN_*` variables skygreen owns in every run's environment.
+
+    A task's own `envs:` may not set them.
+    """
     return frozenset(_env_name(path) for path, _ in _flat_fields())
 
 

@@ -77,7 +77,10 @@ def test_a_single_variable_overrides_one_setting_as_with_sky_jobs_launch_env():
     [
         ("SKYGREEN_CHECKPOINT_KEEP", "two", "expected an integer"),
         ("SKYGREEN_CHECKPOINT_KEEP", "0", "must be an integer >= 1"),
-        ("SKYGREEN_BUDGET_USD", "-1", "must be a finite number >= 0"),
+        ("SKYGREEN_BUDGET_USD", "0", "must be a number of dollars > 0, got 0.0"),
+        ("SKYGREEN_BUDGET_USD", "-1", "must be a number of dollars > 0, got -1.0"),
+        ("SKYGREEN_BUDGET_USD", "nan", "must be a number of dollars > 0, got nan"),
+        ("SKYGREEN_BURN_ALERT_USD_PER_HOUR", "-1", "must be a finite number >= 0"),
         ("SKYGREEN_POWER_REQUIRED", "maybe", "expected true or false"),
         ("SKYGREEN_POWER_CAP", "lots", "power cap must be auto, off, watts or a fraction"),
         ("SKYGREEN_BUDGET_ALERTS", "0.5,1.5", "every fraction must be in (0, 1]"),
@@ -146,3 +149,30 @@ def test_a_bad_variable_stops_the_real_runtime_with_exit_2_and_no_traceback(tmp_
     env = {**BASE, "SKYGREEN_BUDGET_ALERTS": "2", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "SKYGREEN_BUDGET_ALERTS" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("budget", [0.0, -5.0, float("nan")])
+def test_a_budget_that_is_not_positive_is_refused_with_its_fix(budget):
+    with pytest.raises(RuntimeSetupError) as info:
+        RuntimeSettings(run_id="r1", bucket="/b", budget_usd=budget)
+    message = str(info.value)
+    assert message.startswith("SKYGREEN_BUDGET_USD (budget_usd): must be a number of dollars > 0")
+    assert "fix: set a budget such as 40, or unset it for no budget" in message
+    assert RuntimeSettings(run_id="r1", bucket="/b", budget_usd=0.01).budget_usd == 0.01
+
+
+def test_a_budget_of_0_stops_a_real_trainer_script_with_exit_2_and_no_traceback(tmp_path):
+    """tasks/lightning_task.py as `skygreen up` starts it, with `--env SKYGREEN_BUDGET_USD=0`
+    added: the callback's settings refuse it before training (the ledger's budget policy would
+    raise it from `fit()` with a traceback), and nothing is committed."""
+    pytest.importorskip("lightning")
+    from local_runs import LIGHTNING_TASK, finish
+
+    work = LIGHTNING_TASK.workdir(tmp_path, "work")
+    bucket = tmp_path / "bucket"
+    proc = LIGHTNING_TASK.train(work, LIGHTNING_TASK.env(tmp_path, bucket, SKYGREEN_BUDGET_USD="0"))
+    out = finish(proc, 600)
+    assert proc.returncode == 2, out
+    assert "SKYGREEN_BUDGET_USD (budget_usd): must be a number of dollars > 0, got 0.0" in out
+    assert "fix: set a budget such as 40" in out and "Traceback" not in out
+    assert not bucket.exists() or not [p for p in bucket.rglob("*") if p.is_file()]

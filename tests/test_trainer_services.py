@@ -2,7 +2,8 @@
 (tasks/hf_trainer.py, tasks/lightning_task.py, small, on CPU): SIGTERM commits then exits with the
 preempted code, a cloud's preemption notice saves at the next step and training goes on, a
 budget stops the run with a committed checkpoint, early stopping on the evaluation metric saves
-and stops, and checkpoints round-trip through S3 (moto) and GCS (the emulator).
+and stops, checkpoints round-trip through S3 (moto) and GCS (the emulator), and a setup error at
+train start ends the script as one at the callback's construction does (exit 2, no traceback).
 
 Every run that the test acts on is held at a committed step (`SKYGREEN_TEST_HOLD_AT_STEPS`) first,
 so nothing races it."""
@@ -165,3 +166,34 @@ def test_checkpoints_round_trip_through_a_cloud_bucket(name, cloud, request, tmp
         assert committed_folder_steps(store) == last_two
     # HF's Trainer (transformers 5.17) trains one more step when it resumes at max_steps: its
     # `_run_epoch` checks `should_training_stop` only after a step
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SKYGREEN_CLOUD": "oracle"}, "skygreen: no preemption notice check for cloud 'oracle'"),
+        ({"SKYGREEN_POWER_CAP": "0.6", "SKYGREEN_POWER_REQUIRED": "true"},
+         "skygreen: power.required is true but this process has no GPU to cap"),
+    ],
+    ids=["unknown-cloud", "power-required-without-a-gpu"],
+)  # fmt: skip
+def test_a_setup_error_at_train_start_exits_2_with_its_fix_and_no_traceback(task, tmp_path, env, message):
+    """Raised when the framework starts training (not when the callback is built): the same
+    one-line error and exit code as at construction, and no ledger segment half-written."""
+    bucket = tmp_path / "bucket"
+    store = open_store(join_url(str(bucket), task.run_id))
+    work = task.workdir(tmp_path, "work")
+    proc = task.train(work, task.env(tmp_path, bucket, **env))
+    out = finish(proc, 600)
+    assert proc.returncode == 2, out
+    assert message in out and "\n  fix: " in out and "Traceback" not in out, out[-3000:]
+    assert read_ledger(store) == [] and committed_folder_steps(store) == []
+    assert not list(store.list("")), "nothing written to the bucket"
+
+
+def test_a_setup_error_at_train_start_shows_its_traceback_under_skygreen_debug(tmp_path):
+    task = _task("lightning")
+    work = task.workdir(tmp_path, "work")
+    proc = task.train(work, task.env(tmp_path, tmp_path / "bucket", SKYGREEN_CLOUD="oracle", SKYGREEN_DEBUG="1"))
+    out = finish(proc, 600)
+    assert proc.returncode != 0 and "Traceback" in out and "RuntimeSetupError" in out, out[-3000:]

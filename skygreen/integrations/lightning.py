@@ -230,8 +230,10 @@ class SkygreenCallback(_Callback):
             pl_module: the `LightningModule` being fitted.
 
         Raises:
-            RuntimeSetupError: `power.required` and the cap cannot be applied, or bad runtime
-                settings (raised through `trainer.fit()`, with a traceback).
+            SystemExit: `power.required` and the cap cannot be applied, an unknown
+                `SKYGREEN_CLOUD` or another bad runtime setting: exit 2 with the message and its
+                fix and no traceback (unless SKYGREEN_DEBUG=1), as at the callback's
+                construction; the power limit is put back first (`TrainerServices.start`).
         """
         self.services.warn_if_not_resumed(
             self.ckpt_path, step=trainer.global_step, argument="ckpt_path=callback.ckpt_path to trainer.fit()"

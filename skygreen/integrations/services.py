@@ -157,8 +157,10 @@ class TrainerServices:
     # -- checkpoints -----------------------------------------------------------------------
 
     def restore(self, parent: str | Path) -> RestoredFolder | None:
-        """The newest verified checkpoint folder restored under `parent`; its meta seeds the
-        energy count and early stopping."""
+        """Restore the newest verified checkpoint folder under `parent`.
+
+        Its meta seeds the energy count and early stopping.
+        """
         restored = self._restore(parent)
         if restored is not None:
             meta = restored.manifest.meta
@@ -168,8 +170,11 @@ class TrainerServices:
         return restored
 
     def _restore(self, parent: str | Path) -> RestoredFolder | None:
-        """A single process restores; several on a node leave it to local rank 0 where they can
-        meet (a process group, or a torchrun launch), else each restores for itself."""
+        """Restore the newest verified checkpoint folder under `parent`, here or on local rank 0.
+
+        A single process restores; several on a node leave it to local rank 0 where they can
+        meet (a process group, or a torchrun launch), else each restores for itself.
+        """
         if self.world.size == 1 or self.smoke:
             return restore_latest(self.store, parent)
         from skygreen.integrations.node_restore import launch_token, restore_per_node
@@ -181,10 +186,12 @@ class TrainerServices:
         return restore_per_node(self.store, parent, local_rank=self.world.local_rank, token=token, barrier=barrier)
 
     def ranks_saved(self) -> None:
-        """Every rank calls this once the framework saved its part of a checkpoint folder: with
-        several ranks in a process group they meet here, so the commit (rank 0) holds every
+        """Every rank calls this once the framework saved its part of a checkpoint folder.
+
+        With several ranks in a process group they meet here, so the commit (rank 0) holds every
         rank's files (HF's Trainer writes `rng_state_<rank>.pth` on each rank, with no barrier
-        before its save callback)."""
+        before its save callback).
+        """
         barrier = _group_barrier() if self.world.size > 1 else None
         if barrier is not None:
             barrier()
@@ -217,8 +224,11 @@ class TrainerServices:
             parts.book.progress(step=step, samples=samples, energy_j=self.energy_j())
 
     def hold_if_asked(self, step: int) -> None:
-        """After the commit of `step`: wait there when a test asks (`SKYGREEN_TEST_HOLD_AT_STEPS`,
-        `skygreen.runtime.hold`), so whatever kills the run never races it."""
+        """After the commit of `step`, wait there when a test asks.
+
+        The steps come from `SKYGREEN_TEST_HOLD_AT_STEPS` (`skygreen.runtime.hold`), so whatever
+        kills the run never races it.
+        """
         from skygreen.runtime.hold import hold, hold_steps
 
         if step in hold_steps(self.environ):
@@ -227,18 +237,50 @@ class TrainerServices:
     # -- the run's life --------------------------------------------------------------------
 
     def warn_if_not_resumed(self, restored: str | None, *, step: int, argument: str) -> None:
-        """A checkpoint was restored and the framework still starts at step 0: the script does
-        not hand the restored checkpoint to the framework (`argument` names how)."""
+        """Warn when the framework starts at step 0 although a checkpoint was restored.
+
+        The script does not hand the restored checkpoint to the framework (`argument` names how).
+        """
         if restored and step == 0:
             log.warning(
                 "a checkpoint was restored to %s, and the Trainer starts from step 0: pass %s", restored, argument
             )
 
     def start(self, *, step: int, samples: int = 0, total_steps: int | None = None, device: Any = None) -> None:
-        """Before the first step: open the runtime's parts on `device` (CPU when None), start the
-        power cap, the ledger segment and the preemption watch."""
+        """Before the first step: open the runtime's parts and start them.
+
+        Opens the parts on `device` (CPU when None), then starts the power cap, the ledger segment
+        and the preemption watch. A setup error here ends the script as one at the callback's
+        construction does (`fail_script`), not as a traceback out of the framework's `train()` or
+        `fit()`: what already started is stopped first (the power limit put back; a ledger segment
+        is closed as failed only if it was begun), so nothing is left half-written.
+
+        Args:
+            step: the step the framework starts at (the resumed step, or 0).
+            samples: samples seen before that step.
+            total_steps: where training runs to; None if unknown.
+            device: the framework's torch device (CPU when None).
+
+        Raises:
+            SystemExit: a setup error: `power.required` and the cap cannot be applied, an
+                unknown `SKYGREEN_CLOUD`, a bad runtime variable, an unusable bucket (exit 2 for
+                bad input, with the message and its fix; the `SkygreenError` itself, with its
+                traceback, when SKYGREEN_DEBUG=1).
+        """
         if self.parts is not None:
             return
+        try:
+            self._start(step=step, samples=samples, total_steps=total_steps, device=device)
+        except SkygreenError as e:
+            self.close(step=step, samples=samples, end=FAILED)
+            fail_script(e, smoke=self.smoke)
+
+    def _start(self, *, step: int, samples: int, total_steps: int | None, device: Any) -> None:
+        """`start`'s work, without the handling of its errors.
+
+        The book joins the parts only once its segment is begun, so that a failure before then
+        closes no segment that was never written.
+        """
         import torch
 
         import skygreen.runtime as sg
@@ -251,14 +293,16 @@ class TrainerServices:
             checkpointer=self.checkpointer,
             smoke=self.smoke,
         )
+        book, parts.book = parts.book, None
         self.parts = parts
         if parts.stopper is not None and self._stopper_state is not None:
             parts.stopper.load_state_dict(self._stopper_state)
         parts.governor.start(None)
-        if parts.book is not None:
-            parts.book.started(
+        if book is not None:
+            book.started(
                 step=step, samples=samples, samples_per_epoch=None, energy_j=self.energy_j(), total_steps=total_steps
             )
+            parts.book = book
         parts.preemption.start()
 
     def step_done(self, *, step: int, samples: int = 0) -> None:
@@ -278,9 +322,11 @@ class TrainerServices:
             self.stop_reason = PREEMPTED
 
     def after_step(self, *, step: int, samples: int = 0, start_step: int = 0) -> StepVerdict:
-        """After each optimizer step: power and budget (`step_done`), then what the trainer must
-        do: save for a preemption notice; save and stop for a budget, an early stop or the
-        smoke test's bound (`SMOKE_STEPS` after `start_step`); save and exit after SIGTERM."""
+        """After each optimizer step: power and budget (`step_done`), then what the trainer must do.
+
+        Save for a preemption notice; save and stop for a budget, an early stop or the smoke
+        test's bound (`SMOKE_STEPS` after `start_step`); save and exit after SIGTERM.
+        """
         self.step_done(step=step, samples=samples)
         notice = self.notice_pending()
         if notice:
@@ -290,8 +336,11 @@ class TrainerServices:
         return StepVerdict(save=notice or stop, stop=stop, exit_preempted=self.stop_reason == PREEMPTED)
 
     def exit_preempted(self, *, step: int, samples: int = 0) -> NoReturn:
-        """After SIGTERM, once the checkpoint of `step` is committed: close the ledger segment as
-        preempted and exit with the code SkyPilot's recovery restarts."""
+        """After SIGTERM, once the checkpoint of `step` is committed, end the process.
+
+        Closes the ledger segment as preempted and exits with the code SkyPilot's recovery
+        restarts.
+        """
         self.stop_reason = PREEMPTED
         self.close(step=step, samples=samples)
         log.warning("SIGTERM: checkpoint of step %d committed; exiting for the restart", step)
@@ -305,8 +354,10 @@ class TrainerServices:
         line: str,
         loads: Callable[[Path], str | None] | None = None,
     ) -> NoReturn:
-        """The smoke test's end: restore the newest commit into a scratch folder, compare it file
-        by file with what the trainer saved, print the smoke line and exit 0 (1 on a mismatch).
+        """End the smoke test: check the newest commit restores as the trainer saved it.
+
+        Restores the newest commit into a scratch folder, compares it file by file with what the
+        trainer saved, prints the smoke line and exits 0 (1 on a mismatch).
 
         Args:
             saved: the committed checkpoint's files by their name inside the commit.
@@ -336,7 +387,8 @@ class TrainerServices:
         """Record evaluation metrics; True when early stopping says stop.
 
         The task's metric is also found under the framework's own name for it (`val_loss` is
-        the HF Trainer's `eval_loss`), and filed under the task's name."""
+        the HF Trainer's `eval_loss`), and filed under the task's name.
+        """
         parts = self.parts
         if parts is None:
             return False
@@ -357,8 +409,10 @@ class TrainerServices:
         return self.energy_base_j + (self.parts.governor.energy_j() if self.parts is not None else 0.0)
 
     def close(self, *, step: int, samples: int = 0, end: str | None = None) -> None:
-        """Close the ledger segment with how it ended, put the power limit back, stop watching;
-        a second call does nothing more."""
+        """Close the ledger segment with how it ended, put the power limit back, stop watching.
+
+        A second call does nothing more.
+        """
         parts = self.parts
         if parts is not None and parts.book is not None:
             parts.book.progress(
@@ -375,8 +429,11 @@ class TrainerServices:
 
 
 def fail_script(error: SkygreenError, *, smoke: bool, phase: str = "setup") -> NoReturn:
-    """Stop the trainer's script with skygreen's message and exit code, without a traceback
-    unless SKYGREEN_DEBUG=1; under the smoke test the smoke's failure line names the phase."""
+    """Stop the trainer's script with skygreen's message and exit code.
+
+    No traceback unless SKYGREEN_DEBUG=1; under the smoke test the smoke's failure line names the
+    phase.
+    """
     if os.environ.get("SKYGREEN_DEBUG") == "1":
         raise error
     if smoke:

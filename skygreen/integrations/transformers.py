@@ -130,8 +130,10 @@ class SkygreenCallback(TrainerCallback):
 
         Raises:
             RuntimeError: the callback missed `on_init_end` (it was added after the Trainer was built).
-            RuntimeSetupError: `power.required` and the cap cannot be applied, or bad runtime
-                settings (raised through `trainer.train()`, with a traceback).
+            SystemExit: `power.required` and the cap cannot be applied, an unknown
+                `SKYGREEN_CLOUD` or another bad runtime setting: exit 2 with the message and its
+                fix and no traceback (unless SKYGREEN_DEBUG=1), as at the callback's
+                construction; the power limit is put back first (`TrainerServices.start`).
         """
         services = self._services()
         services.warn_if_not_resumed(

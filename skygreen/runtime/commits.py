@@ -1,5 +1,7 @@
-"""The commit protocol both checkpointers share: the full one (`skygreen.runtime.checkpointer`,
-DDP, `torch.save` of the whole state) and the sharded one (`skygreen.runtime.sharded`, FSDP2, DCP).
+"""The commit protocol both checkpointers share.
+
+The full checkpointer (`skygreen.runtime.checkpointer`, DDP, `torch.save` of the whole state) and
+the sharded one (`skygreen.runtime.sharded`, FSDP2, DCP) both use it.
 
 What they save differs; how a save becomes a commit, and how a load falls back, does not:
 
@@ -119,6 +121,7 @@ class CommitProtocol:
         tmp_dir: str | os.PathLike[str] | None,
         launch: int | None,
     ) -> None:
+        """Check the arguments and open the run's store; the lease waits for the first save or load."""
         check_keep(keep, "checkpoint keep")
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
             raise InputError(
@@ -229,9 +232,11 @@ class CommitProtocol:
     # -- committing -----------------------------------------------------------------------
 
     def _fence(self) -> None:
-        """Take this life's writer lease, or check it is still ours (`skygreen.checkpoint.lease`);
-        `LeaseLostError` when a newer life holds it. Rank 0 holds it for the run; a no-op on other
-        ranks and without a launch number."""
+        """Take this life's writer lease, or check it is still ours (`skygreen.checkpoint.lease`).
+
+        Raises `LeaseLostError` when a newer life holds it. Rank 0 holds it for the run; a no-op
+        on other ranks and without a launch number.
+        """
         if self.launch is None or self.rank != 0:
             return
         if self._lease is None:
@@ -240,8 +245,10 @@ class CommitProtocol:
             check_lease(self.store, self._lease)
 
     def _put_note(self, step: int, blobs: Mapping[str, BlobInfo], started: float) -> bool:
-        """Upload this rank's note for `step`; True on rank 0, which goes on to commit. Another
-        rank's part of the save ends here."""
+        """Upload this rank's note for `step`; True on rank 0, which goes on to commit.
+
+        Another rank's part of the save ends here.
+        """
         self.store.put(blob_key(step, rank_note_name(self.rank, self.launch)), note(step, self.rank, blobs))
         if self.rank == 0:
             return True
@@ -306,8 +313,11 @@ class CommitProtocol:
         return loaded
 
     def _clear_leftovers(self, step: int) -> None:
-        """Rank 0, after a load: this life's lease first (a superseded life stops here, deleting
-        nothing), then the uncommitted step folders newer than `step` (-1: none loaded)."""
+        """Rank 0, after a load: remove the uncommitted step folders newer than `step`.
+
+        This life's lease is checked first (a superseded life stops here, deleting nothing);
+        `step` is -1 when none was loaded.
+        """
         if self.rank != 0:
             return
         try:
@@ -320,8 +330,11 @@ class CommitProtocol:
             delete_step(self.store, stale)
 
     def _remember_unloadable(self, step: int, errors: Mapping[int, str], default: str) -> None:
-        """Rank 0: every commit newer than the step the ranks loaded failed somewhere; retention
-        moves them aside after the next commit (`skygreen.checkpoint.retention`)."""
+        """Rank 0: remember the commits newer than the step the ranks loaded.
+
+        Each of them failed to load somewhere; retention moves them aside after the next commit
+        (`skygreen.checkpoint.retention`).
+        """
         if self.rank != 0:
             return
         self._unloadable = {s: errors.get(s, default) for s in committed_steps(self.store) if s > step}

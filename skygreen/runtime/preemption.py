@@ -131,7 +131,8 @@ def _known_cloud(cloud: str) -> str:
     """`cloud` itself when skygreen can watch it for notices; else `RuntimeSetupError` listing those it can."""
     if cloud not in CHECKS:
         raise RuntimeSetupError(
-            f"no preemption notice check for cloud {cloud!r}\n  allowed: {', '.join(sorted(CHECKS))}"
+            f"no preemption notice check for cloud {cloud!r}\n  allowed: {', '.join(sorted(CHECKS))}\n"
+            "  fix: set SKYGREEN_CLOUD to one of those, or unset it (SkyPilot tells the job its cloud)"
         )
     return cloud
 

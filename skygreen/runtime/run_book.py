@@ -47,10 +47,13 @@ HEARTBEAT_S = 30.0
 
 
 def vm_setup(environ: Mapping[str, str], *, run_id: str, now_s: float) -> tuple[float, dict[str, float]]:
-    """When this VM began, and its setup's figures for the segment, from one read of setup's
-    stamps (`skygreen.ledger.changeover.read_setup`, under `$HOME`). On a SkyPilot cluster the VM
-    is paid from setup's first line (`setup.sh.tmpl`; setup and restore are paid time too), else
-    from now. Stamps from the future or from another life are ignored."""
+    """When this VM began, and its setup's figures for the segment.
+
+    Both come from one read of setup's stamps (`skygreen.ledger.changeover.read_setup`, under
+    `$HOME`). On a SkyPilot cluster the VM is paid from setup's first line (`setup.sh.tmpl`; setup
+    and restore are paid time too), else from now. Stamps from the future or from another life
+    are ignored.
+    """
     home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
     setup = read_setup(run_id, home=home, process_started_at=now_s)
     on_cluster = bool(environ.get("SKYPILOT_CLUSTER_INFO"))
@@ -95,6 +98,7 @@ class RunBook:
         metering: bool = False,
         setup: Mapping[str, float] | None = None,
     ) -> None:
+        """Price this VM's place and set the budget policy; nothing is written to the ledger yet."""
         gpu = gpu_catalog_name(device_name) if device_name and device_name != "cpu" else None
         self.place = current_place(environ, gpu=gpu, gpu_count=gpu_count if gpu else 0)
         self.writer = LedgerWriter(
@@ -168,10 +172,11 @@ class RunBook:
         total_steps: int | None,
         restored: Mapping[str, float | int] | None = None,
     ) -> None:
-        """After the resume: the step, samples and energy the run continues from, and this VM's
-        changeover so far: the setup script's stamps (read when the book opened, `vm_setup`) and
-        `restored`, the restore the run timed (`skygreen.ledger.changeover.restore_figures`; None
-        when it started fresh).
+        """After the resume: note where the run continues from and this VM's changeover so far.
+
+        Notes the step, samples and energy the run continues from, and the changeover: the setup
+        script's stamps (read when the book opened, `vm_setup`) and `restored`, the restore the
+        run timed (`skygreen.ledger.changeover.restore_figures`; None when it started fresh).
 
         Args:
             training: the training state as restored (step, samples, cumulative energy).
@@ -189,8 +194,10 @@ class RunBook:
         )
 
     def progress_of(self, training: TrainingState, end: str = "running") -> None:
-        """Write the run's step, samples and energy so far; `end` other than `running` closes the
-        segment with that ending (completed, preempted, budget, ...).
+        """Write the run's step, samples and energy so far.
+
+        `end` other than `running` closes the segment with that ending (completed, preempted,
+        budget, ...).
 
         Args:
             training: the training state now.
@@ -201,8 +208,10 @@ class RunBook:
         )
 
     def exited(self, training: TrainingState, exc_type: type[BaseException]) -> None:
-        """The training loop left with an exception: cancelled (Ctrl-C) or failed. SystemExit
-        is the runtime's own exit (preempted, budget), already written.
+        """The training loop left with an exception: close the segment cancelled or failed.
+
+        Ctrl-C is cancelled, anything else failed. SystemExit is the runtime's own exit
+        (preempted, budget), already written.
 
         Args:
             training: the training state at the exception.
@@ -259,9 +268,12 @@ class RunBook:
         log.info("ledger: segment %s on %s", self.writer.segment.key, self.place.label)
 
     def preemptions_before(self) -> int:
-        """VMs of this run lost before this one, from the ledger: segments that ended preempted
-        and segments that never wrote their end (killed or vanished, which no runtime could
-        count). The same count `skygreen cost` shows, so `status` agrees with it."""
+        """VMs of this run lost before this one, from the ledger.
+
+        Counts segments that ended preempted and segments that never wrote their end (killed or
+        vanished, which no runtime could count). The same count `skygreen cost` shows, so
+        `status` agrees with it.
+        """
         return sum(1 for s in self.writer.earlier if s.end in (PREEMPTED, KILLED))
 
     def step_started(self) -> None:
@@ -279,9 +291,10 @@ class RunBook:
             self.writer.report(name, step, value)
 
     def progress(self, *, step: int, samples: int, energy_j: float, end: str = "running") -> None:
-        """Write the segment's progress: train time in seconds since the first step (0 before it) and
-        energy in joules since the segment began (None when not metering). `end` other than
-        `running` closes the segment.
+        """Write the segment's progress: train time and energy so far.
+
+        Train time is in seconds since the first step (0 before it), energy in joules since the
+        segment began (None when not metering). `end` other than `running` closes the segment.
 
         Args:
             step: the optimizer steps done.
@@ -294,8 +307,10 @@ class RunBook:
         self.writer.update(step=step, samples=samples, train_s=train_s, energy_j_total=self._energy(energy_j), end=end)
 
     def tick(self, step: int) -> None:
-        """After each step: a ledger heartbeat every `SKYGREEN_LEDGER_HEARTBEAT_S` (30 s) between
-        checkpoints, so time and steps a VM spends after its last checkpoint are on the record.
+        """After each step: beat the ledger every `SKYGREEN_LEDGER_HEARTBEAT_S` (30 s).
+
+        The beats fall between checkpoints, so time and steps a VM spends after its last
+        checkpoint are on the record.
 
         The step reached is noted here; the write goes to the bucket on a thread of its own, so a
         slow bucket never holds a training step (beats that come while a write is slow are folded
@@ -333,8 +348,10 @@ class RunBook:
         return stop
 
     def stop_message(self) -> str:
-        """The warning for a run stopped by its budget: spend so far, the budget, and the command that
-        resumes it with a higher one. Only after `over_budget` returned True with a budget set.
+        """The warning for a run stopped by its budget.
+
+        It gives the spend so far, the budget, and the command that resumes it with a higher one.
+        Only after `over_budget` returned True with a budget set.
         """
         assert self.tracker is not None and self.policy.budget_usd is not None
         spent = self.tracker.spent_usd(self.writer.segment, time.time())
@@ -345,8 +362,11 @@ class RunBook:
 
 
 class _BackgroundWrites:
-    """A daemon thread that writes the ledger segment whenever poked: the heartbeat's write, off
-    the training thread. Pokes while a write is under way fold into one more write."""
+    """A daemon thread that writes the ledger segment whenever poked.
+
+    It is the heartbeat's write, off the training thread. Pokes while a write is under way fold
+    into one more write.
+    """
 
     def __init__(self, writer: LedgerWriter) -> None:
         self.writer = writer

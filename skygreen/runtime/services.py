@@ -211,7 +211,6 @@ def open_services(
         InputError: bad checkpoint settings, when no checkpointer is given (`SpecError` for
             the keep count and the bucket URL).
         StoreError: the bucket's client library is not installed.
-        ValueError: a budget of 0, which the settings accept and the ledger's budget does not.
     """
     checkpointer = checkpointer or open_checkpointer(settings, world=world)
     governor = open_governor(settings, device=device, world=world, environ=environ, smoke=smoke, originals=originals)
