@@ -43,11 +43,12 @@ def test_gpt2_fsdp_trains_under_up_local_with_two_cpu_ranks(private_home, tmp_pa
     assert "step 10 epoch 0 ranks 2 accumulation 2" in logs, logs[-3000:]
     (run,) = runs(env)
     assert run["completed"] and run["step"] == 10
-    from skygreen.checkpoint.manifest import latest_manifest
+    from skygreen.checkpoint.manifest import base_blob_name, latest_manifest
     from skygreen.checkpoint.store_factory import open_store
 
     bucket = next(Path(private_home).rglob("ckpt")).parent
     manifest = latest_manifest(open_store(str(bucket)))
     assert manifest is not None and manifest.step == 10
     assert manifest.layout == "sharded-dcp" and manifest.world_size == 2
-    assert {"dcp__0_0.distcp", "dcp__1_0.distcp", "rank00001.pt"} <= set(manifest.blobs)
+    # a launched life names its files after itself (`dcp__0_0.l1-<hex>.distcp`): one writer per run
+    assert {"dcp__0_0.distcp", "dcp__1_0.distcp", "rank00001.pt"} <= {base_blob_name(b) for b in manifest.blobs}
