@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -241,12 +242,21 @@ class LocalLauncher:
         return failure_line(text)
 
 
+_RUNTIME_ERROR = re.compile(r"skygreen: (\w+Error: .*)")
+"""The line the runtime ends a script with on an uncaught skygreen error
+(`skygreen.runtime.environment.end_quietly_on_skygreen_errors`)."""
+
+
 def failure_line(output: str) -> str | None:
     """One line that says why a run failed, from the end of its output: the exception of the
-    last Python traceback (without the module path), else the last line printed. Never a
-    piece of the traceback itself: `status` shows this as the run's state."""
+    last Python traceback (without the module path) or the skygreen error the runtime ended the
+    script with, whichever came last, else the last line printed. Never a piece of the traceback
+    itself: `status` shows this as the run's state."""
     lines = [line.rstrip() for line in output.splitlines() if line.strip()]
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    ended = [i for i, line in enumerate(lines) if _RUNTIME_ERROR.fullmatch(line)]
+    if ended and (not starts or ended[-1] > starts[-1]):
+        return lines[ended[-1]].removeprefix("skygreen: ")
     if starts:
         for line in lines[starts[-1] + 1 :]:
             if not line[:1].isspace():  # the frames are indented; the exception line is not

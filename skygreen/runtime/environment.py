@@ -6,21 +6,60 @@ device and autocast are torch objects.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from skygreen.errors import RuntimeSetupError
+from skygreen.errors import RuntimeSetupError, SkygreenError
 from skygreen.runtime.precision import DeviceFacts, PrecisionChoice, choose_precision, cpu_facts, cuda_facts
 from skygreen.runtime.smoke_mode import SMOKE_ACCUM_STEPS, SMOKE_MICRO_BATCH
 from skygreen.settings import DEFAULT_PRECISION_ENV, RuntimeSettings
 from skygreen.spec import PRECISIONS
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def end_quietly_on_skygreen_errors(environ: Mapping[str, str]) -> None:
+    """Let a skygreen error that nothing catches end the script as it ends the `skygreen` command.
+
+    A training script that lets a `RuntimeSetupError` (no run id, a bad setting) or a
+    `CheckpointError` escape would otherwise print a Python traceback: the user gets the one line
+    with its fix on stderr (`skygreen: ...`) and the error's exit code (2 for bad input, 1 for a
+    failure), as from every `skygreen` command. Only the uncaught case changes: code that catches
+    the error still gets it. Other exceptions keep the traceback, and `SKYGREEN_DEBUG=1` keeps it
+    for skygreen's too. Installed once per process, by the first `Run`.
+
+    The process ends with `os._exit`, after the exit handlers ran and the streams were flushed:
+    Python gives an uncaught exception exit status 1 whatever its hook does, and the launcher, the
+    smoke test and `skygreen logs --follow` read the code.
+
+    Args:
+        environ: the process environment (`SKYGREEN_DEBUG`).
+    """
+    if environ.get("SKYGREEN_DEBUG") == "1" or getattr(sys.excepthook, "skygreen", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        if not isinstance(error, SkygreenError):
+            previous(kind, error, trace)
+            return
+        sys.stderr.write(f"skygreen: {type(error).__name__}: {error}\n")
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(error.exit_code)
+
+    hook.skygreen = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def show_runtime_logs(*, verbose: bool) -> None:

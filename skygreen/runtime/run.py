@@ -56,6 +56,7 @@ from skygreen.runtime.environment import (
     autocast_factory,
     batch_shape,
     device_facts,
+    end_quietly_on_skygreen_errors,
     pick_device,
     pick_precision,
     show_runtime_logs,
@@ -139,6 +140,7 @@ class Run:
             ValueError: the dataset is empty.
         """
         self._environ = os.environ if environ is None else environ
+        end_quietly_on_skygreen_errors(self._environ)
         self.smoke = self._environ.get(SMOKE_ENV) == "1"
         overrides: dict[str, Any] = {"precision": precision, "effective_batch": effective_batch}
         if isinstance(micro_batch, int):
