@@ -37,10 +37,12 @@ sg.Run(model=model, optimizer=optimizer, dataset=data, effective_batch=64, micro
 """
 
 
-def _script(tmp_path: Path, mode: str, **extra: str) -> subprocess.CompletedProcess:
+def _script(tmp_path: Path, mode: str, debug: bool = False) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    env = user_env(tmp_path / "home", SKYGREEN_RUN_ID="exit-test", SKYGREEN_BUCKET=str(tmp_path / "bucket"), **extra)
+    env = user_env(tmp_path / "home", SKYGREEN_RUN_ID="exit-test", SKYGREEN_BUCKET=str(tmp_path / "bucket"))
+    if debug:
+        env["SKYGREEN_DEBUG"] = "1"
     return subprocess.run(
         [sys.executable, str(script), mode], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
     )
@@ -52,11 +54,12 @@ def test_an_uncaught_setup_error_is_one_line_with_its_fix_and_exit_2(tmp_path):
     assert "Traceback" not in out.stderr, out.stderr
     assert "skygreen: RuntimeSetupError: " in out.stderr and "micro-batch 7" in out.stderr, out.stderr
     assert "fix:" in out.stderr
-    assert failure_line(out.stdout + out.stderr).startswith("RuntimeSetupError: ")
+    line = failure_line(out.stdout + out.stderr)
+    assert line is not None and line.startswith("RuntimeSetupError: "), line
 
 
 def test_skygreen_debug_keeps_the_traceback(tmp_path):
-    out = _script(tmp_path, "raise", SKYGREEN_DEBUG="1")
+    out = _script(tmp_path, "raise", debug=True)
     assert out.returncode == FAILED  # Python's own exit status for an uncaught exception
     assert "Traceback" in out.stderr and "RuntimeSetupError" in out.stderr, out.stderr
 
