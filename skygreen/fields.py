@@ -89,7 +89,7 @@ def _integer_example(value: Any, minimum: int | None) -> int:
         word = value.strip().lower()
         if word in _NUMBER_WORDS:
             return _NUMBER_WORDS.index(word)
-        if word.isdigit():
+        if word.isdecimal():  # what int() reads ("²" is a digit it refuses)
             return int(word)
     if isinstance(value, float) and math.isfinite(value):
         return max(round(value), minimum or 0)

@@ -63,7 +63,7 @@ def output_width(stream: TextIO) -> int | None:
     honours it), the terminal's width on a terminal, None (no limit) when piped, so a file or
     `grep` gets every column."""
     raw = os.environ.get("COLUMNS", "").strip()
-    if raw.isdigit() and int(raw) > 0:
+    if raw.isdecimal() and int(raw) > 0:
         return int(raw)
     try:
         if stream.isatty():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from helpers import user_env
@@ -205,6 +205,7 @@ _VALUES = st.recursive(
 
 @settings(max_examples=400, deadline=None)
 @given(section=_VALUES, top=st.dictionaries(st.sampled_from(["name", "num_nodes", "run", "runn"]), _SCALARS))
+@example(section=None, top={"num_nodes": "²"})  # a digit to str.isdigit, not to int()
 def test_any_input_ends_in_a_clear_error_or_a_valid_spec(section, top):
     data = {**top, "skygreen": section}
     try:

@@ -197,6 +197,6 @@ def _from_client_error(bucket: str, what: str, e: botocore.exceptions.ClientErro
     error = e.response.get("Error", {})
     code = str(error.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
     kind, fix = _ERROR_TABLE.get(code, ("other", ""))
-    if kind == "other" and code.isdigit() and int(code) >= 500:
+    if kind == "other" and code.isdecimal() and int(code) >= 500:
         kind, code = "transient", f"HTTP {code}"
     return store_error(kind, bucket=bucket, what=what, code=code, message=error.get("Message") or str(e), fix=fix)

@@ -63,7 +63,7 @@ def launch_name(run_id: str, launch: int) -> str:
 def run_of_job(name: str) -> tuple[str, int] | None:
     """The run id and launch number a job name carries (`launch_name`), or None for another name."""
     run_id, sep, number = (name or "").rpartition("-")
-    if not sep or not number.isdigit() or not _JOB_RUN_ID.match(run_id):
+    if not sep or not number.isdecimal() or not _JOB_RUN_ID.match(run_id):
         return None
     return run_id, int(number)
 

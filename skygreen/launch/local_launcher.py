@@ -325,7 +325,7 @@ def _group_alive(pgid: int | None, start_ticks: int | None) -> bool:
             return True
         return True
     for entry in proc.iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdecimal():
             continue
         try:
             fields = (entry / "stat").read_text().rpartition(")")[2].split()

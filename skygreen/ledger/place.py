@@ -89,7 +89,7 @@ def _simulated_board(environ: Mapping[str, str]) -> str | None:
     if not raw:
         return None
     name, _, count = raw.partition(":")
-    return f"{name.strip()}x{int(count) if count.strip().isdigit() else 1}"
+    return f"{name.strip()}x{int(count) if count.strip().isdecimal() else 1}"
 
 
 def current_place(environ: Mapping[str, str], *, gpu: str | None, gpu_count: int | None = None) -> Place:
