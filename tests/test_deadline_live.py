@@ -24,7 +24,7 @@ from skygreen.deadline.live import (
     spot_reading,
 )
 from skygreen.deadline.policy import ExpectedSpot, Job, Mode, Observation, UniformProgress
-from skygreen.ledger.records import Place, Segment, new_segment_key
+from skygreen.ledger.records import Place, Segment, new_segment_key, settle
 
 T0 = 1_800_000_000.0
 H = 3600.0
@@ -93,6 +93,17 @@ def test_progress_counts_the_furthest_step_and_the_timed_throughput():
     # 160 timed steps in 90 s: 300 steps take 168.75 s
     assert progress.measured_compute_h == pytest.approx(300 * 90 / 160 / 3600)
     assert progress.timed_train_s == pytest.approx(90.0)  # what that measure rests on
+
+
+def test_progress_of_a_killed_segment_counts_the_steps_its_seconds_were_measured_over():
+    # Killed at step 180 (its last write, 90 s of training), replaced by a segment resuming from
+    # the checkpoint at 150: settling moves the first back to 150, but its 90 s trained 180 steps.
+    killed = segment(started_at=T0, start_step=0, step=180, train_s=90.0)
+    resumed = segment(started_at=T0 + 200, start_step=150, step=150, train_s=0.0)
+    settled = settle([killed, resumed])
+    assert settled[0].step == 150 and settled[0].timed_steps == 180
+    progress = progress_from(settled)
+    assert progress.measured_compute_h == pytest.approx(300 * 90 / 180 / 3600)  # 2 steps/s, not 1.67
 
 
 def test_progress_without_total_steps_or_timed_steps_is_unknown():

@@ -117,14 +117,16 @@ def progress_from(segments: Sequence[Any]) -> Progress:
 
     The step is the furthest any segment reached; the throughput is every segment's timed
     steps over their training seconds, so restarts and checkpoint loads are not counted as
-    compute (they are the changeover's part).
+    compute (they are the changeover's part). A killed segment's timed steps run to the step its
+    training seconds were measured at, not to the checkpoint its `step` was moved back to: the
+    steps it trained past that checkpoint took those seconds too.
     """
     if not segments:
         return Progress(step=0, total_steps=None)
     step = max(s.step for s in segments)
     totals = [s.total_steps for s in sorted(segments, key=lambda s: s.started_at) if s.total_steps]
     total = totals[-1] if totals else None
-    timed_steps = sum(s.steps_done for s in segments if s.train_s > 0)
+    timed_steps = sum(s.timed_steps for s in segments if s.train_s > 0)
     train_s = sum(s.train_s for s in segments if s.train_s > 0)
     measured = total * (train_s / timed_steps) / 3600.0 if total and timed_steps and train_s > 0 else None
     return Progress(step=step, total_steps=total, measured_compute_h=measured, timed_train_s=max(train_s, 0.0))

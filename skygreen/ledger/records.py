@@ -172,10 +172,16 @@ class Segment:
         return self.samples_done / self.train_s if self.train_s > 0 and self.samples_done else None
 
     @property
+    def timed_steps(self) -> int:
+        """Steps `train_s` was measured over: to the written step, which a reader that moved
+        `step` back to the checkpoint keeps in `timed_step`; never negative."""
+        return max(0, (self.step if self.timed_step is None else self.timed_step) - self.start_step)
+
+    @property
     def steps_per_s(self) -> float | None:
         """Steps per second of training time (`train_s`, measured at the written step), or None
         before a timed step."""
-        timed = max(0, (self.step if self.timed_step is None else self.timed_step) - self.start_step)
+        timed = self.timed_steps
         return timed / self.train_s if self.train_s > 0 and timed else None
 
     @property
