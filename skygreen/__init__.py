@@ -16,7 +16,7 @@ use, so `skygreen.runtime` or `skygreen.SkygreenError` work after a bare `import
 
 from __future__ import annotations
 
-from typing import Any
+from skygreen.lazy_names import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -24,15 +24,7 @@ _SUBPACKAGES = ("api", "data", "integrations", "power", "runtime")
 _LAZY = {"SkygreenError": "skygreen.errors"}
 
 
-def __getattr__(name: str) -> Any:
-    """Load a public name on first use, so that `import skygreen` stays free of torch and sky."""
-    import importlib
-
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"skygreen.{name}")
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'skygreen' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, subpackages=_SUBPACKAGES)
 
 
 __all__ = ["SkygreenError", "__version__", "api", "data", "integrations", "power", "runtime"]

@@ -22,7 +22,7 @@ planner reads those tables by path and must not pay for numpy.
 
 from __future__ import annotations
 
-from typing import Any
+from skygreen.lazy_names import lazy_getattr
 
 _LAZY = {
     "MANIFEST": "skygreen.data.layout",
@@ -34,13 +34,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Load a public name on first use, so that the planner's `import skygreen.data` loads no numpy."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'skygreen.data' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = ["MANIFEST", "ShardSpec", "ShardWriter", "ShardedDataset", "open_prepared", "prepare"]

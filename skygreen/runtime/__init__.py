@@ -36,9 +36,8 @@ without paying torch's 2.3 s start-up; every other name loads its module on firs
 
 from __future__ import annotations
 
-from typing import Any
-
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
+from skygreen.lazy_names import lazy_getattr
 
 _LAZY = {
     "Run": "skygreen.runtime.run",
@@ -69,12 +68,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'skygreen.runtime' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [
