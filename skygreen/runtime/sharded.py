@@ -131,8 +131,11 @@ _UPLOAD_THREADS = 4
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class _Fetched:
-    """What a rank verified of one checkpoint, ready for DCP: the non-tensor state, its own
-    state, fresh tensors of this run's layout to load into, and the DCP files it checked."""
+    """What a rank verified of one checkpoint, ready for DCP.
+
+    The non-tensor state, its own state, fresh tensors of this run's layout to load into, and
+    the DCP files it checked.
+    """
 
     skeleton: Any
     rank_state: dict | None
@@ -143,9 +146,11 @@ class _Fetched:
 def open_sharded_checkpointer(
     settings: RuntimeSettings, *, world: World, environ: Mapping[str, str] | None = None
 ) -> ShardedCheckpointer:
-    """The checkpointer of an FSDP2 run: `<bucket>/<run_id>`, with the settings' keep and
-    early-stopping mode, as `open_checkpointer` opens a full one (weights are never stored
-    in half precision here: each rank's shards are saved as trained).
+    """The checkpointer of an FSDP2 run, at `<bucket>/<run_id>`.
+
+    It takes the settings' keep and early-stopping mode, as `open_checkpointer` opens a full
+    one (weights are never stored in half precision here: each rank's shards are saved as
+    trained).
 
     Args:
         settings: the run's settings.
@@ -172,8 +177,10 @@ def open_sharded_checkpointer(
 
 
 def blobs_by_base(manifest: Manifest) -> dict[str, str]:
-    """Each blob of `manifest` by its base name (`base_blob_name`: the life tag taken out), the
-    name it is read and stored locally under: `dcp__1_0.distcp` -> `dcp__1_0.l3-1a2b3c4d.distcp`.
+    """Each blob of `manifest` by its base name (`base_blob_name`: the life tag taken out).
+
+    The base name is the one a blob is read and stored locally under:
+    `dcp__1_0.distcp` -> `dcp__1_0.l3-1a2b3c4d.distcp`.
 
     Raises:
         CheckpointError: a name that is no plain file name, or two names of one blob (a manifest
@@ -195,8 +202,9 @@ def blobs_by_base(manifest: Manifest) -> dict[str, str]:
 
 
 class ShardedCheckpointer(CommitProtocol):
-    """Asynchronous, verified, resharding checkpoints of one FSDP2 run (one instance per rank);
-    the commit protocol is `skygreen.runtime.commits`'s.
+    """Asynchronous, verified, resharding checkpoints of one FSDP2 run (one instance per rank).
+
+    The commit protocol is `skygreen.runtime.commits`'s.
 
     The same surface as `skygreen.runtime.checkpointer.Checkpointer` (`save_state`,
     `restore_state`, `save`, `wait`, `close`, `load_latest`, `last_save_cost_s`,
@@ -240,6 +248,7 @@ class ShardedCheckpointer(CommitProtocol):
         environ: Mapping[str, str] | None = None,
         launch: int | None = None,
     ) -> None:
+        """Open the checkpoints under `url` (arguments: the class's); nothing is read or written yet."""
         env = os.environ if environ is None else environ
         super().__init__(
             url,
@@ -275,8 +284,9 @@ class ShardedCheckpointer(CommitProtocol):
         meta: dict | None = None,
         pin: bool = False,
     ) -> None:
-        """Stage this rank's shards of `state` (and its `rank_state`) to host memory, then write,
-        upload and commit them in the background. Call on every rank at the same step.
+        """Stage this rank's shards to host memory, then write, upload and commit them in the background.
+
+        Call on every rank at the same step; `rank_state` is staged with `state`.
 
         Args:
             step: the optimizer steps done; the checkpoint's name.
@@ -324,8 +334,9 @@ class ShardedCheckpointer(CommitProtocol):
         meta: dict | None = None,
         pin: bool = False,
     ) -> dict[str, Any]:
-        """Checkpoint a mapping of named stateful objects at `step`, sharded (as
-        `Checkpointer.save_state`; a sharded model's entries come from `fsdp.sharded_states`).
+        """Checkpoint a mapping of named stateful objects at `step`, sharded.
+
+        As `Checkpointer.save_state`; a sharded model's entries come from `fsdp.sharded_states`.
 
         Args:
             step: the optimizer steps done; the checkpoint's name.
@@ -349,10 +360,10 @@ class ShardedCheckpointer(CommitProtocol):
         return state
 
     def restore_state(self, states: Mapping[str, Stateful | None]) -> Loaded | None:
-        """Load the newest checkpoint that verifies on every rank into a mapping of named
-        stateful objects, resharded to this run's layout (their current state is the template).
+        """Load the newest checkpoint that verifies on every rank into named stateful objects.
 
-        Every rank must call this. Entries the checkpoint lacks leave their object as it is and
+        The checkpoint is resharded to this run's layout (the objects' current state is the
+        template). Every rank must call this. Entries the checkpoint lacks leave their object as it is and
         are logged.
 
         Args:
@@ -373,7 +384,8 @@ class ShardedCheckpointer(CommitProtocol):
         """The gloo group the background thread's collectives use (None when alone).
 
         Created on the main thread, at the same point on every rank (creating a group is
-        itself a collective)."""
+        itself a collective).
+        """
         if self._group is None and distributed():
             import datetime
 
@@ -420,9 +432,12 @@ class ShardedCheckpointer(CommitProtocol):
         self._commit(manifest, started, what="sharded checkpoint")
 
     def _life_named(self, stage: Path, own: dict, skeleton: Any, tmp: Path) -> dict[str, Path]:
-        """This rank's files by the blob name they are uploaded under: DCP's staged files
-        (`dcp` + DCP's name), its own state and, on rank 0, the shared state, each named after
-        this life (`life_blob_name`), so no other life of the run ever uploads over them."""
+        """This rank's files by the blob name they are uploaded under.
+
+        DCP's staged files (`dcp` + DCP's name), its own state and, on rank 0, the shared state,
+        each named after this life (`life_blob_name`), so no other life of the run ever uploads
+        over them.
+        """
         files = {life_blob_name(DCP_PREFIX + p.name, self.life): p for p in sorted(stage.iterdir()) if p.is_file()}
         own_name = life_blob_name(rank_blob_name(self.rank), self.life)
         files[own_name] = torch_save_to(own, tmp / own_name)
@@ -446,7 +461,8 @@ class ShardedCheckpointer(CommitProtocol):
     # -- loading ------------------------------------------------------------------------
 
     def load_latest(self) -> Loaded | None:
-        """The newest checkpoint that verifies on every rank, resharded into this run's layout;
+        """The newest checkpoint that verifies on every rank, resharded into this run's layout.
+
         None when there is none. Call on every rank (collectives), not while a save is in flight.
 
         Each rank downloads and verifies only what it reads: the manifest's `dcp.metadata`,
@@ -498,7 +514,8 @@ class ShardedCheckpointer(CommitProtocol):
         metadata through the restricted unpickler); then the shard files that DCP's plan for
         this rank's tensors reads, each checked against its size and sha256 as it lands. Blobs
         are looked up by their base name (a life's own name or the plain one) and land under it,
-        DCP's files in the folder DCP reads, under DCP's own names."""
+        DCP's files in the folder DCP reads, under DCP's own names.
+        """
         if manifest.kind != STATE_KIND:
             return f"a {manifest.kind} checkpoint (a trainer's files), not the runtime's own state"
         if manifest.layout != LAYOUT:
@@ -552,8 +569,11 @@ class ShardedCheckpointer(CommitProtocol):
         return None
 
     def _fetch_blobs(self, manifest: Manifest, names: Mapping[str, str], bases: list[str], folder: Path) -> str | None:
-        """Download the blobs `bases` of `manifest` (stored as `names[base]`) into `folder` under
-        their base names, several at once, each verified; the problems."""
+        """Download the blobs `bases` of `manifest` into `folder`, several at once, each verified.
+
+        Each is stored as `names[base]` and lands under its base name; the problems are returned
+        (None when there are none).
+        """
 
         def one(base: str) -> str | None:
             local = folder / DCP_PREFIX / base[len(DCP_PREFIX) :] if base.startswith(DCP_PREFIX) else folder / base
