@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -385,6 +387,34 @@ def test_a_prefetch_still_writing_is_waited_for_while_it_lives_and_a_dead_one_is
     assert not (folder / "dead").exists()
     with held_while_alive(tmp_path / LOCK_NAME):  # alive but hung: given up after the stall
         wait_for_part(folder / "dead.part", folder / "dead", lock=tmp_path / LOCK_NAME, stall_s=0.2)
+
+
+SHM = Path("/dev/shm")
+
+
+@pytest.mark.skipif(not SHM.is_dir() or not os.access(SHM, os.W_OK), reason="no writable /dev/shm (a tmpfs) here")
+def test_a_prefetched_blob_is_taken_into_a_load_folder_on_another_filesystem(tmp_path):
+    # A VM whose /tmp is a tmpfs loads into another filesystem than the prefetch's (under HOME):
+    # a rename cannot cross it, so the verified blob is moved by a copy, not refused or crashed on.
+    from skygreen.checkpoint.manifest import Manifest
+    from skygreen.checkpoint.prefetch import blob_info, take_prefetched
+
+    load_folder = Path(tempfile.mkdtemp(dir=SHM))
+    if os.stat(load_folder).st_dev == os.stat(tmp_path).st_dev:
+        shutil.rmtree(load_folder)
+        pytest.skip("/dev/shm is on the same filesystem as the test's folder here")
+    try:
+        (tmp_path / "7").mkdir()
+        data = os.urandom(8192)
+        (tmp_path / "7" / "shared.pt").write_bytes(data)
+        manifest = Manifest(
+            step=7, blobs={"shared.pt": blob_info(tmp_path / "7" / "shared.pt")}, created_at="2026-01-01T00:00:00Z"
+        )
+        assert take_prefetched(tmp_path, manifest, "shared.pt", load_folder / "shared.pt")
+        assert (load_folder / "shared.pt").read_bytes() == data
+        assert not (tmp_path / "7" / "shared.pt").exists()  # moved, not left behind
+    finally:
+        shutil.rmtree(load_folder)
 
 
 # ---------------------------------------------------------------- the plan learns it

@@ -16,9 +16,11 @@ downloaded again from the bucket, never loaded. No torch here.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -127,5 +129,10 @@ def take_prefetched(dest: Path | None, manifest: Manifest, name: str, target: Pa
         )  # fmt: skip
         path.unlink(missing_ok=True)
         return False
-    os.replace(path, target)
+    try:
+        os.replace(path, target)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        shutil.move(path, target)  # the load folder is on another filesystem (a tmpfs /tmp): a copy
     return True
