@@ -23,7 +23,12 @@ The model is a stack of 1024 x 4096 fp32 linear layers sized by --ckpt-mb (the c
 its weights and AdamW's two moments: 3x the weights). The issue's size is about 1.4 GB
 (`--ckpt-mb 1400`); a GPT-2-medium's fp32 weights alone are 1.4 GB, 4.3 GB with AdamW.
 
+The S3 server is moto_server on loopback; by default (`--server moto-ranged`) it serves a ranged
+GET by reading that range alone, as S3 does, where moto as released copies the whole object for
+each one (`benchmarks/moto_ranged.py`; `--server moto` for the server as released).
+
 Run: .venv/bin/python benchmarks/bench_changeover.py [--ckpt-mb 384] [--rounds 3] [--fresh]
+       [--installer pip|uv] [--server moto-ranged|moto]
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from servers import FAKE_AWS_ENV, moto_process  # noqa: E402
+from servers import FAKE_AWS_ENV, ServerProcess, moto_process  # noqa: E402
 
 LAYER_MB = 16  # one 1024 x 4096 fp32 layer
 
@@ -72,6 +77,17 @@ print(json.dumps({"import_s": t_imported - t_start, "restore_s": t_restored - t_
 """
 
 BARE = "import sys, time; t = float(sys.argv[1]); import torch; print(time.time() - t)"
+
+
+def s3_server(name: str) -> ServerProcess:
+    """`moto`: moto_server as it is; `moto-ranged`: the same server reading a ranged GET's range
+    alone, as S3 does (`benchmarks/moto_ranged.py`), so that ranged downloads measure the client."""
+    if name == "moto":
+        return moto_process()
+    script = str(REPO / "benchmarks" / "moto_ranged.py")
+    return ServerProcess(
+        "moto_server (ranges read alone)", lambda port: [sys.executable, script, "-H", "127.0.0.1", "-p", str(port)]
+    )
 
 
 def make_state(ckpt_mb: int) -> tuple[dict, int]:
@@ -114,13 +130,15 @@ def rendered_setup(run_id: str, bucket: str, requirement: str | None = None) -> 
     return render_task(spec, plan, settings=settings, task_dir=REPO, install=install)["setup"]
 
 
-def deep_learning_image(tmp: Path) -> Path:
-    """A fresh virtualenv holding torch (this torch's version, from pip's configured sources) and
+def deep_learning_image(tmp: Path, *, with_uv: bool) -> Path:
+    """A fresh virtualenv holding torch (this torch's version, from pip's configured sources),
+    and `uv` where `with_uv` (SkyPilot's images have it; setup then installs with `uv pip`), and
     nothing of skygreen: the image a recovered VM boots. Made once, outside the timing."""
     image = tmp / "image"
     subprocess.run([sys.executable, "-m", "venv", str(image)], check=True, timeout=600)
     version = torch.__version__.split("+")[0]
     pip = [str(image / "bin" / "python"), "-m", "pip", "install", "--quiet", f"torch=={version}"]
+    pip += ["uv"] if with_uv else []
     subprocess.run(pip, check=True, timeout=3600, stdout=subprocess.DEVNULL)
     return image
 
@@ -278,6 +296,11 @@ def main() -> None:
     parser.add_argument("--ckpt-mb", type=int, default=384)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fresh", action="store_true", help="also time the fresh image (installs everything)")
+    parser.add_argument("--installer", choices=["pip", "uv"], default="pip",
+                        help="the fresh image's installer: pip, or uv in the image as on SkyPilot's images")  # fmt: skip
+    parser.add_argument("--server", choices=["moto", "moto-ranged"], default="moto-ranged",
+                        help="moto-ranged (default): moto_server serving a ranged GET from its range, as S3 does; "
+                             "moto: as released, copying the whole object for every ranged GET")  # fmt: skip
     args = parser.parse_args()
     import boto3
 
@@ -291,12 +314,14 @@ def main() -> None:
         image = wheel = None
         if args.fresh:
             t = time.time()
-            image, wheel = deep_learning_image(tmp), skygreen_wheel(tmp)
-            print(f"fresh image (venv + torch=={torch.__version__}) and skygreen wheel made in {time.time() - t:.0f} s")
+            image, wheel = deep_learning_image(tmp, with_uv=args.installer == "uv"), skygreen_wheel(tmp)
+            extra = " + uv" if args.installer == "uv" else ""
+            print(f"fresh image (venv + torch=={torch.__version__}{extra}) and skygreen wheel made in "
+                  f"{time.time() - t:.0f} s")  # fmt: skip
         torch.manual_seed(0)
         state, layers = make_state(args.ckpt_mb)
         os.environ.update(FAKE_AWS_ENV)
-        moto = moto_process().start(log_dir=tmp)
+        moto = s3_server(args.server).start(log_dir=tmp)
         try:
             os.environ["AWS_ENDPOINT_URL_S3"] = moto.url
             client = boto3.client("s3")
@@ -308,7 +333,8 @@ def main() -> None:
             del state
             key = f"{run_id}/" + blob_key(100, SHARED_BLOB)
             size = client.head_object(Bucket="bench", Key=key)["ContentLength"]
-            print(f"checkpoint: {size / 1e6:.0f} MB ({layers} layers of weights + AdamW moments); {args.rounds} rounds")
+            print(f"checkpoint: {size / 1e6:.0f} MB ({layers} layers of weights + AdamW moments); {args.rounds} rounds; "
+                  f"server: {args.server}")  # fmt: skip
             setup = rendered_setup(run_id, "s3://bench")
             home = tmp / "home"
             (home / ".skygreen").mkdir(parents=True)
