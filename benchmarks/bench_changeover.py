@@ -363,6 +363,9 @@ def main() -> None:
                 if image is not None:
                     fresh.append(fresh_round(image, fresh_setup, env, tmp, i, url, layers, run_id))
                 low.append(lower_bound(client, key, tmp, env, layers))
+                done = f"round {i + 1}: changeover {present[-1]['changeover']:.1f} s"
+                done += f", fresh image {fresh[-1]['changeover']:.1f} s" if fresh else ""
+                print(f"{done}, lower bound {low[-1]['bound']:.1f} s", flush=True)
             print(f"skygreen {__version__}; medians of {args.rounds} rounds in seconds; "
                   f"best raw concurrency per round: {[int(b['streams']) for b in low]}")  # fmt: skip
             print_table(present, fresh, low)

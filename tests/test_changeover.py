@@ -316,7 +316,7 @@ def test_a_prefetched_checkpoint_is_used_once_verified_and_a_bad_blob_is_downloa
     import torch
 
     from skygreen.checkpoint.manifest import blob_key
-    from skygreen.checkpoint.prefetch import prefetch_dir, run_url
+    from skygreen.checkpoint.prefetch import RECEIPT_SUFFIX, prefetch_dir, run_url
     from skygreen.runtime.checkpointer import Checkpointer
     from skygreen.runtime.prefetch import main as prefetch_main
 
@@ -332,19 +332,30 @@ def test_a_prefetched_checkpoint_is_used_once_verified_and_a_bad_blob_is_downloa
     # A good prefetch is used: with a blob gone from the bucket, the load still succeeds.
     assert prefetch_main(env) == 0
     folder = prefetch_dir(url) / "3"
-    names = sorted(p.name for p in folder.iterdir())
+    names = sorted(p.name for p in folder.iterdir() if not p.name.endswith(RECEIPT_SUFFIX))
     assert names and not [n for n in names if n.endswith(".part")]
+    assert sorted(p.name for p in folder.glob(f"*{RECEIPT_SUFFIX}")) == [n + RECEIPT_SUFFIX for n in names]
     (Path(url) / blob_key(3, names[0])).rename(tmp_path / "aside")
     loaded = Checkpointer(url).load_latest()
     assert loaded is not None and loaded.step == 3 and torch.equal(loaded.state["model"]["w"], state["model"]["w"])
     assert not list(folder.iterdir())  # taken, not copied
     (tmp_path / "aside").rename(Path(url) / blob_key(3, names[0]))
 
-    # A prefetched blob that does not match the manifest is never loaded: downloaded again.
+    # A prefetched blob that does not match the manifest is never loaded: downloaded again. Each
+    # still has its receipt: one file is put in another's place (a new inode), the other is
+    # written over in place (its modification time moves on), so no receipt vouches for either.
     assert prefetch_main(env) == 0
-    for name in names:
+    for i, name in enumerate(names):
         blob = folder / name
-        blob.write_bytes(blob.read_bytes()[:-1] + bytes([blob.read_bytes()[-1] ^ 1]))
+        flipped = blob.read_bytes()[:-1] + bytes([blob.read_bytes()[-1] ^ 1])
+        if i % 2 == 0:
+            (folder / "other").write_bytes(flipped)
+            os.replace(folder / "other", blob)
+        else:
+            mtime_ns = blob.stat().st_mtime_ns
+            blob.write_bytes(flipped)
+            os.utime(blob, ns=(mtime_ns + 10**9, mtime_ns + 10**9))  # whatever the clock's tick
+        assert (folder / (name + RECEIPT_SUFFIX)).exists()
     with caplog.at_level("WARNING", logger="skygreen.runtime"):
         again = Checkpointer(url).load_latest()
     assert again is not None and again.step == 3 and torch.equal(again.state["model"]["w"], state["model"]["w"])
@@ -387,6 +398,27 @@ def test_a_prefetch_still_writing_is_waited_for_while_it_lives_and_a_dead_one_is
     assert not (folder / "dead").exists()
     with held_while_alive(tmp_path / LOCK_NAME):  # alive but hung: given up after the stall
         wait_for_part(folder / "dead.part", folder / "dead", lock=tmp_path / LOCK_NAME, stall_s=0.2)
+
+
+def test_a_receipt_vouches_only_for_the_file_and_the_blob_it_was_written_for(tmp_path):
+    from skygreen.checkpoint.manifest import BlobInfo
+    from skygreen.checkpoint.prefetch import blob_info, receipt_path, receipt_vouches, write_receipt
+
+    part, blob = tmp_path / "shared.pt.part", tmp_path / "shared.pt"
+    part.write_bytes(os.urandom(4096))
+    proved = blob_info(part)
+    write_receipt(part, proved, final=blob)
+    os.replace(part, blob)  # as the prefetch does: receipt first, then the rename
+    assert receipt_vouches(blob, proved)
+    assert not receipt_vouches(blob, BlobInfo(size=proved.size, sha256="0" * 64))  # another manifest's blob
+    assert not receipt_vouches(blob, BlobInfo(size=proved.size + 1, sha256=proved.sha256))
+    os.utime(blob, ns=(blob.stat().st_atime_ns, blob.stat().st_mtime_ns + 1))  # written since
+    assert not receipt_vouches(blob, proved)
+    for broken in ("", "{", "[]", '{"size": 4096}', '{"size": 1, "sha256": 2, "identity": "x"}'):
+        receipt_path(blob).write_text(broken)
+        assert not receipt_vouches(blob, proved)  # a bad receipt is no receipt, never an error
+    receipt_path(blob).unlink()
+    assert not receipt_vouches(blob, proved)
 
 
 SHM = Path("/dev/shm")

@@ -306,5 +306,6 @@ def test_setup_prefetch_command_fetches_a_big_blob_by_ranges_and_refuses_a_corru
         assert "the runtime downloads the checkpoint itself" in refused.stderr
         assert "Traceback" not in refused.stderr
         assert not (folder / SHARED_BLOB).exists() and not (folder / f"{SHARED_BLOB}.part").exists()
+        assert not (folder / f"{SHARED_BLOB}.verified").exists()  # no receipt for what did not verify
     finally:
         proxy.stop()
