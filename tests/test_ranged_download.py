@@ -24,6 +24,7 @@ from skygreen.checkpoint.ranged import (
     InOrderDigest,
     RangedDownload,
     RangedStore,
+    StreamTuner,
     download_ranged,
     fetch_verified,
     part_ranges,
@@ -87,7 +88,52 @@ def test_ranged_download_settings_are_validated():
         RangedDownload(part_bytes=0)
     with pytest.raises(ValueError, match="window_parts"):
         RangedDownload(concurrency=8, window_parts=4)
+    with pytest.raises(ValueError, match="start_streams"):
+        RangedDownload(start_streams=0)
     assert DEFAULT_RANGED.threshold_bytes == 64 * MIB
+
+
+def tune_over(tuner: StreamTuner, bytes_per_s_at, *, parts: int = 200, part_bytes: int = 16 * MIB) -> StreamTuner:
+    """Parts through a link whose throughput at n streams is `bytes_per_s_at(n)`: parts land one
+    after another at that rate, each counted at the level it started at."""
+    now_s = 0.0
+    for _ in range(parts):
+        level = tuner.part_started(now_s)
+        now_s += part_bytes / bytes_per_s_at(level)
+        tuner.part_done(level, part_bytes, now_s)
+    return tuner
+
+
+@pytest.mark.parametrize(
+    ("link", "settles_at", "levels_measured"),
+    [
+        # a cloud link: each stream adds its 80 MB/s share, up to 10 Gbit/s
+        (lambda n: min(80e6 * n, 1250e6), 8, [2, 4, 8]),
+        # a small host: more streams compete for its cores and only add overhead
+        (lambda n: {2: 900e6, 4: 850e6, 8: 600e6}[n], 2, [2, 4]),
+        # a link full at 300 MB/s: doubling past 4 streams wins nothing
+        (lambda n: min(80e6 * n, 300e6), 4, [2, 4, 8]),
+    ],
+    ids=["cloud-link", "small-host", "full-link"],
+)
+def test_the_stream_tuner_doubles_streams_while_that_pays_and_keeps_the_best(link, settles_at, levels_measured):
+    tuner = tune_over(StreamTuner(start=2, most=8), link)
+    assert tuner.settled and tuner.streams == settles_at
+    assert [streams for streams, _ in tuner.levels] == levels_measured
+    assert all(rate == pytest.approx(link(streams)) for streams, rate in tuner.levels)
+
+
+def test_the_stream_tuner_with_start_at_most_never_moves_and_counts_only_its_own_level():
+    fixed = tune_over(StreamTuner(start=8, most=8), lambda n: 1e9)
+    assert fixed.settled and fixed.streams == 8 and fixed.levels == []
+    tuner = StreamTuner(start=2, most=8)
+    level = tuner.part_started(0.0)
+    for _ in range(3):
+        tuner.part_done(level, MIB, 1.0)
+    tuner.part_done(level + 1, MIB, 1.0)  # a part of another level does not count towards this one
+    assert tuner.levels == [] and tuner.streams == 2
+    tuner.part_done(level, MIB, 2.0)
+    assert tuner.levels == [(2, pytest.approx(4 * MIB / 2.0))] and tuner.streams == 4
 
 
 # -- local store ----------------------------------------------------------------------------
@@ -146,6 +192,23 @@ def test_big_blob_comes_down_in_ranged_parts_with_equal_bytes(proxied, tmp_path)
     assert out.read_bytes() == data
     assert sorted(proxy.ranged_requests()) == sorted(expected_ranges(len(data), SMALL.part_bytes))
     assert set(proxy.ranged_requests()) == set(proxy.ranged_requests("200")) | set(proxy.ranged_requests("206"))
+
+
+@pytest.mark.parametrize("proxied", ["s3", "gs"], indirect=True)
+def test_streams_are_added_while_a_paced_link_gives_each_its_share(proxied, tmp_path):
+    # Each reply paced at 4 MB/s, as a cloud front end serves one stream: every doubling of the
+    # streams doubles the throughput, so the download grows from 2 streams to all 8.
+    store, proxy, _ = proxied
+    data = blob_bytes(5, size=40 * MIB)
+    store.put("ckpt/paced.bin", data)
+    proxy.reply_mb_s = 4.0
+    plan = RangedDownload(threshold_bytes=1 * MIB, part_bytes=1 * MIB, concurrency=8, window_parts=12)
+    tuner = StreamTuner(start=plan.start_streams, most=plan.concurrency)
+    got = download_ranged(store, "ckpt/paced.bin", tmp_path / "out", size_bytes=len(data), plan=plan, tuner=tuner)
+    assert got == info(data) and (tmp_path / "out").read_bytes() == data
+    assert [streams for streams, _ in tuner.levels] == [2, 4, 8] and tuner.streams == 8
+    rates = [rate for _, rate in tuner.levels]
+    assert rates == sorted(rates), tuner.levels
 
 
 def test_a_small_blob_takes_one_stream(proxied, tmp_path):

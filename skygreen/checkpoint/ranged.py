@@ -2,9 +2,13 @@
 
 One GET stream rarely fills a VM's link (S3 and GCS serve each connection at a fraction of it),
 so a blob of at least `RangedDownload.threshold_bytes` is fetched as `part_bytes` ranges by
-`concurrency` threads into a preallocated file. Each part goes through the store's `get_range`,
-which the store retries alone by its `RetryPolicy` (the one retry layer), so a part that fails
-transiently costs one part, not the blob.
+parallel streams into a preallocated file. How many streams pays depends on the link and the
+host: on a cloud VM each added stream adds its share of the link, while on a small host (or a
+loopback server) the streams compete for the cores and more of them only add overhead. So the
+number is measured, not fixed: `StreamTuner` starts with `start_streams`, doubles them while a
+doubling raises the throughput, up to `concurrency`, and keeps the best level it measured. Each
+part goes through the store's `get_range`, which the store retries alone by its `RetryPolicy`
+(the one retry layer), so a part that fails transiently costs one part, not the blob.
 
 The sha256 is computed as the parts land: a part is written to its place in the file and handed
 to `InOrderDigest`, which feeds the hash the contiguous prefix of parts that have arrived. The
@@ -26,6 +30,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -58,20 +63,31 @@ class RangedDownload:
     """When and how a blob is fetched in ranges.
 
     64 MiB keeps optimizer-free small models and rank states on one stream, where the extra
-    requests would cost more than they win; 16 MiB parts by 8 threads fill a 10-25 Gbit/s link
-    on S3 and GCS (each stream gives roughly 80-200 MB/s).
+    requests would cost more than they win; 16 MiB parts by up to 8 streams fill a 10-25 Gbit/s
+    link on S3 and GCS (each stream gives roughly 80-200 MB/s), and the tuner stops short of 8
+    where fewer go faster (2 streams, not 8, on a 2-core host reading a loopback server).
     """
 
     threshold_bytes: int = 64 * MIB
     part_bytes: int = 16 * MIB
     concurrency: int = 8
+    """The most streams at once (threads); the tuner finds how many of them pay."""
+    start_streams: int = 2
+    """Streams the tuner starts with; equal to `concurrency`, the number is fixed."""
     window_parts: int = 12
     """Parts fetched or waiting to be hashed at once: the memory bound (`window_parts * part_bytes`)."""
     mismatch_attempts: int = 2
     """Whole downloads of a blob before a sha256 mismatch is final."""
 
     def __post_init__(self) -> None:
-        for field in ("threshold_bytes", "part_bytes", "concurrency", "window_parts", "mismatch_attempts"):
+        for field in (
+            "threshold_bytes",
+            "part_bytes",
+            "concurrency",
+            "start_streams",
+            "window_parts",
+            "mismatch_attempts",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"RangedDownload.{field} must be an integer >= 1, got {value!r}")
@@ -82,6 +98,61 @@ class RangedDownload:
 
 
 DEFAULT_RANGED = RangedDownload()
+
+
+class StreamTuner:
+    """How many ranged GETs to keep in flight: as many as raise the throughput, measured.
+
+    It starts at `start` streams and measures each level over `parts_per_stream` parts per stream
+    fetched at that level (bytes over the seconds since the level began). A level at least `gain`
+    times as fast as the best before it doubles the streams (up to `most`); one that is not
+    settles the download on the best level measured. Pure: the caller reports each part done,
+    with the level it was started at and the clock, and reads `streams`.
+
+    Args:
+        start: the streams of the first level (at most `most`).
+        most: the most streams ever kept in flight.
+        gain: how much faster a doubled level must be to be kept.
+        parts_per_stream: parts per stream a level is measured over.
+    """
+
+    def __init__(self, *, start: int, most: int, gain: float = 1.1, parts_per_stream: int = 2) -> None:
+        self.most = most
+        self.streams = min(start, most)
+        self.gain = gain
+        self.parts_per_stream = parts_per_stream
+        self.settled = self.streams >= most
+        self.levels: list[tuple[int, float]] = []
+        """(streams, bytes per second) of each level measured, in order."""
+        self._best: tuple[float, int] | None = None
+        self._level_started_s: float | None = None
+        self._level_bytes = 0
+        self._level_parts = 0
+
+    def part_started(self, now_s: float) -> int:
+        """Note a part starting; the level it is fetched at (hand it back to `part_done`)."""
+        if self._level_started_s is None:
+            self._level_started_s = now_s
+        return self.streams
+
+    def part_done(self, level: int, nbytes: int, now_s: float) -> None:
+        """Count a part fetched at `level`; a level fully measured moves the tuner on."""
+        if self.settled or level != self.streams or self._level_started_s is None:
+            return
+        self._level_bytes += nbytes
+        self._level_parts += 1
+        if self._level_parts < self.parts_per_stream * self.streams:
+            return
+        rate = self._level_bytes / max(now_s - self._level_started_s, 1e-9)
+        self.levels.append((self.streams, rate))
+        if self._best is None or rate >= self._best[0] * self.gain:
+            self._best = (rate, self.streams)
+            if self.streams < self.most:
+                self.streams = min(2 * self.streams, self.most)
+                self._level_started_s, self._level_bytes, self._level_parts = now_s, 0, 0
+                return
+        self.streams = self._best[1]
+        self.settled = True
 
 
 def part_ranges(size_bytes: int, part_bytes: int) -> list[tuple[int, int]]:
@@ -135,9 +206,20 @@ class InOrderDigest:
         return BlobInfo(size=self.size_bytes, sha256=self._digest.hexdigest())
 
 
-def download_ranged(store: RangedStore, key: str, path: Path, *, size_bytes: int, plan: RangedDownload) -> BlobInfo:
+def download_ranged(
+    store: RangedStore,
+    key: str,
+    path: Path,
+    *,
+    size_bytes: int,
+    plan: RangedDownload,
+    tuner: StreamTuner | None = None,
+) -> BlobInfo:
     """Fetch `key` into `path` (created, preallocated to `size_bytes`) as ranged parts in
     parallel; the size and sha256 of what landed, hashed as it landed.
+
+    As many parts are in flight as the tuner's streams (at most `plan.concurrency`), and no more
+    than `plan.window_parts` fetched or waiting to be hashed.
 
     The first part that fails for good (after the store's retries) stops the rest and its
     error propagates; the file is then deleted.
@@ -148,6 +230,7 @@ def download_ranged(store: RangedStore, key: str, path: Path, *, size_bytes: int
         path: Where the bytes go; replaced if it exists.
         size_bytes: The object's length (the manifest's).
         plan: Part size, threads and memory window.
+        tuner: Sets the streams as the parts land (default: one from `plan`).
 
     Returns:
         The size and sha256 of the bytes written.
@@ -159,22 +242,32 @@ def download_ranged(store: RangedStore, key: str, path: Path, *, size_bytes: int
     window = threading.Semaphore(plan.window_parts)
     failed = threading.Event()
     digest = InOrderDigest(len(parts), on_hashed=window.release)
+    tuner = tuner or StreamTuner(start=plan.start_streams, most=plan.concurrency)
+    streams = threading.Condition()
+    in_flight = 0
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         _preallocate(fd, size_bytes)
 
-        def fetch(index: int, start: int, stop: int) -> None:
-            if failed.is_set():
-                return  # queued before another part failed for good: no request
+        def fetch(index: int, start: int, stop: int, level: int) -> None:
+            nonlocal in_flight
             try:
+                if failed.is_set():
+                    return  # queued before another part failed for good: no request
                 data = store.get_range(key, start, stop)
                 if len(data) != stop - start:
                     raise StoreError(f"{store.url}: part {start}-{stop - 1} of {key} came back with {len(data)} bytes")
                 _pwrite_all(fd, data, start)
+                with streams:
+                    tuner.part_done(level, len(data), time.monotonic())
                 digest.add(index, data)
             except BaseException:
                 failed.set()
                 raise
+            finally:
+                with streams:
+                    in_flight -= 1
+                    streams.notify_all()
 
         futures: list[Future[None]] = []
         with ThreadPoolExecutor(max_workers=plan.concurrency, thread_name_prefix="skygreen-ranged") as pool:
@@ -184,7 +277,12 @@ def download_ranged(store: RangedStore, key: str, path: Path, *, size_bytes: int
                         break
                 if failed.is_set():
                     break
-                futures.append(pool.submit(fetch, index, start, stop))
+                with streams:
+                    while in_flight >= tuner.streams and not failed.is_set():
+                        streams.wait(timeout=0.05)
+                    in_flight += 1
+                    level = tuner.part_started(time.monotonic())
+                futures.append(pool.submit(fetch, index, start, stop, level))
         for future in futures:
             future.result()  # the first failure, in part order
         return digest.result()
