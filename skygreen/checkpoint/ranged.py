@@ -65,15 +65,17 @@ class RangedDownload:
     64 MiB keeps optimizer-free small models and rank states on one stream, where the extra
     requests would cost more than they win; 16 MiB parts by up to 8 streams fill a 10-25 Gbit/s
     link on S3 and GCS (each stream gives roughly 80-200 MB/s), and the tuner stops short of 8
-    where fewer go faster (2 streams, not 8, on a 2-core host reading a loopback server).
+    where fewer go faster (a 2-core host reading a loopback server).
     """
 
     threshold_bytes: int = 64 * MIB
     part_bytes: int = 16 * MIB
     concurrency: int = 8
     """The most streams at once (threads); the tuner finds how many of them pay."""
-    start_streams: int = 2
-    """Streams the tuner starts with; equal to `concurrency`, the number is fixed."""
+    start_streams: int = 4
+    """Streams the tuner starts with; equal to `concurrency`, the number is fixed. Four, not
+    one or two: on a cloud link every level below the best costs its parts at a fraction of the
+    link's rate, and one doubling from four finds whether eight pay."""
     window_parts: int = 12
     """Parts fetched or waiting to be hashed at once: the memory bound (`window_parts * part_bytes`)."""
     mismatch_attempts: int = 2
