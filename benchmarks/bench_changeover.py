@@ -23,17 +23,21 @@ The model is a stack of 1024 x 4096 fp32 linear layers sized by --ckpt-mb (the c
 its weights and AdamW's two moments: 3x the weights). The issue's size is about 1.4 GB
 (`--ckpt-mb 1400`); a GPT-2-medium's fp32 weights alone are 1.4 GB, 4.3 GB with AdamW.
 
+With `--stream-mb-s R` every reply passes a loopback proxy that serves it at R MB/s
+(`tests/faultproxy.py`), as a cloud front end serves one stream, so the link, not this host's
+cores, bounds the download (the lower bound then picks its best concurrency on the same link).
 The S3 server is moto_server on loopback; by default (`--server moto-ranged`) it serves a ranged
 GET by reading that range alone, as S3 does, where moto as released copies the whole object for
 each one (`benchmarks/moto_ranged.py`; `--server moto` for the server as released).
 
 Run: .venv/bin/python benchmarks/bench_changeover.py [--ckpt-mb 384] [--rounds 3] [--fresh]
-       [--installer pip|uv] [--server moto-ranged|moto]
+       [--installer pip|uv] [--server moto-ranged|moto] [--stream-mb-s R]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -240,6 +244,12 @@ def lower_bound(client, key: str, tmp: Path, env: dict[str, str], layers: int) -
             path.unlink()  # keep one copy on disk at a time beside the first
     best = min(downloads, key=lambda k: downloads[k])
     t = time.perf_counter()
+    digest = hashlib.sha256()
+    with open(tmp / "raw-1.pt", "rb") as f:
+        while chunk := f.read(2**20):
+            digest.update(chunk)
+    hash_s = time.perf_counter() - t  # what verifying the bytes costs, beside the bound
+    t = time.perf_counter()
     raw = torch.load(tmp / "raw-1.pt", map_location="cpu", weights_only=True)
     load_s = time.perf_counter() - t
     (tmp / "raw-1.pt").unlink()
@@ -247,7 +257,7 @@ def lower_bound(client, key: str, tmp: Path, env: dict[str, str], layers: int) -
     one_step(raw, layers)
     step_s = time.perf_counter() - t
     del raw
-    return {"start": start, "download": downloads[best], "load": load_s, "step": step_s,
+    return {"start": start, "download": downloads[best], "load": load_s, "step": step_s, "hash": hash_s,
             "bound": start + downloads[best] + load_s + step_s, "streams": float(best)}  # fmt: skip
 
 
@@ -289,6 +299,9 @@ def print_table(present: list[dict], fresh: list[dict], low: list[dict]) -> None
             ratios = [r["changeover"] / b["bound"] for r, b in zip(rows_, low, strict=True)]
             print(f"ratio changeover / lower bound, {name}: {statistics.median(ratios):.2f} "
                   f"(per round {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+            verified = [r["changeover"] / (b["bound"] + b["hash"]) for r, b in zip(rows_, low, strict=True)]
+            print(f"  against the bound plus one sha256 of the bytes ({lo['hash']:.2f} s): "
+                  f"{statistics.median(verified):.2f}")  # fmt: skip
 
 
 def main() -> None:
@@ -298,6 +311,9 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="also time the fresh image (installs everything)")
     parser.add_argument("--installer", choices=["pip", "uv"], default="pip",
                         help="the fresh image's installer: pip, or uv in the image as on SkyPilot's images")  # fmt: skip
+    parser.add_argument("--stream-mb-s", type=float, default=None,
+                        help="serve each reply at this many MB/s through a loopback proxy, as a cloud front end "
+                             "serves one stream (default: unpaced loopback)")  # fmt: skip
     parser.add_argument("--server", choices=["moto", "moto-ranged"], default="moto-ranged",
                         help="moto-ranged (default): moto_server serving a ranged GET from its range, as S3 does; "
                              "moto: as released, copying the whole object for every ranged GET")  # fmt: skip
@@ -322,8 +338,15 @@ def main() -> None:
         state, layers = make_state(args.ckpt_mb)
         os.environ.update(FAKE_AWS_ENV)
         moto = s3_server(args.server).start(log_dir=tmp)
+        proxy = None
         try:
             os.environ["AWS_ENDPOINT_URL_S3"] = moto.url
+            if args.stream_mb_s:
+                from faultproxy import FaultProxy
+
+                proxy = FaultProxy(moto.url).start()
+                proxy.reply_mb_s = args.stream_mb_s
+                os.environ["AWS_ENDPOINT_URL_S3"] = proxy.url
             client = boto3.client("s3")
             client.create_bucket(Bucket="bench")
             run_id = "bench-run"
@@ -333,8 +356,9 @@ def main() -> None:
             del state
             key = f"{run_id}/" + blob_key(100, SHARED_BLOB)
             size = client.head_object(Bucket="bench", Key=key)["ContentLength"]
+            paced = f", each reply at {args.stream_mb_s:g} MB/s" if args.stream_mb_s else ", unpaced"
             print(f"checkpoint: {size / 1e6:.0f} MB ({layers} layers of weights + AdamW moments); {args.rounds} rounds; "
-                  f"server: {args.server}")  # fmt: skip
+                  f"server: {args.server}{paced}")  # fmt: skip
             setup = rendered_setup(run_id, "s3://bench")
             home = tmp / "home"
             (home / ".skygreen").mkdir(parents=True)
@@ -374,6 +398,8 @@ def main() -> None:
                       f"{r['boto3']:.1f}, rest {r['rest']:.1f}), total {r['changeover']:.1f} s" for r in fresh))  # fmt: skip
             print(f"load average (1, 5, 15 min) at start {load_start}, at end {os.getloadavg()}")
         finally:
+            if proxy is not None:
+                proxy.stop()
             moto.stop()
 
 
