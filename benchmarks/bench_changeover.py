@@ -222,6 +222,8 @@ def fresh_round(image: Path, setup: str, env: dict[str, str], tmp: Path, i: int,
         "step": figures["step_s"],
         "changeover": setup_s + figures["total_s"],
     }
+    whole = [str(venv / "bin" / "python"), "-c", "import boto3, google.cloud.storage, skygreen.runtime"]
+    assert subprocess.run(whole, env=renv, capture_output=True).returncode == 0, "setup left the runtime incomplete"
     shutil.rmtree(venv)
     shutil.rmtree(home)
     return row
