@@ -400,6 +400,48 @@ def test_a_prefetch_still_writing_is_waited_for_while_it_lives_and_a_dead_one_is
         wait_for_part(folder / "dead.part", folder / "dead", lock=tmp_path / LOCK_NAME, stall_s=0.2)
 
 
+def test_a_manifest_naming_a_blob_outside_the_folder_writes_nothing_there_and_is_skipped(tmp_path, s3_bucket):
+    """A bucket is untrusted: a newer manifest listing `../../../../escaped.txt` (with an object
+    under that literal S3 key and its true sha256) must not make setup's prefetch or the runtime
+    write outside their folders; both skip it and take the older checkpoint."""
+    import hashlib
+
+    import torch
+
+    from skygreen.checkpoint.manifest import blob_key, iter_manifests, manifest_key
+    from skygreen.checkpoint.prefetch import run_url
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.runtime.checkpointer import Checkpointer
+
+    url = run_url(f"s3://{s3_bucket}", "r-evil")
+    with Checkpointer(url) as ck:
+        ck.save(3, {"model": {"w": torch.ones(4)}})
+    store = open_store(url)
+    good = next(iter_manifests(store))
+    escape, payload = "../../../../escaped.txt", b"written outside\n"
+    store.put(blob_key(5, escape), payload)
+    for name in good.blobs:
+        store.put(blob_key(5, name), store.get(blob_key(3, name)))
+    evil = {**good.to_json(), "step": 5}
+    evil["blobs"] = {**evil["blobs"], escape: {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}}
+    store.put(manifest_key(5), json.dumps(evil).encode())
+
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home), "SKYGREEN_BUCKET": f"s3://{s3_bucket}", "SKYGREEN_RUN_ID": "r-evil"}
+    done = subprocess.run(
+        [sys.executable, "-m", "skygreen.runtime.prefetch"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "step 3 prefetched" in done.stdout
+    assert "is not a plain file name" in done.stderr  # step 5 skipped, named
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"from skygreen.runtime.checkpointer import Checkpointer; print(Checkpointer({url!r}).load_latest().step)"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert loaded.returncode == 0 and loaded.stdout.split() == ["3"], loaded.stderr
+    assert not list(tmp_path.rglob("escaped.txt*")), "a blob was written outside its folder"
+
+
 def test_a_receipt_vouches_only_for_the_file_and_the_blob_it_was_written_for(tmp_path):
     from skygreen.checkpoint.manifest import BlobInfo
     from skygreen.checkpoint.prefetch import blob_info, receipt_path, receipt_vouches, write_receipt

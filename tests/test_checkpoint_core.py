@@ -104,6 +104,36 @@ def test_malformed_manifests_are_checkpoint_errors_naming_the_place(text, proble
     assert "s3://b/run/ckpt/000000000001/manifest.json" in str(info.value)
 
 
+SHA = "0" * 64
+
+
+def manifest_json(blobs: dict[str, str], **extra) -> bytes:
+    raw = {"format_version": 1, "step": 1, "created_at": "2025-01-01T00:00:00Z", **extra}
+    raw["blobs"] = {name: {"size": 1, "sha256": SHA} for name in blobs}
+    return json.dumps(raw).encode()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../shared.pt", "../../home/u/.bashrc", "/etc/passwd", "a/../../b", "./x", "a//b", "a\\..\\b", "x\x00y", ""],
+)
+def test_a_manifest_naming_a_blob_outside_its_folder_is_unreadable(name):
+    # A bucket is untrusted: readers store blobs under their names in local folders.
+    for kind, names in (("state", [SHARED_BLOB, name]), ("folder", [f"files/{name}"] if name else [""])):
+        extra = {} if kind == "state" else {"kind": "folder"}
+        with pytest.raises(CheckpointError, match="is not a"):
+            Manifest.loads(manifest_json(dict.fromkeys(names, ""), **extra), where="s3://b/r")
+
+
+def test_blob_names_of_the_runtime_state_are_plain_and_of_a_folder_relative_paths():
+    with pytest.raises(CheckpointError, match="plain file name"):
+        Manifest.loads(manifest_json({SHARED_BLOB: "", "sub/rank0.pt": ""}), where="w")
+    folder = Manifest.loads(
+        manifest_json({"files/model.safetensors": "", "files/a/b.json": ""}, kind="folder"), where="w"
+    )
+    assert sorted(folder.blobs) == ["files/a/b.json", "files/model.safetensors"]
+
+
 def test_a_folder_without_manifest_does_not_exist_and_latest_skips_missing_blobs(tmp_path, caplog):
     store = open_store(str(tmp_path))
     commit(store, 1)

@@ -115,9 +115,10 @@ def test_a_manifest_naming_a_path_outside_the_folder_is_refused(url, tmp_path):
     evil_blob = f"{FILES_DIR}/../../escaped.txt"
     if url.startswith("s3://"):
         store.put(blob_key(6, evil_blob), b"x")
-    evil = Manifest(kind=FOLDER_KIND, step=6, created_at=created_at, blobs={evil_blob: blob_info(b"x")},
+    fair = Manifest(kind=FOLDER_KIND, step=6, created_at=created_at, blobs={f"{FILES_DIR}/x": blob_info(b"x")},
                     meta={"folder": "checkpoint-6"})  # fmt: skip
-    store.put(manifest_key(6), evil.dumps())
+    evil_json = {**fair.to_json(), "blobs": {evil_blob: blob_info(b"x").to_json()}}  # no writer makes such a name
+    store.put(manifest_key(6), json.dumps(evil_json).encode())
     # step 7: a folder name that climbs out of the target
     store.put(blob_key(7, f"{FILES_DIR}/x"), b"x")
     evil = Manifest(kind=FOLDER_KIND, step=7, created_at=created_at, blobs={f"{FILES_DIR}/x": blob_info(b"x")},

@@ -174,6 +174,30 @@ class BlobInfo:
         return {"size": self.size, "sha256": self.sha256}
 
 
+def check_blob_name(name: object, *, kind: str) -> None:
+    """Refuse a blob name that could lead a reader's path out of its folder.
+
+    Readers store a blob under its name in a local folder (the load folder, the prefetch folder,
+    a restored checkpoint folder), and a bucket is untrusted: a manifest naming
+    `../../.bashrc` must be unreadable, not a write outside the folder. A name is `/`-separated
+    parts, none empty, `.` or `..`, with no backslash or NUL; the runtime's own state (`kind`
+    `state`) names plain files only.
+
+    Raises:
+        ValueError: the name is not safe (a manifest that lists it is unreadable).
+    """
+    parts = name.split("/") if isinstance(name, str) else [""]
+    if (
+        not isinstance(name, str)
+        or "\\" in name
+        or "\0" in name
+        or any(part in ("", ".", "..") for part in parts)
+        or (kind == STATE_KIND and len(parts) > 1)
+    ):
+        plain = "a plain file name" if kind == STATE_KIND else "a relative path inside the checkpoint"
+        raise ValueError(f"Manifest.blobs: {name!r} is not {plain}")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Manifest:
     """The commit record of one checkpoint. Written last; JSON; immutable once written."""
@@ -215,6 +239,8 @@ class Manifest:
             raise ValueError(f"Manifest.layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.kind not in KINDS:
             raise ValueError(f"Manifest.kind must be one of {KINDS}, got {self.kind!r}")
+        for name in self.blobs:
+            check_blob_name(name, kind=self.kind)
         if self.kind == STATE_KIND and find_blob(self.blobs, SHARED_BLOB) is None:
             raise ValueError(f"Manifest.blobs must include {SHARED_BLOB!r} (or a life's name for it)")
 
