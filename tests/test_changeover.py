@@ -365,6 +365,57 @@ def test_a_prefetched_checkpoint_is_used_once_verified_and_a_bad_blob_is_downloa
     assert prefetch_main({"SKYGREEN_BUCKET": str(tmp_path / "empty"), "SKYGREEN_RUN_ID": "none"}) == 0
 
 
+def test_a_trainer_folder_is_prefetched_under_its_paths_and_taken_by_the_folder_restore(tmp_path, monkeypatch):
+    # A Hugging Face or Lightning run commits checkpoint folders (files under `files/<path>`):
+    # the prefetch keeps their paths and the folder restore takes each proven file.
+    from skygreen.checkpoint.folders import commit_folder, restore_latest
+    from skygreen.checkpoint.manifest import blob_key
+    from skygreen.checkpoint.prefetch import RECEIPT_SUFFIX, prefetch_dir, run_url
+    from skygreen.runtime.prefetch import main as prefetch_main
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    bucket, run_id = str(tmp_path / "bucket"), "r-hf"
+    url = run_url(bucket, run_id)
+    out = tmp_path / "out" / "checkpoint-4"
+    (out / "nested").mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(os.urandom(3000))
+    (out / "nested" / "trainer_state.json").write_text('{"global_step": 4}')
+    store = LocalStore(url)
+    commit_folder(store, out, step=4)
+    assert prefetch_main({"SKYGREEN_BUCKET": bucket, "SKYGREEN_RUN_ID": run_id}) == 0
+    folder = prefetch_dir(url) / "4"
+    assert (folder / "files" / "nested" / "trainer_state.json").read_text() == '{"global_step": 4}'
+    assert (folder / "files" / "nested" / ("trainer_state.json" + RECEIPT_SUFFIX)).exists()
+
+    rotten = Path(url) / blob_key(4, "files/model.safetensors")
+    rotten.write_bytes(bytes(rotten.stat().st_size))  # the bucket's copy no longer verifies: only the prefetch's can
+    restored = restore_latest(LocalStore(url), tmp_path / "again")
+    assert restored is not None and restored.step == 4
+    assert (restored.path / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    assert (restored.path / "nested" / "trainer_state.json").read_text() == '{"global_step": 4}'
+    assert not [p for p in folder.rglob("*") if p.is_file()]  # every file taken, no receipt left
+
+
+def test_a_sharded_checkpoint_is_not_prefetched_each_rank_reads_its_own(tmp_path, monkeypatch):
+    import torch
+
+    from skygreen.checkpoint.prefetch import prefetch_dir, run_url
+    from skygreen.runtime.sharded import ShardedCheckpointer
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    bucket, run_id = str(tmp_path / "bucket"), "r-fsdp"
+    url = run_url(bucket, run_id)
+    with ShardedCheckpointer(url, template=lambda: {"model": {"w": torch.zeros(8)}}) as ck:
+        ck.save(2, {"model": {"w": torch.ones(8)}})
+    env = {**os.environ, "SKYGREEN_BUCKET": bucket, "SKYGREEN_RUN_ID": run_id}
+    done = subprocess.run(
+        [sys.executable, "-m", "skygreen.runtime.prefetch"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "step 2 is sharded; each rank downloads the shard files it reads" in done.stdout
+    assert not prefetch_dir(url).exists() or not list(prefetch_dir(url).rglob("*.distcp"))
+
+
 def test_a_prefetch_still_writing_is_waited_for_while_it_lives_and_a_dead_one_is_not(tmp_path, monkeypatch):
     from skygreen.checkpoint import prefetch as prefetch_module
     from skygreen.checkpoint.manifest import BlobInfo, Manifest

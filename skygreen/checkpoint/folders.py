@@ -42,6 +42,8 @@ from skygreen.checkpoint.manifest import (
     manifest_key,
     missing_blobs,
 )
+from skygreen.checkpoint.prefetch import prefetch_dir, take_prefetched
+from skygreen.checkpoint.ranged import fetch_verified
 from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.checkpoint.store import Store
 from skygreen.errors import CheckpointError, KeyNotFoundError, StoreError, TransientStoreError
@@ -168,7 +170,7 @@ def committed_folder_steps(store: Store) -> list[int]:
     return sorted(m.step for m in folder_manifests(store))
 
 
-def restore_latest(store: Store, parent: str | Path) -> RestoredFolder | None:
+def restore_latest(store: Store, parent: str | Path, *, prefetched: Path | None = None) -> RestoredFolder | None:
     """Restore the newest folder commit that verifies into `parent/<its folder name>`.
 
     Newer commits with a missing, short or corrupt file, or an unsafe name, are skipped with
@@ -178,6 +180,9 @@ def restore_latest(store: Store, parent: str | Path) -> RestoredFolder | None:
     Args:
         store: the run's store.
         parent: the local folder the trainer saves its checkpoint folders into.
+        prefetched: where setup's prefetch put the run's newest checkpoint (its files are taken
+            once proven, `skygreen.checkpoint.prefetch`); default: the prefetch folder of
+            `store.url` on this machine.
 
     Returns:
         The restored folder, or None where the bucket holds no folder commit that verifies.
@@ -187,13 +192,14 @@ def restore_latest(store: Store, parent: str | Path) -> RestoredFolder | None:
     """
     root = Path(parent)
     root.mkdir(parents=True, exist_ok=True)
+    prefetched = prefetch_dir(store.url) if prefetched is None else prefetched
     for manifest in folder_manifests(store):
         try:
             problems = missing_blobs(store, manifest)
             if problems:
                 log.warning("skipping checkpoint folder of step %d: %s", manifest.step, "; ".join(problems))
                 continue
-            path = restore_folder(store, manifest, root)
+            path = restore_folder(store, manifest, root, prefetched=prefetched)
         except TransientStoreError:
             raise
         except (CheckpointError, StoreError) as e:
@@ -204,10 +210,11 @@ def restore_latest(store: Store, parent: str | Path) -> RestoredFolder | None:
     return None
 
 
-def restore_folder(store: Store, manifest: Manifest, parent: Path) -> Path:
+def restore_folder(store: Store, manifest: Manifest, parent: Path, *, prefetched: Path | None = None) -> Path:
     """Download one folder commit into a temporary sibling, verify every file, rename it into
-    place; returns the folder. Anything that does not verify is a `CheckpointError` and leaves
-    `parent` as it was."""
+    place; returns the folder. Files setup prefetched into `prefetched` are taken once proven;
+    the rest are downloaded (big ones in ranged parts, hashed as they land). Anything that does
+    not verify is a `CheckpointError` and leaves `parent` as it was."""
     name = safe_folder_name(manifest.meta.get(FOLDER_META))
     relatives = {blob: safe_relative_path(blob) for blob in manifest.blobs}
     staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}restore-{name}-", dir=parent))
@@ -215,17 +222,12 @@ def restore_folder(store: Store, manifest: Manifest, parent: Path) -> Path:
         for blob, relative in sorted(relatives.items()):
             target = staging.joinpath(*relative.parts)
             target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "wb") as out:
-                try:
-                    store.get_to(blob_key(manifest.step, blob), out)
-                except KeyNotFoundError as e:
-                    raise CheckpointError(f"{blob} is missing") from e
-            got, want = file_info(target), manifest.blobs[blob]
-            if got != want:
-                raise CheckpointError(
-                    f"{blob} does not match the manifest (size {got.size} vs {want.size}, "
-                    f"sha256 {got.sha256[:12]}... vs {want.sha256[:12]}...): corrupt or partial"
-                )
+            if take_prefetched(prefetched, manifest, blob, target):
+                continue
+            try:
+                fetch_verified(store, blob_key(manifest.step, blob), target, manifest.blobs[blob])
+            except KeyNotFoundError as e:
+                raise CheckpointError(f"{blob} is missing") from e
         return _swap_in(staging, parent / name)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

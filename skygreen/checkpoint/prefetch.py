@@ -105,24 +105,30 @@ def receipt_vouches(blob: Path, want: BlobInfo) -> bool:
         return False
 
 
-def prefetch(store: Store, dest: Path) -> int | None:
-    """Download every blob of the newest committed checkpoint under `dest/<step>/`; its step,
-    or None when the run has no checkpoint yet."""
+def prefetch(store: Store, dest: Path) -> str:
+    """Download every blob of the newest committed checkpoint under `dest/<step>/` (a folder
+    checkpoint's files under their paths); what was done, in a few words.
+
+    A sharded (FSDP) checkpoint is left to the ranks: each downloads only the shard files it
+    reads, and a node's prefetch of every rank's files would only compete with them.
+    """
     with held_while_alive(dest / LOCK_NAME):
         manifest = next(iter_manifests(store), None)
         if manifest is None:
-            return None
+            return "no checkpoint yet"
+        if manifest.layout != "full":
+            return f"step {manifest.step} is sharded; each rank downloads the shard files it reads"
         folder = dest / str(manifest.step)
-        folder.mkdir(parents=True, exist_ok=True)
         for name in sorted(manifest.blobs):
-            final = folder / name
+            final = folder.joinpath(*name.split("/"))  # names are checked safe by the manifest
             if final.exists():
                 continue
-            part = folder / f"{name}.part"
+            final.parent.mkdir(parents=True, exist_ok=True)
+            part = final.with_name(f"{final.name}.part")
             fetch_verified(store, blob_key(manifest.step, name), part, manifest.blobs[name])
             write_receipt(part, manifest.blobs[name], final=final)
             os.replace(part, final)
-        return manifest.step
+        return f"step {manifest.step} prefetched"
 
 
 def wait_for_part(part: Path, final: Path, *, lock: Path, stall_s: float = PART_STALL_S, poll_s: float = 0.05) -> None:
@@ -160,8 +166,8 @@ def take_prefetched(dest: Path | None, manifest: Manifest, name: str, target: Pa
     take."""
     if dest is None:
         return False
-    path = dest / str(manifest.step) / name
-    wait_for_part(path.with_name(f"{name}.part"), path, lock=dest / LOCK_NAME)
+    path = dest.joinpath(str(manifest.step), *name.split("/"))
+    wait_for_part(path.with_name(f"{path.name}.part"), path, lock=dest / LOCK_NAME)
     if not path.is_file():
         return False
     want = manifest.blobs[name]

@@ -24,11 +24,11 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         return 2
     url = run_url(bucket, run_id)
     try:
-        step = prefetch(open_store(url), prefetch_dir(url))
+        done = prefetch(open_store(url), prefetch_dir(url))
     except (SkygreenError, OSError) as e:
         sys.stderr.write(f"prefetch: {url}: {str(e).splitlines()[0]}; the runtime downloads the checkpoint itself\n")
         return 1
-    sys.stdout.write(f"prefetch: {url}: {'no checkpoint yet' if step is None else f'step {step} prefetched'}\n")
+    sys.stdout.write(f"prefetch: {url}: {done}\n")
     return 0
 
 
