@@ -27,6 +27,22 @@ def data_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base).expanduser() / "skygreen"
 
 
+def inside_parts(name: object) -> list[str]:
+    """The parts of `name`, a `/`-separated path that stays inside whatever folder it is joined
+    to: none empty, `.` or `..`, no backslash or NUL. Names read from a bucket (blob and shard
+    keys) become local paths, and a bucket is untrusted.
+
+    Raises:
+        ValueError: the name could leave the folder (or is not a string).
+    """
+    if not isinstance(name, str) or "\\" in name or "\0" in name:
+        raise ValueError(f"{name!r} is not a relative path inside its folder")
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{name!r} is not a relative path inside its folder")
+    return parts
+
+
 def write_atomic(target: Path, data: str | bytes | bytearray | memoryview | BinaryIO) -> None:
     """Write `data` (text as UTF-8, bytes, or a binary stream copied in chunks) to `target`."""
     import tempfile  # here, not at the top: `plan` reads measured speeds through this module and never writes

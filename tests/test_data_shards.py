@@ -118,6 +118,33 @@ def test_a_corrupt_shard_in_the_bucket_is_refused(tmp_path):
         fresh[20]
 
 
+def test_a_data_manifest_whose_shard_key_leaves_the_cache_is_refused_and_writes_nothing(s3_bucket, tmp_path):
+    # The data manifest is the bucket's, and a bucket is untrusted: a shard key that climbs out
+    # of the local cache (an object under that literal S3 key, its true sha256 in the manifest)
+    # must not be downloaded there.
+    import hashlib
+
+    from skygreen.checkpoint.store_factory import open_store
+
+    url = f"s3://{s3_bucket}/runs/skygreen-data"
+    prepare(spec(), Builder(), url=url, cache_dir=tmp_path / "c1")
+    store = open_store(f"{url}/{spec().folder}")
+    manifest = json.loads(store.get(MANIFEST))
+    payload, escape = b"written outside", "../../../escaped.npy"
+    store.put(escape, payload)
+    manifest["shards"][1]["files"]["input_ids"] = {
+        "key": escape, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()
+    }  # fmt: skip
+    store.put(MANIFEST, json.dumps(manifest).encode())
+    fresh = prepare(spec(), Builder(), url=url, cache_dir=tmp_path / "cache" / "c2", prefetch=False)
+    assert np.array_equal(fresh[0][0], fresh[0][0])  # shard 0 is intact
+    with pytest.raises(
+        RuntimeSetupError, match=r"'\.\./\.\./\.\./escaped\.npy' is not a relative path inside its folder"
+    ):
+        fresh[20]
+    assert not list(tmp_path.rglob("escaped.npy"))
+
+
 def test_other_ranks_wait_for_rank_0s_manifest(tmp_path):
     url = str(tmp_path / "data")
     with pytest.raises(RuntimeSetupError, match="rank 0 did not commit"):

@@ -47,6 +47,7 @@ from typing import Any, BinaryIO
 
 from skygreen.checkpoint.store import Store
 from skygreen.errors import CheckpointError, KeyNotFoundError, StoreError, TransientStoreError
+from skygreen.files import inside_parts
 from skygreen.timestamps import parse_iso_s
 
 log = logging.getLogger("skygreen.checkpoint")
@@ -186,15 +187,12 @@ def check_blob_name(name: object, *, kind: str) -> None:
     Raises:
         ValueError: the name is not safe (a manifest that lists it is unreadable).
     """
-    parts = name.split("/") if isinstance(name, str) else [""]
-    if (
-        not isinstance(name, str)
-        or "\\" in name
-        or "\0" in name
-        or any(part in ("", ".", "..") for part in parts)
-        or (kind == STATE_KIND and len(parts) > 1)
-    ):
-        plain = "a plain file name" if kind == STATE_KIND else "a relative path inside the checkpoint"
+    plain = "a plain file name" if kind == STATE_KIND else "a relative path inside the checkpoint"
+    try:
+        parts = inside_parts(name)
+    except ValueError:
+        raise ValueError(f"Manifest.blobs: {name!r} is not {plain}") from None
+    if kind == STATE_KIND and len(parts) > 1:
         raise ValueError(f"Manifest.blobs: {name!r} is not {plain}")
 
 

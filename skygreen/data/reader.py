@@ -12,7 +12,9 @@ import numpy as np
 
 from skygreen.checkpoint.store import Store, join_url
 from skygreen.data.cache import sha256_file, temp_beside
+from skygreen.data.layout import MANIFEST
 from skygreen.errors import RuntimeSetupError
+from skygreen.files import inside_parts
 
 log = logging.getLogger("skygreen.data")
 
@@ -159,7 +161,13 @@ class ShardedDataset:
         return arrays
 
     def _local(self, meta: Mapping[str, Any]) -> Path:
-        path = self.local_dir / meta["key"]
+        try:
+            path = self.local_dir.joinpath(*inside_parts(meta["key"]))
+        except ValueError as e:  # the manifest is the bucket's: a key must not lead out of the cache
+            raise RuntimeSetupError(
+                f"data {self.manifest.get('name')}: {e} (a shard key in {self.store.url}/{MANIFEST})\n"
+                "  fix: delete that manifest.json so the next start prepares the data again"
+            ) from None
         if path.exists() and path.stat().st_size == int(meta["size"]):
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
