@@ -131,6 +131,15 @@ def test_a_manifest_naming_a_path_outside_the_folder_is_refused(url, tmp_path):
     assert not (tmp_path / "escaped.txt").exists()
 
 
+def test_a_folder_holding_a_name_no_restore_can_write_is_refused_before_any_upload(tmp_path):
+    store = open_store(str(tmp_path / "bucket"))
+    folder = write_checkpoint(tmp_path / "out", 3)
+    (folder / "odd\\name.bin").write_bytes(b"x")  # a legal Linux file name a restore would refuse
+    with pytest.raises(CheckpointError, match=r"'odd\\\\name.bin' cannot be restored on another machine"):
+        commit_folder(store, folder, step=3)
+    assert store.list() == []
+
+
 def test_commit_of_a_missing_or_empty_folder_is_an_error(tmp_path):
     store = open_store(str(tmp_path / "bucket"))
     with pytest.raises(CheckpointError, match="does not exist"):

@@ -47,6 +47,7 @@ from skygreen.checkpoint.ranged import fetch_verified
 from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.checkpoint.store import Store
 from skygreen.errors import CheckpointError, KeyNotFoundError, StoreError, TransientStoreError
+from skygreen.files import inside_parts
 from skygreen.timestamps import utc_now_iso
 
 log = logging.getLogger("skygreen.folders")
@@ -117,7 +118,8 @@ def commit_folder(
         The manifest written.
 
     Raises:
-        CheckpointError: the folder is missing or holds no file.
+        CheckpointError: the folder is missing, holds no file, or a file whose name has a
+            backslash (checked before anything is uploaded).
         StoreError: the bucket refused an upload; nothing is committed then.
     """
     path = Path(folder)
@@ -126,6 +128,14 @@ def commit_folder(
     files = folder_files(path)
     if not files:
         raise CheckpointError(f"checkpoint folder {path} holds no files")
+    for relative, _ in files:
+        try:
+            inside_parts(relative)
+        except ValueError:
+            raise CheckpointError(
+                f"checkpoint folder {path}: the file name {relative!r} cannot be restored on another machine "
+                "(a backslash in a name)\n  fix: rename the file, or write it outside the checkpoint folder"
+            ) from None
     store.delete(manifest_key(step))  # a commit of this step already there stops being one first
     blobs: dict[str, BlobInfo] = {}
     for relative, file in files:
