@@ -329,8 +329,12 @@ def test_a_prefetched_checkpoint_is_used_once_verified_and_a_bad_blob_is_downloa
         ck.save(3, state)
     env = {"SKYGREEN_BUCKET": bucket, "SKYGREEN_RUN_ID": run_id}
 
-    # A good prefetch is used: with a blob gone from the bucket, the load still succeeds.
+    # A good prefetch is used: with a blob gone from the bucket, the load still succeeds. What an
+    # earlier life on this disk prefetched and never took (step 1) is removed.
+    (prefetch_dir(url) / "1").mkdir(parents=True)
+    (prefetch_dir(url) / "1" / "shared.pt").write_bytes(b"stale")
     assert prefetch_main(env) == 0
+    assert not (prefetch_dir(url) / "1").exists()
     folder = prefetch_dir(url) / "3"
     names = sorted(p.name for p in folder.iterdir() if not p.name.endswith(RECEIPT_SUFFIX))
     assert names and not [n for n in names if n.endswith(".part")]

@@ -110,12 +110,16 @@ def prefetch(store: Store, dest: Path) -> str:
     checkpoint's files under their paths); what was done, in a few words.
 
     A sharded (FSDP) checkpoint is left to the ranks: each downloads only the shard files it
-    reads, and a node's prefetch of every rank's files would only compete with them.
+    reads, and a node's prefetch of every rank's files would only compete with them. Folders of
+    other steps, left by an earlier life on this disk and never taken, are removed.
     """
     with held_while_alive(dest / LOCK_NAME):
         manifest = next(iter_manifests(store), None)
         if manifest is None:
             return "no checkpoint yet"
+        for old in dest.iterdir():
+            if old.is_dir() and old.name.isdecimal() and old.name != str(manifest.step):
+                shutil.rmtree(old, ignore_errors=True)
         if manifest.layout != "full":
             return f"step {manifest.step} is sharded; each rank downloads the shard files it reads"
         folder = dest / str(manifest.step)
