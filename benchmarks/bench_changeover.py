@@ -54,7 +54,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from servers import FAKE_AWS_ENV, ServerProcess, moto_process  # noqa: E402
+from moto_ranged import s3_server  # noqa: E402
+from servers import FAKE_AWS_ENV  # noqa: E402
 
 LAYER_MB = 16  # one 1024 x 4096 fp32 layer
 
@@ -81,17 +82,6 @@ print(json.dumps({"import_s": t_imported - t_start, "restore_s": t_restored - t_
 """
 
 BARE = "import sys, time; t = float(sys.argv[1]); import torch; print(time.time() - t)"
-
-
-def s3_server(name: str) -> ServerProcess:
-    """`moto`: moto_server as it is; `moto-ranged`: the same server reading a ranged GET's range
-    alone, as S3 does (`benchmarks/moto_ranged.py`), so that ranged downloads measure the client."""
-    if name == "moto":
-        return moto_process()
-    script = str(REPO / "benchmarks" / "moto_ranged.py")
-    return ServerProcess(
-        "moto_server (ranges read alone)", lambda port: [sys.executable, script, "-H", "127.0.0.1", "-p", str(port)]
-    )
 
 
 def make_state(ckpt_mb: int) -> tuple[dict, int]:

@@ -34,7 +34,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from servers import FAKE_AWS_ENV, gcs_process, moto_process  # noqa: E402
+from moto_ranged import s3_server  # noqa: E402
+from servers import FAKE_AWS_ENV, gcs_process  # noqa: E402
 
 
 def make_model(total_mb: int) -> torch.nn.Module:
@@ -251,6 +252,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stream-mb-s", type=float, default=80.0, help="per-connection rate of the paced download")
     parser.add_argument("--only", choices=["stall", "s3", "gcs", "resume", "download"], action="append")
+    parser.add_argument("--server", choices=["moto", "moto-ranged"], default="moto-ranged",
+                        help="the S3 server: moto_server serving a ranged GET from its range as S3 does "
+                             "(default), or moto as released, which copies the whole object per ranged GET")  # fmt: skip
     args = parser.parse_args()
     only = set(args.only or ["stall", "s3", "gcs", "resume", "download"])
     torch.manual_seed(0)
@@ -271,7 +275,7 @@ def main() -> None:
         try:
             moto = gcs = None
             if only & {"s3", "resume", "download"}:
-                moto = moto_process().start(log_dir=tmp)
+                moto = s3_server(args.server).start(log_dir=tmp)
                 servers.append(moto)
                 os.environ["AWS_ENDPOINT_URL_S3"] = moto.url
             if "s3" in only:

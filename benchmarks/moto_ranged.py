@@ -9,13 +9,15 @@ hands back a view whose slice reads just that range from the buffer (under the s
 other request, and every other use of `FakeKey.value`, is untouched: the HTTP layer, auth, the
 range parsing and the 206 answer are moto's own.
 
-Run: python benchmarks/moto_ranged.py -H 127.0.0.1 -p PORT   (moto_server's arguments)
+Run: python benchmarks/moto_ranged.py -H 127.0.0.1 -p PORT   (moto_server's arguments), or
+`s3_server("moto-ranged")` from a benchmark.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from moto.s3.models import FakeKey
@@ -65,6 +67,19 @@ def _key_response_ranged(self: S3Response, request: Any, full_url: str, headers:
     if isinstance(body, RangeView):  # a range moto answers whole (several ranges, unparsable)
         body = body[:]
     return status, response_headers, body
+
+
+def s3_server(name: str) -> Any:
+    """The loopback S3 server a benchmark runs (`tests/servers.py`'s `ServerProcess`): `moto` as
+    released, or `moto-ranged`, this module's."""
+    from servers import ServerProcess, moto_process
+
+    if name == "moto":
+        return moto_process()
+    script = str(Path(__file__).resolve())
+    return ServerProcess(
+        "moto_server (ranges read alone)", lambda port: [sys.executable, script, "-H", "127.0.0.1", "-p", str(port)]
+    )
 
 
 def patch() -> None:
