@@ -400,24 +400,70 @@ def test_a_trainer_folder_is_prefetched_under_its_paths_and_taken_by_the_folder_
     assert not [p for p in folder.rglob("*") if p.is_file()]  # every file taken, no receipt left
 
 
-def test_a_sharded_checkpoint_is_not_prefetched_each_rank_reads_its_own(tmp_path, monkeypatch):
+def test_a_sharded_checkpoint_is_prefetched_on_one_node_and_left_to_the_ranks_over_several(tmp_path, monkeypatch):
     import torch
 
+    from skygreen.checkpoint.manifest import blob_key, iter_manifests
     from skygreen.checkpoint.prefetch import prefetch_dir, run_url
+    from skygreen.checkpoint.store_factory import open_store
     from skygreen.runtime.sharded import ShardedCheckpointer
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     bucket, run_id = str(tmp_path / "bucket"), "r-fsdp"
     url = run_url(bucket, run_id)
     with ShardedCheckpointer(url, template=lambda: {"model": {"w": torch.zeros(8)}}) as ck:
-        ck.save(2, {"model": {"w": torch.ones(8)}})
+        ck.save(2, {"model": {"w": torch.arange(8.0)}})
+    command = [sys.executable, "-m", "skygreen.runtime.prefetch"]
     env = {**os.environ, "SKYGREEN_BUCKET": bucket, "SKYGREEN_RUN_ID": run_id}
-    done = subprocess.run(
-        [sys.executable, "-m", "skygreen.runtime.prefetch"], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    assert "step 2 is sharded; each rank downloads the shard files it reads" in done.stdout
-    assert not prefetch_dir(url).exists() or not list(prefetch_dir(url).rglob("*.distcp"))
+
+    # Over two nodes each rank downloads what it reads: nothing is prefetched.
+    two = subprocess.run(command, env={**env, "SKYPILOT_SETUP_NODE_IPS": "10.0.0.1\n10.0.0.2\n"},
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert two.returncode == 0, two.stderr
+    assert "step 2 is sharded over 2 nodes; each rank downloads the shard files it reads" in two.stdout
+    assert not prefetch_dir(url).exists() or not [
+        p for p in prefetch_dir(url).rglob("*") if p.is_file() and p.name != ".prefetching"
+    ]
+
+    # On one node the ranks read every file between them: prefetched, and taken once proven.
+    one = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0 and "step 2 prefetched" in one.stdout, one.stderr
+    manifest = next(iter_manifests(open_store(url)))
+    for name in manifest.blobs:  # the bucket's copies no longer verify: only the prefetch's can
+        blob = Path(url) / blob_key(2, name)
+        blob.write_bytes(bytes(blob.stat().st_size))
+    loaded = ShardedCheckpointer(url, template=lambda: {"model": {"w": torch.zeros(8)}}).load_latest()
+    assert loaded is not None and loaded.step == 2 and torch.equal(loaded.state["model"]["w"], torch.arange(8.0))
+
+
+def test_ranks_of_one_node_taking_the_same_prefetched_file_get_it_once_and_never_fail(tmp_path):
+    import threading
+
+    from skygreen.checkpoint.manifest import Manifest
+    from skygreen.checkpoint.prefetch import blob_info, take_prefetched, write_receipt
+
+    (tmp_path / "4").mkdir()
+    part, final = tmp_path / "4" / "dcp.metadata.part", tmp_path / "4" / "dcp.metadata"
+    part.write_bytes(os.urandom(1 << 20))
+    info = blob_info(part)
+    write_receipt(part, info, final=final)
+    os.replace(part, final)
+    manifest = Manifest(step=4, blobs={"shared.pt": info, "dcp.metadata": info}, created_at="2026-01-01T00:00:00Z")
+    results: list[bool] = []
+    start = threading.Barrier(8)
+
+    def rank(r: int) -> None:
+        start.wait()
+        results.append(take_prefetched(tmp_path, manifest, "dcp.metadata", tmp_path / f"rank{r}.metadata"))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]  # one took it; the others download, none raised
+    assert [blob_info(p) for p in tmp_path.glob("rank*.metadata")] == [info]
+    assert not list((tmp_path / "4").iterdir())  # nothing left half-taken
 
 
 def test_a_prefetch_still_writing_is_waited_for_while_it_lives_and_a_dead_one_is_not(tmp_path, monkeypatch):

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -94,23 +95,25 @@ def write_receipt(blob: Path, proved: BlobInfo, *, final: Path) -> None:
     write_atomic(receipt_path(final), json.dumps(receipt))
 
 
-def receipt_vouches(blob: Path, want: BlobInfo) -> bool:
-    """Whether the prefetch's receipt proves `blob` is `want`: the receipt's sha256 and size are
-    `want`'s and its identity is the file's now. False, never an error, for anything else."""
+def receipt_vouches(blob: Path, want: BlobInfo, *, receipt_at: Path | None = None) -> bool:
+    """Whether the prefetch's receipt (`receipt_at`, default beside `blob`) proves `blob` is
+    `want`: the receipt's sha256 and size are `want`'s and its identity is the file's now (a
+    rename keeps it). False, never an error, for anything else."""
     try:
-        receipt = json.loads(receipt_path(blob).read_text())
+        receipt = json.loads((receipt_at or receipt_path(blob)).read_text())
         proved = BlobInfo(size=receipt["size"], sha256=receipt["sha256"])
         return proved == want and receipt["identity"] == file_identity(blob)
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def prefetch(store: Store, dest: Path) -> str:
+def prefetch(store: Store, dest: Path, *, nodes: int = 1) -> str:
     """Download every blob of the newest committed checkpoint under `dest/<step>/` (a folder
     checkpoint's files under their paths); what was done, in a few words.
 
-    A sharded (FSDP) checkpoint is left to the ranks: each downloads only the shard files it
-    reads, and a node's prefetch of every rank's files would only compete with them. Folders of
+    A sharded (FSDP) checkpoint is prefetched on a single node, whose ranks together read every
+    file; over several `nodes` it is left to the ranks, each downloading only the shard files it
+    reads, since every node fetching every rank's files would only compete with them. Folders of
     other steps, left by an earlier life on this disk and never taken, are removed.
     """
     with held_while_alive(dest / LOCK_NAME):
@@ -120,8 +123,8 @@ def prefetch(store: Store, dest: Path) -> str:
         for old in dest.iterdir():
             if old.is_dir() and old.name.isdecimal() and old.name != str(manifest.step):
                 shutil.rmtree(old, ignore_errors=True)
-        if manifest.layout != "full":
-            return f"step {manifest.step} is sharded; each rank downloads the shard files it reads"
+        if manifest.layout != "full" and nodes > 1:
+            return f"step {manifest.step} is sharded over {nodes} nodes; each rank downloads the shard files it reads"
         folder = dest / str(manifest.step)
         for name in sorted(manifest.blobs):
             final = folder.joinpath(*name.split("/"))  # names are checked safe by the manifest
@@ -167,28 +170,34 @@ def take_prefetched(dest: Path | None, manifest: Manifest, name: str, target: Pa
     """Move the prefetched blob `name` of `manifest` to `target` if it is proven to match the
     manifest's size and sha256 (by the prefetch's receipt, else by hashing it); a blob that does
     not match is deleted (the caller downloads it). False when there is no prefetched blob to
-    take."""
+    take, or another process took it first: the ranks of a node may want the same file (an
+    FSDP checkpoint's metadata), and the first to claim it (an atomic rename) has it."""
     if dest is None:
         return False
     path = dest.joinpath(str(manifest.step), *name.split("/"))
     wait_for_part(path.with_name(f"{path.name}.part"), path, lock=dest / LOCK_NAME)
     if not path.is_file():
         return False
+    claimed = path.with_name(f"{path.name}.taking-{os.getpid()}-{threading.get_ident()}")
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return False  # none prefetched, or another process of this node took it first
     want = manifest.blobs[name]
-    vouched = receipt_vouches(path, want)
+    vouched = receipt_vouches(claimed, want, receipt_at=receipt_path(path))
     receipt_path(path).unlink(missing_ok=True)
-    got = want if vouched else blob_info(path)
+    got = want if vouched else blob_info(claimed)
     if got != want:
         log.warning(
             "prefetched %s of %s does not match the manifest (size %d vs %d): downloading it again",
             name, manifest.label, got.size, want.size,
         )  # fmt: skip
-        path.unlink(missing_ok=True)
+        claimed.unlink(missing_ok=True)
         return False
     try:
-        os.replace(path, target)
+        os.replace(claimed, target)
     except OSError as e:
         if e.errno != errno.EXDEV:
             raise
-        shutil.move(path, target)  # the load folder is on another filesystem (a tmpfs /tmp): a copy
+        shutil.move(claimed, target)  # the load folder is on another filesystem (a tmpfs /tmp): a copy
     return True

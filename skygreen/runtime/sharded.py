@@ -92,6 +92,7 @@ from skygreen.checkpoint.manifest import (
     life_blob_name,
     rank_blob_name,
 )
+from skygreen.checkpoint.prefetch import prefetch_dir, take_prefetched
 from skygreen.checkpoint.ranged import fetch_verified
 from skygreen.checkpoint.store import RetryPolicy
 from skygreen.errors import CheckpointError, KeyNotFoundError, StoreError, TransientStoreError
@@ -262,6 +263,7 @@ class ShardedCheckpointer(CommitProtocol):
             launch=default_launch(launch, env),
         )
         self.template: Callable[[], dict] | None = template
+        self.prefetched = prefetch_dir(url)  # setup's background download (one node); proven before use
         self.hold = UploadHold.from_env(env)
         self._group: Any = None
         self.last_stage_s: float | None = None
@@ -578,6 +580,8 @@ class ShardedCheckpointer(CommitProtocol):
         def one(base: str) -> str | None:
             local = folder / DCP_PREFIX / base[len(DCP_PREFIX) :] if base.startswith(DCP_PREFIX) else folder / base
             name = names[base]
+            if take_prefetched(self.prefetched, manifest, name, local):
+                return None
             try:
                 fetch_verified(self.store, blob_key(manifest.step, name), local, manifest.blobs[name])
             except KeyNotFoundError:
