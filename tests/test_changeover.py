@@ -192,8 +192,8 @@ def test_on_a_fresh_image_the_prefetch_starts_before_the_runtime_requirements_ar
     with only skygreen and the bucket's client installed."""
     import torch
 
-    from skygreen.checkpoint.manifest import iter_manifests
-    from skygreen.checkpoint.prefetch import blob_info, prefetch_dir, run_url
+    from skygreen.checkpoint.manifest import file_info, iter_manifests
+    from skygreen.checkpoint.prefetch import prefetch_dir, run_url
     from skygreen.checkpoint.store_factory import open_store
     from skygreen.runtime.checkpointer import Checkpointer
 
@@ -244,7 +244,7 @@ def test_on_a_fresh_image_the_prefetch_starts_before_the_runtime_requirements_ar
     assert f"prefetch: {url}: step 3 prefetched" in (stamps / f"{run_id}.prefetch.log").read_text()
     manifest = next(iter_manifests(open_store(url)))
     folder = prefetch_dir(url, home=home) / "3"
-    assert {name: blob_info(folder / name) for name in manifest.blobs} == dict(manifest.blobs)
+    assert {name: file_info(folder / name) for name in manifest.blobs} == dict(manifest.blobs)
     # After setup the image holds the whole runtime.
     after = [venv / "bin" / "python", "-c", "import google.cloud.storage, torch, skygreen"]
     assert subprocess.run(after, env=env, cwd=tmp_path, capture_output=True).returncode == 0
@@ -439,13 +439,13 @@ def test_a_sharded_checkpoint_is_prefetched_on_one_node_and_left_to_the_ranks_ov
 def test_ranks_of_one_node_taking_the_same_prefetched_file_get_it_once_and_never_fail(tmp_path):
     import threading
 
-    from skygreen.checkpoint.manifest import Manifest
-    from skygreen.checkpoint.prefetch import blob_info, take_prefetched, write_receipt
+    from skygreen.checkpoint.manifest import Manifest, file_info
+    from skygreen.checkpoint.prefetch import take_prefetched, write_receipt
 
     (tmp_path / "4").mkdir()
     part, final = tmp_path / "4" / "dcp.metadata.part", tmp_path / "4" / "dcp.metadata"
     part.write_bytes(os.urandom(1 << 20))
-    info = blob_info(part)
+    info = file_info(part)
     write_receipt(part, info, final=final)
     os.replace(part, final)
     manifest = Manifest(step=4, blobs={"shared.pt": info, "dcp.metadata": info}, created_at="2026-01-01T00:00:00Z")
@@ -462,21 +462,21 @@ def test_ranks_of_one_node_taking_the_same_prefetched_file_get_it_once_and_never
     for t in threads:
         t.join()
     assert sorted(results) == [False] * 7 + [True]  # one took it; the others download, none raised
-    assert [blob_info(p) for p in tmp_path.glob("rank*.metadata")] == [info]
+    assert [file_info(p) for p in tmp_path.glob("rank*.metadata")] == [info]
     assert not list((tmp_path / "4").iterdir())  # nothing left half-taken
 
 
 def test_a_prefetch_still_writing_is_waited_for_while_it_lives_and_a_dead_one_is_not(tmp_path, monkeypatch):
     from skygreen.checkpoint import prefetch as prefetch_module
-    from skygreen.checkpoint.manifest import BlobInfo, Manifest
-    from skygreen.checkpoint.prefetch import LOCK_NAME, blob_info, take_prefetched, wait_for_part
+    from skygreen.checkpoint.manifest import BlobInfo, Manifest, file_info
+    from skygreen.checkpoint.prefetch import LOCK_NAME, take_prefetched, wait_for_part
     from skygreen.locks import held_while_alive
 
     folder = tmp_path / "7"
     folder.mkdir()
     data = os.urandom(4096)
     (folder / "shared.pt").write_bytes(data)
-    info = blob_info(folder / "shared.pt")
+    info = file_info(folder / "shared.pt")
     (folder / "shared.pt").rename(folder / "shared.pt.part")  # the prefetch is mid-download
     manifest = Manifest(step=7, blobs={"shared.pt": info}, created_at="2026-01-01T00:00:00Z")
     polls: list[float] = []
@@ -544,12 +544,12 @@ def test_a_manifest_naming_a_blob_outside_the_folder_writes_nothing_there_and_is
 
 
 def test_a_receipt_vouches_only_for_the_file_and_the_blob_it_was_written_for(tmp_path):
-    from skygreen.checkpoint.manifest import BlobInfo
-    from skygreen.checkpoint.prefetch import blob_info, receipt_path, receipt_vouches, write_receipt
+    from skygreen.checkpoint.manifest import BlobInfo, file_info
+    from skygreen.checkpoint.prefetch import receipt_path, receipt_vouches, write_receipt
 
     part, blob = tmp_path / "shared.pt.part", tmp_path / "shared.pt"
     part.write_bytes(os.urandom(4096))
-    proved = blob_info(part)
+    proved = file_info(part)
     write_receipt(part, proved, final=blob)
     os.replace(part, blob)  # as the prefetch does: receipt first, then the rename
     assert receipt_vouches(blob, proved)
@@ -571,8 +571,8 @@ SHM = Path("/dev/shm")
 def test_a_prefetched_blob_is_taken_into_a_load_folder_on_another_filesystem(tmp_path):
     # A VM whose /tmp is a tmpfs loads into another filesystem than the prefetch's (under HOME):
     # a rename cannot cross it, so the verified blob is moved by a copy, not refused or crashed on.
-    from skygreen.checkpoint.manifest import Manifest
-    from skygreen.checkpoint.prefetch import blob_info, take_prefetched
+    from skygreen.checkpoint.manifest import Manifest, file_info
+    from skygreen.checkpoint.prefetch import take_prefetched
 
     load_folder = Path(tempfile.mkdtemp(dir=SHM))
     if os.stat(load_folder).st_dev == os.stat(tmp_path).st_dev:
@@ -583,7 +583,7 @@ def test_a_prefetched_blob_is_taken_into_a_load_folder_on_another_filesystem(tmp
         data = os.urandom(8192)
         (tmp_path / "7" / "shared.pt").write_bytes(data)
         manifest = Manifest(
-            step=7, blobs={"shared.pt": blob_info(tmp_path / "7" / "shared.pt")}, created_at="2026-01-01T00:00:00Z"
+            step=7, blobs={"shared.pt": file_info(tmp_path / "7" / "shared.pt")}, created_at="2026-01-01T00:00:00Z"
         )
         assert take_prefetched(tmp_path, manifest, "shared.pt", load_folder / "shared.pt")
         assert (load_folder / "shared.pt").read_bytes() == data

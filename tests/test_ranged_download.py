@@ -332,8 +332,8 @@ def test_setup_prefetch_command_fetches_a_big_blob_by_ranges_and_refuses_a_corru
     moto_server, monkeypatch, tmp_path
 ):
     """`python -m skygreen.runtime.prefetch`, as setup runs it, on S3 behind the fault proxy."""
-    from skygreen.checkpoint.manifest import iter_manifests
-    from skygreen.checkpoint.prefetch import blob_info, prefetch_dir, run_url
+    from skygreen.checkpoint.manifest import file_info, iter_manifests
+    from skygreen.checkpoint.prefetch import prefetch_dir, run_url
 
     proxy = FaultProxy(moto_server.url).start()
     try:
@@ -357,7 +357,7 @@ def test_setup_prefetch_command_fetches_a_big_blob_by_ranges_and_refuses_a_corru
         assert done.returncode == 0, done.stderr
         assert "step 5 prefetched" in done.stdout
         folder = prefetch_dir(url, home=tmp_path / "home") / "5"
-        assert blob_info(folder / SHARED_BLOB) == manifest.blobs[SHARED_BLOB]
+        assert file_info(folder / SHARED_BLOB) == manifest.blobs[SHARED_BLOB]
         size = manifest.blobs[SHARED_BLOB].size
         fetched = proxy.ranged_requests(path_contains=SHARED_BLOB)
         assert sorted(fetched) == sorted(expected_ranges(size, DEFAULT_RANGED.part_bytes))

@@ -268,8 +268,7 @@ def safe_folder_name(value: object) -> str:
 def safe_relative_path(blob: str) -> PurePosixPath:
     """The path inside the folder of blob `files/<path>`, refused where it could leave the folder."""
     prefix = FILES_DIR + "/"
-    relative = blob[len(prefix) :] if blob.startswith(prefix) else ""
-    parts = relative.split("/")
-    if not relative or "\\" in relative or "\0" in relative or any(p in ("", ".", "..") for p in parts):
-        raise CheckpointError(f"file name {blob!r} in the manifest is not a safe path inside the folder")
-    return PurePosixPath(*parts)
+    try:
+        return PurePosixPath(*inside_parts(blob[len(prefix) :] if blob.startswith(prefix) else ""))
+    except ValueError:
+        raise CheckpointError(f"file name {blob!r} in the manifest is not a safe path inside the folder") from None

@@ -33,7 +33,8 @@ import threading
 import time
 from pathlib import Path
 
-from skygreen.checkpoint.manifest import BlobInfo, Manifest, blob_key, iter_manifests
+from skygreen.checkpoint.bucket_url import join_url
+from skygreen.checkpoint.manifest import BlobInfo, Manifest, blob_key, file_info, iter_manifests
 from skygreen.checkpoint.ranged import fetch_verified
 from skygreen.checkpoint.store import Store
 from skygreen.files import write_atomic
@@ -42,7 +43,6 @@ from skygreen.locks import held_while_alive, is_locked
 log = logging.getLogger("skygreen.runtime")
 
 PREFETCH_ROOT = Path(".skygreen") / "prefetch"
-_CHUNK_BYTES = 1 << 20
 LOCK_NAME = ".prefetching"
 """Held by the prefetch process while it downloads (`flock`: the kernel drops it when the process
 dies): a blob still being written is waited for only while its writer is alive."""
@@ -54,24 +54,13 @@ seconds, and a second download beside the first would only halve both."""
 
 def run_url(bucket: str, run_id: str) -> str:
     """A run's checkpoint URL: `<bucket>/<run_id>`, as the runtime opens it."""
-    return f"{bucket.rstrip('/')}/{run_id}"
+    return join_url(bucket, run_id)
 
 
 def prefetch_dir(url: str, *, home: Path | None = None) -> Path:
     """Where blobs of the run at `url` are prefetched to on this machine."""
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
     return (home or Path.home()) / PREFETCH_ROOT / digest
-
-
-def blob_info(path: Path) -> BlobInfo:
-    """A file's size and sha256, to compare with what a manifest lists."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return BlobInfo(size=size, sha256=digest.hexdigest())
 
 
 RECEIPT_SUFFIX = ".verified"
@@ -186,7 +175,7 @@ def take_prefetched(dest: Path | None, manifest: Manifest, name: str, target: Pa
     want = manifest.blobs[name]
     vouched = receipt_vouches(claimed, want, receipt_at=receipt_path(path))
     receipt_path(path).unlink(missing_ok=True)
-    got = want if vouched else blob_info(claimed)
+    got = want if vouched else file_info(claimed)
     if got != want:
         log.warning(
             "prefetched %s of %s does not match the manifest (size %d vs %d): downloading it again",
