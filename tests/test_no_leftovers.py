@@ -115,10 +115,13 @@ def _alive(pid: int) -> bool:
 
 
 # ---------------------------------------------------------------- a torchrun task, end to end
+# (its smoke test runs both ranks: rank 1 loads once rank 0 has committed, and checks its own state)
 
 
 @pytest.mark.slow
-def test_a_two_rank_torchrun_run_killed_by_group_leaves_no_worker_and_resumes_bit_identical(private_home, tmp_path):
+def test_a_two_rank_torchrun_run_smokes_then_killed_by_group_leaves_no_worker_and_resumes_bit_identical(
+    private_home, tmp_path
+):
     env = user_env(private_home, TINY_STEPS="30", TINY_EVAL_EVERY="10")
     task = tmp_path / "tinyddp.yaml"
     task.write_text(
@@ -126,7 +129,7 @@ def test_a_two_rank_torchrun_run_killed_by_group_leaves_no_worker_and_resumes_bi
         "skygreen: {gpus: [T4], precision: fp32, batch: {effective: 32, micro: 8}, checkpoint: {every: 10, keep: 2}}\n"
         "run: torchrun --standalone --nproc_per_node=2 tiny.py\n"
     )
-    reference = skygreen(env, "up", str(task), "--local", "--no-smoke")
+    reference = skygreen(env, "up", str(task), "--local")  # the smoke test on, with both ranks
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
     (first,) = json.loads(skygreen(env, "status", "--json").stdout)
     assert first["completed"] and first["model_sha256"]
