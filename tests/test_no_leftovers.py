@@ -131,6 +131,7 @@ def test_a_two_rank_torchrun_run_smokes_then_killed_by_group_leaves_no_worker_an
     )
     reference = skygreen(env, "up", str(task), "--local")  # the smoke test on, with both ranks
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+    assert "smoke test passed: 2 steps on 2 ranks, micro-batch 2 x 2 accumulation, fp32" in reference.stdout
     (first,) = json.loads(skygreen(env, "status", "--json").stdout)
     assert first["completed"] and first["model_sha256"]
 
