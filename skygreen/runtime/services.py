@@ -190,9 +190,9 @@ def open_services(
 
     A rank of several (torchrun's worker) is tied to its parent's death first
     (`skygreen.runtime.parent`). Under DDP this is a collective (the ranks agree whether each
-    has a GPU): call it on every
-    rank, after the process group is initialised. Nothing is started yet: call
-    `governor.start()` before the first step and `preemption.start()` from the main thread.
+    has a GPU): call it on every rank, after the process group is initialised. Nothing is
+    started yet: call `governor.start()` before the first step and `preemption.start()` from
+    the main thread.
 
     Args:
         settings: the run's settings (`RuntimeSettings.from_env()` in a `skygreen up` run).
