@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs, runs the gates (lint, format, types, the docs build), then the whole test suite. Extra arguments go
-# to pytest. Any finding of ruff or mypy fails the run before a test starts.
+# Installs (the package, then the tools outside Python the tests use: scripts/test-tools.sh, as
+# CI does), runs the gates (lint, format, types, the docs build), then the whole test suite.
+# Extra arguments go to pytest. Any finding of ruff or mypy fails the run before a test starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+bash scripts/test-tools.sh
 SOURCES=(skygreen tasks benchmarks tests scripts docs/hooks)
 .venv/bin/ruff check "${SOURCES[@]}"
 .venv/bin/ruff format --check "${SOURCES[@]}"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import leftovers
 from servers import gcs_bucket, gcs_server, moto_server, s3_bucket  # noqa: F401  (real S3/GCS test servers)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,3 +64,19 @@ def sky(tmp_path_factory):
         if saved is not None:
             os.environ["HOME"] = saved
     return sky_module
+
+
+def pytest_configure(config) -> None:
+    leftovers.mark_session(os.environ)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fail the run when a process a test started is still alive (`tests/leftovers.py`)."""
+    found = leftovers.leftovers(os.environ[leftovers.SESSION_MARK_ENV])
+    if found:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["", "processes started by tests were still alive at the end (killed now):", *found]
+        if reporter is not None:
+            for line in lines:
+                reporter.write_line(line, red=True)

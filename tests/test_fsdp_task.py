@@ -52,3 +52,23 @@ def test_gpt2_fsdp_trains_under_up_local_with_two_cpu_ranks(private_home, tmp_pa
     assert manifest.layout == "sharded-dcp" and manifest.world_size == 2
     # a launched life names its files after itself (`dcp__0_0.l1-<hex>.distcp`): one writer per run
     assert {"dcp__0_0.distcp", "dcp__1_0.distcp", "rank00001.pt"} <= {base_blob_name(b) for b in manifest.blobs}
+
+
+def test_the_smoke_test_runs_an_fsdp2_run_line_with_two_ranks(private_home, tmp_path):
+    env = user_env(private_home, SKYGREEN_TASK_SIZE="small", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                   SKYGREEN_DATA_CACHE=str(tmp_path / "cache"))  # fmt: skip
+    task = tmp_path / "gpt2-fsdp-two.yaml"
+    task.write_text(
+        yaml.safe_dump(
+            {
+                "name": "gpt2-fsdp-two",
+                "workdir": str(REPO / "tasks"),
+                "skygreen": {"precision": "fp32", "batch": {"effective": 16, "micro": 4}},
+                "run": "torchrun --standalone --nproc_per_node=2 gpt2_fsdp.py --steps 10",
+            }
+        )
+    )
+    out = skygreen(env, "smoke", str(task), timeout_s=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.startswith("skygreen smoke: ok: 2 steps on 2 ranks"), out.stdout
+    assert out.stdout.count("skygreen smoke: ok") == 1  # rank 0 speaks for both

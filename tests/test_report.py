@@ -134,8 +134,8 @@ CHROMIUM: str = shutil.which("chromium") or shutil.which("chromium-browser") or 
 
 
 @pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="chromium is not installed (.ci/run installs it with apt-get where it runs as root)",
+    not CHROMIUM,
+    reason="chromium is not installed (scripts/test-tools.sh installs it with apt-get where it runs as root)",
 )
 def test_report_page_in_headless_chromium(runs, tmp_path):
     page = tmp_path / "report.html"

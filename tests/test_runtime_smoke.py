@@ -68,7 +68,7 @@ def test_tiny_task_passes_through_the_cli():
         [sys.executable, "-m", "skygreen.cli", "smoke", str(TINY)], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("skygreen smoke: ok: 2 steps, micro-batch 2 x 2 accumulation, fp32")
+    assert out.stdout.startswith("skygreen smoke: ok: 2 steps on 1 rank, micro-batch 2 x 2 accumulation, fp32")
     assert "checkpoint round trip" in out.stdout
 
 

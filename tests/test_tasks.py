@@ -39,7 +39,9 @@ def test_task_passes_the_smoke_test_offline_with_no_settings(name, tmp_path):
         env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.startswith("skygreen smoke: ok: 2 steps, micro-batch 2 x 2 accumulation, fp32"), out.stdout
+    assert out.stdout.startswith("skygreen smoke: ok: 2 steps on 1 rank, micro-batch 2 x 2 accumulation, fp32"), (
+        out.stdout
+    )
     # the data went through skygreen.data: prepared into the smoke run's throw-away bucket
     assert list((tmp_path / "cache").iterdir()), "nothing was prepared into the data cache"
 

@@ -9,9 +9,14 @@ folder.
 
 Each launch has a folder `<root>/<job_id>/` with `job.json` (pid and the kernel's start time
 of the process, to tell it from a recycled pid; the pid is also the id of the job's process
-group, and the job lives while any process of that group does: a wrapper killed alone leaves
-its trainer running, and `status`, `cancel` and `logs --follow` see and stop the trainer too), `output.log`, and `exit_code` (written by
-`templates/local_job.sh` when the script ends; absent when it was killed).
+group; and the job's mark), `output.log`, and `exit_code` (written by `templates/local_job.sh`
+when the script ends; absent when it was killed).
+
+Every process of the job carries its mark in its environment (`SKYGREEN_LOCAL_JOB`), also
+those that leave the process group: torchrun starts each worker in a session of its own. The job
+lives while any process of its group or with its mark does: a wrapper killed alone leaves its
+trainer running, and `status`, `cancel` and `logs --follow` see and stop the trainer too; a run
+reads stopped only when none of its processes is left.
 The task's `setup` is not run here: the runtime is already installed on this machine.
 """
 
@@ -28,6 +33,7 @@ import time
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
+from secrets import token_hex
 from typing import Any, TextIO
 
 from skygreen.errors import InputError, LaunchError
@@ -38,6 +44,11 @@ CANCEL_GRACE_S = 60.0
 """How long `cancel` waits after SIGTERM for the final checkpoint before SIGKILL."""
 
 _POLL_S = 0.2
+_KILL_WAIT_S = 30.0
+"""How long `cancel` keeps sending SIGKILL until no process of the job is left."""
+
+JOB_MARK_ENV = "SKYGREEN_LOCAL_JOB"
+"""The variable every process of a local job carries: `<job id>:<random hex>`, unique on this machine."""
 
 
 class LocalLauncher:
@@ -73,7 +84,8 @@ class LocalLauncher:
         job_id = self._new_job_id(name)
         folder = self.root / job_id
         folder.mkdir(parents=True)
-        env = _job_env(task.get("envs") or {}, secrets or {})
+        mark = f"{job_id}:{token_hex(6)}"
+        env = {**_job_env(task.get("envs") or {}, secrets or {}), JOB_MARK_ENV: mark}
         log = (folder / "output.log").open("ab")
         try:
             child = subprocess.Popen(
@@ -98,6 +110,7 @@ class LocalLauncher:
             {
                 "pid": child.pid,
                 "start_ticks": _start_ticks(child.pid),
+                "mark": mark,
                 "started_at": time.time(),
                 "workdir": str(workdir),
             },
@@ -116,14 +129,14 @@ class LocalLauncher:
         pid = info.get("pid")
         exit_code = self._exit_code(job_id)
         cancelled = (folder / "cancelled").exists()
-        alive = exit_code is None and self._alive(job_id, pid, info.get("start_ticks"))
+        alive = exit_code is None and self._alive(job_id, info)
         if exit_code is None and not alive:
             # It may have written its exit code and ended between the two reads above: only a
             # process gone without one was killed.
             exit_code = self._exit_code(job_id)
         ended_at = _mtime(folder / "exit_code") if exit_code is not None else None
         if alive:
-            leader = f"pid {pid}" if _process_alive(pid, info.get("start_ticks")) else f"process group {pid}"
+            leader = _what_lives(pid, info.get("start_ticks"))
             state, detail = (JobState.CANCELLING, "stopping") if cancelled else (JobState.RUNNING, leader)
         elif exit_code is None:
             state, detail = (
@@ -152,23 +165,25 @@ class LocalLauncher:
         )
 
     def cancel(self, job_id: str) -> None:
-        """Mark the job cancelled and send SIGTERM to its process group, then SIGKILL if it still runs
-        `cancel_grace_s` later (the time it has for its final checkpoint); waits for it until then.
-        A job that already ended is left as it ended. Raises `InputError` for an unknown job id (no
-        job.json under `root`).
+        """Mark the job cancelled and send SIGTERM to its process group and every process with its
+        mark, then SIGKILL to them all if any still runs `cancel_grace_s` later (the time it has for
+        its final checkpoint); waits until none is left. A job that already ended is left as it
+        ended. Raises `InputError` for an unknown job id (no job.json under `root`).
         """
         folder = self._folder(job_id)
         info = _read_json(folder / "job.json")
-        pid, ticks = info.get("pid"), info.get("start_ticks")
-        if pid is None or not self._alive(job_id, pid, ticks):
+        pid = info.get("pid")
+        if pid is None or not self._alive(job_id, info):
             return  # it ended on its own: it stays as it ended (stopped, failed, succeeded)
         (folder / "cancelled").write_text("cancelled\n", encoding="utf-8")
-        _signal_group(pid, signal.SIGTERM)
+        _signal_job(pid, info.get("mark"), signal.SIGTERM)
         deadline = time.monotonic() + self.cancel_grace_s
-        while time.monotonic() < deadline and self._alive(job_id, pid, ticks):
+        while time.monotonic() < deadline and self._alive(job_id, info):
             time.sleep(_POLL_S)
-        if self._alive(job_id, pid, ticks):
-            _signal_group(pid, signal.SIGKILL)
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while self._alive(job_id, info) and time.monotonic() < deadline:  # a process forked meanwhile is next
+            _signal_job(pid, info.get("mark"), signal.SIGKILL)
+            time.sleep(_POLL_S)
 
     def logs(self, job_id: str, *, follow: bool, out: TextIO) -> int | None:
         """Copy the job's output.log to `out`; with `follow`, keep copying until the job has ended.
@@ -227,12 +242,14 @@ class LocalLauncher:
         except (FileNotFoundError, ValueError):
             return None
 
-    def _alive(self, job_id: str, pid: int | None, start_ticks: int | None) -> bool:
-        """Whether any process of the job's group is left: the trainer outlives a wrapper killed alone."""
+    def _alive(self, job_id: str, info: Mapping[str, Any]) -> bool:
+        """Whether any process of the job's group or with its mark is left: the trainer outlives a
+        wrapper killed alone, and torchrun's workers leave the group."""
         child = self._children.get(job_id)
         if child is not None:
             child.poll()  # reap our own leader, so it does not linger as a zombie
-        return _group_alive(pid, start_ticks)
+        mark = info.get("mark")
+        return _group_alive(info.get("pid"), info.get("start_ticks")) or bool(mark and marked_pids(JOB_MARK_ENV, mark))
 
     def _tail(self, job_id: str) -> str | None:
         try:
@@ -339,9 +356,40 @@ def _group_alive(pgid: int | None, start_ticks: int | None) -> bool:
     return False
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
+def _what_lives(pid: int | None, start_ticks: int | None) -> str:
+    """`status`'s detail of a live job: its leader, else its group, else its marked processes."""
+    if _process_alive(pid, start_ticks):
+        return f"pid {pid}"
+    if _group_alive(pid, start_ticks):
+        return f"process group {pid}"
+    return f"processes outside process group {pid} (marked {JOB_MARK_ENV})"
+
+
+def marked_pids(name: str, value: str) -> list[int]:
+    """The live (not zombie) processes whose environment has `name=value`, found through
+    /proc/*/environ (Linux; empty elsewhere). A process that sets a variable after it started
+    keeps its first environment there, and its children carry the mark on."""
+    entry = f"{name}={value}".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if entry not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue  # it ended while we looked, or it is not ours to read
+        if state not in ("Z", "X"):
+            found.append(int(proc.name))
+    return found
+
+
+def _signal_job(pid: int, mark: str | None, sig: signal.Signals) -> None:
+    """`sig` to the job's process group and to every process with its mark."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
+    for marked in marked_pids(JOB_MARK_ENV, mark) if mark else []:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(marked, sig)
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:

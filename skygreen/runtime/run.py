@@ -684,12 +684,16 @@ class Run:
 
     def _smoke_round_trip(self) -> None:
         """Smoke test: save, load back, and check every tensor came back equal."""
-        count = round_trip(lambda: self._save(state="smoke", wait=True), self.checkpointer, self.step_index)
-        print(
-            f"{SMOKE_LINE}: {self.step_index} steps, micro-batch {self.micro_batch} x {self.accum_steps} accumulation, "
-            f"{self.precision.precision}, checkpoint round trip of {count} tensors",
-            flush=True,
+        count = round_trip(
+            lambda: self._save(state="smoke", wait=True), self.checkpointer, self.step_index, leader=self.world.leader
         )
+        if self.world.leader:
+            ranks = f"{self.world_size} rank" + ("s" if self.world_size > 1 else "")
+            print(
+                f"{SMOKE_LINE}: {self.step_index} steps on {ranks}, micro-batch {self.micro_batch} x "
+                f"{self.accum_steps} accumulation, {self.precision.precision}, checkpoint round trip of {count} tensors",
+                flush=True,
+            )
         self.close()
         raise SystemExit(0)
 

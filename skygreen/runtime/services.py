@@ -28,6 +28,7 @@ from skygreen.power.originals import OriginalLimits
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.early_stop import EarlyStopper
 from skygreen.runtime.environment import device_facts
+from skygreen.runtime.parent import die_with_parent
 from skygreen.runtime.power import open_governor
 from skygreen.runtime.preemption import PreemptionWatch, landed_cloud
 from skygreen.runtime.ranks import World
@@ -187,9 +188,11 @@ def open_services(
 ) -> RunServices:
     """Open a run's services once, from its settings.
 
-    Under DDP this is a collective (the ranks agree whether each has a GPU): call it on every
-    rank, after the process group is initialised. Nothing is started yet: call
-    `governor.start()` before the first step and `preemption.start()` from the main thread.
+    A rank of several (torchrun's worker) is tied to its parent's death first
+    (`skygreen.runtime.parent`). Under DDP this is a collective (the ranks agree whether each
+    has a GPU): call it on every rank, after the process group is initialised. Nothing is
+    started yet: call `governor.start()` before the first step and `preemption.start()` from
+    the main thread.
 
     Args:
         settings: the run's settings (`RuntimeSettings.from_env()` in a `skygreen up` run).
@@ -212,6 +215,7 @@ def open_services(
             the keep count and the bucket URL).
         StoreError: the bucket's client library is not installed.
     """
+    die_with_parent(environ)  # a rank outlives no torchrun agent (its own session escapes killpg)
     checkpointer = checkpointer or open_checkpointer(settings, world=world)
     governor = open_governor(settings, device=device, world=world, environ=environ, smoke=smoke, originals=originals)
     book = RunBook.open(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from skygreen.errors import CheckpointError
+from skygreen.runtime.ranks import all_reduce
 from skygreen.settings import SMOKE_FAILED
 
 if TYPE_CHECKING:
@@ -52,6 +53,17 @@ def tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield from tensors(v)
 
 
+def tensors_only(obj: Any) -> Any:
+    """`obj` with every leaf that is not a tensor replaced by None, mappings, lists and tuples kept."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, Mapping):
+        return {k: tensors_only(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [tensors_only(v) for v in obj]
+    return None
+
+
 def smoke_fail(phase: str, error: BaseException) -> None:
     """Print the smoke-failure line on stderr (the phase, the error's type and the first line of its
     message) and exit with status 1; with SKYGREEN_DEBUG=1, raise `error` itself instead of exiting.
@@ -64,21 +76,32 @@ def smoke_fail(phase: str, error: BaseException) -> None:
     raise SystemExit(1) from error
 
 
-def round_trip(save: Callable[[], Any], checkpointer: Checkpointer | ShardedCheckpointer, step: int) -> int:
+def round_trip(
+    save: Callable[[], Any], checkpointer: Checkpointer | ShardedCheckpointer, step: int, *, leader: bool = True
+) -> int:
     """Save, load back, and check every tensor came back equal; returns the tensor count.
+
+    Every rank calls this. `save` returns once this rank's part is written, and rank 0's once
+    the commit is (it writes the manifest last), so the ranks meet before any loads: rank 1
+    must not look for the checkpoint before rank 0 has committed it. Each rank then checks its
+    own state: rank 0 all of it, the others their tensors (their replicas under DDP, their
+    shards under FSDP2), since the numbers beside them (a wall clock) are rank 0's in the shared
+    state and their own in memory.
 
     A failure prints the smoke-failure line naming the phase (save or load) and exits.
     """
     phase = "save"
     try:
         saved = host_copy(save())
+        all_reduce([0], op="MAX", dtype=torch.int32)  # the ranks meet: rank 0 has committed
         phase = "load"
         loaded = checkpointer.load_latest()
         if loaded is None or loaded.step != step:
             raise CheckpointError("the checkpoint just saved was not found")
         from skygreen.runtime.tensors import first_difference
 
-        diff = first_difference(saved, loaded.state)
+        own = (lambda state: state) if leader else tensors_only
+        diff = first_difference(own(saved), own(loaded.state))
         if diff:
             raise CheckpointError(f"the loaded state differs from the saved one at {diff}")
     except Exception as e:

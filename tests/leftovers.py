@@ -1,0 +1,52 @@
+"""The test session's guard against leftover processes: no process a test started may outlive it.
+
+The session marks its own environment (`SESSION_MARK_ENV`, not a `SKYGREEN_` name, so
+`helpers.user_env` keeps it); every subprocess a test starts inherits the mark, and so do theirs,
+torchrun's workers in sessions of their own included. At the end, a marked process still alive
+was left behind by some test: the session fails, names it, and ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from skygreen.launch.local_launcher import marked_pids
+
+SESSION_MARK_ENV = "TEST_SESSION_MARK"
+GRACE_S = 30.0
+"""How long processes already on their way out (a SIGTERM sent at a test's end) get to end."""
+
+
+def mark_session(environ: MutableMapping[str, str]) -> str:
+    """Give this session's environment its mark (unique on this machine); returns it."""
+    mark = environ.get(SESSION_MARK_ENV) or f"pytest-{os.getpid()}-{time.time_ns()}"
+    environ[SESSION_MARK_ENV] = mark
+    return mark
+
+
+def leftovers(mark: str, *, grace_s: float = GRACE_S) -> list[str]:
+    """The marked processes still alive after `grace_s` (polled, so usually no wait at all), each
+    as `pid N: command line`; they are then killed, so that none outlives the session either."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        pids = [pid for pid in marked_pids(SESSION_MARK_ENV, mark) if pid != os.getpid()]
+        if not pids or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    found = [f"pid {pid}: {_command(pid)}" for pid in pids]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return found
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "?"
