@@ -22,7 +22,16 @@ from skygreen.checkpoint.store import OpenStore
 from skygreen.errors import BucketUnreachableError, CheckpointError, InputError, LaunchError, SkygreenError, StoreError
 from skygreen.exit_codes import STOPPED_WITH_CHECKPOINT, for_outcome
 from skygreen.launch.bucket import within_deadline
-from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, Launcher, launch_name, launcher_jobs, run_of_job
+from skygreen.launch.launcher import (
+    JobState,
+    JobStatus,
+    LaunchedJob,
+    Launcher,
+    launch_name,
+    launcher_jobs,
+    run_of_job,
+    settled_state,
+)
 from skygreen.launch.registry import RunRecord
 from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
 
@@ -215,8 +224,13 @@ def run_state(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] 
         # the wrapper's "stopped after a checkpoint" code, from a script that never committed one
         code = for_outcome(job.state.value, has_checkpoint=False)
         detail = f"exit code {code}: stopped with no checkpoint to resume from (a resume starts at step 0)"
-    if job and job.state.value != record.state:
-        wiring.registry.save(dataclasses.replace(record, state=job.state.value))
+    completed = manifest is not None and manifest.meta.get("state") == "completed"
+    if settled_state(state, completed=completed) != state and manifest is not None:
+        state = JobState.SUCCEEDED.value
+        ended = f" (the job: {detail})" if detail else ""
+        detail = f"finished: its final checkpoint, step {manifest.step}, is committed{ended}"
+    if job and state != record.state:
+        wiring.registry.save(dataclasses.replace(record, state=state))
     if manifest and manifest.meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
         state, detail = (
             BUDGET_STATE.upper(),
