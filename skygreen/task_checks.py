@@ -70,6 +70,7 @@ def check_task(spec: TaskSpec) -> None:
     check_envs(spec)
     check_batch(spec)
     check_precision(spec)
+    check_cadence(spec)
 
 
 def check_run(spec: TaskSpec) -> None:
@@ -269,6 +270,24 @@ def check_precision(spec: TaskSpec) -> None:
             value="bf16",
             hint=f"remove {', '.join(lacking)} from skygreen.gpus, or use precision: auto (bf16 where the GPU has it, fp16 elsewhere)",
         )
+
+
+def check_cadence(spec: TaskSpec) -> None:
+    """The folder mode commits the folders the script saves, when it saves them: it cannot make
+    the script save, so a step or time `checkpoint.every` would be priced by `plan` and never
+    kept. A `SpecError` naming the script's own setting instead."""
+    checkpoint = spec.green.checkpoint
+    if spec.green.trainer != "folder" or checkpoint.every_auto:
+        return
+    given = f"{checkpoint.every_steps} steps" if checkpoint.every_steps is not None else f"{checkpoint.every_s:g} s"
+    raise SpecError(
+        "skygreen.checkpoint.every",
+        f"cannot be kept in the folder mode: skygreen commits the folders the script saves, on the script's own "
+        f"cadence, and cannot make it save every {given}",
+        value=given,
+        hint="remove checkpoint.every and set the script's own save interval (e.g. save_steps), "
+        "or train through sg.Run or a trainer callback",
+    )
 
 
 def nearest_multiple(value: int, of: int) -> int:

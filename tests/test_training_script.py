@@ -116,3 +116,14 @@ def test_plan_takes_an_hf_task_without_trainer_or_batch(private_home, tmp_path):
         cwd=REPO,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_step_or_time_cadence_is_refused_in_the_folder_mode(tmp_path):
+    for every in (500, "90s"):
+        with pytest.raises(SpecError) as caught:
+            load_task(_task(tmp_path, FOLDER_SCRIPT, checkpoint={"dir": "out", "every": every}))
+        assert "task.yaml: skygreen.checkpoint.every: cannot be kept in the folder mode" in str(caught.value)
+        assert "fix: remove checkpoint.every" in str(caught.value)
+    assert (
+        load_task(_task(tmp_path, FOLDER_SCRIPT, checkpoint={"dir": "out", "every": "auto"})).green.trainer == "folder"
+    )
