@@ -166,9 +166,12 @@ def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
 
 def _parse_green(raw: Any, path: str) -> GreenSpec:
     raw = read_mapping(raw, path)
-    check_keys(raw, [k for k in GreenSpec.__dataclass_fields__ if k != "gpu_count_given"], path)
+    check_keys(raw, [k for k in GreenSpec.__dataclass_fields__ if k not in ("gpu_count_given", "trainer_given")], path)
     get = _getter(raw, path)
-    values: dict[str, Any] = {"gpu_count_given": raw.get("gpu_count") is not None}
+    values: dict[str, Any] = {
+        "gpu_count_given": raw.get("gpu_count") is not None,
+        "trainer_given": raw.get("trainer") is not None,
+    }
     get(values, "gpus", parse_gpus)
     get(values, "gpu_count", lambda v, p: read_int(v, p, minimum=1, maximum=64))
     get(values, "clouds", parse_clouds)

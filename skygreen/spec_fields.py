@@ -398,7 +398,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         allowed=one_of(TRAINERS),
         doc="What owns the training loop: `runtime` (the script trains through `sg.Run`), `transformers` or "
         "`lightning` (the script's Trainer carries skygreen's callback), `folder` (any script that saves checkpoint "
-        "folders into `checkpoint.dir`; skygreen wraps the command). `checkpoint.dir` alone implies `folder`.",
+        "folders into `checkpoint.dir`; skygreen wraps the command). `checkpoint.dir` alone implies `folder`; "
+        "without the key, the script's imports decide (`skygreen.integrations.transformers`, `.lightning`, `Run`).",
     ),
     TaskField(
         path="skygreen.precision",

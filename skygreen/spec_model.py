@@ -219,6 +219,8 @@ class GreenSpec:
     """None: the plan does not know the model's size and ranks every GPU."""
     trainer: str = "runtime"
     """One of `TRAINERS`; `folder` when `checkpoint.dir` is set and the task names no trainer."""
+    trainer_given: bool = False
+    """The task names `trainer`; without it `task_checks.load_task` infers it from the script's imports."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -11,6 +11,7 @@ file's name, before anything starts.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from pathlib import Path
 from skygreen.errors import SpecError
 from skygreen.gpus import GPUS
 from skygreen.spec import TaskSpec, load_spec
+from skygreen.training_script import ScriptUse, read_script_use
 
 _PYTHON = ("python", "python3")
 
@@ -44,6 +46,7 @@ def load_task(path: str | os.PathLike[str]) -> TaskSpec:
     here, so they all refuse the same tasks, each error prefixed with the file's name."""
     spec = load_spec(path)
     try:
+        spec = with_script_trainer(spec)
         check_task(spec)
     except SpecError as e:
         raise e.with_source(str(path), line=_line_of(path, e.field)) from None
@@ -67,6 +70,7 @@ def check_task(spec: TaskSpec) -> None:
     check_envs(spec)
     check_batch(spec)
     check_precision(spec)
+    check_cadence(spec)
 
 
 def check_run(spec: TaskSpec) -> None:
@@ -174,28 +178,62 @@ def check_batch(spec: TaskSpec) -> None:
         )
 
 
-def check_batch_given_in_code(spec: TaskSpec) -> None:
-    """Without `batch.effective` the training script must pass `effective_batch=` to `Run`, or
-    the runtime stops before its first step. A `python SCRIPT` run whose script (read from the
-    workdir) uses the skygreen runtime and never names `effective_batch` fails here, up front;
-    a script that cannot be read, or that does not use the runtime, is left to the smoke test.
-    A trainer that owns its loop (`trainer:` transformers, lightning, folder) sets its own batch."""
-    if spec.green.trainer != "runtime":
-        return
+def with_script_trainer(spec: TaskSpec) -> TaskSpec:
+    """The task with `trainer:` read from its script when the task does not name one, so that
+    a trainer's own checks (its callback, its precision) apply with or without the key. A named
+    trainer that the script plainly contradicts (it imports another trainer's callback, or calls
+    `Run` beside a trainer's) is a `SpecError` on `skygreen.trainer`. The folder mode and
+    scripts whose use is unclear are left as they are."""
+    green = spec.green
+    if green.trainer == "folder":
+        return spec
+    found = script_use(spec)
+    if found is None or found[0].trainer is None:
+        return spec
+    use, script = found
+    trainer = use.trainer or green.trainer
+    if green.trainer_given and green.trainer != trainer:
+        uses = (
+            "calls skygreen.runtime.Run" if use.trainer == "runtime" else f"imports skygreen.integrations.{use.trainer}"
+        )
+        raise SpecError(
+            "skygreen.trainer",
+            f"says {green.trainer}, and {script.name} {uses}",
+            value=green.trainer,
+            hint=f"set `trainer: {trainer}`, or remove the key (skygreen reads it from the script)",
+        )
+    return dataclasses.replace(spec, green=dataclasses.replace(green, trainer=trainer))
+
+
+def script_use(spec: TaskSpec) -> tuple[ScriptUse, Path] | None:
+    """What the run's script does with skygreen (`training_script.read_script_use`) and its path;
+    None when the run is not a `python SCRIPT` line or the script cannot be read here."""
     script = _run_script(spec)
     if script is None:
-        return
+        return None
     try:
-        code = script.read_text(encoding="utf-8")
+        return read_script_use(script.read_text(encoding="utf-8")), script
     except (OSError, UnicodeDecodeError):
+        return None
+
+
+def check_batch_given_in_code(spec: TaskSpec) -> None:
+    """Without `batch.effective` the training script must pass `effective_batch=` to `Run`, or
+    the runtime stops before its first step. A script that calls `Run(...)` and never passes
+    `effective_batch=` fails here, up front. A trainer that owns its loop (`trainer:`
+    transformers, lightning, folder, named or read from the script) sets its own batch; a
+    script whose use is unclear is left to the smoke test."""
+    if spec.green.trainer != "runtime":
         return
-    if "skygreen" in code and "effective_batch" not in code:
-        raise SpecError(
-            "skygreen.batch.effective",
-            f"is not set, and {script.name} does not pass effective_batch= to Run: the runtime would stop "
-            "before its first step",
-            hint="add `batch: {effective: 64}` under skygreen: (samples per optimizer step, over all GPUs)",
-        )
+    found = script_use(spec)
+    if found is None or not found[0].run_without_batch:
+        return
+    raise SpecError(
+        "skygreen.batch.effective",
+        f"is not set, and {found[1].name} does not pass effective_batch= to Run: the runtime would stop "
+        "before its first step",
+        hint="add `batch: {effective: 64}` under skygreen: (samples per optimizer step, over all GPUs)",
+    )
 
 
 def _run_script(spec: TaskSpec) -> Path | None:
@@ -232,6 +270,24 @@ def check_precision(spec: TaskSpec) -> None:
             value="bf16",
             hint=f"remove {', '.join(lacking)} from skygreen.gpus, or use precision: auto (bf16 where the GPU has it, fp16 elsewhere)",
         )
+
+
+def check_cadence(spec: TaskSpec) -> None:
+    """The folder mode commits the folders the script saves, when it saves them: it cannot make
+    the script save, so a step or time `checkpoint.every` would be priced by `plan` and never
+    kept. A `SpecError` naming the script's own setting instead."""
+    checkpoint = spec.green.checkpoint
+    if spec.green.trainer != "folder" or checkpoint.every_auto:
+        return
+    given = f"{checkpoint.every_steps} steps" if checkpoint.every_steps is not None else f"{checkpoint.every_s:g} s"
+    raise SpecError(
+        "skygreen.checkpoint.every",
+        f"cannot be kept in the folder mode: skygreen commits the folders the script saves, on the script's own "
+        f"cadence, and cannot make it save every {given}",
+        value=given,
+        hint="remove checkpoint.every and set the script's own save interval (e.g. save_steps), "
+        "or train through sg.Run or a trainer callback",
+    )
 
 
 def nearest_multiple(value: int, of: int) -> int:

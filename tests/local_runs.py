@@ -33,6 +33,19 @@ def status(env: dict[str, str], run_id: str) -> dict:
     return json.loads(out.stdout)
 
 
+def status_agrees_with_cost(env: dict[str, str], run_id: str, *, preemptions: int) -> dict:
+    """`status --json` of a finished run says what `cost --json` says (preemptions, completion),
+    and names the model it ended with; returns the status."""
+    shown = status(env, run_id)
+    out = skygreen(env, "cost", run_id, "--json", timeout_s=120)
+    assert out.returncode == 0, out.stderr
+    costed = json.loads(out.stdout)
+    assert shown["preemptions"] == costed["preemptions"] == preemptions, (shown, costed["preemptions"])
+    assert shown["completed"] is True and costed["completed"] is True
+    assert shown["model_sha256"] and shown["checkpoint_interval_s"] is not None, shown
+    return shown
+
+
 def run_record(env: dict[str, str], run_id: str) -> dict:
     """The run's record on this machine (run.json)."""
     return json.loads((Path(env["XDG_DATA_HOME"]) / "skygreen" / "runs" / run_id / "run.json").read_text())

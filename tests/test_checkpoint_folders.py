@@ -17,10 +17,21 @@ from skygreen.checkpoint.folders import (
     commit_and_retain,
     commit_folder,
     committed_folder_steps,
+    folder_model_sha256,
     folder_step,
+    mark_completed,
     restore_latest,
 )
-from skygreen.checkpoint.manifest import FOLDER_KIND, Manifest, blob_info, blob_key, manifest_key, read_manifest
+from skygreen.checkpoint.manifest import (
+    FOLDER_KIND,
+    RUN_META_KEYS,
+    Manifest,
+    blob_info,
+    blob_key,
+    manifest_key,
+    read_manifest,
+    run_meta,
+)
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import CheckpointError
 from skygreen.runtime.checkpointer import Checkpointer
@@ -165,3 +176,34 @@ def test_the_runtime_loader_passes_folder_commits_over(tmp_path):
 @pytest.mark.parametrize(("name", "step"), [("checkpoint-500", 500), ("global_step12", 12), ("best", None)])
 def test_folder_step_reads_the_trailing_number(name, step):
     assert folder_step(name) == step
+
+
+def test_a_folder_commit_names_its_model_by_the_model_files_alone(tmp_path):
+    store = open_store(str(tmp_path / "bucket" / "run"))
+    first = commit_folder(store, write_checkpoint(tmp_path / "a", 4), step=4)
+    again = write_checkpoint(tmp_path / "b", 4)
+    (again / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log": "another run"}))
+    (again / "sub" / "deeper" / "rng.bin").write_bytes(b"other rng")
+    second = commit_folder(open_store(str(tmp_path / "bucket" / "other")), again, step=4)
+    assert first.model_sha256 is not None and first.model_sha256 == second.model_sha256  # same weights
+    assert commit_folder(store, write_checkpoint(tmp_path / "c", 8), step=8).model_sha256 != first.model_sha256
+    assert folder_model_sha256({"files/optimizer.pt": blob_info(b"x")}) is None
+    assert folder_model_sha256({"files/epoch=1-step=8.ckpt": blob_info(b"x")}) is not None  # Lightning
+
+
+def test_the_last_commit_of_a_finished_run_is_marked_completed_and_still_restores(tmp_path):
+    store = open_store(str(tmp_path / "bucket" / "run"))
+    manifest = commit_folder(store, write_checkpoint(tmp_path / "out", 12), step=12, meta={"state": "running"})
+    done = mark_completed(store, manifest)
+    assert read_manifest(store, 12).meta["state"] == "completed" == done.meta["state"]
+    assert done.blobs == manifest.blobs and done.model_sha256 == manifest.model_sha256
+    restored = restore_latest(store, tmp_path / "restored")
+    assert restored is not None and tree(restored.path) == tree(tmp_path / "out" / "checkpoint-12")
+
+
+def test_every_committer_fills_the_run_meta_status_reads():
+    values = dict.fromkeys(RUN_META_KEYS)
+    assert run_meta(**values, run_id="r") == {**values, "run_id": "r"}
+    del values["wall_s"]
+    with pytest.raises(ValueError, match="lacks wall_s"):
+        run_meta(**values)

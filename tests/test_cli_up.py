@@ -178,13 +178,31 @@ def test_spend_adds_up_every_launch_of_a_resumed_run(env, tmp_path, capsys, s3_b
     assert status["spend_estimated"] is False
 
 
-def test_a_completed_run_is_not_resumed(env, tmp_path, capsys, s3_bucket):
+@pytest.mark.parametrize("job_state", ["SUCCEEDED", "STOPPED", "CANCELLED"])
+def test_a_completed_run_reads_succeeded_and_is_not_resumed(env, tmp_path, capsys, s3_bucket, job_state):
+    """Whatever ended the job (here its wrapper, killed after the trainer's last commit), a run
+    whose final checkpoint is committed has SUCCEEDED: STOPPED would promise a resume."""
     task = write_task(tmp_path, bucket=f"s3://{s3_bucket}/runs")
     run_id = up_json(capsys, str(task), "--no-smoke")["run_id"]
-    FakeLauncher(env["fake"]).set_state("1", "SUCCEEDED")
+    FakeLauncher(env["fake"]).set_state("1", job_state)
     commit_checkpoint(f"s3://{s3_bucket}/runs/{run_id}", 500, meta={"state": "completed"})
+    status = json.loads(cli(capsys, "status", run_id, "--json")[1])
+    assert (status["state"], status["completed"], status["step"]) == ("SUCCEEDED", True, 500)
+    if job_state != "SUCCEEDED":
+        assert status["detail"].startswith("finished: its final checkpoint, step 500, is committed (the job: ")
     code, _, err = cli(capsys, "resume", run_id)
-    assert code == 2 and "already completed at step 500" in err
+    assert code == 2 and f"run {run_id} finished (SUCCEEDED): its final checkpoint, step 500, is committed" in err
+    assert "fix: start a new run with `skygreen up`" in err and "Traceback" not in err
+
+
+def test_a_run_settles_as_succeeded_only_once_its_job_ended_with_the_final_commit():
+    from skygreen.launch.launcher import settled_state
+
+    for ended in ("STOPPED", "CANCELLED", "FAILED", "UNKNOWN", "SUCCEEDED"):
+        assert settled_state(ended, completed=True) == "SUCCEEDED"
+        assert settled_state(ended, completed=False) == ended
+    for going in ("RUNNING", "PENDING", "RECOVERING", "CANCELLING", "BUDGET"):
+        assert settled_state(going, completed=True) == going
 
 
 def test_logs_prints_the_jobs_output(env, tmp_path, capsys, s3_bucket):

@@ -18,7 +18,17 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from helpers import user_env, wait_for
-from local_runs import HF_TASK, SKYGREEN, launch_log, run_record, same_weights, skygreen, status, wait_for_commit
+from local_runs import (
+    HF_TASK,
+    SKYGREEN,
+    launch_log,
+    run_record,
+    same_weights,
+    skygreen,
+    status,
+    status_agrees_with_cost,
+    wait_for_commit,
+)
 from skygreen.checkpoint.folders import committed_folder_steps
 from skygreen.checkpoint.store import join_url
 from skygreen.checkpoint.store_factory import open_store
@@ -128,3 +138,4 @@ def test_up_local_killed_at_a_checkpoint_then_resume_ends_with_the_uninterrupted
     assert status(env, run_id)["state"] == "SUCCEEDED"
     assert "restored checkpoint folder" in launch_log(env, run_id) or (work / "out/hf-trainer/checkpoint-8").is_dir()
     same_weights(HF_TASK.weights(work), HF_TASK.weights(reference))
+    status_agrees_with_cost(env, run_id, preemptions=1)

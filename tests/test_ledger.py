@@ -170,6 +170,14 @@ def test_a_local_run_is_free_and_pays_no_controller():
     assert cost.local and cost.total_usd == 0.0 and cost.controller_usd == 0.0
 
 
+def test_a_run_is_completed_when_its_last_segment_finished_training():
+    done = run_cost("r", settle([seg(T0, place=L4, dur_s=60, end=PREEMPTED), seg(T0 + 90, place=L4, dur_s=60)]))
+    assert done.completed and done.to_json()["completed"] is True
+    stopped = run_cost("r", settle([seg(T0, place=L4, dur_s=60), seg(T0 + 90, place=L4, dur_s=60, end=PREEMPTED)]))
+    assert not stopped.completed and stopped.to_json()["completed"] is False
+    assert run_cost("r", settle([seg(T0, place=L4, dur_s=60, end="early-stopped")])).completed
+
+
 def test_unknown_price_is_looked_up_or_counted_unpriced():
     place = Place(cloud="aws", region="us-east-1", instance_type="g6.xlarge", spot=True, gpu="L4", gpu_count=1)
     segments = settle([seg(T0, place=place, dur_s=7200)])

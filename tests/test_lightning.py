@@ -26,6 +26,7 @@ from local_runs import (
     same_weights,
     skygreen,
     status,
+    status_agrees_with_cost,
 )
 from skygreen.checkpoint.folders import committed_folder_steps
 from skygreen.checkpoint.store import join_url
@@ -113,6 +114,7 @@ def test_up_local_killed_at_a_checkpoint_then_resume_ends_with_the_uninterrupted
     assert status(env, run_id)["state"] == "SUCCEEDED"
     assert f"step={held}.ckpt" in launch_log(env, run_id), "the resumed run restored the held step's checkpoint"
     same_weights(LIGHTNING_TASK.weights(work), LIGHTNING_TASK.weights(reference))
+    status_agrees_with_cost(env, run_id, preemptions=1)
     cost = skygreen(env, "cost", run_id)
     assert cost.returncode == 0, cost.stdout + cost.stderr
 

@@ -23,6 +23,8 @@ nothing here unpickles anything.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import re
 import shutil
@@ -33,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from skygreen.checkpoint.manifest import (
+    COMPLETED_STATE,
     FOLDER_KIND,
     BlobInfo,
     Manifest,
@@ -149,11 +152,40 @@ def commit_folder(
         blobs=blobs,
         metric=metric,
         metric_mode=metric_mode,
+        model_sha256=folder_model_sha256(blobs),
         meta={**dict(meta or {}), FOLDER_META: path.name},
     )
     store.put(manifest_key(step), manifest.dumps())
     log.info("committed checkpoint folder %s as step %d (%d files)", path.name, step, len(files))
     return manifest
+
+
+MODEL_FILE = re.compile(r"(^|/)((pytorch_|adapter_)?model[^/]*\.(safetensors|bin|pt|pth)|[^/]*\.ckpt)$")
+"""The files of a trainer's folder that hold the model: HF's `model*.safetensors`,
+`pytorch_model*.bin`, PEFT's `adapter_model.*`, Lightning's `*.ckpt`; not the optimizer,
+scheduler, RNG or trainer state, which differ between runs that end with the same weights."""
+
+
+def folder_model_sha256(blobs: Mapping[str, BlobInfo]) -> str | None:
+    """The model's identity in a folder commit: sha256 over the name and sha256 of each model
+    file (`MODEL_FILE`), in name order; None when the folder holds none. `status` shows it
+    as it shows `sg.Run`'s hash over the model's tensors."""
+    names = sorted(name for name in blobs if MODEL_FILE.search(name))
+    if not names:
+        return None
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(f"{name}\0{blobs[name].sha256}\n".encode())
+    return digest.hexdigest()
+
+
+def mark_completed(store: Store, manifest: Manifest) -> Manifest:
+    """Say in a run's last commit that the run finished (`meta["state"]` "completed"), for a
+    trainer whose final save came before it knew training was over (HF's `on_train_end`
+    follows its last `on_save`). The blobs stay; only the manifest is written again, whole."""
+    done = dataclasses.replace(manifest, meta={**dict(manifest.meta), "state": COMPLETED_STATE})
+    store.put(manifest_key(manifest.step), done.dumps())
+    return done
 
 
 def commit_and_retain(store: Store, folder: str | Path, *, step: int, keep: int, **kwargs: Any) -> Manifest:

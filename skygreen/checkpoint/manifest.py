@@ -64,6 +64,34 @@ FOLDER_KIND = "folder"
 """A manifest of a trainer's checkpoint folder (`skygreen.checkpoint.folders`): files, not state."""
 KINDS = (STATE_KIND, FOLDER_KIND)
 
+RUN_META_KEYS: tuple[str, ...] = (
+    "state",
+    "energy_j",
+    "wall_s",
+    "preemptions",
+    "samples_seen",
+    "world_size",
+    "checkpoint_interval_s",
+    "power",
+)
+"""The keys every committer of a run's checkpoints (`sg.Run`, the HF and Lightning callbacks)
+puts in its manifests' meta: `skygreen status` reads them from the newest manifest whichever
+trainer wrote it. `state` is "completed" on the last commit of a finished run."""
+
+COMPLETED_STATE = "completed"
+"""`meta["state"]` of the commit that ends a finished run."""
+
+
+def run_meta(**values: Any) -> dict[str, Any]:
+    """A manifest's meta with every `RUN_META_KEYS` key given (None where a trainer cannot know
+    it), and any more the committer records; a `ValueError` names a key left out, so a
+    committer cannot drift from what `status` reads."""
+    missing = [key for key in RUN_META_KEYS if key not in values]
+    if missing:
+        raise ValueError(f"run meta lacks {', '.join(missing)} (RUN_META_KEYS)")
+    return dict(values)
+
+
 _STEP_KEY = re.compile(r"^ckpt/(\d{12})/([^/]+)\Z")
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 

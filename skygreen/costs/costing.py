@@ -282,6 +282,7 @@ class CompareRow:
             "improvement": self.improvement,
             "usd_per_improvement": self.usd_per_improvement,
             "preemptions": self.cost.preemptions,
+            "completed": self.cost.completed,
             "steps": self.cost.steps,
         }
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from skygreen.checkpoint.store import OpenStore
 from skygreen.errors import SpecError, StoreError
+from skygreen.launch.launcher import settled_state
 from skygreen.launch.registry import Registry, RunRecord
 from skygreen.ledger.pricing import RunCost, SegmentCost, run_cost
 from skygreen.ledger.records import Segment, is_segment_key
@@ -108,7 +109,8 @@ class SpentRun:
     task: str
     user: str
     state: str
-    """The registry's last known state here; for a bucket-only run, its last segment's end."""
+    """The registry's last known state here (SUCCEEDED once the ledger says training is done,
+    `launcher.settled_state`); for a bucket-only run, its last segment's end."""
     found_in: tuple[str, ...]
     """`this machine` and/or the bucket URLs that hold its ledger."""
     cost: RunCost
@@ -399,7 +401,7 @@ def team_spend(
                 run_id=run_id,
                 task=(record.task_name if record and record.task_name else task_of_run_id(run_id)),
                 user=_user(record, segments),
-                state=record.state if record else segments[-1].end,
+                state=settled_state(record.state, completed=cost.completed) if record else segments[-1].end,
                 found_in=tuple(sources),
                 cost=cost,
             )

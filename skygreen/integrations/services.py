@@ -30,12 +30,14 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from skygreen.checkpoint.folders import RestoredFolder, commit_and_retain, folder_files, restore_latest
+from skygreen.checkpoint.folders import RestoredFolder, commit_and_retain, folder_files, mark_completed, restore_latest
+from skygreen.checkpoint.manifest import Manifest, run_meta
 from skygreen.checkpoint.store import Store
 from skygreen.errors import RuntimeSetupError, SkygreenError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
@@ -94,9 +96,17 @@ class TrainerServices:
     energy_base_j: float = 0.0
     stop_reason: str | None = None
     """Why training stops early: PREEMPTED, BUDGET or EARLY_STOPPED; None while it goes on."""
+    wall_base_s: float = 0.0
+    """Training time of earlier lives, from the restored commit's meta."""
+    preemptions_base: int = 0
+    """Preemptions earlier lives counted, from the restored commit's meta."""
     _stopper_state: dict[str, Any] | None = None
     _first_step: bool = False
     _scratch: tempfile.TemporaryDirectory[str] | None = None
+    _started_s: float = field(default_factory=time.monotonic)
+    _last_commit: Manifest | None = None
+    _last_commit_s: float | None = None
+    _interval_s: float | None = None
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -165,6 +175,10 @@ class TrainerServices:
         if restored is not None:
             meta = restored.manifest.meta
             self.energy_base_j = float(meta.get(ENERGY_META) or 0.0)
+            self.wall_base_s = float(meta.get("wall_s") or 0.0)
+            self.preemptions_base = int(meta.get("preemptions") or 0)
+            interval_s = meta.get("checkpoint_interval_s")
+            self._interval_s = None if interval_s is None else float(interval_s)
             if isinstance(meta.get(EARLY_STOP_META), Mapping):
                 self._stopper_state = dict(meta[EARLY_STOP_META])
         return restored
@@ -201,17 +215,25 @@ class TrainerServices:
         if not self.is_writer:
             return
         parts = self.parts
-        meta: dict[str, Any] = {
-            "state": state,
-            "run_id": self.settings.run_id,
-            ENERGY_META: self.energy_j(),
-            "samples_seen": samples,
-            "power": parts.governor.summary() if parts is not None else None,
-        }
+        now_s = time.monotonic()
+        if self._last_commit_s is not None:  # the trainer's own cadence, as measured
+            self._interval_s = now_s - self._last_commit_s
+        meta = run_meta(
+            state=state,
+            run_id=self.settings.run_id,
+            energy_j=self.energy_j(),
+            wall_s=self.wall_base_s + (now_s - self._started_s),
+            preemptions=self.preemptions_base + int(self.stop_reason == PREEMPTED),
+            samples_seen=samples,
+            world_size=self.world.size,
+            checkpoint_interval_s=self._interval_s,
+            precision=self.settings.precision,
+            power=parts.governor.summary() if parts is not None else None,
+        )
         stopper = parts.stopper if parts is not None else None
         if stopper is not None:
             meta[EARLY_STOP_META] = stopper.state_dict()
-        commit_and_retain(
+        self._last_commit = commit_and_retain(
             self.store,
             folder,
             step=step,
@@ -220,6 +242,7 @@ class TrainerServices:
             metric_mode=self.settings.early_stop.mode if self.settings.early_stop else "min",
             meta=meta,
         )
+        self._last_commit_s = now_s
         if parts is not None and parts.book is not None:
             parts.book.progress(step=step, samples=samples, energy_j=self.energy_j())
 
@@ -414,10 +437,15 @@ class TrainerServices:
         A second call does nothing more.
         """
         parts = self.parts
+        end = end or self.stop_reason or COMPLETED
+        last = self._last_commit
+        if end in (COMPLETED, EARLY_STOPPED) and last is not None and last.step == step and self.is_writer:
+            try:  # the final save came before the end was known
+                self._last_commit = mark_completed(self.store, last)
+            except SkygreenError as e:  # the commit stands; only `status` reads it as not yet completed
+                log.warning("could not mark the final checkpoint (step %d) completed: %s", step, e)
         if parts is not None and parts.book is not None:
-            parts.book.progress(
-                step=step, samples=samples, energy_j=self.energy_j(), end=end or self.stop_reason or COMPLETED
-            )
+            parts.book.progress(step=step, samples=samples, energy_j=self.energy_j(), end=end)
             parts.book = None
         if parts is not None:
             parts.close()

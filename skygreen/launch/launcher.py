@@ -72,6 +72,17 @@ _TERMINAL = {JobState.SUCCEEDED, JobState.CANCELLED, JobState.FAILED, JobState.S
 _RESUMABLE = {JobState.CANCELLED, JobState.FAILED, JobState.STOPPED, JobState.UNKNOWN}
 
 
+def settled_state(state: str, *, completed: bool) -> str:
+    """The state a run reads once its job has ended: SUCCEEDED when its final checkpoint is
+    committed (`completed`), whatever ended the job (its wrapper killed while the trainer
+    finished, a cancel after the last commit), for STOPPED and the other resumable states
+    promise that `skygreen resume` continues the run, and this one has nothing left to do.
+    Any other state (still running, BUDGET, not a job state) is returned as it is."""
+    if completed and state in JobState.__members__ and JobState(state).terminal:
+        return JobState.SUCCEEDED.value
+    return state
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobStatus:
     """One job as its launcher sees it."""

@@ -358,7 +358,8 @@ def _resume(run_id: str, *, local: bool, budget_usd: float | None, spot: bool | 
     current = run_state(record, wiring=wiring)
     if current.completed and current.manifest is not None:
         raise InputError(
-            f"run {run_id} already completed at step {current.manifest.step}\n  fix: start a new run with `skygreen up`"
+            f"run {run_id} finished (SUCCEEDED): its final checkpoint, step {current.manifest.step}, is committed, "
+            "so there is nothing to resume\n  fix: start a new run with `skygreen up`"
         )
     if current.state == JobState.SUCCEEDED.value:
         raise InputError(

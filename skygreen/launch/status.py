@@ -15,16 +15,28 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skygreen.checkpoint.manifest import Manifest, latest_manifest
 from skygreen.checkpoint.store import OpenStore
 from skygreen.errors import BucketUnreachableError, CheckpointError, InputError, LaunchError, SkygreenError, StoreError
 from skygreen.exit_codes import STOPPED_WITH_CHECKPOINT, for_outcome
 from skygreen.launch.bucket import within_deadline
-from skygreen.launch.launcher import JobState, JobStatus, LaunchedJob, Launcher, launch_name, launcher_jobs, run_of_job
+from skygreen.launch.launcher import (
+    JobState,
+    JobStatus,
+    LaunchedJob,
+    Launcher,
+    launch_name,
+    launcher_jobs,
+    run_of_job,
+    settled_state,
+)
 from skygreen.launch.registry import RunRecord
 from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
+
+if TYPE_CHECKING:
+    from skygreen.ledger.pricing import RunCost
 
 _LAUNCHER_ENV = "SKYGREEN_LAUNCHER"
 """`skygreen.launch.launcher_factory.LAUNCHER_ENV`: a launcher named by the environment (a fake, a plugin)."""
@@ -215,8 +227,13 @@ def run_state(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str] 
         # the wrapper's "stopped after a checkpoint" code, from a script that never committed one
         code = for_outcome(job.state.value, has_checkpoint=False)
         detail = f"exit code {code}: stopped with no checkpoint to resume from (a resume starts at step 0)"
-    if job and job.state.value != record.state:
-        wiring.registry.save(dataclasses.replace(record, state=job.state.value))
+    completed = manifest is not None and manifest.meta.get("state") == "completed"
+    if settled_state(state, completed=completed) != state and manifest is not None:
+        state = JobState.SUCCEEDED.value
+        ended = f" (the job: {detail})" if detail else ""
+        detail = f"finished: its final checkpoint, step {manifest.step}, is committed{ended}"
+    if job and state != record.state:
+        wiring.registry.save(dataclasses.replace(record, state=state))
     if manifest and manifest.meta.get("state") == BUDGET_STATE and (job is None or job.state.terminal):
         state, detail = (
             BUDGET_STATE.upper(),
@@ -253,9 +270,8 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
     unreachable = {} if unreachable is None else unreachable
     current = run_state(record, wiring=wiring, unreachable=unreachable)
     job, manifest, meta = current.job, current.manifest, current.meta
-    spend, estimated = run_spend(
-        record, job, job_status_of=lambda job_id: _job_status_of(record, job_id, wiring), open_store=wiring.open_store
-    )
+    cost = ledger_cost(record, open_store=wiring.open_store)
+    spend, estimated = run_spend(record, job, cost, job_status_of=lambda job_id: _job_status_of(record, job_id, wiring))
     energy_j = meta.get("energy_j")
     return RunStatus(
         run_id=record.run_id,
@@ -269,7 +285,7 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
         model_sha256=manifest.model_sha256 if manifest else None,
         checkpoint_at=manifest.created_at if manifest else None,
         completed=current.completed,
-        preemptions=_int_or_none(meta.get("preemptions")),
+        preemptions=cost.preemptions if cost is not None else _int_or_none(meta.get("preemptions")),
         recoveries=(job.recovery_count if job else 0) + max(0, len(record.launches) - 1),
         spend_usd=spend,
         spend_estimated=estimated,
@@ -359,29 +375,35 @@ def _float_or_none(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def ledger_cost(record: RunRecord, *, open_store: OpenStore) -> RunCost | None:
+    """The run's cost from its ledger, priced by `skygreen.costs.costing.load_run_cost`, the same
+    function `skygreen cost` and `compare` use: `status` takes its spend and its preemptions from
+    it, so the commands agree. None without a ledger, or when it (or the catalog) cannot be read."""
+    from skygreen.costs.costing import load_run_cost
+
+    try:
+        return load_run_cost(record, open_store=open_store)
+    except SkygreenError:  # an unreadable ledger or catalog: the caller falls back to the launcher's view
+        return None
+
+
 def run_spend(
     record: RunRecord,
     job: JobStatus | None,
+    cost: RunCost | None,
     *,
     job_status_of: Callable[[str], JobStatus | None],
-    open_store: OpenStore,
 ) -> tuple[float | None, bool]:
     """Spend of every launch of the run so far, and whether any part of it is a guess.
 
-    From the run's ledger when it has one (`skygreen.costs.costing.load_run_cost`). Otherwise (a run
+    From the run's ledger cost when it has one (`ledger_cost`). Otherwise (a run
     from a runtime without a ledger):
     SkyPilot reports no cost per managed job, so each launch costs its job's run time times
     the catalog price of the offer it landed on; a job that does not say where it runs is
     priced at the plan's best offer (a guess). `job` is the current launch's status, already
     fetched; earlier launches (before a `resume`) are asked for theirs. A launch whose status
     is gone from SkyPilot's queue is left out."""
-    from skygreen.costs.costing import load_run_cost
-
-    try:  # the run ledger, priced by the same function as `skygreen cost` and `compare`
-        cost = load_run_cost(record, open_store=open_store)
-    except SkygreenError:  # an unreadable ledger or catalog: fall back to the launcher's view
-        cost = None
-    if cost is not None:
+    if cost is not None:  # the run ledger (`ledger_cost`)
         return cost.total_usd, cost.unpriced_segments > 0
     if record.mode == "local":
         return 0.0, False

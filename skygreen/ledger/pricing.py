@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from skygreen.ledger.records import BUDGET, CANCELLED, KILLED, PREEMPTED, Place, Segment
+from skygreen.ledger.records import BUDGET, CANCELLED, COMPLETED, EARLY_STOPPED, KILLED, PREEMPTED, Place, Segment
 from skygreen.plan import carbon
 from skygreen.plan.cost import PUE
 
@@ -98,6 +98,12 @@ class RunCost:
         return self.total_usd / self.epochs if self.epochs else None
 
     @property
+    def completed(self) -> bool:
+        """Training is done: the last segment ended `completed` or `early-stopped`, which the
+        runtime and the trainer callbacks write once the final checkpoint is committed."""
+        return bool(self.segments) and self.segments[-1].segment.end in (COMPLETED, EARLY_STOPPED)
+
+    @property
     def clouds(self) -> dict[str, float]:
         """Node hours per cloud."""
         out: dict[str, float] = {}
@@ -125,6 +131,7 @@ class RunCost:
             "energy_kwh": self.energy_kwh,
             "co2e_kg": self.co2e_kg,
             "preemptions": self.preemptions,
+            "completed": self.completed,
             "lost_s": self.lost_s,
             "lost_usd": self.lost_usd,
             "unpriced_segments": self.unpriced_segments,

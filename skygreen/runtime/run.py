@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from skygreen.checkpoint.interval import CheckpointSchedule, IntervalPolicy
+from skygreen.checkpoint.manifest import run_meta
 from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.changeover import restore_figures
@@ -578,23 +579,23 @@ class Run:
     def _save(self, *, state: str, reason: str | None = None, wait: bool = False, pin: bool = False) -> dict[str, Any]:
         """Checkpoint the current step; returns the state handed to the checkpointer."""
         self._update_counters()
-        meta = {
-            "state": state,
-            "energy_j": self.counters["energy_j"],
-            "wall_s": self.counters["wall_s"],
-            "preemptions": self.counters["preemptions"],
-            "restarts": self.counters["restarts"],
-            "micro_batch": self.micro_batch,
-            "accum_steps": self.accum_steps,
-            "effective_batch": self.effective_batch,
-            "world_size": self.world_size,
-            "precision": self.precision.precision,
-            "device": self.facts.name,
-            "samples_seen": self.samples_seen,
-            "epoch": self.epoch,
-            "checkpoint_interval_s": self._schedule.interval_s if self._schedule else None,
-            "power": self.power.summary(),
-        }
+        meta = run_meta(
+            state=state,
+            energy_j=self.counters["energy_j"],
+            wall_s=self.counters["wall_s"],
+            preemptions=self.counters["preemptions"],
+            restarts=self.counters["restarts"],
+            micro_batch=self.micro_batch,
+            accum_steps=self.accum_steps,
+            effective_batch=self.effective_batch,
+            world_size=self.world_size,
+            precision=self.precision.precision,
+            device=self.facts.name,
+            samples_seen=self.samples_seen,
+            epoch=self.epoch,
+            checkpoint_interval_s=self._schedule.interval_s if self._schedule else None,
+            power=self.power.summary(),
+        )
         if reason:
             meta["reason"] = reason
         saved = self.checkpointer.save_state(
