@@ -41,6 +41,18 @@ class InputError(SkygreenError):
     exit_code = EXIT_BAD_INPUT
 
 
+ERROR_WIDTH = 80
+"""Columns an error's `allowed:` list wraps at (at word boundaries, its later lines indented)."""
+
+
+def _wrapped(line: str) -> list[str]:
+    """`line` in lines of at most `ERROR_WIDTH` columns, broken after a comma or blank, never in a word."""
+    import textwrap
+
+    return textwrap.wrap(line, width=ERROR_WIDTH, subsequent_indent="    ", break_long_words=False,
+                         break_on_hyphens=False) or [line]  # fmt: skip
+
+
 class SpecError(InputError):
     """A task file field is wrong.
 
@@ -80,7 +92,7 @@ class SpecError(InputError):
         if self.value is not None:
             lines.append(f"  got: {self.value!r}")
         if self.allowed:
-            lines.append(f"  allowed: {self.allowed}")
+            lines.extend(_wrapped(f"  allowed: {self.allowed}"))
         if self.hint:
             lines.append(f"  fix: {self.hint}")
         return "\n".join(lines)

@@ -52,3 +52,8 @@ def duration_h(hours: float) -> str:
         minutes = seconds / 60
         return f"{minutes:.0f} min" if minutes >= 10 else f"{minutes:.1f} min".replace(".0 min", " min")
     return f"{hours:,.1f} h" if hours < 100 else f"{hours:,.0f} h"
+
+
+def money(value_usd: float) -> str:
+    """Dollars with their sign, `usd`'s digits: `$1,234`, `$12.50`, `$0.0026` (never `$0.00` for a small sum)."""
+    return f"{'-' if value_usd < 0 else ''}${usd(abs(value_usd))}"

@@ -100,18 +100,31 @@ def write_table(
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 2, 0, 0), header_style="none")
+    room = max(20, width - indent) if width is not None else 100_000
+    words = _word_widths(rows, room)
+    natural = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    squeeze = sum(natural) + 2 * (len(natural) - 1) > room  # then word columns wrap at their longest word
     for i, name in enumerate(rows[0]):
-        numbers = i in right  # a number never folds; words do
-        table.add_column(
-            name, justify="right" if numbers else "left", overflow="fold", no_wrap=width is None or numbers
-        )
+        numbers = i in right  # a number never folds; words do, at word boundaries
+        table.add_column(name, justify="right" if numbers else "left", overflow="fold",
+                         no_wrap=width is None or numbers, min_width=words[i],
+                         max_width=words[i] if squeeze and not numbers else None)  # fmt: skip
     for row in rows[1:]:
         table.add_row(*row)
     buffer = io.StringIO()
-    room = max(20, width - indent) if width is not None else 100_000
     Console(file=buffer, width=room, markup=False, emoji=False, highlight=False, color_system=None).print(table)
     pad = " " * indent
     out.write("".join(f"{pad}{line.rstrip()}\n" for line in buffer.getvalue().splitlines() if line.strip()))
+
+
+def _word_widths(rows: Sequence[Sequence[str]], room: int) -> list[int]:
+    """Each column's longest word, so rich wraps its cells between words and never inside one
+    ("early-st" / "opped"); where the words alone overflow `room`, the widest columns give way first."""
+    widths = [max(len(word) for row in rows for word in (str(row[i]).split() or [""])) for i in range(len(rows[0]))]
+    while sum(widths) + 2 * (len(widths) - 1) > room and max(widths) > 1:
+        widest = widths.index(max(widths))
+        widths[widest] -= 1
+    return widths
 
 
 BOX_HEAVY_HEAD = ("┏━┳┓", "┃┃┃", "┡━╇┩", "│││", "└─┴┘")

@@ -96,3 +96,10 @@ def test_license_is_an_spdx_string():
     requires = project["build-system"]["requires"]
     setuptools_req = next(r for r in requires if r.startswith("setuptools"))
     assert re.fullmatch(r"setuptools>=(\d+)", setuptools_req) and int(setuptools_req.split(">=")[1]) >= 77
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_command_table_lists_every_command_help_shows(page):
+    table = [line for line in (REPO / page).read_text().splitlines() if line.startswith("| `skygreen ")]
+    named = {name for line in table for name in re.findall(r"`skygreen (\w+)", line.split(" | ")[0])}
+    assert named == set(app.commands), set(app.commands) ^ named

@@ -117,7 +117,10 @@ def test_up_launches_a_managed_job_and_status_joins_it_with_the_bucket(env, tmp_
     assert (status["preemptions"], status["recoveries"]) == (1, 1)
     assert status["spend_usd"] == pytest.approx(0.5 * landed["price_usd_per_hour"])
     assert status["spend_estimated"] is False
-    assert status["energy_kwh"] == pytest.approx(2.0)
+    from skygreen.ledger.energy import pue_of
+
+    assert status["gpu_energy_kwh"] == pytest.approx(2.0)  # the boards; energy_kwh is the facility's
+    assert status["energy_kwh"] == pytest.approx(2.0 * pue_of(landed["cloud"]))
     assert status["checkpoint_interval_s"] == 412.0
     code, out, _ = cli(capsys, "status", run_id)
     assert "every 412 s" in out

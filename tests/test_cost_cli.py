@@ -295,3 +295,29 @@ def test_cost_task_fits_columns_and_keeps_every_offer_whole(task):
     for text in (wide.stdout, narrow.stdout):
         assert all(label in text for label in labels), (labels, text)  # never cut or folded mid-name
         assert "best spot offer" in text and "best on-demand offer" in text
+
+
+def test_cost_of_a_run_at_80_columns_breaks_cells_only_between_words(task, tmp_path):
+    sim = Place(cloud="local", simulated_gpu="T4x1", price_usd_per_hour=0.0, price_source="local")
+    add_run(task, "demo-w", [
+        {"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 100), "samples": (0, 3200), "end": "preempted"},
+        {"place": sim, "at_h": 1.5, "hours": 1, "steps": (100, 200), "samples": (3200, 6400), "end": "early-stopped"},
+    ], bucket=tmp_path / "bucket")  # fmt: skip
+    env = {**os.environ, "COLUMNS": "80"}
+    out = subprocess.run([sys.executable, "-m", "skygreen.cli", "cost", "demo-w"], capture_output=True, text=True,
+                         timeout=240, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), out.stdout
+    words = set(out.stdout.split())
+    for whole in ("(simulated", "T4x1", "early-stopped", "g2-standard-4", "preempted", "us-central1", "05-28"):
+        assert whole in words, (whole, out.stdout)
+
+
+def test_an_errors_allowed_line_wraps_at_80_columns():
+    from skygreen.errors import SpecError
+
+    allowed = ", ".join(f"choice_number_{i}" for i in range(20))
+    lines = str(SpecError("skygreen.x", "unknown value", value="y", allowed=allowed)).splitlines()
+    assert all(len(line) <= 80 for line in lines) and lines[2].startswith("  allowed: choice_number_0,")
+    assert " ".join(" ".join(lines[2:]).split()) == f"allowed: {allowed}"

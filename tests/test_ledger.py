@@ -272,6 +272,16 @@ def test_a_vm_killed_between_checkpoints_is_billed_to_its_heartbeat_and_its_redo
     assert cost.segments[0].cost_usd == pytest.approx(T4.price_usd_per_hour * T4.nodes * 140 / 3600)  # 140 s, not 100
 
 
+def test_the_step_reached_never_lags_the_committed_step(tmp_path):
+    """Each checkpoint's update raises the step reached, not only the heartbeat between them."""
+    store = LocalStore(str(tmp_path / "run"))
+    writer = LedgerWriter(store, run_id="r-1", place=T4, started_at=T0, clock=lambda: T0 + 10)
+    writer.begin(step=0, samples=0, samples_per_epoch=None, energy_j_total=None)
+    writer.heartbeat(step=126)
+    writer.update(step=150, samples=4800, train_s=10.0, energy_j_total=None)  # a checkpoint at step 150
+    assert read_ledger(store)[-1].reached_step == 150
+
+
 def test_a_killed_segment_says_the_step_its_successor_resumed_from(tmp_path):
     """Killed after the ledger wrote step 60 for a save that never committed: the next VM resumed
     from the checkpoint at 40. Ledger and bucket (status) then say the same step, 40, and the 20

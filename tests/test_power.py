@@ -460,29 +460,26 @@ def test_power_command_lists_gpus_and_caps(tmp_path):
 def test_energy_report_applies_the_clouds_pue_and_the_regions_carbon():
     from skygreen.plan import carbon
     from skygreen.plan.cost import PUE
-    from skygreen.power.statement import energy_report, statement
+    from skygreen.power.statement import energy_report, meta_energy, statement
 
     meta = {
         "energy_j": 7.2e6,
         "wall_s": 3600,
         "power": {"method": "nvml-counter", "cap_w": 250.0, "default_limit_w": 400.0, "gpus": 2},
     }
-    r = energy_report(meta, cloud="GCP", region="us-central1")
+    r = energy_report(meta, meta_energy(meta, cloud="GCP", region="us-central1"))
     assert r.gpu_kwh == 2.0 and r.pue == PUE["gcp"] and r.facility_kwh == pytest.approx(2.0 * PUE["gcp"])
     assert r.co2e_kg == pytest.approx(r.facility_kwh * carbon.intensity("gcp", "us-central1").g_co2e_per_kwh / 1000)
     assert r.gpu_hours == 2.0
-    text = statement(r, run_id="r1", cost_usd=3.5)
+    text = statement(r, run_id="r1", compute_usd=3.5)
     assert "2.00 kWh on the GPUs, measured with NVML's total-energy counter" in text
-    assert "power cap of 250 W of 400 W default" in text and "$3.50" in text
-    cpu = energy_report(
-        {"wall_s": 10, "power": {"method": "none", "reason": "no GPU: this run trained on CPU"}},
-        cloud=None,
-        region=None,
-    )
+    assert "power cap of 250 W of 400 W default" in text and "$3.50" in text and "on gcp us-central1." in text
+    cpu_meta = {"wall_s": 10, "power": {"method": "none", "reason": "no GPU: this run trained on CPU"}}
+    cpu = energy_report(cpu_meta, meta_energy(cpu_meta, cloud=None, region=None))
     assert (
         cpu.gpu_hours == 0
         and cpu.co2e_kg == 0
-        and "No GPU energy was metered (no GPU" in statement(cpu, run_id="c", cost_usd=None)
+        and "No GPU energy was metered (no GPU" in statement(cpu, run_id="c", compute_usd=None)
     )
 
 

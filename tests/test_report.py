@@ -152,6 +152,9 @@ def test_report_page_in_headless_chromium(runs, tmp_path):
     assert 'id="figure"' in dom.stdout and "Run demo-a" in dom.stdout
     console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert not console, console
+    assert "name='viewport'" in text
+    for width in (390, 1280):  # a phone and a laptop: nothing wider than the viewport, tables scroll in their box
+        assert wider_than_viewport(common, page, width, tmp_path) == [], width
     grab = subprocess.run([*common, "--hide-scrollbars", "--window-size=1400,1800", f"--screenshot={shot}", page.as_uri()],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert grab.returncode == 0 and shot.exists(), grab.stderr[-2000:]
@@ -161,6 +164,29 @@ def test_report_page_in_headless_chromium(runs, tmp_path):
     pixels = matplotlib.image.imread(str(shot))[:, :, :3]
     colored = ((pixels.max(axis=2) - pixels.min(axis=2)) > 0.2).mean()
     assert colored > 0.01  # the figure's coloured bars and lines were drawn, not a blank page
+
+
+WIDTH_PROBE = """<script>addEventListener('load', () => {
+  const vw = document.documentElement.clientWidth, wide = [];
+  for (const el of document.body.querySelectorAll('*')) {
+    if (el.closest('.scroll') && !el.classList.contains('scroll')) continue;  // scrolls inside its box
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && (r.right > vw + 1 || r.left < -1)) wide.push(el.tagName + '.' + el.className);
+  }
+  if (document.documentElement.scrollWidth > vw + 1) wide.push('page:' + document.documentElement.scrollWidth);
+  document.body.setAttribute('data-wide', JSON.stringify(wide));
+});</script>"""
+
+
+def wider_than_viewport(common: list[str], page: Path, width: int, tmp_path: Path) -> list[str]:
+    """The elements of `page` wider than a `width` px viewport, outside a scrolling table box."""
+    probe = tmp_path / f"probe-{width}.html"
+    probe.write_text(page.read_text().replace("</body>", WIDTH_PROBE + "</body>"))
+    dom = subprocess.run([*common, f"--window-size={width},900", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    found = re.search(r'data-wide="([^"]*)"', dom.stdout)
+    assert dom.returncode == 0 and found, dom.stderr[-2000:]
+    return json.loads(html.unescape(found.group(1)))
 
 
 def test_report_page_carries_the_energy_statement(runs, tmp_path):
@@ -216,7 +242,7 @@ def test_dollar_amounts_in_labels_are_drawn_as_text_not_mathtext(runs):
     fig.canvas.draw()  # draws without a mathtext error
 
 
-def test_a_local_run_says_no_cloud_spend_instead_of_empty_panels(private_home, tmp_path):
+def test_a_local_run_shows_the_estimate_on_the_plans_pick_instead_of_empty_panels(private_home, tmp_path):
     from skygreen.checkpoint.store_factory import open_store
     from skygreen.costs import costing
     from skygreen.costs.page import build_figure
@@ -228,12 +254,19 @@ def test_a_local_run_says_no_cloud_spend_instead_of_empty_panels(private_home, t
     add_run(task, "local-a", [
         {"place": here, "at_h": 0, "hours": 0.1, "steps": (0, 50), "samples": (0, 1600), "losses": [(50, 1.0)]},
     ], mode="local", bucket=tmp_path / "bucket")  # fmt: skip
-    fig = build_figure([costing.cost_of_run("local-a", open_store=open_store)])
+    report = costing.cost_of_run("local-a", open_store=open_store)
+    pick = report.cloud_estimate.pick
+    fig = build_figure([report])
     ax_cloud, ax_seg, ax_spend, ax_loss = fig.axes
     for ax in (ax_cloud, ax_seg, ax_spend):
-        assert [t.get_text() for t in ax.texts] == ["local run: no cloud spend"]
-        assert not ax.patches and not ax.get_lines() and not ax.axison
+        assert ax.get_title().startswith("Estimate: ") and ax.axison
+    assert ax_cloud.patches and ax_seg.patches  # each cloud's best spot and on-demand offer, estimated
+    (line,) = ax_spend.get_lines()
+    assert list(line.get_ydata()) == [0.0, pick.est_cost_usd] and "estimate on the plan's pick" in line.get_label()
     assert any("val_loss" in str(line.get_label()) for line in ax_loss.get_lines())  # the metric is still drawn
+    page = tmp_path / "local.html"
+    assert skygreen("report", "local-a", "-o", str(page)).returncode == 0
+    assert "<p class='estimate'>This run was local: nothing was spent on the clouds. Estimate:" in page.read_text()
     png = tmp_path / "local.png"
     out = skygreen("cost", "local-a", "--plot", str(png))
     assert out.returncode == 0, out.stderr
@@ -247,3 +280,19 @@ def test_a_cloud_run_keeps_its_cost_panels(runs):
 
     fig = build_figure([costing.cost_of_run("demo-a", open_store=open_store)])
     assert all(ax.axison and not any("no cloud spend" in t.get_text() for t in ax.texts) for ax in fig.axes)
+
+
+def test_small_sums_keep_their_significant_digits_and_labels_their_whole_run_id(runs):
+    from skygreen.checkpoint.store_factory import open_store
+    from skygreen.costs import costing
+    from skygreen.costs.page import _plan_section, build_figure
+    from skygreen.figures import money
+
+    assert (money(0.0026), money(0.25), money(12.5), money(1234.0)) == ("$0.0026", "$0.25", "$12.50", "$1,234")
+    offer = {"cloud": "gcp", "region": "us-central1", "instance_type": "g2-standard-4", "accelerator": "L4",
+             "accelerator_count": 1, "spot": True, "price_usd_per_hour": 0.2236, "est_hours": 0.0116, "est_cost_usd": 0.0026}  # fmt: skip
+    assert "<td>$0.0026</td>" in "".join(_plan_section({"offers": [offer]}))
+    reports = [costing.cost_of_run(run, open_store=open_store) for run in runs]
+    _, ax_seg, _, _ = build_figure(reports).axes
+    labels = [t.get_text() for t in ax_seg.get_xticklabels()]
+    assert [label.splitlines()[0] for label in labels] == ["demo-a", "demo-a", "demo-b"]

@@ -29,7 +29,7 @@ def _table(rows: Sequence[Sequence[str]], out: TextIO, indent: str = "  ", right
     write_table(rows, out, width=output_width(out), indent=len(indent), right=right)
 
 
-def _say(out: TextIO, text: str) -> None:
+def _say(out: TextIO, text: str, *, indent: str = "  ") -> None:
     """A line of prose, wrapped like the tables to `terminal.output_width` (a path longer than
     the line stands alone rather than cut)."""
     width = output_width(out)
@@ -38,12 +38,13 @@ def _say(out: TextIO, text: str) -> None:
         return
     import textwrap
 
-    lines = textwrap.wrap(text, width=width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    lines = textwrap.wrap(text, width=width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
     out.write("\n".join(lines) + "\n")
 
 
-def _when(unix_s: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(unix_s))
+def _when(unix_s: float, *, short: bool = False) -> str:
+    """UTC; `short`: `05-28 20:26` (month-day and minutes) for the segment table's narrow column."""
+    return time.strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S", time.gmtime(unix_s))
 
 
 def print_run_cost(report: RunCostReport, out: TextIO) -> None:
@@ -58,15 +59,17 @@ def print_run_cost(report: RunCostReport, out: TextIO) -> None:
     state = f"{last.end} at step {c.steps}" if last else "no segments"
     epochs = f" (epoch {c.epochs:.2f})" if c.epochs is not None else ""
     out.write(f"run {c.run_id}: {kind}, {len(report.segments)} segment(s), {state}{epochs}\n")
-    rows = [("#", "where", "started (UTC)", "hours", "ended", "steps", "$/node-h", "cost", "energy kWh")]
+    # short headers and cells, so that at 80 columns cells wrap between words, never inside one
+    rows = [("#", "where", "started UTC", "hours", "ended", "steps", "$/h", "cost", "kWh")]
     for sc in c.segments:
         s = sc.segment
         price = (
             "-"
             if sc.price_usd_per_hour is None
-            else f"{sc.price_usd_per_hour:.4f}" + ("*" if sc.price_source == "catalog" else "")
+            else f"{sc.price_usd_per_hour:.3f}" + ("*" if sc.price_source == "catalog" else "")
         )
-        rows.append((str(s.segment), s.place.label, _when(s.started_at), f"{s.duration_s / 3600:.4f}", s.end,
+        where = s.place.label.replace("/", " ", 1)  # "gcp us-central1": two words a narrow column can wrap
+        rows.append((str(s.segment), where, _when(s.started_at, short=True), f"{s.duration_s / 3600:.3f}", s.end,
                      f"{s.start_step}->{s.step}", price, _usd(sc.cost_usd), _num(sc.energy_kwh)))  # fmt: skip
     _table(rows, out, right=(3, 6, 7, 8))
     if any(sc.price_source == "catalog" for sc in c.segments):
@@ -90,7 +93,7 @@ def print_run_cost(report: RunCostReport, out: TextIO) -> None:
         out.write(f"warning: {c.unpriced_segments} segment(s) ran on an offer with no known price and count $0\n")
     out.write("assumptions:\n")
     for line in c.assumptions:
-        out.write(f"  - {line}\n")
+        _say(out, f"  - {line}", indent="    ")
     if report.estimate_error:
         out.write(f"\nno estimate on the clouds: {report.estimate_error}\n")
     if report.cloud_estimate is not None:

@@ -209,7 +209,9 @@ def print_statement(r: RunStatus, out: TextIO) -> None:
         out.write(f"run {r.run_id} has no committed checkpoint yet: no energy to state\n")
         return
     out.write(
-        statement(EnergyReport(**r.energy), run_id=r.run_id, cost_usd=r.spend_usd, cost_estimated=r.spend_estimated)
+        statement(
+            EnergyReport(**r.energy), run_id=r.run_id, compute_usd=r.compute_usd, cost_estimated=r.spend_estimated
+        )
         + "\n"
     )
 

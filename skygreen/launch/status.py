@@ -5,7 +5,8 @@ registry come in through a `Wiring` (`skygreen.launch.wiring`); this module impo
 
 What a run has spent so far (`run_spend`) comes from the run's ledger when it has one, priced
 by `skygreen.costs.costing.load_run_cost`, the same function `skygreen cost` and `compare` use,
-so the three agree to the cent. A run started by a runtime without a ledger falls back to the
+so the three agree to the cent; its energy and CO2e are the ledger's, segment by segment
+(`skygreen.ledger.energy`), so a run that moved between clouds reads the same in all three. A run started by a runtime without a ledger falls back to the
 launcher's view: each launch's run time times the catalog price of the offer it landed on.
 """
 
@@ -36,6 +37,7 @@ from skygreen.launch.registry import RunRecord
 from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
 
 if TYPE_CHECKING:
+    from skygreen.ledger.energy import RunEnergy
     from skygreen.ledger.pricing import RunCost
 
 _LAUNCHER_ENV = "SKYGREEN_LAUNCHER"
@@ -70,6 +72,7 @@ class RunStatus:
     spend_estimated: bool
     """True when the price is the plan's best offer, not the offer the job landed on."""
     energy_kwh: float | None
+    """Facility energy (GPU boards x each segment's PUE), as `skygreen cost` counts it."""
     wall_s: float | None
     checkpoint_interval_s: float | None
     """The interval the runtime last chose (fixed, or `auto`'s Daly optimum)."""
@@ -87,6 +90,12 @@ class RunStatus:
     """Each resumed segment's changeover (`skygreen.ledger.changeover.Changeover` as JSON)."""
     job_duration_s: float | None = None
     """The current launch's run time as its launcher reports it (None when it does not say)."""
+    gpu_energy_kwh: float | None = None
+    """The GPU boards' energy as metered (`energy_kwh` without the PUE)."""
+    co2e_kg: float | None = None
+    """CO2e of `energy_kwh`, each segment at its region's grid intensity."""
+    compute_usd: float | None = None
+    """The GPU machines' part of `spend_usd` (no controller, no storage): the energy statement's cost."""
 
     def to_json(self) -> dict[str, Any]:
         """Every field as plain JSON values, for `skygreen status --json`."""
@@ -272,7 +281,7 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
     job, manifest, meta = current.job, current.manifest, current.meta
     cost = ledger_cost(record, open_store=wiring.open_store)
     spend, estimated = run_spend(record, job, cost, job_status_of=lambda job_id: _job_status_of(record, job_id, wiring))
-    energy_j = meta.get("energy_j")
+    energy = _run_energy(cost, meta, job if record.mode != LOCAL else None)
     return RunStatus(
         run_id=record.run_id,
         task=record.task_path,
@@ -289,18 +298,31 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
         recoveries=(job.recovery_count if job else 0) + max(0, len(record.launches) - 1),
         spend_usd=spend,
         spend_estimated=estimated,
-        energy_kwh=None if energy_j is None else float(energy_j) / 3.6e6,
+        energy_kwh=energy.energy_kwh,
         wall_s=_float_or_none(meta.get("wall_s")),
         checkpoint_interval_s=_float_or_none(meta.get("checkpoint_interval_s")),
         where=_where(job),
         checkpoint_url=record.checkpoint_url,
         progress_error=current.progress_error,
         unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
-        energy=_energy(meta, job if record.mode != LOCAL else None) if manifest else None,
+        energy=_energy(meta, energy, job if record.mode != LOCAL else None) if manifest else None,
         deadline=_deadline(record, wiring),
         changeovers=_changeovers(record, wiring) if manifest and record.bucket not in unreachable else [],
         job_duration_s=job.duration_s if job else None,
+        gpu_energy_kwh=energy.gpu_energy_kwh,
+        co2e_kg=energy.co2e_kg,
+        compute_usd=cost.compute_usd if cost is not None else spend,
     )
+
+
+def _run_energy(cost: RunCost | None, meta: Mapping[str, Any], job: JobStatus | None) -> RunEnergy:
+    """The ledger's energy, segment by segment, where it metered any; else the checkpoint's
+    joules at the place the job reports (a runtime without a ledger)."""
+    from skygreen.power.statement import meta_energy
+
+    if cost is not None and cost.energy.energy_kwh is not None:
+        return cost.energy
+    return meta_energy(meta, cloud=job.cloud if job else None, region=job.region if job else None)
 
 
 def _changeovers(record: RunRecord, wiring: Wiring) -> list[dict[str, Any]]:
@@ -324,10 +346,10 @@ def _deadline(record: RunRecord, wiring: Wiring) -> dict[str, Any] | None:
     return deadline_status(record, run_dir=wiring.registry.run_dir(record.run_id), now_s=now_s(wiring.environ))
 
 
-def _energy(meta: Mapping[str, Any], job: JobStatus | None) -> dict[str, Any]:
+def _energy(meta: Mapping[str, Any], energy: RunEnergy, job: JobStatus | None) -> dict[str, Any]:
     from skygreen.power.statement import energy_report
 
-    return energy_report(meta, cloud=job.cloud if job else None, region=job.region if job else None).to_json()
+    return energy_report(meta, energy, cloud=job.cloud if job else None).to_json()
 
 
 def _job_status(record: RunRecord, wiring: Wiring) -> tuple[JobStatus | None, str | None]:

@@ -184,7 +184,8 @@ class LedgerWriter:
     def update(
         self, *, step: int, samples: int, train_s: float, energy_j_total: float | None, end: str = RUNNING
     ) -> None:
-        """Progress so far; `end` other than running closes the segment."""
+        """Progress so far; `end` other than running closes the segment. The step reached rises
+        with it, so it never lags the step a checkpoint committed (the heartbeat raises it between)."""
         now = self.clock()
         energy = None
         if energy_j_total is not None and self._energy_base_j is not None:
@@ -192,6 +193,7 @@ class LedgerWriter:
         self.segment = replace(
             self.segment,
             step=step,
+            reached_step=max(step, self.segment.reached_step or 0),
             samples=samples,
             train_s=train_s,
             energy_j=energy,

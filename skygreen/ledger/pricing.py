@@ -17,8 +17,8 @@ Assumptions (printed with every cost, `RunCost.assumptions`):
   the user), on the cloud of the run's first segment, at the list price of SkyPilot's default
   controller size (4 vCPU, 16 GiB: `sky/jobs/constants.py`), and stops 10 minutes after the run.
 - Storage: the checkpoint bytes in the bucket now, for the whole span, standard class.
-- Energy: what the runtime metered (GPU boards only), times the cloud's PUE; CO2e with the
-  region's grid intensity (`skygreen.carbon`).
+- Energy: what the runtime metered (GPU boards only), times each segment's cloud's PUE; CO2e
+  with each segment's region's grid intensity (`skygreen.ledger.energy`, the one computation).
 
 Pure: segments, prices and sizes are passed in.
 """
@@ -29,9 +29,8 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from skygreen.ledger.energy import RunEnergy, SegmentEnergy, run_energy, segment_energy
 from skygreen.ledger.records import BUDGET, CANCELLED, COMPLETED, EARLY_STOPPED, KILLED, PREEMPTED, Place, Segment
-from skygreen.plan import carbon
-from skygreen.plan.cost import PUE
 
 CONTROLLER_USD_PER_HOUR: Mapping[str, float] = {"aws": 0.192, "gcp": 0.194, "azure": 0.192}
 """On-demand list prices (us-east-1 m6i.xlarge, us-central1 n2-standard-4, eastus
@@ -40,29 +39,43 @@ CONTROLLER_AUTOSTOP_S = 600.0
 STORAGE_USD_PER_GB_MONTH: Mapping[str, float] = {"s3": 0.023, "gs": 0.020, "file": 0.0}
 """Standard class, first tier (S3 us-east-1; GCS us-central1 regional)."""
 HOURS_PER_MONTH = 730.0
-LOCAL_PUE = 1.0
 
 PriceLookup = Callable[[Place], float | None]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SegmentCost:
-    """One segment priced: its compute dollars (0 where no price is known), its energy in kWh with
-    the cloud's PUE applied and that energy's CO2e in kg, both None where nothing metered it."""
+    """One segment priced: its compute dollars (0 where no price is known) and its energy where it
+    ran (`skygreen.ledger.energy.segment_energy`: boards, facility, CO2e; None where nothing metered it)."""
 
     segment: Segment
     price_usd_per_hour: float | None
     """Per node; None when neither the ledger nor the catalog knows the offer."""
     price_source: str
     cost_usd: float
-    energy_kwh: float | None
-    co2e_kg: float | None
+    energy: SegmentEnergy
+
+    @property
+    def gpu_energy_kwh(self) -> float | None:
+        """The GPU boards' energy."""
+        return self.energy.gpu_energy_kwh
+
+    @property
+    def energy_kwh(self) -> float | None:
+        """The facility's energy (boards x PUE)."""
+        return self.energy.energy_kwh
+
+    @property
+    def co2e_kg(self) -> float | None:
+        """CO2e of the facility energy at the segment's region's intensity."""
+        return self.energy.co2e_kg
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunCost:
     """What a run cost and did, from its ledger: the figures `status`, `cost` and `compare` show.
-    Money in dollars, energy in kWh (PUE included), CO2e in kg."""
+    Money in dollars, energy in kWh (`energy_kwh` the facility's, PUE included; `gpu_energy_kwh`
+    the boards'), CO2e in kg."""
 
     run_id: str
     local: bool
@@ -77,8 +90,8 @@ class RunCost:
     steps: int
     """The furthest step the run reached."""
     epochs: float | None
-    energy_kwh: float | None
-    co2e_kg: float | None
+    energy: RunEnergy
+    """Summed over the segments, each where it ran, with each region's share."""
     preemptions: int
     lost_s: float
     """Time the preemptions cost: restarts (process start to first step) plus steps redone."""
@@ -86,6 +99,21 @@ class RunCost:
     unpriced_segments: int
     assumptions: tuple[str, ...] = ()
     final_metrics: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def energy_kwh(self) -> float | None:
+        """Facility energy (boards x each segment's PUE); None where nothing was metered."""
+        return self.energy.energy_kwh
+
+    @property
+    def gpu_energy_kwh(self) -> float | None:
+        """The GPU boards' energy."""
+        return self.energy.gpu_energy_kwh
+
+    @property
+    def co2e_kg(self) -> float | None:
+        """CO2e at each segment's region's intensity."""
+        return self.energy.co2e_kg
 
     @property
     def cost_per_step_usd(self) -> float | None:
@@ -129,7 +157,9 @@ class RunCost:
             "cost_per_step_usd": self.cost_per_step_usd,
             "cost_per_epoch_usd": self.cost_per_epoch_usd,
             "energy_kwh": self.energy_kwh,
+            "gpu_energy_kwh": self.gpu_energy_kwh,
             "co2e_kg": self.co2e_kg,
+            "energy_regions": self.energy.to_json()["regions"],
             "preemptions": self.preemptions,
             "completed": self.completed,
             "lost_s": self.lost_s,
@@ -169,6 +199,7 @@ def _segment_json(sc: SegmentCost) -> dict:
         "price_source": sc.price_source,
         "cost_usd": sc.cost_usd,
         "energy_kwh": sc.energy_kwh,
+        "gpu_energy_kwh": sc.gpu_energy_kwh,
         "co2e_kg": sc.co2e_kg,
         "changeover": {
             "setup_s": s.setup_s,
@@ -193,24 +224,16 @@ def segment_price(place: Place, lookup: PriceLookup | None) -> tuple[float | Non
 
 def price_segment(segment: Segment, lookup: PriceLookup | None = None) -> SegmentCost:
     """Price one segment: `segment_price` per node-hour x its duration x nodes, 0 where no price
-    is known. Its metered GPU energy is multiplied by the cloud's PUE (1.0 for local, 1.2 for a
-    cloud the PUE table lacks) and turned into CO2e at the region's grid intensity."""
+    is known. Its energy is `segment_energy`'s: at its own cloud's PUE and region's intensity."""
     place = segment.place
     price, source = segment_price(place, lookup)
     cost = 0.0 if price is None else price * segment.duration_s / 3600.0 * place.nodes
-    energy_kwh = None if segment.energy_j is None else segment.energy_j / 3.6e6
-    co2e = None
-    if energy_kwh is not None:
-        pue = LOCAL_PUE if place.cloud == "local" else PUE.get(place.cloud, 1.2)
-        co2e = carbon.co2e_kg(energy_kwh * pue, place.cloud, place.region or "")
-        energy_kwh *= pue
     return SegmentCost(
         segment=segment,
         price_usd_per_hour=price,
         price_source=source,
         cost_usd=cost,
-        energy_kwh=energy_kwh,
-        co2e_kg=co2e,
+        energy=segment_energy(place, segment.energy_j),
     )
 
 
@@ -247,8 +270,6 @@ def run_cost(
         storage_bytes / 1e9 * STORAGE_USD_PER_GB_MONTH.get(storage_scheme, 0.0) * span_s / 3600.0 / HOURS_PER_MONTH
     )
     lost_s, lost_usd, preemptions = _preemption_loss(priced)
-    energies = [sc.energy_kwh for sc in priced if sc.energy_kwh is not None]
-    co2 = [sc.co2e_kg for sc in priced if sc.co2e_kg is not None]
     last = max(segments, key=lambda s: s.step) if segments else None
     epochs = None
     if last is not None and last.samples_per_epoch:
@@ -265,8 +286,7 @@ def run_cost(
         node_hours=sum(s.node_hours for s in segments),
         steps=last.step if last else 0,
         epochs=epochs,
-        energy_kwh=sum(energies) if energies else None,
-        co2e_kg=sum(co2) if co2 else None,
+        energy=run_energy(sc.energy for sc in priced),
         preemptions=preemptions,
         lost_s=lost_s,
         lost_usd=lost_usd,
@@ -341,7 +361,7 @@ def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tu
         "(standard class) for the run's span; requests and egress not counted"
     )
     lines.append(
-        "energy: GPU boards as metered by the runtime (CPU-only runs meter nothing) x the cloud's PUE; CO2e at the region's grid intensity"
+        "energy: GPU boards as metered by the runtime (CPU-only runs meter nothing) x each segment's cloud's PUE; CO2e at each segment's region's grid intensity"
     )
     return tuple(lines)
 

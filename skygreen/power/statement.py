@@ -1,30 +1,29 @@
-"""A run's energy, facility energy, CO2e and cap, from its checkpoint, and the energy statement.
+"""A run's energy, facility energy, CO2e and cap, and the energy statement.
 
-    facility_kwh = gpu_kwh x PUE of the cloud (`skygreen.cost.PUE`: each provider's reported
-                   fleet average; the one table skygreen has)
-    co2e_kg      = facility_kwh x grams CO2e per kWh of the region (`skygreen.carbon`)
+The kWh and CO2e are `skygreen.ledger.energy`'s, segment by segment: each segment's boards x
+its cloud's PUE, at its region's grid intensity. A run that moved between clouds is priced where
+each part ran, and the statement names every region with its share. A run on this machine
+(`--local`) has no cloud: PUE 1.0 and the carbon table's overall median marked `assumed`.
 
-GPU energy is what the runtime metered (`energy_j` in the checkpoint's meta, summed over ranks
-and launches) by the method it names: `nvml-counter`, `power-sampling`, `simulated`, or
-`none` with the reason (a CPU run). A run on this machine (`--local`) has no cloud: PUE 1.0
-(no data-centre overhead known) and the carbon table's overall median marked `assumed`.
+GPU energy is what the runtime metered by the method it names: `nvml-counter`,
+`power-sampling`, `simulated`, or `none` with the reason (a CPU run).
 
 The statement follows the MIT Lincoln Lab study's call (arXiv 2205.09646) for papers to end
 with an energy statement: GPU-hours, kWh on the GPUs and at the facility, kg CO2e, the power
-cap and its measured saving, and the cost.
+cap and its measured saving, and the compute cost.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from skygreen.figures import amount, significant
+from skygreen.figures import amount, money, significant
+from skygreen.ledger.energy import RunEnergy, pue_of, run_energy, segment_energy
+from skygreen.ledger.records import Place
 from skygreen.plan import carbon
-from skygreen.plan.cost import PUE
 
-LOCAL_PUE = 1.0
 J_PER_KWH = 3.6e6
 
 
@@ -32,7 +31,9 @@ J_PER_KWH = 3.6e6
 class EnergyReport:
     """A run's GPU and facility kWh, CO2e, cap and GPU-hours, as `skygreen status` shows them.
 
-    `gpu_hours` is 0.0 when no GPU energy was metered (method `none`).
+    `gpu_hours` is 0.0 when no GPU energy was metered (method `none`). `pue` and
+    `g_co2e_per_kwh` are the run's effective figures (facility / boards, CO2e / facility): a run
+    that moved between clouds has one per region in `regions`.
     """
 
     gpu_kwh: float
@@ -51,21 +52,39 @@ class EnergyReport:
     """Energy per step saved by the cap against the highest limit profiled (`auto` only)."""
     gpu_hours: float
     cloud: str | None
+    """The cloud of the run's last region (None on this machine)."""
     region: str | None
+    regions: list[dict[str, Any]] = field(default_factory=list)
+    """`skygreen.ledger.energy.RegionShare` as JSON, each with its `label` and `share`."""
 
     def to_json(self) -> dict[str, Any]:
         """Every field as a JSON value; `EnergyReport(**data)` makes the report again."""
         return asdict(self)
 
 
-def energy_report(meta: Mapping[str, Any], *, cloud: str | None, region: str | None) -> EnergyReport:
-    """From a checkpoint manifest's meta (the runtime writes `energy_j`, `wall_s`, `power`)."""
+def meta_energy(meta: Mapping[str, Any], *, cloud: str | None, region: str | None) -> RunEnergy:
+    """A run without a ledger: the checkpoint's metered joules, all at the place its job reports."""
+    energy_j = meta.get("energy_j")
+    place = Place(cloud=(cloud or "local").lower(), region=region)
+    return run_energy([segment_energy(place, None if energy_j is None else float(energy_j))])
+
+
+def energy_report(meta: Mapping[str, Any], energy: RunEnergy, *, cloud: str | None = None) -> EnergyReport:
+    """From a checkpoint manifest's meta (the runtime writes `energy_j`, `wall_s`, `power`) and the
+    run's energy (`skygreen.ledger.energy.run_energy`, from its ledger or `meta_energy`).
+    `cloud` is where a run that metered nothing stands (for its PUE)."""
     power = meta.get("power") or {}
-    cloud = cloud.lower() if cloud else None  # SkyPilot reports "GCP", the tables say "gcp"
-    gpu_kwh = float(meta.get("energy_j") or 0.0) / J_PER_KWH
-    pue = PUE.get(cloud, LOCAL_PUE) if cloud else LOCAL_PUE
-    intensity = carbon.intensity(cloud or "", region or "")
-    facility_kwh = gpu_kwh * pue
+    gpu_kwh = energy.gpu_energy_kwh or 0.0
+    facility_kwh = energy.energy_kwh or 0.0
+    co2e = energy.co2e_kg or 0.0
+    last = energy.regions[-1] if energy.regions else None
+    where = last.cloud if last else (cloud or "local").lower()
+    pue = facility_kwh / gpu_kwh if gpu_kwh else (last.pue if last else pue_of(where))
+    if facility_kwh:
+        g_per_kwh = co2e * 1000.0 / facility_kwh
+    else:
+        g_per_kwh = last.g_co2e_per_kwh if last else carbon.intensity(where, "").g_co2e_per_kwh
+    bases = sorted({r.carbon_basis for r in energy.regions}) or ["assumed"]
     method = power.get("method") or ("none" if not meta.get("energy_j") else "nvml-counter")
     reason = power.get("reason")
     if method == "none" and reason is None:
@@ -76,17 +95,18 @@ def energy_report(meta: Mapping[str, Any], *, cloud: str | None, region: str | N
         gpu_kwh=gpu_kwh,
         facility_kwh=facility_kwh,
         pue=pue,
-        co2e_kg=facility_kwh * intensity.g_co2e_per_kwh / 1000.0,
-        g_co2e_per_kwh=intensity.g_co2e_per_kwh,
-        carbon_basis=intensity.basis,
+        co2e_kg=co2e,
+        g_co2e_per_kwh=g_per_kwh,
+        carbon_basis=bases[0] if len(bases) == 1 else "mixed",
         method=method,
         reason=reason,
         cap_w=power.get("cap_w"),
         default_limit_w=power.get("default_limit_w"),
         saving_vs_uncapped=power.get("saving_vs_uncapped"),
         gpu_hours=float(meta.get("wall_s") or 0.0) / 3600.0 * gpus if on_gpu else 0.0,
-        cloud=cloud,
-        region=region,
+        cloud=None if where == "local" else where,
+        region=last.region if last and where != "local" else None,
+        regions=[{**asdict(r), "label": r.label} for r in energy.regions],
     )
 
 
@@ -120,9 +140,9 @@ def energy_line(r: EnergyReport) -> str:
     )
 
 
-def statement(r: EnergyReport, *, run_id: str, cost_usd: float | None, cost_estimated: bool = False) -> str:
-    """The energy statement paragraph, ready to paste into a paper."""
-    where = f"{r.cloud} {r.region}" if r.cloud else "a local machine"
+def statement(r: EnergyReport, *, run_id: str, compute_usd: float | None, cost_estimated: bool = False) -> str:
+    """The energy statement paragraph, ready to paste into a paper. `compute_usd` is the GPU
+    machines' cost alone (no controller, no storage): what the energy was bought with."""
     if r.method == "none":
         energy = f"No GPU energy was metered ({r.reason})."
     else:
@@ -141,8 +161,19 @@ def statement(r: EnergyReport, *, run_id: str, cost_usd: float | None, cost_esti
             if r.cap_w is not None
             else " The GPUs ran without a power cap."
         )
-    cost = "" if cost_usd is None else f" The compute cost {'about ' if cost_estimated else ''}${cost_usd:,.2f}."
-    return f"Energy statement: training run {run_id} ran on {where}. {energy}{cap}{cost}"
+    cost = "" if compute_usd is None else f" The compute cost {'about ' if cost_estimated else ''}{money(compute_usd)}."
+    return f"Energy statement: training run {run_id} ran on {_where(r)}. {energy}{cap}{cost}"
+
+
+def _where(r: EnergyReport) -> str:
+    """`aws eu-south-2 (62% of the energy) and gcp asia-northeast3 (38%)`; one region alone by name."""
+    if len(r.regions) > 1:
+        parts = [f"{region['label']} ({100 * region['share']:.0f}%)" for region in r.regions]
+        parts[0] = parts[0].replace("%)", "% of the energy)")
+        return ", ".join(parts[:-1]) + " and " + parts[-1]
+    if r.regions:
+        return str(r.regions[0]["label"])
+    return " ".join(p for p in (r.cloud, r.region) if p) if r.cloud else "a local machine"
 
 
 def _q(value: float) -> str:
@@ -154,4 +185,5 @@ _BASIS = {
     "region": "the provider's figure for the region",
     "country": "the grid average of the region's country",
     "assumed": "an assumed figure: the region is not in skygreen's table",
+    "mixed": "each region's own figure, weighted by its energy",
 }
