@@ -609,6 +609,8 @@ class Run:
             self._book.progress_of(self.training, "early-stopped" if state == "completed" and self._stopping else state)
         if wait:
             self.checkpointer.wait()
+            if self._book and state != "smoke":
+                self._book.committed()  # the segment with the bytes and size of the save it waited for
         if self._schedule is not None:
             self._schedule.saved(
                 self.step_index,
