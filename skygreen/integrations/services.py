@@ -43,7 +43,8 @@ from skygreen.ledger.records import BUDGET, COMPLETED, EARLY_STOPPED, FAILED, PR
 from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
 
 if TYPE_CHECKING:
-    from skygreen.runtime import Checkpointer, RunServices, World
+    from skygreen.runtime.frozen_base import FROZEN_BASE_META
+from skygreen.runtime import Checkpointer, RunServices, World
 
 log = logging.getLogger("skygreen.integrations")
 
@@ -92,6 +93,8 @@ class TrainerServices:
     parts: RunServices | None = None
     """The runtime's parts (`open_services`), opened by `start` once the device is known."""
     energy_base_j: float = 0.0
+    frozen_base: Mapping[str, Any] | None = None
+    """A PEFT model's frozen base (`skygreen.runtime.frozen_base`), kept in each commit's meta."""
     stop_reason: str | None = None
     """Why training stops early: PREEMPTED, BUDGET or EARLY_STOPPED; None while it goes on."""
     _stopper_state: dict[str, Any] | None = None
@@ -208,6 +211,8 @@ class TrainerServices:
             "samples_seen": samples,
             "power": parts.governor.summary() if parts is not None else None,
         }
+        if self.frozen_base:
+            meta[FROZEN_BASE_META] = dict(self.frozen_base)
         stopper = parts.stopper if parts is not None else None
         if stopper is not None:
             meta[EARLY_STOP_META] = stopper.state_dict()
