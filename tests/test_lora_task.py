@@ -132,3 +132,28 @@ def test_lora_run_killed_and_resumed_ends_bit_identical_with_a_checkpoint_under_
     assert segments[-1].checkpoint_bytes == size
     full_state_bytes = sum(p.numel() for p in lora.lora_model().parameters()) * FULL_STATE_BYTES_PER_PARAM
     assert size < 0.01 * full_state_bytes, (size, full_state_bytes)
+
+
+def test_plan_learns_the_checkpoint_size_earlier_runs_committed(tmp_path):
+    """`save_measured` keeps the ledger's real checkpoint size; the plan's model takes the median
+    of the task's runs in place of its estimate, as it takes measured speeds."""
+    from skygreen.costs.speeds import measured_checkpoint_gb, save_measured
+    from skygreen.launch.registry import Registry, RunRecord
+    from skygreen.ledger.records import Place, Segment
+    from skygreen.plan.rank import run_model
+    from skygreen.task_checks import load_task
+
+    task = TASKS / "lora.yaml"
+    registry = Registry(root=tmp_path / "runs")
+    assert measured_checkpoint_gb(task, registry=registry) is None
+    for run_id, size in (("a", 70_000), ("b", 80_000), ("c", 90_000)):
+        record = RunRecord(run_id=run_id, task_path=str(task), task_name="lora", mode="local", launcher="local",
+                           bucket=str(tmp_path), task_yaml=str(task), spec_snapshot={},
+                           created_at="2026-01-01T00:00:00Z", state="SUCCEEDED")  # fmt: skip
+        registry.save(record)
+        segment = Segment(run_id=run_id, key="ledger/x.json", place=Place(cloud="local"), started_at=0.0,
+                          updated_at=1.0, end="completed", step=20, checkpoint_bytes=size)  # fmt: skip
+        save_measured(registry, record, [segment])
+    learned = measured_checkpoint_gb(task, registry=registry)
+    assert learned == pytest.approx(80_000 / 1e9)
+    assert run_model(load_task(task), measured_checkpoint_gb=learned).checkpoint_gb == learned
