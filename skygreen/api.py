@@ -55,6 +55,7 @@ def plan(
     catalog_dir: Path | None = None,
     measured_speed: Mapping[str, float] | None = None,
     measured_changeovers: MeasuredChangeovers | None = None,
+    measured_checkpoint_gb: float | None = None,
 ) -> Plan:
     """Rank the GPU offers for a task, best first.
 
@@ -69,6 +70,8 @@ def plan(
         measured_speed: relative speeds measured by earlier runs, which replace the built-in table.
         measured_changeovers: changeovers and restore rate measured by earlier runs, which
             replace the flat restart and transfer rate.
+        measured_checkpoint_gb: the checkpoint size earlier runs committed, which replaces the
+            estimate from `model:` (a LoRA run's adapter is megabytes).
 
     Returns:
         The ranked candidates, best first, with why the winner won and what was assumed.
@@ -92,6 +95,7 @@ def plan(
         measured_speed=measured_speed,
         measured_changeover_s=learned.seconds if learned is not None else None,
         measured_transfer_gb_per_s=learned.restore_gb_per_s if learned is not None else None,
+        measured_checkpoint_gb=measured_checkpoint_gb,
     )
 
 
@@ -112,6 +116,8 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
         NoOfferError: no offer meets the task.
         CatalogError: a catalog file cannot be read.
     """
+    from skygreen.costs.speeds import measured_checkpoint_gb
+
     spec = load_task(task_path)
     if deadline is not None:
         from skygreen.spec import with_deadline
@@ -122,6 +128,7 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
         catalog_dir=catalog_dir,
         measured_speed=measured_speeds(spec, task_path),
         measured_changeovers=measured_changeovers(task_path),
+        measured_checkpoint_gb=measured_checkpoint_gb(task_path),
     )
 
 

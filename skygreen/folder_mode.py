@@ -471,8 +471,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = RuntimeSettings.from_env()
         config = FolderModeConfig.from_settings(settings, workdir=Path.cwd())
         from skygreen.checkpoint.store_factory import open_store
+        from skygreen.checkpoint.traffic import counted
 
-        store = open_store(join_url(settings.bucket, settings.run_id))
+        store = counted(open_store(join_url(settings.bucket, settings.run_id)))
         if os.environ.get(SMOKE_ENV) == "1":
             return smoke(command, config, store)
         return run(

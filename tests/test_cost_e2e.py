@@ -80,6 +80,14 @@ def checkpoint_bytes(bucket: str, run_id: str) -> int:
     )
 
 
+def step_bytes(bucket: str, run_id: str, step: int) -> int:
+    """The size of one committed checkpoint, from its manifest."""
+    import boto3
+
+    body = boto3.client("s3").get_object(Bucket=bucket, Key=f"runs/{run_id}/ckpt/{step:012d}/manifest.json")["Body"]
+    return sum(b["size"] for b in json.loads(body.read())["blobs"].values())
+
+
 @pytest.fixture
 def catalog_dir(request) -> Path:
     """The real catalog in ../shared when present, else the small fixture catalog (same code)."""
@@ -152,6 +160,13 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     s1, s2 = raw_segments(s3_bucket, run_id)
     assert s1["end"] == "running" and s1["ended_at"] is None  # killed: never wrote its end
     assert s2["end"] == "completed" and s2["step"] == 60 and s2["start_step"] == 10
+    # The bytes each VM moved, counted at the store: the second restored step 10's checkpoint and
+    # committed up to step 60, whose real size the segment records.
+    bucket = f"s3://{s3_bucket}"
+    assert set(s1["bytes_uploaded"]) == {bucket} and s1["bytes_uploaded"][bucket] > 0
+    assert s2["bytes_downloaded"][bucket] >= s2["restore_bytes"] > 0
+    assert s2["checkpoint_bytes"] == step_bytes(s3_bucket, run_id, 60)
+    assert s2["bytes_uploaded"][bucket] >= 5 * s2["checkpoint_bytes"]  # steps 20 to 60, each one saved
     assert (s1["place"]["cloud"], s1["place"]["price_usd_per_hour"]) == ("gcp", gcp[6])
     assert (s2["place"]["cloud"], s2["place"]["instance_type"], s2["place"]["price_usd_per_hour"]) == (
         "aws",

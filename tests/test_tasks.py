@@ -18,7 +18,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "tasks"
-SHIPPED = ("bert-mlm", "folder-mode", "gpt2", "gpt2-fsdp", "hf-trainer", "lightning", "resnet50", "tiny")
+SHIPPED = ("bert-mlm", "folder-mode", "gpt2", "gpt2-fsdp", "hf-trainer", "lightning", "lora", "resnet50", "tiny")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -64,6 +64,7 @@ def test_task_size_rejects_a_typo(tmp_path):
         ("hf-trainer", 0, 5),
         ("folder-mode", 0, 5),
         ("lightning", 0, 5),
+        ("lora", 0, 1),
         ("resnet50", 1, 100),
         ("tiny", 0, 1),
     ],

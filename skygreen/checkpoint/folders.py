@@ -49,6 +49,7 @@ from skygreen.checkpoint.prefetch import prefetch_dir, take_prefetched
 from skygreen.checkpoint.ranged import fetch_verified
 from skygreen.checkpoint.retention import apply_retention, first_line
 from skygreen.checkpoint.store import Store
+from skygreen.checkpoint.traffic import note_checkpoint
 from skygreen.errors import CheckpointError, KeyNotFoundError, StoreError, TransientStoreError
 from skygreen.files import inside_parts
 from skygreen.timestamps import utc_now_iso
@@ -156,6 +157,7 @@ def commit_folder(
         meta={**dict(meta or {}), FOLDER_META: path.name},
     )
     store.put(manifest_key(step), manifest.dumps())
+    note_checkpoint(store, step, sum(info.size for info in blobs.values()))
     log.info("committed checkpoint folder %s as step %d (%d files)", path.name, step, len(files))
     return manifest
 

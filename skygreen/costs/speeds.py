@@ -40,6 +40,7 @@ def save_measured(registry: Registry, record: RunRecord, segments: Sequence[Segm
         "samples_per_s_per_gpu": {g: sum(v) / len(v) for g, v in per_gpu.items()},
         "total_samples": max(s.samples for s in segments) if completed else None,
         "changeovers": [c.to_json() for c in changeovers(segments)],
+        "checkpoint_bytes": next((s.checkpoint_bytes for s in reversed(segments) if s.checkpoint_bytes), None),
     }
     try:
         from skygreen.files import write_atomic
@@ -85,3 +86,25 @@ def measured_speeds(
         work.gpu
     )
     return {gpu: (work.gpu_hours * on_speed * 3600.0 * (sum(v) / len(v)) / total, len(v)) for gpu, v in rates.items()}
+
+
+def measured_checkpoint_gb(task_path: str | Path, *, registry: Registry | None = None) -> float | None:
+    """The checkpoint size earlier runs of this task committed (the runtime records it in the
+    ledger, `Segment.checkpoint_bytes`), in GB; None before any run recorded one.
+
+    The median over runs: a LoRA run's checkpoint is its adapter and optimizer state, which the
+    plan's estimate from `model:` (the full state unless told otherwise) cannot know.
+    """
+    root = registry.root if registry is not None else data_dir() / "runs"
+    target = str(Path(task_path).resolve())
+    sizes: list[int] = []
+    for path in sorted(root.glob(f"*/{MEASURED_FILE}")) if root.is_dir() else ():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if str(Path(str(data["task_path"])).resolve()) == target and data.get("checkpoint_bytes"):
+                sizes.append(int(data["checkpoint_bytes"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a damaged file does not hide the other runs
+    if not sizes:
+        return None
+    return sorted(sizes)[len(sizes) // 2] / 1e9

@@ -94,6 +94,8 @@ class TrainerServices:
     parts: RunServices | None = None
     """The runtime's parts (`open_services`), opened by `start` once the device is known."""
     energy_base_j: float = 0.0
+    frozen_base: Mapping[str, Any] | None = None
+    """A PEFT model's frozen base (`skygreen.runtime.frozen_base`), kept in each commit's meta."""
     stop_reason: str | None = None
     """Why training stops early: PREEMPTED, BUDGET or EARLY_STOPPED; None while it goes on."""
     wall_base_s: float = 0.0
@@ -230,6 +232,10 @@ class TrainerServices:
             precision=self.settings.precision,
             power=parts.governor.summary() if parts is not None else None,
         )
+        if self.frozen_base:
+            from skygreen.runtime.frozen_base import FROZEN_BASE_META
+
+            meta[FROZEN_BASE_META] = dict(self.frozen_base)
         stopper = parts.stopper if parts is not None else None
         if stopper is not None:
             meta[EARLY_STOP_META] = stopper.state_dict()

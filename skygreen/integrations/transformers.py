@@ -44,7 +44,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from skygreen.checkpoint.folders import folder_files
+from skygreen.checkpoint.folders import RestoredFolder, folder_files
 from skygreen.errors import SkygreenError
 from skygreen.integrations.services import PREEMPTED, SMOKE_STEPS, TrainerServices, fail_script
 
@@ -103,6 +103,7 @@ class SkygreenCallback(TrainerCallback):
             if services.smoke:
                 args.output_dir = str(services.scratch_dir())
             restored = services.restore(_output_dir(args))
+            services.frozen_base = frozen_base_of(kwargs.get("model"), restored)
         except SkygreenError as e:
             fail_script(e, smoke=os.environ.get("SKYGREEN_SMOKE") == "1")
         self.services = services
@@ -266,6 +267,26 @@ class SkygreenCallback(TrainerCallback):
         if self.services is None:
             raise RuntimeError("SkygreenCallback: pass it to Trainer(callbacks=[...]) so it sees on_init_end")
         return self.services
+
+
+def frozen_base_of(model: Any, restored: RestoredFolder | None) -> dict[str, Any] | None:
+    """A PEFT model's frozen base identity, checked against the restored commit's.
+
+    The Trainer saves only a PEFT model's adapter; this keeps the base it sits on. None for a
+    model that is no PEFT model.
+
+    Raises:
+        BaseModelMismatchError: the restored adapter was trained on another base.
+    """
+    from skygreen.runtime.frozen_base import FROZEN_BASE_META, base_identity, check_base, peft_model
+
+    peft = peft_model(model) if model is not None else None
+    if peft is None:
+        return None
+    identity = base_identity(peft)
+    if restored is not None:
+        check_base(restored.manifest.meta.get(FROZEN_BASE_META), identity)
+    return identity.to_json()
 
 
 def check_precision(task_precision: str, args: TrainingArguments) -> None:

@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from skygreen.checkpoint.store import Store
+from skygreen.checkpoint.traffic import traffic_of
 from skygreen.errors import CheckpointError, StoreError
 from skygreen.ledger.changeover import redone_steps
 from skygreen.ledger.records import (
@@ -218,10 +219,26 @@ class LedgerWriter:
         """Write the segment as it is now; safe from another thread than the one that updates it."""
         self._write()
 
+    def counted(self) -> Segment:
+        """The segment as it is now, with the bytes its store counted so far
+        (`skygreen.checkpoint.traffic`; counters live for the process, as the segment does).
+        A copy, so a write on another thread never races an update of `segment`."""
+        segment = self.segment
+        traffic = traffic_of(self.store)
+        if traffic is None:
+            return segment
+        figures = traffic.figures()
+        return replace(
+            segment,
+            bytes_uploaded=figures.bytes_uploaded,
+            bytes_downloaded=figures.bytes_downloaded,
+            checkpoint_bytes=figures.checkpoint_bytes,
+        )
+
     def _write(self) -> None:
         with self._write_lock:
             try:
-                write_segment(self.store, self.segment)
+                write_segment(self.store, self.counted())
             except StoreError as e:
                 self._warn(e)
 

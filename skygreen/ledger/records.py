@@ -132,6 +132,17 @@ class Segment:
     """Bytes of the checkpoint it restored; None when it started from scratch."""
     redone_steps: int | None = None
     """Steps an earlier segment had reached beyond the restored checkpoint: work done again."""
+    bytes_uploaded: Mapping[str, int] = field(default_factory=dict)
+    """Bucket URL (`s3://BUCKET`, `gs://BUCKET`, a local directory) -> bytes this segment sent
+    to it, counted at the store (`skygreen.checkpoint.traffic`) on the ledger's writer: rank 0's
+    checkpoint blobs, notes, manifests, leases, retention copies and ledger writes. Empty in
+    ledgers written before it was counted."""
+    bytes_downloaded: Mapping[str, int] = field(default_factory=dict)
+    """Bucket URL -> bytes this segment received from it (its restore above all); as above."""
+    checkpoint_bytes: int | None = None
+    """Size of the newest checkpoint this segment committed, every blob of every rank (from its
+    manifest): the real checkpoint size, which `plan` learns (`skygreen.costs.speeds`). None
+    before a commit, and in older ledgers."""
     user: str | None = None
     """Who launched the run (rendered by `skygreen up`); None in ledgers written before it was kept."""
     segment: int = 0
@@ -207,6 +218,11 @@ class Segment:
         return self.restore_bytes / self.restore_s
 
     @property
+    def bytes_moved(self) -> int:
+        """Bytes this segment sent and received, all buckets together (0 where not counted)."""
+        return sum(self.bytes_uploaded.values()) + sum(self.bytes_downloaded.values())
+
+    @property
     def node_hours(self) -> float:
         """Hours of `duration_s` times nodes: what a per-node hourly price multiplies."""
         return self.duration_s / 3600.0 * self.place.nodes
@@ -233,6 +249,8 @@ class Segment:
             str(name): tuple((int(s), float(t), float(v)) for s, t, v in points)
             for name, points in dict(values.get("metrics") or {}).items()
         }
+        for name in ("bytes_uploaded", "bytes_downloaded"):
+            values[name] = {str(bucket): int(n) for bucket, n in dict(values.get(name) or {}).items()}
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 

@@ -39,6 +39,7 @@ def run_model(
     measured_speed: Mapping[str, float] | None = None,
     measured_transfer_gb_per_s: float | None = None,
     measured_changeover_s: Mapping[str, float] | None = None,
+    measured_checkpoint_gb: float | None = None,
 ) -> RunModel:
     """The estimate model for a task: its work, speeds, nodes, preemption and checkpoint settings.
 
@@ -64,7 +65,9 @@ def run_model(
         power_cap_mode=green.power.mode,
         power_cap_value=green.power.cap_w if green.power.mode == "watts" else green.power.cap_fraction,
         power_eta=DEFAULT_ETA if green.power.eta is None else green.power.eta,
-        checkpoint_gb=None
+        checkpoint_gb=measured_checkpoint_gb
+        if measured_checkpoint_gb is not None  # the size earlier runs committed (a LoRA adapter's)
+        else None
         if green.model is None
         else checkpoint_gb(green.model, half_precision=green.checkpoint.half_precision),
         checkpoint_sharded=green.model is not None and green.model.sharding == "fsdp",
@@ -170,6 +173,7 @@ def make_plan(
     measured_speed: Mapping[str, float] | None = None,
     measured_transfer_gb_per_s: float | None = None,
     measured_changeover_s: Mapping[str, float] | None = None,
+    measured_checkpoint_gb: float | None = None,
 ) -> Plan:
     """Rank the catalog's offers for a task; `NoOfferError` says which constraint to relax."""
     green = spec.green
@@ -179,6 +183,7 @@ def make_plan(
         measured_speed=measured_speed,
         measured_transfer_gb_per_s=measured_transfer_gb_per_s,
         measured_changeover_s=measured_changeover_s,
+        measured_checkpoint_gb=measured_checkpoint_gb,
     )
     constraints = Constraints.from_spec(green, num_nodes=task_nodes(spec))
     candidates = candidates_for(catalog, constraints, model)

@@ -55,6 +55,7 @@ from skygreen.checkpoint.manifest import (
 from skygreen.checkpoint.retention import apply_retention
 from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.checkpoint.store_factory import open_store
+from skygreen.checkpoint.traffic import counted, note_checkpoint
 from skygreen.errors import CheckpointError, InputError, KeyNotFoundError, RankTimeoutError, TransientStoreError
 from skygreen.runtime.state import Stateful, apply, upgrade_layout
 
@@ -130,7 +131,8 @@ class CommitProtocol:
         if metric_mode not in METRIC_MODES:
             raise InputError(f"checkpoint metric_mode: {metric_mode!r} is not one of {', '.join(METRIC_MODES)}")
         self.url = url
-        self.store: Store = open_store(url, retry=retry)
+        self.store: Store = counted(open_store(url, retry=retry))
+        """Counted (`skygreen.checkpoint.traffic`): the run ledger records the bytes it moved."""
         self.keep = keep
         self.rank = rank
         self.world_size = world_size
@@ -267,6 +269,7 @@ class CommitProtocol:
         self._fence()  # a superseded life commits nothing
         self.store.put(manifest_key(manifest.step), manifest.dumps())
         self.last_committed_step = manifest.step
+        note_checkpoint(self.store, manifest.step, sum(info.size for info in manifest.blobs.values()))
         self._failed_in_row = 0
         self.last_upload_s = time.perf_counter() - started
         log.info(

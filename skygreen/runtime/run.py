@@ -63,6 +63,7 @@ from skygreen.runtime.environment import (
     show_runtime_logs,
     to_device,
 )
+from skygreen.runtime.frozen_base import TrainableState, peft_model
 from skygreen.runtime.fsdp import is_sharded, sharded_states
 from skygreen.runtime.hold import HOLD_UNCOMMITTED_ENV, hold, hold_steps
 from skygreen.runtime.preemption import landed_cloud
@@ -167,6 +168,8 @@ class Run:
         self.autocast = autocast_factory(self.device.type, self.precision)
         """`with run.autocast():` mixed precision for a forward pass (a no-op in fp32)."""
         self.sharded = is_sharded(self.module)  # FSDP2's fully_shard: no DDP, sharded checkpoints
+        peft = None if self.sharded else peft_model(self.module)  # only the adapter is checkpointed
+        self._trainable = TrainableState(peft) if peft is not None else None
         self.model = self._wrap_ddp(self.module)
         self.dataset = dataset
         self.stream = SampleStream(len(dataset), seed=seed, shuffle=shuffle)
@@ -269,7 +272,7 @@ class Run:
 
     def state_mapping(self) -> dict[str, Stateful | None]:
         """The named stateful objects a checkpoint of this run holds (each rank's RNG goes apart)."""
-        parts: dict[str, Stateful] = {"model": self.module, "optimizer": self.optimizer}
+        parts: dict[str, Stateful] = {"model": self._trainable or self.module, "optimizer": self.optimizer}
         if self.sharded:  # by parameter name, this rank's shards: they reshard on load
             parts = sharded_states(self.module, self.optimizer)
         return {
@@ -610,6 +613,8 @@ class Run:
             self._book.progress_of(self.training, "early-stopped" if state == "completed" and self._stopping else state)
         if wait:
             self.checkpointer.wait()
+            if self._book and state != "smoke":
+                self._book.committed()  # the segment with the bytes and size of the save it waited for
         if self._schedule is not None:
             self._schedule.saved(
                 self.step_index,

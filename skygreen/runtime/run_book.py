@@ -306,6 +306,14 @@ class RunBook:
         train_s = max(0.0, time.time() - seg.first_step_at) if seg.first_step_at is not None else 0.0
         self.writer.update(step=step, samples=samples, train_s=train_s, energy_j_total=self._energy(energy_j), end=end)
 
+    def committed(self) -> None:
+        """Write the segment again after a save that was waited for.
+
+        The write at the save went before its upload; this one carries the bytes that save
+        uploaded and the size it committed.
+        """
+        self.writer.flush()
+
     def tick(self, step: int) -> None:
         """After each step: beat the ledger every `SKYGREEN_LEDGER_HEARTBEAT_S` (30 s).
 
