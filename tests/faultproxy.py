@@ -174,14 +174,18 @@ class FaultProxy:
             def log_message(self, *args) -> None:  # keep test output clean
                 pass
 
+            def _range(self) -> str:
+                """The request's byte range: `Range`, or Azure's own `x-ms-range` (which its SDK sends)."""
+                return self.headers.get("Range") or self.headers.get("x-ms-range") or ""
+
             def _record(self, outcome: str) -> None:
                 proxy.log.append((self.command, self.path, outcome))
-                if self.headers.get("Range"):
+                if self._range():
                     with proxy._lock:
-                        proxy.ranges.append((self.path, self.headers["Range"], outcome))
+                        proxy.ranges.append((self.path, self._range(), outcome))
 
             def _handle(self) -> None:
-                fault = proxy._take_fault(self.command, self.path, self.headers.get("Range") or "")
+                fault = proxy._take_fault(self.command, self.path, self._range())
                 if fault == "drop":
                     length = int(self.headers.get("Content-Length") or 0)
                     self.rfile.read(length // 2)

@@ -191,6 +191,31 @@ def make_gcs_bucket(name: str) -> None:
     storage.Client().create_bucket(name)
 
 
+SERVER_FIXTURES = {"s3": "moto_server", "gs": "gcs_server", "az": "azurite_server"}
+PROXY_FLAVOURS = {"s3": "s3", "gs": "gcs", "az": "azure"}
+
+
+def proxied_bucket(request, monkeypatch, cloud: str):
+    """A fresh bucket on the cloud's session server behind a started `FaultProxy`, the client
+    env pointing at the proxy; returns (the bucket's URL, the proxy). The caller stops the proxy."""
+    from faultproxy import FaultProxy
+
+    server = request.getfixturevalue(SERVER_FIXTURES[cloud])
+    proxy = FaultProxy(server.url, flavour=PROXY_FLAVOURS[cloud]).start()
+    bucket = unique_bucket()
+    if cloud == "s3":
+        point_s3_at(monkeypatch, proxy.url)
+        make_s3_bucket(bucket)
+    elif cloud == "gs":
+        point_gcs_at(monkeypatch, proxy.url)
+        make_gcs_bucket(bucket)
+    else:
+        point_azure_at(monkeypatch, proxy.url)
+        make_azure_container(bucket)
+        bucket = f"{AZURITE_ACCOUNT}/{bucket}"
+    return f"{cloud}://{bucket}", proxy
+
+
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory) -> Iterator[ServerProcess]:
     server = moto_process().start(log_dir=tmp_path_factory.mktemp("moto"))

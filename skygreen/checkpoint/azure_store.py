@@ -10,8 +10,8 @@ writes them anywhere:
 - `DefaultAzureCredential` (a VM's managed identity, `az login`, `AZURE_CLIENT_*`) when the
   package `azure-identity` is installed.
 
-Objects above `SINGLE_PUT_BYTES` go up as blocks, `MAX_CONCURRENCY` at once, read from the file
-or stream in `BLOCK_BYTES` pieces; downloads above `SINGLE_GET_BYTES` come in parallel ranged
+Objects above `SINGLE_PUT_BYTES` go up as blocks, `MAX_CONCURRENCY` at once, each read from the
+file in its `BLOCK_BYTES` piece by the worker that sends it; downloads above `SINGLE_GET_BYTES` come in parallel ranged
 GETs. The library's own retries are off (`retry_total=0`): errors are mapped by `_ERROR_TABLE`
 and retried once, by skygreen's `RetryPolicy`, around the whole operation.
 
@@ -21,12 +21,15 @@ location, which only the management plane (`az storage account show`) tells.
 
 from __future__ import annotations
 
+import base64
 import os
+import secrets
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import azure.core.exceptions as azure_errors
-from azure.storage.blob import BlobServiceClient, StandardBlobTier
+from azure.storage.blob import BlobBlock, BlobServiceClient, StandardBlobTier
 
 from skygreen.checkpoint.cloud_store import CloudStore, ErrorKind, ObjectInfo, store_error
 from skygreen.checkpoint.store import DEFAULT_RETRY, RetryPolicy, StoreUrl
@@ -144,17 +147,49 @@ class AzureStore(CloudStore):
         self._blob(name).upload_blob(payload, overwrite=True, max_concurrency=MAX_CONCURRENCY)
 
     def _put_stream(self, name: str, stream: BinaryIO) -> None:
-        """Blocks read from where the stream stands; a real file's length is passed, so a small
-        one goes up in one request."""
-        self._blob(name).upload_blob(
-            stream, length=_remaining_bytes(stream), overwrite=True, max_concurrency=MAX_CONCURRENCY
-        )
+        """A real file goes up from where it stands as `_put_path` does; any other stream through
+        the library, which reads it to its end."""
+        remaining = _remaining_bytes(stream)
+        if remaining is None:
+            self._blob(name).upload_blob(stream, overwrite=True, max_concurrency=MAX_CONCURRENCY)
+            return
+        self._put_file_range(name, stream.fileno(), stream.tell(), remaining)
+        stream.seek(remaining, os.SEEK_CUR)  # read to its end, as the other stores leave it
 
     def _put_path(self, name: str, path: str) -> None:
         with open(path, "rb") as f:
-            self._blob(name).upload_blob(
-                f, length=os.fstat(f.fileno()).st_size, overwrite=True, max_concurrency=MAX_CONCURRENCY
-            )
+            self._put_file_range(name, f.fileno(), 0, os.fstat(f.fileno()).st_size)
+
+    def _put_file_range(self, name: str, fd: int, start: int, size: int) -> None:
+        """Up to `SINGLE_PUT_BYTES` in one Put Blob; above, Put Block for each `BLOCK_BYTES`
+        piece, each worker reading its own piece from disk (`os.pread`), then Put Block List.
+
+        The first block goes up alone and the rest `MAX_CONCURRENCY` at a time: an account that
+        refuses (throttled, denied, no container) answers one request per attempt, not a burst,
+        and a failed block cancels the ones not yet sent."""
+        blob = self._blob(name)
+        if size <= SINGLE_PUT_BYTES:
+            blob.upload_blob(os.pread(fd, size, start), overwrite=True)
+            return
+        token = secrets.token_hex(6)
+        offsets = range(0, size, BLOCK_BYTES)
+        ids = [base64.b64encode(f"{token}-{i:08d}".encode()).decode() for i in range(len(offsets))]
+
+        def stage(index: int) -> None:
+            offset = offsets[index]
+            blob.stage_block(ids[index], os.pread(fd, min(BLOCK_BYTES, size - offset), start + offset))
+
+        stage(0)
+        with ThreadPoolExecutor(MAX_CONCURRENCY, thread_name_prefix="skygreen-azure-put") as pool:
+            futures = [pool.submit(stage, i) for i in range(1, len(ids))]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        blob.commit_block_list([BlobBlock(block_id=i) for i in ids])
 
     def _get_bytes(self, name: str) -> bytes:
         return self._blob(name).download_blob(max_concurrency=MAX_CONCURRENCY).readall()
