@@ -386,7 +386,7 @@ def logs(run: str, follow: bool) -> None:
 @click.option(
     "--storage-class",
     default=None,
-    help="S3: GLACIER (default), DEEP_ARCHIVE, GLACIER_IR; GCS: ARCHIVE (default), COLDLINE, NEARLINE.",
+    help="S3: GLACIER (default), DEEP_ARCHIVE, GLACIER_IR; GCS: ARCHIVE (default), COLDLINE, NEARLINE; Azure: ARCHIVE (default), COLD, COOL.",
 )
 @click.option("--yes", is_flag=True, help="Act; without it gc only prints what it would move.")
 def gc(target: str, older_than: str, storage_class: str | None, yes: bool) -> None:

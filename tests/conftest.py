@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 import leftovers
-from servers import gcs_bucket, gcs_server, moto_server, s3_bucket  # noqa: F401  (real S3/GCS test servers)
+from servers import (  # noqa: F401  (real S3/GCS/Azure test servers)
+    azure_bucket,
+    azurite_server,
+    gcs_bucket,
+    gcs_server,
+    moto_server,
+    s3_bucket,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

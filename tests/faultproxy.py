@@ -4,9 +4,10 @@ Put it between a client and a test server (moto_server, gcp-storage-emulator) by
 the client's endpoint at `proxy.url`. Faults are queued with `inject` and consumed in order
 by the requests that match:
 
-- "403":       access denied (S3 `AccessDenied`, GCS 403 `forbidden`), not forwarded;
+- "403":       access denied (S3 `AccessDenied`, GCS 403 `forbidden`, Azure `AuthorizationFailure`),
+               not forwarded;
 - "500":       an InternalError answer, the request never reaches the server;
-- "503":       throttling (S3 `SlowDown`, GCS 503 `rateLimitExceeded`), not forwarded;
+- "503":       throttling (S3 `SlowDown`, GCS 503 `rateLimitExceeded`, Azure `ServerBusy`), not forwarded;
 - "drop":      the connection is reset after half of the request body is read;
 - "drop_reply": the request IS forwarded and done by the server, then the connection is
                reset before the reply: the client cannot tell that it succeeded;
@@ -48,6 +49,19 @@ _GCS_BODIES = {
     "403": b'{"error": {"code": 403, "message": "caller does not have storage.objects.create access", "errors": [{"reason": "forbidden"}]}}',
     "500": b'{"error": {"code": 500, "message": "Internal error. Please try again.", "errors": [{"reason": "backendError"}]}}',
     "503": b'{"error": {"code": 503, "message": "The service is currently unavailable.", "errors": [{"reason": "rateLimitExceeded"}]}}',
+}
+_AZURE_CODES = {"403": "AuthorizationFailure", "500": "InternalError", "503": "ServerBusy"}
+_AZURE_BODIES = {
+    status: f"<?xml version='1.0' encoding='utf-8'?><Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
+    for (status, code), message in zip(
+        _AZURE_CODES.items(),
+        (
+            "This request is not authorized to perform this operation.",
+            "Server encountered an internal error. Please try again after some time.",
+            "The server is busy.",
+        ),
+        strict=True,
+    )
 }
 
 
@@ -160,14 +174,18 @@ class FaultProxy:
             def log_message(self, *args) -> None:  # keep test output clean
                 pass
 
+            def _range(self) -> str:
+                """The request's byte range: `Range`, or Azure's own `x-ms-range` (which its SDK sends)."""
+                return self.headers.get("Range") or self.headers.get("x-ms-range") or ""
+
             def _record(self, outcome: str) -> None:
                 proxy.log.append((self.command, self.path, outcome))
-                if self.headers.get("Range"):
+                if self._range():
                     with proxy._lock:
-                        proxy.ranges.append((self.path, self.headers["Range"], outcome))
+                        proxy.ranges.append((self.path, self._range(), outcome))
 
             def _handle(self) -> None:
-                fault = proxy._take_fault(self.command, self.path, self.headers.get("Range") or "")
+                fault = proxy._take_fault(self.command, self.path, self._range())
                 if fault == "drop":
                     length = int(self.headers.get("Content-Length") or 0)
                     self.rfile.read(length // 2)
@@ -260,10 +278,13 @@ class FaultProxy:
                         time.sleep(ahead_s)
 
             def _answer_error(self, status: int) -> None:
-                body = (_GCS_BODIES if proxy.flavour == "gcs" else _S3_BODIES)[str(status)]
+                bodies = {"gcs": _GCS_BODIES, "azure": _AZURE_BODIES}.get(proxy.flavour, _S3_BODIES)
+                body = bodies[str(status)]
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json" if proxy.flavour == "gcs" else "application/xml")
                 self.send_header("Content-Length", str(len(body)))
+                if proxy.flavour == "azure":
+                    self.send_header("x-ms-error-code", _AZURE_CODES[str(status)])
                 if status == 503:
                     self.send_header("Retry-After", "0")
                 self.end_headers()

@@ -1,4 +1,5 @@
-"""Real S3 and GCS test servers: `moto_server` and `gcp-storage-emulator` as subprocesses.
+"""Real S3, GCS and Azure test servers: `moto_server`, `gcp-storage-emulator` and Azurite
+(`azurite-blob`, installed by scripts/install.sh into .venv/azurite) as subprocesses.
 
 Each runs on a free loopback port, is polled until it answers HTTP, and is stopped at the
 end. Fixtures set the client-side environment (endpoint, fake AWS keys) for the test only,
@@ -27,6 +28,10 @@ FAKE_AWS_ENV = {
     "AWS_SESSION_TOKEN": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+AZURITE_BLOB = BIN.parent / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+"""Azurite's one built-in account and its key, published in Azure's own documentation."""
 
 
 def free_port() -> int:
@@ -125,6 +130,27 @@ def gcs_process(*, data_dir: Path | None = None) -> ServerProcess:
     return ServerProcess("gcp-storage-emulator", argv, env=env)
 
 
+def azurite_process(*, data_dir: Path) -> ServerProcess:
+    """Azurite's blob service, keeping its data in `data_dir` (so it survives a restart), with
+    no telemetry and any API version the client library speaks."""
+
+    def argv(port: int) -> list[str]:
+        return [
+            str(AZURITE_BLOB),
+            *("--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data_dir)),
+            *("--silent", "--disableTelemetry", "--skipApiVersionCheck", "--loose"),
+        ]
+
+    return ServerProcess("azurite", argv)
+
+
+def azurite_connection_string(endpoint: str, *, key: str = AZURITE_KEY) -> str:
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};"
+        f"BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
+    )
+
+
 def unique_bucket() -> str:
     return f"sg-test-{uuid.uuid4().hex[:12]}"
 
@@ -141,6 +167,18 @@ def point_gcs_at(monkeypatch, endpoint: str) -> None:
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
 
 
+def point_azure_at(monkeypatch, endpoint: str, *, key: str = AZURITE_KEY) -> None:
+    for name in ("AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite_connection_string(endpoint, key=key))
+
+
+def make_azure_container(name: str) -> None:
+    from azure.storage.blob import BlobServiceClient
+
+    BlobServiceClient.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"]).create_container(name)
+
+
 def make_s3_bucket(name: str) -> None:
     import boto3
 
@@ -151,6 +189,31 @@ def make_gcs_bucket(name: str) -> None:
     from google.cloud import storage
 
     storage.Client().create_bucket(name)
+
+
+SERVER_FIXTURES = {"s3": "moto_server", "gs": "gcs_server", "az": "azurite_server"}
+PROXY_FLAVOURS = {"s3": "s3", "gs": "gcs", "az": "azure"}
+
+
+def proxied_bucket(request, monkeypatch, cloud: str):
+    """A fresh bucket on the cloud's session server behind a started `FaultProxy`, the client
+    env pointing at the proxy; returns (the bucket's URL, the proxy). The caller stops the proxy."""
+    from faultproxy import FaultProxy
+
+    server = request.getfixturevalue(SERVER_FIXTURES[cloud])
+    proxy = FaultProxy(server.url, flavour=PROXY_FLAVOURS[cloud]).start()
+    bucket = unique_bucket()
+    if cloud == "s3":
+        point_s3_at(monkeypatch, proxy.url)
+        make_s3_bucket(bucket)
+    elif cloud == "gs":
+        point_gcs_at(monkeypatch, proxy.url)
+        make_gcs_bucket(bucket)
+    else:
+        point_azure_at(monkeypatch, proxy.url)
+        make_azure_container(bucket)
+        bucket = f"{AZURITE_ACCOUNT}/{bucket}"
+    return f"{cloud}://{bucket}", proxy
 
 
 @pytest.fixture(scope="session")
@@ -165,6 +228,33 @@ def gcs_server(tmp_path_factory) -> Iterator[ServerProcess]:
     server = gcs_process().start(log_dir=tmp_path_factory.mktemp("gcs"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory) -> Iterator[ServerProcess]:
+    """Azurite on a free loopback port with a data folder of its own, or a skip saying how
+    to install it (scripts/install.sh does, where npm is present)."""
+    if not AZURITE_BLOB.exists():
+        pytest.skip(f"Azurite is not installed at {AZURITE_BLOB}: run scripts/install.sh (it needs npm)")
+    try:
+        import azure.storage.blob  # noqa: F401
+    except ModuleNotFoundError:
+        pytest.skip("azure-storage-blob is not installed: pip install -e '.[runtime]'")
+    server = azurite_process(data_dir=tmp_path_factory.mktemp("azurite-data")).start(
+        log_dir=tmp_path_factory.mktemp("azurite")
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def azure_bucket(azurite_server, monkeypatch) -> str:
+    """A fresh container on the session's Azurite, as `ACCOUNT/CONTAINER`; the test's
+    AZURE_STORAGE_CONNECTION_STRING points at it."""
+    point_azure_at(monkeypatch, azurite_server.url)
+    name = unique_bucket()
+    make_azure_container(name)
+    return f"{AZURITE_ACCOUNT}/{name}"
 
 
 @pytest.fixture

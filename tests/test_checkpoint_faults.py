@@ -11,7 +11,16 @@ import pytest
 import torch
 
 from faultproxy import FaultProxy
-from servers import gcs_process, make_gcs_bucket, make_s3_bucket, moto_process, point_gcs_at, point_s3_at, unique_bucket
+from servers import (
+    gcs_process,
+    make_gcs_bucket,
+    make_s3_bucket,
+    moto_process,
+    point_gcs_at,
+    point_s3_at,
+    proxied_bucket,
+    unique_bucket,
+)
 from skygreen.checkpoint.manifest import committed_steps
 from skygreen.checkpoint.ranged import RangedDownload, RangedStore, download_ranged
 from skygreen.checkpoint.store import RetryPolicy
@@ -34,21 +43,11 @@ def assert_state_equal(a: dict, b: dict) -> None:
         assert torch.equal(a["model"][name], b["model"][name])
 
 
-@pytest.fixture(params=["s3", "gs"])
+@pytest.fixture(params=["s3", "gs", "az"])
 def proxied_url(request, monkeypatch):
     """A fresh bucket behind a fault proxy; yields (run URL, proxy)."""
-    cloud = request.param
-    server = request.getfixturevalue("moto_server" if cloud == "s3" else "gcs_server")
-    proxy = FaultProxy(server.url, flavour="gcs" if cloud == "gs" else "s3").start()
-    if cloud == "s3":
-        point_s3_at(monkeypatch, proxy.url)
-        bucket = unique_bucket()
-        make_s3_bucket(bucket)
-    else:
-        point_gcs_at(monkeypatch, proxy.url)
-        bucket = unique_bucket()
-        make_gcs_bucket(bucket)
-    yield f"{cloud}://{bucket}/runs/r1", proxy
+    bucket_url, proxy = proxied_bucket(request, monkeypatch, request.param)
+    yield f"{bucket_url}/runs/r1", proxy
     proxy.stop()
 
 
@@ -172,7 +171,7 @@ def test_a_bucket_answering_503_to_everything_gets_exactly_the_policys_requests(
     small, large = tmp_path / "small.bin", tmp_path / "large.bin"
     small.write_bytes(b"s" * 1000)
     large.write_bytes(b"l" * (17 * 1024 * 1024))  # S3 multipart (> 16 MiB), GCS resumable (> 8 MiB)
-    cold = "STANDARD_IA" if url.startswith("s3") else "NEARLINE"
+    cold = {"s3": "STANDARD_IA", "gs": "NEARLINE", "az": "COOL"}[url.split(":")[0]]
     operations = {
         "put bytes": lambda: store.put("k", b"data"),
         "put stream": lambda: store.put("k", io.BytesIO(b"data")),

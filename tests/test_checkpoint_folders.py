@@ -37,11 +37,11 @@ from skygreen.errors import CheckpointError
 from skygreen.runtime.checkpointer import Checkpointer
 
 
-@pytest.fixture(params=["local", "s3", "gs"])
+@pytest.fixture(params=["local", "s3", "gs", "az"])
 def url(request, tmp_path) -> str:
     if request.param == "local":
         return str(tmp_path / "bucket" / "run")
-    bucket = request.getfixturevalue("s3_bucket" if request.param == "s3" else "gcs_bucket")
+    bucket = request.getfixturevalue({"s3": "s3_bucket", "gs": "gcs_bucket", "az": "azure_bucket"}[request.param])
     return f"{request.param}://{bucket}/runs/r1"
 
 

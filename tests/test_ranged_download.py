@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from faultproxy import FaultProxy
-from servers import make_gcs_bucket, make_s3_bucket, point_gcs_at, point_s3_at, unique_bucket
+from servers import make_s3_bucket, point_s3_at, proxied_bucket, unique_bucket
 from skygreen.checkpoint.manifest import SHARED_BLOB, BlobInfo, blob_key
 from skygreen.checkpoint.ranged import (
     DEFAULT_RANGED,
@@ -163,23 +163,14 @@ def test_local_blob_rotten_at_rest_is_refused_after_a_second_try_and_deleted(tmp
     assert caplog.text.count("does not match the manifest (attempt") == SMALL.mismatch_attempts
 
 
-# -- S3 and GCS through the fault proxy -------------------------------------------------------
+# -- S3, GCS and Azure through the fault proxy----------------------------------------------------
 
 
-@pytest.fixture(params=["s3", "gs"])
+@pytest.fixture(params=["s3", "gs", "az"])
 def proxied(request, monkeypatch):
     """A store on a fresh bucket behind a fault proxy, holding one blob; yields (store, proxy, data)."""
-    cloud = request.param
-    server = request.getfixturevalue("moto_server" if cloud == "s3" else "gcs_server")
-    proxy = FaultProxy(server.url, flavour="gcs" if cloud == "gs" else "s3").start()
-    bucket = unique_bucket()
-    if cloud == "s3":
-        point_s3_at(monkeypatch, proxy.url)
-        make_s3_bucket(bucket)
-    else:
-        point_gcs_at(monkeypatch, proxy.url)
-        make_gcs_bucket(bucket)
-    store = open_store(f"{cloud}://{bucket}/runs/r1", retry=FAST_RETRY)
+    bucket_url, proxy = proxied_bucket(request, monkeypatch, request.param)
+    store = open_store(f"{bucket_url}/runs/r1", retry=FAST_RETRY)
     data = blob_bytes(4)
     store.put("ckpt/big.bin", data)
     yield store, proxy, data
@@ -195,7 +186,7 @@ def test_big_blob_comes_down_in_ranged_parts_with_equal_bytes(proxied, tmp_path)
     assert set(proxy.ranged_requests()) == set(proxy.ranged_requests("200")) | set(proxy.ranged_requests("206"))
 
 
-@pytest.mark.parametrize("proxied", ["s3", "gs"], indirect=True)
+@pytest.mark.parametrize("proxied", ["s3", "gs", "az"], indirect=True)
 def test_streams_are_added_while_a_paced_link_gives_each_its_share(proxied, tmp_path):
     # Each reply paced at 4 MB/s, as a cloud front end serves one stream: every doubling of the
     # streams doubles the throughput, so the download grows from 2 streams to all 8.

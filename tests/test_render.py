@@ -279,7 +279,11 @@ def test_setup_installs_the_runtime_then_runs_the_users_setup_quoted():
     assert f"skygreen_pip {requirements}\n" in released["setup"]
     # A fresh image installs the bucket's client before the rest, so that the prefetch can start.
     assert "skygreen_pip 'boto3>=1.28'\n    skygreen_prefetch\n" in released["setup"]
-    for bucket, first in (("gs://b/runs", "skygreen_pip 'google-cloud-storage>=2.14'"), ("/tmp/b", ":  # a local")):
+    for bucket, first in (
+        ("gs://b/runs", "skygreen_pip 'google-cloud-storage>=2.14'"),
+        ("az://acct/ckpts/runs", "skygreen_pip 'azure-storage-blob>=12.19' 'azure-identity>=1.15'"),
+        ("/tmp/b", ":  # a local"),
+    ):
         settings = RuntimeSettings.from_spec(spec.green, run_id="demo-20260101-000000-abcd", bucket=bucket)
         other = render_task(spec, plan, settings=settings, task_dir=WORKDIR)["setup"]
         assert other.index(first) < other.index("    skygreen_prefetch\n") and "skygreen_pip 'boto3" not in other
@@ -294,8 +298,18 @@ def test_setup_installs_the_runtime_then_runs_the_users_setup_quoted():
 
 def test_the_vm_installs_the_runtime_extra_without_the_laptop_side():
     names = {re.split(r"[<>=!~\[]", r, maxsplit=1)[0].lower() for r in container_requirements()}
-    assert {"torch", "numpy", "boto3", "google-cloud-storage", "nvidia-ml-py", "pyyaml"} <= names
+    assert {"torch", "numpy", "boto3", "google-cloud-storage", "azure-storage-blob", "nvidia-ml-py", "pyyaml"} <= names
     assert not names & set(LAPTOP_ONLY)
+
+
+def test_an_azure_bucket_installs_the_azure_extra_on_the_vm():
+    """What setup installs for an az:// bucket's managed identity is the `azure` extra's pin."""
+    from importlib.metadata import requires
+
+    from skygreen.launch.render import AZURE_IDENTITY
+
+    azure_extra = [r.split(";")[0].strip() for r in requires("skygreen") or [] if 'extra == "azure"' in r]
+    assert azure_extra == [AZURE_IDENTITY]
 
 
 def test_requirement_lines_are_read_as_pip_reads_them():

@@ -38,7 +38,7 @@ CORE = (
 def test_core_modules_import_no_outside_library():
     """The pure core and the laptop-side composition import no outside library at module level."""
     loaded = modules_after("import " + ", ".join(f"skygreen.{m}" for m in CORE))
-    assert not loaded & {"sky", "torch", "boto3", "botocore", "google", "pynvml", "numpy"}
+    assert not loaded & {"sky", "torch", "boto3", "botocore", "google", "azure", "pynvml", "numpy"}
 
 
 def test_help_lists_the_commands():
@@ -103,6 +103,11 @@ ADAPTERS = {
     # adapter: the skygreen modules it may import (the seam it implements, errors, small helpers)
     "skygreen.checkpoint.s3_store": {"skygreen.checkpoint.store", "skygreen.checkpoint.cloud_store", "skygreen.errors"},
     "skygreen.checkpoint.gcs_store": {
+        "skygreen.checkpoint.store",
+        "skygreen.checkpoint.cloud_store",
+        "skygreen.errors",
+    },
+    "skygreen.checkpoint.azure_store": {
         "skygreen.checkpoint.store",
         "skygreen.checkpoint.cloud_store",
         "skygreen.errors",

@@ -1,5 +1,5 @@
-"""S3 and GCS stores against real test servers (moto_server, gcp-storage-emulator),
-with faults injected by a loopback proxy: 500s, throttling, dropped connections."""
+"""S3, GCS and Azure stores against real test servers (moto_server, gcp-storage-emulator,
+Azurite), with faults injected by a loopback proxy: 500s, throttling, dropped connections."""
 
 from __future__ import annotations
 
@@ -9,16 +9,23 @@ import os
 import pytest
 
 from faultproxy import FaultProxy
-from servers import moto_process, point_gcs_at, point_s3_at
+from servers import AZURITE_ACCOUNT, moto_process, point_azure_at, point_gcs_at, point_s3_at
 from skygreen.checkpoint.store import RetryPolicy
 from skygreen.checkpoint.store_factory import open_store
-from skygreen.errors import KeyNotFoundError, StoreError, TransientStoreError
+from skygreen.errors import KeyNotFoundError, NoCredentialsError, StoreError, TransientStoreError
 
 FAST_RETRY = RetryPolicy(max_attempts=6, base_delay_s=0.01, max_delay_s=0.05)
 MIB = 1024 * 1024
 
 
-@pytest.fixture(params=["s3", "gs"])
+BUCKETS = {"s3": "s3_bucket", "gs": "gcs_bucket", "az": "azure_bucket"}
+SERVERS = {"s3": "moto_server", "gs": "gcs_server", "az": "azurite_server"}
+POINT_AT = {"s3": point_s3_at, "gs": point_gcs_at, "az": point_azure_at}
+FLAVOURS = {"s3": "s3", "gs": "gcs", "az": "azure"}
+COLD = {"s3": "GLACIER", "gs": "ARCHIVE", "az": "ARCHIVE"}
+
+
+@pytest.fixture(params=["s3", "gs", "az"])
 def cloud(request) -> str:
     """Which cloud a parametrised test runs against."""
     return request.param
@@ -26,19 +33,16 @@ def cloud(request) -> str:
 
 @pytest.fixture
 def bucket_url(cloud, request) -> str:
-    bucket = request.getfixturevalue("s3_bucket" if cloud == "s3" else "gcs_bucket")
+    bucket = request.getfixturevalue(BUCKETS[cloud])
     return f"{cloud}://{bucket}/runs/r1"
 
 
 @pytest.fixture
 def proxy(cloud, bucket_url, monkeypatch, request):
     """A fault proxy in front of the cloud's test server; the client env points at it."""
-    server = request.getfixturevalue("moto_server" if cloud == "s3" else "gcs_server")
-    fault_proxy = FaultProxy(server.url, flavour="gcs" if cloud == "gs" else "s3").start()
-    if cloud == "s3":
-        point_s3_at(monkeypatch, fault_proxy.url)
-    else:
-        point_gcs_at(monkeypatch, fault_proxy.url)
+    server = request.getfixturevalue(SERVERS[cloud])
+    fault_proxy = FaultProxy(server.url, flavour=FLAVOURS[cloud]).start()
+    POINT_AT[cloud](monkeypatch, fault_proxy.url)
     yield fault_proxy
     fault_proxy.stop()
 
@@ -87,14 +91,14 @@ def test_large_objects_stream_in_parts_and_come_back_identical(bucket_url, tmp_p
 
 @pytest.mark.parametrize("via", ["bytes", "path"])
 def test_no_such_bucket_fails_fast_naming_the_bucket_and_the_fix(cloud, bucket_url, tmp_path, via):
-    missing = f"{cloud}://sg-missing-bucket-7d1/runs"
+    name = f"{AZURITE_ACCOUNT}/sg-missing-bucket-7d1" if cloud == "az" else "sg-missing-bucket-7d1"
     source = tmp_path / "blob"
     source.write_bytes(b"1")
     with pytest.raises(StoreError) as info:
-        store = open_store(missing)
+        store = open_store(f"{cloud}://{name}/runs")
         store.put("x", b"1") if via == "bytes" else store.put_file("x", source)
     assert not isinstance(info.value, TransientStoreError)
-    assert "'sg-missing-bucket-7d1' does not exist" in str(info.value)
+    assert f"{name!r} does not exist" in str(info.value)
     assert "fix:" in str(info.value)
 
 
@@ -113,6 +117,43 @@ def test_access_denied_from_a_server_that_checks_keys(tmp_path, monkeypatch):
     message = str(info.value)
     assert not isinstance(info.value, TransientStoreError)
     assert "access to bucket 'sg-locked' denied" in message and "fix:" in message
+
+
+def test_azure_access_denied_for_a_wrong_account_key(azure_bucket, azurite_server, monkeypatch):
+    """Azurite checks the shared-key signature: a wrong key is refused at once, and we say
+    which variables hold the key."""
+    point_azure_at(monkeypatch, azurite_server.url, key="d3Jvbmcga2V5IGZvciB0ZXN0cw==")
+    with pytest.raises(StoreError) as info:
+        open_store(f"az://{azure_bucket}/runs", retry=FAST_RETRY).put("x", b"1")
+    message = str(info.value)
+    assert not isinstance(info.value, TransientStoreError)
+    assert f"access to bucket {azure_bucket!r} denied" in message and "AZURE_STORAGE_CONNECTION_STRING" in message
+
+
+def test_azure_https_url_and_az_url_open_the_same_container(azure_bucket, tmp_path):
+    account, container = azure_bucket.split("/")
+    open_store(f"az://{azure_bucket}/runs/r1").put("a.pt", b"abc")
+    same = open_store(f"https://{account}.blob.core.windows.net/{container}/runs/r1/")
+    assert same.get("a.pt") == b"abc"
+
+
+def test_azure_without_credentials_says_what_to_set(monkeypatch):
+    from skygreen.checkpoint import azure_store
+
+    for name in azure_store.CREDENTIAL_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    try:
+        import azure.identity  # noqa: F401
+    except ModuleNotFoundError:
+        with pytest.raises(NoCredentialsError, match=r"no Azure credentials[\s\S]*AZURE_STORAGE_CONNECTION_STRING"):
+            open_store("az://acct/ckpts/runs")
+    else:
+        pytest.skip("azure-identity is installed: DefaultAzureCredential is the fallback")
+
+
+def test_azure_connection_string_for_another_account_is_refused(azure_bucket):
+    with pytest.raises(StoreError, match=r"is for the storage account 'devstoreaccount1', not 'otheracct'"):
+        open_store("az://otheracct/ckpts/runs")
 
 
 @pytest.mark.parametrize("via", ["bytes", "path"])
@@ -166,11 +207,10 @@ def test_a_server_that_keeps_failing_gives_a_clear_transient_error(proxy, bucket
 def test_storage_class_moves(cloud, bucket_url, proxy):
     store = open_store(bucket_url, retry=FAST_RETRY)
     store.put("ckpt/000000000001/shared.pt", b"old weights")
-    assert store.storage_class("ckpt/000000000001/shared.pt") == "STANDARD"
-    cold = "GLACIER" if cloud == "s3" else "ARCHIVE"
-    store.set_storage_class("ckpt/000000000001/shared.pt", cold)
-    if cloud == "s3":
-        assert store.storage_class("ckpt/000000000001/shared.pt") == "GLACIER"
+    assert store.storage_class("ckpt/000000000001/shared.pt") == ("HOT" if cloud == "az" else "STANDARD")
+    store.set_storage_class("ckpt/000000000001/shared.pt", COLD[cloud])
+    if cloud in ("s3", "az"):
+        assert store.storage_class("ckpt/000000000001/shared.pt") == COLD[cloud]
     else:
         # The emulator rewrites the object but keeps its class; check what the client asked for.
         assert any(b'"storageClass": "ARCHIVE"' in body for _, path, body in proxy.bodies if "rewriteTo" in path)

@@ -162,10 +162,10 @@ def test_a_url_that_lost_part_of_its_scheme_is_refused_not_read_as_a_folder(look
 
 def test_unknown_scheme_names_the_supported_ones():
     with pytest.raises(InputError) as info:
-        open_store("az://container/runs")
+        open_store("wasb://container/runs")
     message = str(info.value)
-    assert "'az://'" in message
-    for scheme in ("s3://", "gs://", "file://", "local path"):
+    assert "'wasb://'" in message
+    for scheme in ("s3://", "gs://", "az://", "file://", "local path"):
         assert scheme in message
 
 
@@ -203,3 +203,19 @@ def test_retry_lines_print_only_when_asked_for(mode):
     else:
         assert [line.split(";")[0] for line in lines] == ["put x: 503 SlowDown"] * 3
         assert [line.split("; ")[1].split(" in ")[0] for line in lines] == ["retry 1", "retry 2", "retry 3"]
+
+
+def test_azure_urls_name_the_account_and_the_container():
+    from skygreen.checkpoint.bucket_url import canonical_url
+
+    parsed = parse_url("az://MyAcct/ckpts/runs/a/")
+    assert (parsed.scheme, parsed.bucket, parsed.prefix, parsed.key("x")) == (
+        "az",
+        "myacct/ckpts",
+        "runs/a",
+        "runs/a/x",
+    )
+    assert canonical_url("https://myacct.blob.core.windows.net/ckpts/runs/a") == "az://myacct/ckpts/runs/a"
+    for bad in ("az://myacct", "az://myacct/", "https://example.com/ckpts"):
+        with pytest.raises(SpecError, match=r"checkpoint\.bucket"):
+            parse_url(bad)

@@ -1,7 +1,8 @@
 """Bucket URLs: the one parser, for the task file and for every store opened.
 
-`s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX`, `file:///DIR`, or a plain path (a local directory,
-as the documentation says). A plain path that only reads as a URL that lost part of its `://`
+`s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX`, `az://ACCOUNT/CONTAINER/PREFIX` (or Azure's own
+`https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX`, read as the same), `file:///DIR`, or a
+plain path (a local directory, as the documentation says). A plain path that only reads as a URL that lost part of its `://`
 (`s3//team/ckpt`, `s3:/team`, `gs:team`) is refused, so a typo never trains into a folder
 named `s3`.
 
@@ -16,14 +17,21 @@ from dataclasses import dataclass
 
 from skygreen.errors import SpecError
 
-BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "file")
+BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "az", "file")
 """The schemes a bucket URL may have; a plain local path (no scheme) is a directory too."""
-URL_FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///DIR or a local path (a directory)"
+URL_FORMS = (
+    "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://ACCOUNT/CONTAINER/PREFIX, file:///DIR or a local path (a directory)"
+)
+AZURE_BLOB_HOST_SUFFIX = ".blob.core.windows.net"
+"""Azure's own blob URL, `https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX`, is an `az://` URL."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoreUrl:
-    """A parsed store URL: scheme ("s3", "gs", "file"), bucket (or directory) and key prefix."""
+    """A parsed store URL: scheme ("s3", "gs", "az", "file"), bucket (or directory) and key prefix.
+
+    An Azure bucket is `ACCOUNT/CONTAINER`: a container's name is only unique within its
+    storage account, so the two together name it, as a bucket's name does on S3 or GCS."""
 
     scheme: str
     bucket: str
@@ -53,7 +61,8 @@ def parse_url(url: str, *, field: str = "checkpoint.bucket") -> StoreUrl:
         field: The field path the error names.
 
     Returns:
-        The scheme ("s3", "gs", "file"), the bucket (or directory) and the key prefix.
+        The scheme ("s3", "gs", "az", "file"), the bucket (or directory, or Azure's
+        `ACCOUNT/CONTAINER`) and the key prefix.
 
     Raises:
         SpecError: An empty value, an unknown scheme, a URL without a bucket, or a look-alike;
@@ -67,6 +76,9 @@ def parse_url(url: str, *, field: str = "checkpoint.bucket") -> StoreUrl:
         _refuse_look_alike(url, field)
         return StoreUrl(scheme="file", bucket=url, prefix="")
     scheme = scheme.lower()
+    if scheme == "https" and rest.partition("/")[0].lower().endswith(AZURE_BLOB_HOST_SUFFIX):
+        host, _, path = rest.partition("/")
+        scheme, rest = "az", f"{host[: -len(AZURE_BLOB_HOST_SUFFIX)]}/{path}"
     if scheme not in BUCKET_SCHEMES:
         raise SpecError(field, f"unsupported bucket scheme {scheme + '://'!r}", value=url, allowed=URL_FORMS)
     if not rest.strip("/"):
@@ -74,10 +86,27 @@ def parse_url(url: str, *, field: str = "checkpoint.bucket") -> StoreUrl:
         raise SpecError(field, f"the bucket URL names no {what}", value=url, hint=f"write {form}")
     if scheme == "file":
         return StoreUrl(scheme="file", bucket=rest, prefix="")
+    if scheme == "az":
+        return _azure_url(url, rest, field)
     bucket, _, prefix = rest.partition("/")
     if not bucket:
         raise SpecError(field, "the bucket URL names no bucket", value=url, hint=f"write {scheme}://BUCKET/PREFIX")
     return StoreUrl(scheme=scheme, bucket=bucket, prefix=prefix.strip("/"))
+
+
+def _azure_url(url: str, rest: str, field: str) -> StoreUrl:
+    """`ACCOUNT/CONTAINER/PREFIX` -> bucket `account/container`; both parts are required, and
+    the account is lower case as Azure's host names are."""
+    account, _, after = rest.strip("/").partition("/")
+    container, _, prefix = after.partition("/")
+    if not account or not container:
+        raise SpecError(
+            field,
+            "an Azure bucket URL names the storage account and the container",
+            value=url,
+            hint="write az://ACCOUNT/CONTAINER/PREFIX",
+        )
+    return StoreUrl(scheme="az", bucket=f"{account.lower()}/{container}", prefix=prefix.strip("/"))
 
 
 def _refuse_look_alike(path: str, field: str) -> None:

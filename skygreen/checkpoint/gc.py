@@ -16,8 +16,12 @@ from skygreen.checkpoint.store import OpenStore, Store, join_url, parse_url
 from skygreen.errors import InputError
 from skygreen.fields import read_duration_s
 
-COLD_CLASSES = {"s3": ("GLACIER", "DEEP_ARCHIVE", "GLACIER_IR"), "gs": ("ARCHIVE", "COLDLINE", "NEARLINE")}
-DEFAULT_COLD_CLASS = {"s3": "GLACIER", "gs": "ARCHIVE"}
+COLD_CLASSES = {
+    "s3": ("GLACIER", "DEEP_ARCHIVE", "GLACIER_IR"),
+    "gs": ("ARCHIVE", "COLDLINE", "NEARLINE"),
+    "az": ("ARCHIVE", "COLD", "COOL"),
+}
+DEFAULT_COLD_CLASS = {"s3": "GLACIER", "gs": "ARCHIVE", "az": "ARCHIVE"}
 
 
 def protected_steps(manifests: Sequence[Manifest], *, latest_step: int | None) -> set[int]:

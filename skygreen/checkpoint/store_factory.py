@@ -1,4 +1,4 @@
-"""The store factory: opens the adapter for a checkpoint URL by its scheme (s3://, gs://, a local path).
+"""The store factory: opens the adapter for a checkpoint URL by its scheme (s3://, gs://, az://, a local path).
 
 `skygreen.checkpoint.store` is the seam (the `Store` protocol, bucket URLs, retries) and imports
 no adapter; this module is the one place that does. A composition helper, not core: only the
@@ -31,6 +31,10 @@ def open_store(url: str, *, retry: RetryPolicy | None = None) -> Store:
             from skygreen.checkpoint.s3_store import S3Store
 
             return S3Store(parsed, retry=policy)
+        if parsed.scheme == "az":
+            from skygreen.checkpoint.azure_store import AzureStore
+
+            return AzureStore(parsed, retry=policy)
         from skygreen.checkpoint.gcs_store import GcsStore
 
         return GcsStore(parsed, retry=policy)

@@ -108,6 +108,7 @@ def unreachable_line(bucket: str, error: str) -> str:
     endpoint = {
         "s3": " and the S3 endpoint (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, if set)",
         "gs": " and STORAGE_EMULATOR_HOST (if set)",
+        "az": " and the BlobEndpoint of AZURE_STORAGE_CONNECTION_STRING (if set)",
     }.get(scheme, "")
     return f"checkpoint bucket {bucket} is unreachable: {error}; fix: check the network{endpoint}, then run the command again"
 

@@ -332,21 +332,27 @@ def _setup(spec: TaskSpec, settings: RuntimeSettings, install: RuntimeInstall) -
     )
 
 
-STORE_CLIENTS: dict[str, str] = {"s3": "boto3", "gs": "google-cloud-storage"}
+STORE_CLIENTS: dict[str, str] = {"s3": "boto3", "gs": "google-cloud-storage", "az": "azure-storage-blob"}
 """The client library each bucket scheme's store imports: on a fresh image setup installs it right
 after skygreen, so the checkpoint prefetch can start before the other runtime requirements."""
+AZURE_IDENTITY = "azure-identity>=1.15"
+"""Installed beside azure-storage-blob for an az:// bucket, so a VM with a managed identity needs
+no key (the `azure` extra in pyproject.toml; a test holds the two equal). Keys travel as the
+task's declared `secrets` (AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY), never in the YAML."""
 
 
 def _store_install(bucket: str, wanted: Sequence[str]) -> str:
     """The setup lines that install the bucket's client library (as the runtime requirements pin
     it), or a no-op for a local bucket."""
-    client = STORE_CLIENTS.get(parse_url(bucket).scheme)
+    scheme = parse_url(bucket).scheme
+    client = STORE_CLIENTS.get(scheme)
     pinned = [r for r in wanted if client and canonicalize_name(Requirement(r).name) == client]
     if not pinned:
         return ":  # a local bucket needs no client library"
+    packages = [pinned[0], AZURE_IDENTITY] if scheme == "az" else [pinned[0]]
     return (
         f'skygreen_say "installing {client} for the bucket before the rest, so the prefetch can start"\n'
-        f"    skygreen_pip {shlex.quote(pinned[0])}"
+        f"    skygreen_pip {' '.join(shlex.quote(p) for p in packages)}"
     )
 
 

@@ -234,10 +234,10 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
                 "  fix: set skygreen.checkpoint.bucket: s3://BUCKET/PREFIX (or gs://...), or run here with --local"
             )
         return str(default_local_bucket(environ))
-    if not local and not bucket.startswith(("s3://", "gs://")):
+    if not local and not bucket.startswith(("s3://", "gs://", "az://")):
         raise InputError(
             f"skygreen.checkpoint.bucket: {bucket!r} is a path on this machine, which cloud VMs cannot reach\n"
-            "  fix: use s3://BUCKET/PREFIX or gs://BUCKET/PREFIX, or run here with --local"
+            "  fix: use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://ACCOUNT/CONTAINER/PREFIX, or run here with --local"
         )
     if bucket.startswith("file://"):
         return str(Path(bucket[len("file://") :]).expanduser())
