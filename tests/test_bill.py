@@ -126,11 +126,14 @@ def test_the_bucket_is_where_it_says_where_the_task_says_or_the_clouds_default()
     assert bucket_cloud("az://acct/ckpt") == "azure"
     assert bucket_cloud("https://acct.blob.core.windows.net/ckpt/run") == "azure"
     assert bucket_cloud("/tmp/ckpt") is None and bucket_place("file:///tmp/x") is None
-    read = bucket_place("s3://b", read_region="")  # GetBucketLocation answers nothing for us-east-1
+    read = bucket_place("s3://b", read_region="")
+    assert read is not None  # GetBucketLocation answers nothing for us-east-1
     assert (read.place, read.how) == (US_EAST, "read")
     stated = bucket_place("gs://b", stated_region="europe-west4")
+    assert stated is not None
     assert (stated.place.region, stated.how, stated.note) == ("europe-west4", "stated", "")
     assumed = bucket_place("az://acct/ckpt")
+    assert assumed is not None
     assert (assumed.place, assumed.how) == (Place(cloud="azure", region="eastus"), "assumed")
     assert "assumed eastus" in assumed.note and "skygreen.checkpoint.region" in assumed.note
 

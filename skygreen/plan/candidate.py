@@ -55,9 +55,9 @@ class Candidate:
     """Per preemption: provisioning, setup and the checkpoint's restore."""
     checkpoint_save_s: float = DEFAULT_CHECKPOINT_COST_S
     """The blocking part of one checkpoint save."""
-    cost_usd: Mapping[str, float] | None = None
+    cost_usd: Mapping[str, float] = field(default_factory=dict)
     """The whole bill by kind: compute, transfer, storage, requests and their total, which
-    `est_cost_usd` equals (`skygreen.bill`). None when made: compute alone, `est_cost_usd`."""
+    `est_cost_usd` equals (`skygreen.bill`). Left empty when made: compute alone, `est_cost_usd`."""
     bytes_moved_gb: float = 0.0
     """GB the run's checkpoints move between the VM and the bucket (saves and restores)."""
     checkpoint_save_usd: float = 0.0
@@ -72,7 +72,7 @@ class Candidate:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-        if self.cost_usd is None:
+        if not self.cost_usd:
             compute_only = {"compute": self.est_cost_usd, "transfer": 0.0, "storage": 0.0, "requests": 0.0}
             object.__setattr__(self, "cost_usd", {**compute_only, "total": self.est_cost_usd})
         elif set(self.cost_usd) != set(COST_KINDS):
@@ -83,7 +83,7 @@ class Candidate:
     @property
     def compute_usd(self) -> float:
         """The compute part of the bill."""
-        return self.cost_usd["compute"] if self.cost_usd else self.est_cost_usd
+        return self.cost_usd["compute"]
 
     @property
     def data_usd(self) -> float:
@@ -100,7 +100,7 @@ class Candidate:
     def to_json(self) -> dict:
         """Every field under its own name, values as they are (all plain JSON values); no `label`."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["cost_usd"] = dict(self.cost_usd or {})
+        out["cost_usd"] = dict(self.cost_usd)
         return out
 
 
@@ -110,7 +110,7 @@ COST_KINDS: tuple[str, ...] = ("compute", "transfer", "storage", "requests", "to
 def with_compute(c: Candidate, compute_usd: float, **changes: object) -> Candidate:
     """The candidate with its compute repriced (a deadline's on-demand fallback) and `changes`;
     its data bill stays, and `est_cost_usd` stays the total."""
-    bill = dict(c.cost_usd or {})
+    bill = dict(c.cost_usd)
     data = c.data_usd
     bill.update(compute=compute_usd, total=compute_usd + data)
     return replace(c, est_cost_usd=compute_usd + data, cost_usd=bill, **changes)  # type: ignore[arg-type]
