@@ -284,3 +284,31 @@ def test_an_unknown_bucket_region_is_assumed_and_said_and_no_model_prices_no_byt
     plan = make_plan(bare, catalog)
     assert any("checkpoint's size is unknown" in n for n in plan.notices)
     assert all(c.cost_usd["compute"] == c.est_cost_usd and c.bytes_moved_gb == 0 for c in plan.candidates)
+
+
+# ---------------------------------------------------------------- the bucket's own answer
+
+
+def test_an_s3_bucket_reports_its_region_and_the_plan_reads_it(s3_bucket, tmp_path):
+    import boto3
+
+    from skygreen.checkpoint.bucket_region import read_bucket_region
+
+    assert read_bucket_region(f"s3://{s3_bucket}/llama") == ""  # created without a constraint: us-east-1
+    west = s3_bucket + "-w"
+    boto3.client("s3").create_bucket(Bucket=west, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    assert read_bucket_region(f"s3://{west}/llama") == "us-west-2"
+    assert read_bucket_region(f"s3://{west}/llama", env={}) is None  # no credentials: not asked
+    assert read_bucket_region(f"s3://{s3_bucket}-missing/x") is None
+    place = bucket_place(f"s3://{west}", read_region=read_bucket_region(f"s3://{west}"))
+    assert place is not None and (place.place.region, place.how) == ("us-west-2", "read")
+    with pytest.raises(SpecError, match="but the bucket reports us-west-2"):
+        bucket_place(f"s3://{west}", stated_region="us-east-1", read_region="us-west-2")
+
+
+def test_a_gcs_bucket_reports_its_location(gcs_bucket):
+    from skygreen.checkpoint.bucket_region import read_bucket_region
+
+    location = read_bucket_region(f"gs://{gcs_bucket}/llama")
+    assert location is not None and location.strip()
+    assert read_bucket_region(f"gs://{gcs_bucket}-missing/x") is None
