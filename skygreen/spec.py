@@ -333,10 +333,14 @@ def _check_trainer(values: dict[str, Any], path: str) -> None:
 
 def _parse_checkpoint(raw: Any, path: str) -> CheckpointSpec:
     raw = read_mapping(raw, path)
-    check_keys(raw, ("bucket", "every", "keep", "half_precision", "dir", "marker", "quiet_s"), path)
+    check_keys(raw, ("bucket", "region", "every", "keep", "half_precision", "dir", "marker", "quiet_s"), path)
     values: dict[str, Any] = {}
     if raw.get("bucket") is not None:
         values["bucket"] = _parse_bucket(raw["bucket"], f"{path}.bucket")
+    if raw.get("region") is not None:
+        from skygreen.bill.bucket import check_region
+
+        values["region"] = check_region(values.get("bucket"), read_str(raw["region"], f"{path}.region"))
     if raw.get("every") is not None:
         values["every_steps"], values["every_s"] = _parse_every(raw["every"], f"{path}.every")
     if raw.get("keep") is not None:

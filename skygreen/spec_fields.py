@@ -511,6 +511,14 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="Where the run's checkpoints, ledger and prepared data live. Use a cloud bucket for a cloud run.",
     ),
     TaskField(
+        path="skygreen.checkpoint.region",
+        type="string",
+        allowed="a region of the bucket's cloud, e.g. us-east-1, us-central1, eastus",
+        default="read from the bucket when credentials allow, else the cloud's default region",
+        doc="Where the cloud bucket is, for pricing the bytes each save and restore moves. A region that "
+        "contradicts the bucket (another cloud's, or not the one the bucket reports) is an error.",
+    ),
+    TaskField(
         path="skygreen.checkpoint.every",
         type="auto, integer or duration",
         allowed=f"auto | a number of steps | a duration ({_UNITS}), e.g. 500, 90s, 5m",

@@ -99,6 +99,8 @@ class CheckpointSpec:
 
     bucket: str | None = None
     """s3://, gs://, file:// or a local path; None means the local default bucket."""
+    region: str | None = None
+    """The cloud bucket's region as the task states it; None: read from the bucket, else assumed."""
     every_steps: int | None = None
     every_s: float | None = None
     """With neither set, the interval is `auto` (Daly's optimum from the measured save cost)."""

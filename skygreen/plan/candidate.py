@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from skygreen.plan.catalog import CLOUDS
 from skygreen.plan.cost import DEFAULT_CHECKPOINT_COST_S, DEFAULT_RESTART_S
@@ -55,6 +55,13 @@ class Candidate:
     """Per preemption: provisioning, setup and the checkpoint's restore."""
     checkpoint_save_s: float = DEFAULT_CHECKPOINT_COST_S
     """The blocking part of one checkpoint save."""
+    cost_usd: Mapping[str, float] = field(default_factory=dict)
+    """The whole bill by kind: compute, transfer, storage, requests and their total, which
+    `est_cost_usd` equals (`skygreen.bill`). Left empty when made: compute alone, `est_cost_usd`."""
+    bytes_moved_gb: float = 0.0
+    """GB the run's checkpoints move between the VM and the bucket (saves and restores)."""
+    checkpoint_save_usd: float = 0.0
+    """What one save costs in transfer and requests."""
 
     def __post_init__(self) -> None:
         if self.cloud not in CLOUDS:
@@ -65,6 +72,23 @@ class Candidate:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if not self.cost_usd:
+            compute_only = {"compute": self.est_cost_usd, "transfer": 0.0, "storage": 0.0, "requests": 0.0}
+            object.__setattr__(self, "cost_usd", {**compute_only, "total": self.est_cost_usd})
+        elif set(self.cost_usd) != set(COST_KINDS):
+            raise ValueError(f"cost_usd must have exactly {', '.join(COST_KINDS)}, got {sorted(self.cost_usd)}")
+        elif not math.isclose(self.cost_usd["total"], self.est_cost_usd, rel_tol=1e-9, abs_tol=1e-9):
+            raise ValueError(f"est_cost_usd {self.est_cost_usd} must equal cost_usd total {self.cost_usd['total']}")
+
+    @property
+    def compute_usd(self) -> float:
+        """The compute part of the bill."""
+        return self.cost_usd["compute"]
+
+    @property
+    def data_usd(self) -> float:
+        """Transfer, storage and requests together: what the bucket costs the run."""
+        return self.est_cost_usd - self.compute_usd
 
     @property
     def label(self) -> str:
@@ -75,7 +99,21 @@ class Candidate:
 
     def to_json(self) -> dict:
         """Every field under its own name, values as they are (all plain JSON values); no `label`."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["cost_usd"] = dict(self.cost_usd)
+        return out
+
+
+COST_KINDS: tuple[str, ...] = ("compute", "transfer", "storage", "requests", "total")
+
+
+def with_compute(c: Candidate, compute_usd: float, **changes: object) -> Candidate:
+    """The candidate with its compute repriced (a deadline's on-demand fallback) and `changes`;
+    its data bill stays, and `est_cost_usd` stays the total."""
+    bill = dict(c.cost_usd)
+    data = c.data_usd
+    bill.update(compute=compute_usd, total=compute_usd + data)
+    return replace(c, est_cost_usd=compute_usd + data, cost_usd=bill, **changes)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

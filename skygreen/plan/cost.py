@@ -48,6 +48,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from skygreen.bill.interval import dollar_optimal_interval_s
+from skygreen.bill.rates import Place
 from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR, optimal_interval_s
 from skygreen.gpus import GPUS
 from skygreen.power.model import planned_energy_ratio
@@ -75,6 +77,9 @@ HOST_COPY_GB_PER_S = 1.5
 """Per GPU, the blocking copy of a checkpoint shard to host memory (an assumption, in line with
 DCP async_save's 6.3 s for a 7B model spread over 8 GPUs)."""
 """A fixed interval (`every: 5s`) caps the assumed blocking save at this fraction of it."""
+DOLLAR_LOSS_CAP = 0.5
+"""The dollar-optimal interval is held where preemptions cost at most this fraction of the
+run's time: past it the first-order model the optimum rests on (Young, Daly) no longer holds."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,6 +109,13 @@ class RunModel:
     measured_changeover_s: Mapping[str, float] = field(default_factory=dict)
     """Changeovers measured by earlier runs of the task, "cloud/GPU" or "cloud" -> seconds; where
     one is known it replaces `restart_s` (and the restore) with `PROVISION_S` plus it."""
+    bucket: Place | None = None
+    """Where the checkpoint bucket is; None: a local bucket (no transfer, storage or requests)."""
+    keep: int = 3
+    """Checkpoints the bucket keeps (`checkpoint.keep`), for storage."""
+    trainable_fraction: float = 1.0
+    """The fraction of the checkpoint a save writes: 1.0 for a full fine-tune; less where only
+    the trainable state is saved (adapters)."""
 
     def __post_init__(self) -> None:
         if not (self.work_gpu_hours > 0 and math.isfinite(self.work_gpu_hours)):
@@ -204,9 +216,37 @@ def compute_hours(model: RunModel, gpu: str, gpus_per_node: int) -> float:
     return reference_hours / (model.relative_speed(gpu) * total * scaling_efficiency(total))
 
 
-def estimate(model: RunModel, *, cloud: str, gpu: str, gpus_per_node: int, spot: bool) -> Estimate | None:
+def _auto_interval_s(
+    save_cost_s: float, rate_per_hour: float, restart_s: float, save_usd: float, run_price_usd_per_hour: float | None
+) -> float:
+    """Daly's optimum, or with a save's dollars the dollar-optimal interval, held where preemptions
+    cost at most `DOLLAR_LOSS_CAP` of the time."""
+    mtbf_s = 3600.0 / rate_per_hour
+    if save_usd <= 0 or not run_price_usd_per_hour:
+        return optimal_interval_s(save_cost_s, mtbf_s)
+    interval_s = dollar_optimal_interval_s(
+        stall_s=save_cost_s, save_usd=save_usd, price_usd_per_hour=run_price_usd_per_hour, mtbf_s=mtbf_s
+    )
+    cap_s = 2.0 * (DOLLAR_LOSS_CAP * mtbf_s - restart_s)
+    return max(min(interval_s, cap_s), optimal_interval_s(save_cost_s, mtbf_s))
+
+
+def estimate(
+    model: RunModel,
+    *,
+    cloud: str,
+    gpu: str,
+    gpus_per_node: int,
+    spot: bool,
+    save_usd: float = 0.0,
+    run_price_usd_per_hour: float | None = None,
+) -> Estimate | None:
     """The run's expected wall hours and energy on an offer, or None when preemptions would
-    stop it from making progress."""
+    stop it from making progress.
+
+    With `save_usd` (what a save's bytes and requests cost) and the price per hour of all nodes,
+    `every: auto` takes the dollar-optimal interval (`skygreen.bill.interval`), held where
+    preemptions cost at most `DOLLAR_LOSS_CAP` of the time; without, Daly's optimum."""
     compute_h = compute_hours(model, gpu, gpus_per_node)
     rate = model.preemption_rate_per_hour.get(cloud, PREEMPTION_RATE_PER_HOUR.get(cloud, 0.0))
     rate_per_hour = rate * model.num_nodes if spot else 0.0
@@ -218,7 +258,10 @@ def estimate(model: RunModel, *, cloud: str, gpu: str, gpus_per_node: int, spot:
         # A zero save cost would make any interval free; one second stands in for it. A save
         # waits for the previous upload, so the interval is never shorter than one upload.
         interval_s = (
-            max(optimal_interval_s(max(save_cost_s, 1.0), 3600.0 / rate_per_hour), ckpt.upload_s)
+            max(
+                _auto_interval_s(max(save_cost_s, 1.0), rate_per_hour, restart_s, save_usd, run_price_usd_per_hour),
+                ckpt.upload_s,
+            )
             if rate_per_hour > 0
             else math.inf
         )

@@ -33,8 +33,9 @@ def money(value_usd: float) -> str:
 
 
 def _metric_text(c: Candidate, objective: str) -> str:
+    split = f" (compute {money(c.compute_usd)} + data {money(c.data_usd)})" if c.data_usd > 0 else ""
     return {
-        "cost": f"{money(c.est_cost_usd)} in {duration_h(c.est_hours)}",
+        "cost": f"{money(c.est_cost_usd)}{split} in {duration_h(c.est_hours)}",
         "time": f"{duration_h(c.est_hours)} for {money(c.est_cost_usd)}",
         "energy": f"{amount(c.energy_kwh)} kWh for {money(c.est_cost_usd)}",
         "carbon": f"{amount(c.co2e_kg)} kg CO2e for {money(c.est_cost_usd)}",
@@ -154,26 +155,54 @@ def assumptions(
         interval = f"every {model.checkpoint_interval_s:g} s"
     elif green.checkpoint.every_steps is not None:
         interval = f"every {green.checkpoint.every_steps} steps (estimated as Daly's optimum: step time unknown)"
+    elif model.bucket is not None and model.checkpoint_gb is not None:
+        interval = (
+            "auto (the least expected total cost: a save's stall and dollars against the work a preemption loses)"
+        )
     else:
         interval = "auto (Daly's optimum)"
     measured = ", ".join(f"{gpu} {v:.3g}" for gpu, v in sorted((measured_speed or {}).items()))
     return (
         (
-            f"work: {model.work_gpu_hours:g} GPU-hours on {model.work_on}; relative speeds from skygreen.gpus (the shipped prior)"
-            + (" with the task's overrides" if green.speed else "")
-            + (f"; measured by earlier runs of this task: {measured}" if measured else "; none measured yet")
-        ),
-        (
-            f"spot preemptions per node-hour: {rates}; {_restart_assumption(model)}; "
-            f"checkpoint {interval}, "
-            + (
-                f"{model.checkpoint_cost_s:g} s blocking per save"
-                if model.checkpoint_gb is None
-                else "save and restore times from the checkpoint's size (model line)"
-            )
-        ),
-        (
-            f"energy: TDP x 0.8 x PUE x the power cap's ratio ({_cap_assumption(green)}); "
-            "carbon: grid g CO2e/kWh per region (codecarbon data)"
-        ),
-    ) + ((_model_assumption(model, green, best),) if green.model is not None and best is not None else ())
+            (
+                f"work: {model.work_gpu_hours:g} GPU-hours on {model.work_on}; relative speeds from skygreen.gpus (the shipped prior)"
+                + (" with the task's overrides" if green.speed else "")
+                + (f"; measured by earlier runs of this task: {measured}" if measured else "; none measured yet")
+            ),
+            (
+                f"spot preemptions per node-hour: {rates}; {_restart_assumption(model)}; "
+                f"checkpoint {interval}, "
+                + (
+                    f"{model.checkpoint_cost_s:g} s blocking per save"
+                    if model.checkpoint_gb is None
+                    else "save and restore times from the checkpoint's size (model line)"
+                )
+            ),
+            (
+                f"energy: TDP x 0.8 x PUE x the power cap's ratio ({_cap_assumption(green)}); "
+                "carbon: grid g CO2e/kWh per region (codecarbon data)"
+            ),
+        )
+        + ((_model_assumption(model, green, best),) if green.model is not None and best is not None else ())
+        + ((_data_assumption(model, green, best),) if model.bucket is not None and best is not None else ())
+    )
+
+
+def _data_assumption(model: RunModel, green: GreenSpec, best: Candidate) -> str:
+    """The data bill's line: where the bucket is, what the best offer's saves move and cost."""
+    bucket = model.bucket
+    if bucket is None:
+        return ""
+    where = f"data: bucket {green.checkpoint.bucket} in {bucket.label}"
+    if model.checkpoint_gb is None:
+        return f"{where}; checkpoint size unknown (no skygreen.model): transfer, storage and requests not counted"
+    interval = (
+        f"every {duration_h(best.checkpoint_interval_s / 3600)}"
+        if best.checkpoint_interval_s
+        else "never (no preemptions)"
+    )
+    return (
+        f"{where}; the best offer saves {interval}, {money(best.checkpoint_save_usd)} a save in transfer and requests, "
+        f"{amount(best.bytes_moved_gb)} GB moved in all; rates from skygreen/bill/data (list prices with their sources; "
+        "egress tiers are monthly and account-wide, so an estimate), storage for the kept checkpoints over the run only"
+    )

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from skygreen.bill.bucket import BucketPlace, bucket_place
 from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
 from skygreen.errors import NoOfferError, SpecError, did_you_mean
 from skygreen.plan import carbon
-from skygreen.plan.candidate import Candidate, Plan
+from skygreen.plan.candidate import Candidate, Plan, with_compute
 from skygreen.plan.catalog import CLOUDS, Catalog, Offer
 from skygreen.plan.constraints import Constraints
 from skygreen.plan.cost import (
@@ -24,8 +25,8 @@ from skygreen.plan.cost import (
     DEFAULT_RESTART_S,
     DEFAULT_TRANSFER_GB_PER_S,
     RunModel,
-    estimate,
 )
+from skygreen.plan.data_cost import price_offer
 from skygreen.plan.explain import METRIC, assumptions, explain, money, night_hint
 from skygreen.plan.fit import describe_model, fitted_shape, memory_notice, smallest_fit, task_nodes
 from skygreen.plan.memory import checkpoint_gb
@@ -40,6 +41,7 @@ def run_model(
     measured_transfer_gb_per_s: float | None = None,
     measured_changeover_s: Mapping[str, float] | None = None,
     measured_checkpoint_gb: float | None = None,
+    bucket: BucketPlace | None = None,
 ) -> RunModel:
     """The estimate model for a task: its work, speeds, nodes, preemption and checkpoint settings.
 
@@ -48,6 +50,7 @@ def run_model(
     `model`, the checkpoint's size and the bucket's transfer rate per node (measured, else
     `DEFAULT_TRANSFER_GB_PER_S`) set the save and restore times. Changeovers measured by
     earlier runs ("cloud/GPU" or "cloud" -> seconds) replace the flat restart where known.
+    With the bucket's place (`bucket`) each offer's bill counts the bytes its checkpoints move.
     """
     green = spec.green
     rates = dict(PREEMPTION_RATE_PER_HOUR)
@@ -65,16 +68,23 @@ def run_model(
         power_cap_mode=green.power.mode,
         power_cap_value=green.power.cap_w if green.power.mode == "watts" else green.power.cap_fraction,
         power_eta=DEFAULT_ETA if green.power.eta is None else green.power.eta,
-        checkpoint_gb=measured_checkpoint_gb
-        if measured_checkpoint_gb is not None  # the size earlier runs committed (a LoRA adapter's)
-        else None
-        if green.model is None
-        else checkpoint_gb(green.model, half_precision=green.checkpoint.half_precision),
+        checkpoint_gb=_checkpoint_gb(spec, measured_checkpoint_gb),
         checkpoint_sharded=green.model is not None and green.model.sharding == "fsdp",
         upload_gb_per_s=measured_transfer_gb_per_s or DEFAULT_TRANSFER_GB_PER_S,
         download_gb_per_s=measured_transfer_gb_per_s or DEFAULT_TRANSFER_GB_PER_S,
         measured_changeover_s=dict(measured_changeover_s or {}),
+        bucket=None if bucket is None else bucket.place,
+        keep=green.checkpoint.keep,
     )
+
+
+def _checkpoint_gb(spec: TaskSpec, measured_gb: float | None) -> float | None:
+    """The size earlier runs of the task committed (a LoRA adapter's, say) where known, else the
+    estimate from the model's size; None without either."""
+    if measured_gb is not None:
+        return measured_gb
+    green = spec.green
+    return None if green.model is None else checkpoint_gb(green.model, half_precision=green.checkpoint.half_precision)
 
 
 def candidates_for(catalog: Catalog, constraints: Constraints, model: RunModel) -> list[Candidate]:
@@ -111,9 +121,18 @@ def make_candidate(
     price = offer.price_usd_per_hour(spot)
     if price is None:
         return None
-    est = estimate(model, cloud=offer.cloud, gpu=offer.accelerator, gpus_per_node=offer.accelerator_count, spot=spot)
-    if est is None:
+    priced = price_offer(
+        model,
+        cloud=offer.cloud,
+        region=offer.region,
+        gpu=offer.accelerator,
+        gpus_per_node=offer.accelerator_count,
+        spot=spot,
+        price_usd_per_hour=price,
+    )
+    if priced is None:
         return None
+    est = priced.estimate
     return Candidate(
         cloud=offer.cloud,
         region=offer.region,
@@ -126,7 +145,7 @@ def make_candidate(
         on_demand_price_usd_per_hour=offer.on_demand_price_usd_per_hour,
         spot_price_usd_per_hour=offer.spot_price_usd_per_hour,
         est_hours=est.est_hours,
-        est_cost_usd=price * est.est_hours * model.num_nodes,
+        est_cost_usd=priced.bill.total,
         energy_kwh=est.energy_kwh,
         co2e_kg=carbon.co2e_kg(est.energy_kwh, offer.cloud, offer.region),
         num_nodes=model.num_nodes,
@@ -136,6 +155,9 @@ def make_candidate(
         memory_per_gpu_gb=memory_per_gpu_gb,
         restart_s=est.restart_s,
         checkpoint_save_s=est.checkpoint_save_s,
+        cost_usd=priced.bill.to_json(),
+        bytes_moved_gb=0.0 if priced.traffic is None else priced.traffic.moved_gb,
+        checkpoint_save_usd=priced.save_usd,
     )
 
 
@@ -174,16 +196,22 @@ def make_plan(
     measured_transfer_gb_per_s: float | None = None,
     measured_changeover_s: Mapping[str, float] | None = None,
     measured_checkpoint_gb: float | None = None,
+    bucket_region: str | None = None,
 ) -> Plan:
-    """Rank the catalog's offers for a task; `NoOfferError` says which constraint to relax."""
+    """Rank the catalog's offers for a task; `NoOfferError` says which constraint to relax.
+    `bucket_region` is the region the checkpoint bucket reports, where it could be read."""
     green = spec.green
     check_regions(spec, catalog)
+    bucket = bucket_place(
+        green.checkpoint.bucket, stated_region=green.checkpoint.region, read_region=bucket_region, source=spec.source
+    )
     model = run_model(
         spec,
         measured_speed=measured_speed,
         measured_transfer_gb_per_s=measured_transfer_gb_per_s,
         measured_changeover_s=measured_changeover_s,
         measured_checkpoint_gb=measured_checkpoint_gb,
+        bucket=bucket,
     )
     constraints = Constraints.from_spec(green, num_nodes=task_nodes(spec))
     candidates = candidates_for(catalog, constraints, model)
@@ -197,8 +225,8 @@ def make_plan(
             if isinstance(priced, tuple):
                 dropped[c.label] = priced
                 continue
-            kept.append(replace(c, est_hours=priced.est_hours, est_cost_usd=priced.est_cost_usd,
-                                on_demand_hours=priced.on_demand_hours, deadline_source=priced.source))  # fmt: skip
+            kept.append(with_compute(c, priced.est_cost_usd, est_hours=priced.est_hours,
+                                     on_demand_hours=priced.on_demand_hours, deadline_source=priced.source))  # fmt: skip
         if not kept and dropped:
             raise NoOfferError(deadline.no_offer_message(green.deadline, dropped, source=spec.source))
         traced = [f"{c.cloud} {c.accelerator}" for c in kept if c.deadline_source == "traces"]
@@ -213,10 +241,29 @@ def make_plan(
         reason=explain(ranked, green.objective),
         assumptions=assumptions(model, green, measured_speed=measured_speed, best=ranked[0]) + extra,
         night_hint=night_hint(ranked[0]),
-        notices=(*spec.notices, *work_notice(spec), *memory_notice(catalog, constraints), *catalog.notices),
+        notices=(
+            *spec.notices,
+            *work_notice(spec),
+            *data_notice(spec, bucket),
+            *memory_notice(catalog, constraints),
+            *catalog.notices,
+        ),
         catalog_source=catalog.source,
         offers_considered=len(catalog.offers),
     )
+
+
+def data_notice(spec: TaskSpec, bucket: BucketPlace | None) -> tuple[str, ...]:
+    """What the data bill could not know: an assumed bucket region, or no checkpoint size."""
+    if bucket is None:
+        return ()
+    notes = [bucket.note] if bucket.note else []
+    if spec.green.model is None:
+        notes.append(
+            "no skygreen.model: the checkpoint's size is unknown, so transfer, storage and requests are not "
+            "counted; set model: {params: N} to price the bytes each save moves"
+        )
+    return tuple(notes)
 
 
 def work_notice(spec: TaskSpec) -> tuple[str, ...]:

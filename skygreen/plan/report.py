@@ -12,6 +12,10 @@ first (CO2e, energy, instance type, on-demand price, ...), never the one the pla
 a line says which; when even the essential columns do not fit, each offer is printed as two
 lines of text instead (stacked).
 
+When the checkpoint bucket costs some offer something (transfer, storage, requests:
+`skygreen.bill`), the cost shows as three columns, compute, data and total, the total being
+what the plan ranks by; otherwise as one.
+
 A task with `skygreen.model` gets one more column, the GPU memory each offer needs per GPU
 (`Candidate.memory_per_gpu_gb`): a sharded model needs less on more GPUs, so it differs from
 row to row and says how close an offer is to not holding the model. Tasks without a model
@@ -66,11 +70,15 @@ COLUMNS: tuple[_Column, ...] = (
         key="on_demand", header="on-demand\n$/h", justify="right", cell=lambda c: _price(c.on_demand_price_usd_per_hour)
     ),
     _Column(key="time", header="est.\ntime", justify="right", cell=lambda c: duration_h(c.est_hours)),
+    _Column(key="compute", header="compute\n$", justify="right", cell=lambda c: usd(c.compute_usd)),
+    _Column(key="data", header="data\n$", justify="right", cell=lambda c: usd(c.data_usd)),
     _Column(key="cost", header="est.\ncost $", justify="right", cell=lambda c: usd(c.est_cost_usd)),
     _Column(key="energy", header="energy\nkWh", justify="right", cell=lambda c: amount(c.energy_kwh)),
     _Column(key="co2e", header="CO2e\nkg", justify="right", cell=lambda c: amount(c.co2e_kg)),
 )
-DROP_ORDER: tuple[str, ...] = ("co2e", "energy", "instance", "on_demand", "memory", "time", "spot")
+TOTAL_COLUMN = _Column(key="cost", header="total\n$", justify="right", cell=lambda c: usd(c.est_cost_usd))
+"""The cost column beside compute and data, when the bucket costs the run something."""
+DROP_ORDER: tuple[str, ...] = ("co2e", "energy", "instance", "on_demand", "memory", "time", "spot", "price")
 """Columns left out, in this order, until the table fits; the rest always stay."""
 OBJECTIVE_COLUMN = {"cost": "cost", "time": "time", "energy": "energy", "carbon": "co2e"}
 
@@ -96,7 +104,12 @@ def fitting_columns(
     None when even the essential ones do not fit."""
     keep = OBJECTIVE_COLUMN.get(objective)
     with_memory = any(c.memory_per_gpu_gb is not None for _, c in rows)
-    shown = [c for c in COLUMNS if with_memory or c.key != "memory"]
+    with_data = any(c.data_usd > 0 for _, c in rows)
+    shown = [
+        TOTAL_COLUMN if with_data and c.key == "cost" else c
+        for c in COLUMNS
+        if (with_memory or c.key != "memory") and (with_data or c.key not in ("compute", "data"))
+    ]
     dropped: list[_Column] = []
     for key in (k for k in DROP_ORDER if k != keep and any(c.key == k for c in shown)):
         if _natural_width(shown, rows) <= width:
@@ -141,7 +154,8 @@ def _stacked(title: str, rows: Sequence[tuple[str, Candidate]], writer: PlanWrit
         offer = f"{_gpus(c)} {'spot' if c.spot else 'on-demand'} ${usd_per_hour(c.price_usd_per_hour)}/h"
         if c.memory_per_gpu_gb is not None:
             offer += f", {_memory(c.memory_per_gpu_gb)} GB per GPU"
-        estimate = f"est. ${usd(c.est_cost_usd)} in {duration_h(c.est_hours)}, {amount(c.energy_kwh)} kWh, {amount(c.co2e_kg)} kg CO2e"
+        data = f" (compute ${usd(c.compute_usd)}, data ${usd(c.data_usd)})" if c.data_usd > 0 else ""
+        estimate = f"est. ${usd(c.est_cost_usd)}{data} in {duration_h(c.est_hours)}, {amount(c.energy_kwh)} kWh, {amount(c.co2e_kg)} kg CO2e"
         writer.line(f"    {offer}; {estimate}")
 
 
