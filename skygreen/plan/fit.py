@@ -79,12 +79,25 @@ def smallest_fit(catalog: Catalog, constraints: Constraints) -> str:
         text = (
             f"the smallest that holds it is {offer.accelerator}x{offer.accelerator_count}{on_nodes} "
             f"({need.high:.3g} GB per GPU of {GPUS[offer.accelerator].memory_gb:g} GB, e.g. {offer.cloud} {offer.instance_type})"
+            + _how_to_allow(constraints, offer)
         )
         if best is None or (total_gb, text) < best:
             best = (total_gb, text)
     if best is None:
         return f"no offer in the catalog holds it on up to {model.max_nodes} nodes (raise skygreen.model.max_nodes)"
     return best[1]
+
+
+def _how_to_allow(constraints: Constraints, offer: Offer) -> str:
+    """What to change in the task so that `offer` passes: its GPU in `gpus`, its count in `gpu_count`."""
+    steps = []
+    if constraints.gpu_names is not None and offer.accelerator not in constraints.gpu_names:
+        steps.append(f"add {offer.accelerator} to skygreen.gpus")
+    if constraints.gpu_count is not None and constraints.gpu_count != offer.accelerator_count:
+        steps.append(f"set skygreen.gpu_count: {offer.accelerator_count}")
+    if constraints.min_memory_gb is not None and GPUS[offer.accelerator].memory_gb < constraints.min_memory_gb:
+        steps.append(f"lower skygreen.gpus.min_memory_gb to {GPUS[offer.accelerator].memory_gb:g}")
+    return f"; to allow it, {' and '.join(steps)}" if steps else ""
 
 
 def describe_model(c: Constraints) -> str:
