@@ -559,7 +559,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         path="skygreen.model.sharding",
         type="string",
         allowed=one_of(SHARDINGS),
-        default=f"fsdp from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below",
+        default=f"fsdp for a full fine-tune from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below and for lora and qlora",
         doc="`fsdp` shards weights, gradients and optimizer states over every GPU of the run (ZeRO stage 3); "
         "with `ddp` every GPU holds them whole.",
     ),

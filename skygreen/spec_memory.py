@@ -132,8 +132,10 @@ def parse_model(raw: Any, path: str, *, base_dir: Path) -> ModelSpec:
         values["shape"] = fetch_hub_config(raw["hf"], f"{path}.hf")
         values["hf"] = raw["hf"]
     params = float(values["shape"].params) if "shape" in values else read_params(raw["params"], f"{path}.params")
-    values.update(params=params, sharding="fsdp" if params >= FSDP_FROM_PARAMS else "ddp")
     values["method"] = _read_method(raw, path)
+    # Adapters keep the states small: LoRA and QLoRA run data-parallel unless the task says otherwise.
+    big = params >= FSDP_FROM_PARAMS and not values["method"].adapters
+    values.update(params=params, sharding="fsdp" if big else "ddp")
     readers = {
         "activation_gb": lambda v, p: read_number(v, p, minimum=0.0, maximum=10_000.0),
         "sharding": lambda v, p: read_choice(v, p, SHARDINGS),

@@ -147,6 +147,7 @@ def test_model_fields_read_the_shape_relative_to_the_task_file(tmp_path):
     assert model.params == 6_738_415_616 and model.shape is not None and model.shape.layers == 32
     assert model.method == QLORA_64_ALL and model.seq_len == 4096 and model.micro_batch == 1
     assert model.activation_checkpointing is True and model.method.optimizer == "adamw"
+    assert model.sharding == "ddp"  # adapters keep the states small: data-parallel unless the task says fsdp
     bare = parse_spec_text("skygreen: {model: {params: 7B}}\nrun: x\n").green.model
     assert bare is not None
     assert bare.shape is None and bare.method.kind == "full"
