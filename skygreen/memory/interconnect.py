@@ -20,6 +20,10 @@ and per node between nodes:
   Ethernet (NC96ads_A100_v4 80 Gb/s, NC24ads_A100_v4 20 Gb/s, NC40ads_H100_v5 40 Gb/s, the smaller
   sizes 8-24 Gb/s).
 
+GCP's figures were checked against its page ("A3 High 1,000 Gbps GPUDirect-TCPX", "A2 Standard
+and A2 Ultra 100 Gbps", "G2 100 Gbps"); the AWS and Azure per-size figures are as their pages list
+them and worth a re-check when a page changes (providers raise them over time).
+
 Inside a node, one direction per GPU: NVLink 2 (V100) 150 GB/s, NVLink 3 (A100) 300 GB/s, NVLink 4
 (H100/H200) 450 GB/s; PCIe Gen3 x16 16 GB/s, Gen4 32 GB/s, Gen5 64 GB/s (PCI-SIG). An instance
 type absent from the table gets PCIe Gen4 and 10 Gb/s: the cautious guess for a VM nobody
