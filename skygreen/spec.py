@@ -52,16 +52,15 @@ from skygreen.fields import (
     type_name,
 )
 from skygreen.spec_gpus import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
+from skygreen.spec_memory import parse_model
 from skygreen.spec_model import (
     CLOUDS,
     EARLY_STOP_MODES,
-    FSDP_FROM_PARAMS,
     HALF_PRECISIONS,
     OBJECTIVES,
     PRECISIONS,
     RECOVERY_STRATEGIES,
     SECTION,
-    SHARDINGS,
     SKYPILOT_TASK_KEYS,
     TRAINERS,
     Batch,
@@ -151,7 +150,8 @@ def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
     check_keys(data, (SECTION, *SKYPILOT_TASK_KEYS), "")
     name = None if data.get("name") is None else read_str(data["name"], "name")
     num_nodes = 1 if data.get("num_nodes") is None else read_int(data["num_nodes"], "num_nodes", minimum=1)
-    green = _parse_green(data.get(SECTION) or {}, SECTION)
+    base_dir = Path(source).parent if source else Path.cwd()
+    green = _parse_green(data.get(SECTION) or {}, SECTION, base_dir=base_dir)
     sky = {k: v for k, v in data.items() if k != SECTION}
     section = data.get(SECTION) or {}
     work_given = isinstance(section, Mapping) and section.get("work") is not None
@@ -164,7 +164,7 @@ def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
 # ---------------------------------------------------------------- sections
 
 
-def _parse_green(raw: Any, path: str) -> GreenSpec:
+def _parse_green(raw: Any, path: str, *, base_dir: Path) -> GreenSpec:
     raw = read_mapping(raw, path)
     check_keys(raw, [k for k in GreenSpec.__dataclass_fields__ if k not in ("gpu_count_given", "trainer_given")], path)
     get = _getter(raw, path)
@@ -193,7 +193,7 @@ def _parse_green(raw: Any, path: str) -> GreenSpec:
     get(values, "early_stopping", _parse_early_stopping)
     get(values, "recovery", _parse_recovery)
     get(values, "deadline", read_duration_h)
-    get(values, "model", _parse_model)
+    get(values, "model", lambda v, p: parse_model(v, p, base_dir=base_dir))
     get(values, "trainer", lambda v, p: read_choice(v, p, TRAINERS))
     _check_trainer(values, path)
     spec = GreenSpec(**values)
@@ -443,41 +443,6 @@ def _parse_early_stopping(raw: Any, path: str) -> EarlyStopConfig | None:
     get(values, "min_delta", lambda v, p: read_number(v, p, minimum=0.0))
     get(values, "grace", lambda v, p: read_int(v, p, minimum=0))
     return EarlyStopConfig(**values)
-
-
-_PARAM_SUFFIX = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT])\s*\Z")
-_PARAM_SCALE = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
-
-
-def _read_params(raw: Any, path: str) -> float:
-    """A parameter count: a number (7e9, 350000000) or a string with a suffix (`7B`, `350M`)."""
-    if isinstance(raw, str):
-        match = _PARAM_SUFFIX.match(raw)
-        if match is None:
-            raise SpecError(path, "expected a parameter count", value=raw, allowed="7e9 | 7B | 350M | 1.5B")
-        raw = float(match.group(1)) * _PARAM_SCALE[match.group(2).lower()]
-    value = read_number(raw, path, positive=True)
-    if value < 1:
-        raise SpecError(path, "a model has at least one parameter", value=raw, hint="write e.g. 7e9 or 7B")
-    if value > 1e13:
-        raise SpecError(
-            path, "more parameters than any model skygreen can plan for", value=raw, hint="write e.g. 7e9 or 7B"
-        )
-    return value
-
-
-def _parse_model(raw: Any, path: str) -> ModelSpec:
-    raw = read_mapping(raw, path)
-    check_keys(raw, ("params", "activation_gb", "sharding", "max_nodes"), path)
-    if raw.get("params") is None:
-        raise SpecError(f"{path}.params", "is required", hint="give the parameter count, e.g. params: 7e9")
-    params = _read_params(raw["params"], f"{path}.params")
-    values: dict[str, Any] = {"params": params, "sharding": "fsdp" if params >= FSDP_FROM_PARAMS else "ddp"}
-    get = _getter(raw, path)
-    get(values, "activation_gb", lambda v, p: read_number(v, p, minimum=0.0, maximum=10_000.0))
-    get(values, "sharding", lambda v, p: read_choice(v, p, SHARDINGS))
-    get(values, "max_nodes", lambda v, p: read_int(v, p, minimum=1, maximum=64))
-    return ModelSpec(**values)
 
 
 def _parse_recovery(raw: Any, path: str) -> RecoverySpec:

@@ -24,10 +24,12 @@ from skygreen.checkpoint.keep import MIN_KEEP
 from skygreen.fields import DURATION_UNITS_S
 from skygreen.gpus import GPU_NAMES
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
+from skygreen.memory.method import ALL_LINEAR, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS, LORA_TARGETS, METHODS, OPTIMIZERS
 from skygreen.power.policy import DEFAULT_ETA
 from skygreen.spec_model import (
     CLOUDS,
     DEFAULT_QUIET_S,
+    DEFAULT_SEQ_LEN,
     EARLY_STOP_MODES,
     FSDP_FROM_PARAMS,
     HALF_PRECISIONS,
@@ -473,19 +475,92 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         path="skygreen.model.params",
         type="number or string",
         allowed="7e9, 350000000, or with a suffix: 7B, 350M, 1.5B (K, M, B, T)",
-        doc="Trainable parameters.",
+        doc="All parameters of the model. Give this, `config` or `hf`: with a count alone the plan counts "
+        "model states and `activation_gb`, no logits.",
+    ),
+    TaskField(
+        path="skygreen.model.config",
+        type="string",
+        allowed="a path to a Hugging Face config.json, relative to the task file",
+        doc="The model's shape (hidden size, layers, heads, key-value heads, intermediate size, vocabulary, tied "
+        "embeddings): the plan counts its parameters, activations and logits from it.",
+    ),
+    TaskField(
+        path="skygreen.model.hf",
+        type="string",
+        allowed="a Hugging Face repo id, e.g. meta-llama/Llama-2-7b-hf",
+        doc="Fetch only the repo's config.json through huggingface_hub (cached) and read the shape from it. "
+        "Offline or gated: download config.json yourself and give `config`.",
+    ),
+    TaskField(
+        path="skygreen.model.method",
+        type="string",
+        allowed=one_of(METHODS),
+        default="full",
+        doc="`full` trains every weight; `lora` freezes the base in 16-bit and trains adapters; `qlora` also "
+        "stores the base's linears in 4-bit NF4 (about 0.52 bytes per parameter with its constants).",
+    ),
+    TaskField(
+        path="skygreen.model.lora",
+        type="mapping",
+        default=f"{{r: {DEFAULT_LORA_R}, targets: [{', '.join(DEFAULT_LORA_TARGETS)}]}} (PEFT's Llama default)",
+        doc="The adapters of `lora` and `qlora`.",
+    ),
+    TaskField(
+        path="skygreen.model.lora.r",
+        type="integer",
+        allowed="1 to 4096",
+        default=str(DEFAULT_LORA_R),
+        doc="The adapters' rank: r x (d_in + d_out) trainable parameters per adapted matrix.",
+    ),
+    TaskField(
+        path="skygreen.model.lora.targets",
+        type="list or string",
+        allowed=one_of((*LORA_TARGETS, ALL_LINEAR)),
+        default=", ".join(DEFAULT_LORA_TARGETS),
+        doc="The linears that get adapters, as PEFT names them; `all-linear` adapts every one.",
+    ),
+    TaskField(
+        path="skygreen.model.optimizer",
+        type="string",
+        allowed=one_of(OPTIMIZERS),
+        default="adamw",
+        doc="The optimizer's state per trainable parameter: adamw 8 bytes (fp32 moments), adamw8bit 2, sgd "
+        "(with momentum) 4, adafactor about 0; mixed precision adds a 4-byte fp32 master copy.",
+    ),
+    TaskField(
+        path="skygreen.model.seq_len",
+        type="integer",
+        allowed="1 or more tokens",
+        default=str(DEFAULT_SEQ_LEN),
+        doc="Tokens per sample: the longest sample sets the peak, so give the length you pad or pack to.",
+    ),
+    TaskField(
+        path="skygreen.model.micro_batch",
+        type="integer",
+        allowed="1 or more",
+        default="1",
+        doc="Samples per forward pass per GPU, for the activation and logit memory.",
+    ),
+    TaskField(
+        path="skygreen.model.activation_checkpointing",
+        type="boolean",
+        default="true (as the QLoRA, torchtune and Unsloth recipes run)",
+        doc="Whether the trainer recomputes activations in the backward pass (HF `gradient_checkpointing`): "
+        "only each layer's input is kept. Set false if your script does not turn it on.",
     ),
     TaskField(
         path="skygreen.model.activation_gb",
         type="number",
         allowed="0 to 10000 GB (1e9 bytes) per GPU",
-        doc="Activation memory per GPU at the micro-batch.",
+        default="from the shape with `config` or `hf`, else 0",
+        doc="Activation memory per GPU at the micro-batch, measured or guessed: replaces the estimate.",
     ),
     TaskField(
         path="skygreen.model.sharding",
         type="string",
         allowed=one_of(SHARDINGS),
-        default=f"fsdp from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below",
+        default=f"fsdp for a full fine-tune from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below and for lora and qlora",
         doc="`fsdp` shards weights, gradients and optimizer states over every GPU of the run (ZeRO stage 3); "
         "with `ddp` every GPU holds them whole.",
     ),

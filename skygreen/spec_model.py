@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from skygreen.memory.method import Method
+from skygreen.memory.shape import ModelShape
+
 CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
 OBJECTIVES: tuple[str, ...] = ("cost", "time", "energy", "carbon")
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
@@ -22,6 +25,8 @@ FSDP_FROM_PARAMS = 1e9
 """`model.sharding` left out: FSDP from a billion parameters (16 GB of weights, gradients and
 AdamW states, more than most single GPUs hold beside activations), DDP below."""
 DEFAULT_MAX_NODES = 4
+DEFAULT_SEQ_LEN = 2048
+"""`model.seq_len` left out: the context most 7B fine-tuning recipes train at (Llama-2's length)."""
 TRAINERS: tuple[str, ...] = ("runtime", "transformers", "lightning", "folder")
 """What owns the training loop: `runtime` (the script trains through `sg.Run`), `transformers`
 or `lightning` (the script's Trainer carries skygreen's callback), `folder` (any script that saves
@@ -60,27 +65,41 @@ class Work:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
-    """`model:` of the task: how big the model is, so the plan keeps only GPUs that can hold it."""
+    """`model:` of the task: the model and how it is trained, so the plan keeps only GPUs that
+    can hold it (`skygreen.memory` does the arithmetic)."""
 
     params: float
-    """Trainable parameters (7e9 for a 7B model)."""
-    activation_gb: float = 0.0
-    """Activation memory per GPU at the micro-batch, in GB (1e9 bytes); 0 when not given."""
+    """All parameters (7e9 for a 7B model); from the shape when the task gives `config` or `hf`."""
+    activation_gb: float | None = None
+    """Activation memory per GPU at the micro-batch, in GB (1e9 bytes); None: from the shape
+    when known, else 0."""
     sharding: str = "ddp"
     """fsdp: weights, gradients and optimizer states sharded over every GPU of the run (ZeRO
     stage 3); ddp: every GPU holds them whole."""
     max_nodes: int = DEFAULT_MAX_NODES
     """The most nodes the plan may give a run whose task does not fix `num_nodes`."""
+    shape: ModelShape | None = None
+    """Read from `config` or fetched through `hf`; None for a bare `params:`."""
+    config: str | None = None
+    """The `config.json` path as the task gives it."""
+    hf: str | None = None
+    """The Hugging Face repo id as the task gives it."""
+    method: Method = field(default_factory=Method)
+    seq_len: int = DEFAULT_SEQ_LEN
+    micro_batch: int = 1
+    activation_checkpointing: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.params) and self.params >= 1):
             raise ValueError(f"ModelSpec.params must be a finite number >= 1, got {self.params}")
-        if not (math.isfinite(self.activation_gb) and self.activation_gb >= 0):
+        if self.activation_gb is not None and not (math.isfinite(self.activation_gb) and self.activation_gb >= 0):
             raise ValueError(f"ModelSpec.activation_gb must be a finite number >= 0, got {self.activation_gb}")
         if self.sharding not in SHARDINGS:
             raise ValueError(f"ModelSpec.sharding must be one of {SHARDINGS}, got {self.sharding!r}")
         if self.max_nodes < 1:
             raise ValueError(f"ModelSpec.max_nodes must be >= 1, got {self.max_nodes}")
+        if self.seq_len < 1 or self.micro_batch < 1:
+            raise ValueError(f"ModelSpec.seq_len and micro_batch must be >= 1, got {self.seq_len}, {self.micro_batch}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -50,7 +50,13 @@ class Candidate:
     deadline_source: str | None = None
     """Under a deadline, where the expected cost of a spot run came from: "traces" or "model"."""
     memory_per_gpu_gb: float | None = None
-    """With `skygreen.model`: what each GPU holds (training state and activations), in GB."""
+    """With `skygreen.model`: what each GPU holds at the high end of the estimate, in GB."""
+    memory_gb_per_gpu: Mapping[str, float] | None = None
+    """With `skygreen.model`: each GPU's memory by term, in GB: states, activations, logits,
+    overhead, and the low and high ends of the peak (`skygreen.memory.estimate`)."""
+    step: Mapping[str, float] | None = None
+    """With `skygreen.model` and a GPU without a given or measured speed: seconds of compute and
+    of communication per optimizer step and the efficiency they leave (`skygreen.plan.speed`)."""
     restart_s: float = DEFAULT_RESTART_S
     """Per preemption: provisioning, setup and the checkpoint's restore."""
     checkpoint_save_s: float = DEFAULT_CHECKPOINT_COST_S
@@ -99,9 +105,11 @@ class Candidate:
 
     def to_json(self) -> dict:
         """Every field under its own name, values as they are (all plain JSON values); no `label`."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["cost_usd"] = dict(self.cost_usd)
-        return out
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+
+def _plain(value: object) -> object:
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 COST_KINDS: tuple[str, ...] = ("compute", "transfer", "storage", "requests", "total")

@@ -5,8 +5,9 @@
     wall_h      = compute_h x (1 + C/tau)                                   (on-demand, lambda = 0)
     cost_usd    = price_usd_per_hour x wall_h x num_nodes
 
-where gpus = GPUs per node x nodes; efficiency = 0.95 per doubling of gpus (data-parallel
-all-reduce overhead); lambda = the cloud's assumed preemption rate per hour x nodes (any node
+where gpus = GPUs per node x nodes; efficiency = compute / (compute + exposed communication) of
+one step on the offer's links when the task gives its model (`skygreen.plan.speed`), else 0.95 per
+doubling of gpus (data-parallel all-reduce overhead); lambda = the cloud's assumed preemption rate per hour x nodes (any node
 lost stops the job); R = restart time (provision, setup, load the checkpoint); tau = the
 checkpoint interval; C = the blocking cost of one save (with a fixed interval, at most a
 tenth of it: whoever checkpoints every few seconds has small saves). Each preemption costs R plus, on
@@ -209,11 +210,14 @@ def scaling_efficiency(total_gpus: int) -> float:
     return SCALING_EFFICIENCY_PER_DOUBLING ** math.log2(total_gpus)
 
 
-def compute_hours(model: RunModel, gpu: str, gpus_per_node: int) -> float:
-    """Hours of uninterrupted training for the whole job on `gpus_per_node` x nodes of `gpu`."""
+def compute_hours(model: RunModel, gpu: str, gpus_per_node: int, *, efficiency: float | None = None) -> float:
+    """Hours of uninterrupted training for the whole job on `gpus_per_node` x nodes of `gpu`, at
+    `efficiency` of linear speed-up (from the step's communication, `skygreen.plan.speed`), else
+    `scaling_efficiency`'s fixed loss per doubling."""
     total = gpus_per_node * model.num_nodes
     reference_hours = model.work_gpu_hours * model.relative_speed(model.work_on)
-    return reference_hours / (model.relative_speed(gpu) * total * scaling_efficiency(total))
+    kept = scaling_efficiency(total) if efficiency is None else efficiency
+    return reference_hours / (model.relative_speed(gpu) * total * kept)
 
 
 def _auto_interval_s(
@@ -238,16 +242,17 @@ def estimate(
     gpu: str,
     gpus_per_node: int,
     spot: bool,
+    efficiency: float | None = None,
     save_usd: float = 0.0,
     run_price_usd_per_hour: float | None = None,
 ) -> Estimate | None:
     """The run's expected wall hours and energy on an offer, or None when preemptions would
-    stop it from making progress.
+    stop it from making progress; `efficiency` as `compute_hours` takes it.
 
     With `save_usd` (what a save's bytes and requests cost) and the price per hour of all nodes,
     `every: auto` takes the dollar-optimal interval (`skygreen.bill.interval`), held where
     preemptions cost at most `DOLLAR_LOSS_CAP` of the time; without, Daly's optimum."""
-    compute_h = compute_hours(model, gpu, gpus_per_node)
+    compute_h = compute_hours(model, gpu, gpus_per_node, efficiency=efficiency)
     rate = model.preemption_rate_per_hour.get(cloud, PREEMPTION_RATE_PER_HOUR.get(cloud, 0.0))
     rate_per_hour = rate * model.num_nodes if spot else 0.0
     interval_s = model.checkpoint_interval_s

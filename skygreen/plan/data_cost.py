@@ -59,10 +59,20 @@ def save_usd(traffic: RunTraffic, *, vm: Place, bucket: Place) -> float:
 
 
 def price_offer(
-    model: RunModel, *, cloud: str, region: str, gpu: str, gpus_per_node: int, spot: bool, price_usd_per_hour: float
+    model: RunModel,
+    *,
+    cloud: str,
+    region: str,
+    gpu: str,
+    gpus_per_node: int,
+    spot: bool,
+    price_usd_per_hour: float,
+    efficiency: float | None = None,
 ) -> Priced | None:
-    """The offer's estimate and whole bill; None when preemptions would stop the run."""
-    est = estimate(model, cloud=cloud, gpu=gpu, gpus_per_node=gpus_per_node, spot=spot)
+    """The offer's estimate and whole bill; None when preemptions would stop the run.
+    `efficiency` is the share of linear speed-up the step's communication leaves
+    (`skygreen.plan.speed`), as `skygreen.plan.cost.compute_hours` takes it."""
+    est = estimate(model, cloud=cloud, gpu=gpu, gpus_per_node=gpus_per_node, spot=spot, efficiency=efficiency)
     if est is None:
         return None
     compute_usd = price_usd_per_hour * est.est_hours * model.num_nodes
@@ -79,6 +89,7 @@ def price_offer(
                 gpu=gpu,
                 gpus_per_node=gpus_per_node,
                 spot=spot,
+                efficiency=efficiency,
                 save_usd=per_save,
                 run_price_usd_per_hour=price_usd_per_hour * model.num_nodes,
             )

@@ -117,7 +117,6 @@ def _restart_assumption(model: RunModel) -> str:
 def _model_assumption(model: RunModel, green: GreenSpec, best: Candidate) -> str:
     """The memory and checkpoint line of a task with `skygreen.model`, with the winner's figures."""
     from skygreen.plan.cost import DEFAULT_TRANSFER_GB_PER_S, HOST_COPY_GB_PER_S
-    from skygreen.plan.memory import USABLE_FRACTION, bytes_per_param
 
     spec = green.model
     if spec is None:
@@ -127,13 +126,19 @@ def _model_assumption(model: RunModel, green: GreenSpec, best: Candidate) -> str
         "the default" if model.upload_gb_per_s == DEFAULT_TRANSFER_GB_PER_S else "measured by earlier runs of this task"
     )
     memory = f"{best.memory_per_gpu_gb:.3g} GB per GPU on the best offer" if best.memory_per_gpu_gb is not None else ""
+    method = spec.method
+    trained = (
+        "full fine-tune"
+        if method.kind == "full"
+        else f"{method.kind} r={method.lora_r} on {', '.join(method.lora_targets)}"
+    )
     return (
-        f"model: {spec.params:.3g} parameters, AdamW at {bytes_per_param(green.precision)} bytes/param "
-        f"(ZeRO, arXiv 1910.02054: weights + gradients + fp32 master, momentum, variance) {where}"
-        + (f" + {spec.activation_gb:g} GB activations" if spec.activation_gb else " (no activation memory given)")
+        f"model: {spec.params:.3g} parameters, {trained}, {method.optimizer} in {green.precision} precision, "
+        f"states {where} (skygreen.memory: ZeRO arXiv 1910.02054, Korthikanti arXiv 2205.05198, QLoRA arXiv 2305.14314)"
+        + ("" if spec.shape else " (no shape: activations only as activation_gb gives them, no logits)")
         + f"; {memory} ({best.accelerator}x{best.accelerator_count}"
         + (f" x{best.num_nodes} nodes" if best.num_nodes > 1 else "")
-        + f"), fits in {USABLE_FRACTION:.0%} of a GPU's memory; up to {spec.max_nodes} nodes; "
+        + f"), the high end of the estimate fits the GPU's nominal memory; up to {spec.max_nodes} nodes; "
         f"checkpoint {model.checkpoint_gb or 0:.3g} GB at {model.upload_gb_per_s:g} GB/s per node ({rate}): "
         f"{best.checkpoint_save_s:.3g} s blocking per save (host copy at {HOST_COPY_GB_PER_S:g} GB/s per GPU), "
         f"restart {best.restart_s / 60:.3g} min with the restore"

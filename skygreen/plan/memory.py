@@ -1,18 +1,12 @@
-"""How much GPU memory a model's training state needs, and how big its checkpoint is.
+"""How much GPU memory a task's model needs per GPU, and how big its checkpoint is.
 
-Pure arithmetic on the task's `model:` section (`skygreen.spec.ModelSpec`), after the ZeRO paper
-(Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
-SC'20, arXiv 1910.02054, section 3.1): AdamW training holds, per parameter,
-
-    mixed precision (fp16/bf16): 2 (half weights) + 2 (half gradients)
-                                 + 4 (fp32 master weights) + 4 (momentum) + 4 (variance) = 16 bytes
-    fp32:                        4 (weights) + 4 (gradients) + 4 (momentum) + 4 (variance) = 16 bytes
-
-so 16 x params bytes whatever the precision (`auto` included). DDP keeps all of it on every GPU;
-FSDP (ZeRO stage 3) shards it over every GPU of the run: 16 x params / (GPUs x nodes). The
-task's activation memory per GPU comes on top, unsharded. A GPU holds the total when it fits in
-`USABLE_FRACTION` of its nominal memory (the rest: the CUDA context, the allocator's
-fragmentation, communication buffers).
+The plan's face of `skygreen.memory`: the task's `model:` section (`skygreen.spec.ModelSpec`) turned
+into one GPU's memory by term (model states, activations, logits, overhead) with a low-high range.
+A GPU holds the model when the high end fits its nominal memory; the rest is the headroom. The
+terms and their sources are in `skygreen.memory.estimate`: AdamW in mixed precision holds 16 bytes
+per parameter (ZeRO paper, arXiv 1910.02054, section 3.1), so a 7B full fine-tune needs 112 GB of
+model states over the GPUs of an offer, sharded under FSDP (ZeRO stage 3), whole on each GPU
+under DDP.
 
 The checkpoint stores what resuming needs: the fp32 weights (or fp16/bf16 ones with
 `checkpoint.half_precision`) and the two AdamW moments, 12 bytes per parameter (10 with half
@@ -21,8 +15,7 @@ precision weights); gradients are not saved. GB here are 1e9 bytes, as the paper
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from skygreen.memory.estimate import MemoryEstimate, Workload, estimate_memory
 from skygreen.spec import ModelSpec
 
 GB = 1e9
@@ -33,28 +26,7 @@ MASTER_BYTES = {"fp16": 4, "bf16": 4, "auto": 4, "fp32": 0}
 """fp32 master weights kept beside half-precision ones; none when training in fp32."""
 ADAM_MOMENT_BYTES = 8
 """Momentum and variance, fp32 each."""
-USABLE_FRACTION = 0.9
 CHECKPOINT_WEIGHT_BYTES = {None: 4, "fp16": 2, "bf16": 2}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MemoryNeed:
-    """The memory one GPU needs for a model on a given number of GPUs, in GB (1e9 bytes)."""
-
-    state_gb: float
-    """Weights, gradients and optimizer states on this GPU (a shard under FSDP)."""
-    activation_gb: float
-    total_gpus: int
-    sharding: str
-
-    @property
-    def per_gpu_gb(self) -> float:
-        """Everything this GPU holds: its state plus the activations."""
-        return self.state_gb + self.activation_gb
-
-    def fits(self, gpu_memory_gb: float) -> bool:
-        """True when the need fits in the usable part of a GPU of `gpu_memory_gb`."""
-        return self.per_gpu_gb <= gpu_memory_gb * USABLE_FRACTION
 
 
 def bytes_per_param(precision: str) -> int:
@@ -64,21 +36,33 @@ def bytes_per_param(precision: str) -> int:
     return weights + weights + MASTER_BYTES[precision] + ADAM_MOMENT_BYTES
 
 
-def memory_need(model: ModelSpec, *, precision: str, total_gpus: int) -> MemoryNeed:
-    """What each of `total_gpus` GPUs holds for `model` (state sharded over all of them under
-    FSDP, whole under DDP), plus the task's activation memory.
+def workload(model: ModelSpec, precision: str) -> Workload:
+    """What one GPU runs per micro-batch, from the task's `model:` and `precision`."""
+    return Workload(seq_len=model.seq_len, micro_batch=model.micro_batch,
+                    activation_checkpointing=model.activation_checkpointing, precision=precision)  # fmt: skip
+
+
+def memory_need(model: ModelSpec, *, precision: str, total_gpus: int) -> MemoryEstimate:
+    """One GPU's memory for `model` on `total_gpus` GPUs (states sharded over all of them under
+    FSDP, whole under DDP), by term and as a range.
 
     Raises:
         ValueError: for fewer than one GPU.
     """
-    if total_gpus < 1:
-        raise ValueError(f"total_gpus must be >= 1, got {total_gpus}")
-    state_gb = model.params * bytes_per_param(precision) / GB
-    if model.sharding == "fsdp":
-        state_gb /= total_gpus
-    return MemoryNeed(
-        state_gb=state_gb, activation_gb=model.activation_gb, total_gpus=total_gpus, sharding=model.sharding
+    return estimate_memory(
+        params=model.params,
+        shape=model.shape,
+        method=model.method,
+        work=workload(model, precision),
+        total_gpus=total_gpus,
+        sharded=model.sharding == "fsdp",
+        activation_gb=model.activation_gb,
     )
+
+
+def fits(need: MemoryEstimate, gpu_memory_gb: float) -> bool:
+    """True when the high end of the estimate fits a GPU of `gpu_memory_gb` nominal GB."""
+    return need.high <= gpu_memory_gb
 
 
 def checkpoint_gb(model: ModelSpec, *, half_precision: str | None = None) -> float:
@@ -90,6 +74,6 @@ def smallest_nodes(model: ModelSpec, *, precision: str, gpu_memory_gb: float, gp
     """The fewest nodes of `gpus_per_node` GPUs that hold the model, up to `model.max_nodes`;
     None when even that many cannot (always None under DDP when one GPU cannot)."""
     for nodes in range(1, model.max_nodes + 1):
-        if memory_need(model, precision=precision, total_gpus=gpus_per_node * nodes).fits(gpu_memory_gb):
+        if fits(memory_need(model, precision=precision, total_gpus=gpus_per_node * nodes), gpu_memory_gb):
             return nodes
     return None

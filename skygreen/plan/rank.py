@@ -16,6 +16,8 @@ from dataclasses import replace
 from skygreen.bill.bucket import BucketPlace, bucket_place
 from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
 from skygreen.errors import NoOfferError, SpecError, did_you_mean
+from skygreen.memory.estimate import MemoryEstimate
+from skygreen.memory.step import StepTime
 from skygreen.plan import carbon
 from skygreen.plan.candidate import Candidate, Plan, with_compute
 from skygreen.plan.catalog import CLOUDS, Catalog, Offer
@@ -28,8 +30,9 @@ from skygreen.plan.cost import (
 )
 from skygreen.plan.data_cost import price_offer
 from skygreen.plan.explain import METRIC, assumptions, explain, money, night_hint
-from skygreen.plan.fit import describe_model, fitted_shape, memory_notice, smallest_fit, task_nodes
+from skygreen.plan.fit import describe_model, fit_notice, fitted_shape, memory_notice, smallest_fit, task_nodes
 from skygreen.plan.memory import checkpoint_gb
+from skygreen.plan.speed import communication_notice, offer_step, step_json
 from skygreen.power.policy import DEFAULT_ETA
 from skygreen.spec import TaskSpec
 
@@ -98,8 +101,12 @@ def candidates_for(catalog: Catalog, constraints: Constraints, model: RunModel) 
             continue
         nodes, memory = shape
         shaped = model if nodes == model.num_nodes else replace(model, num_nodes=nodes)
+        step = None
+        if constraints.model is not None:
+            step = offer_step(constraints.model, offer, nodes=nodes, effective_batch=constraints.effective_batch,
+                              known_speed=model.speed)  # fmt: skip
         for spot in constraints.spot_options():
-            candidate = make_candidate(offer, spot, shaped, memory_per_gpu_gb=memory)
+            candidate = make_candidate(offer, spot, shaped, memory=memory, step=step)
             if candidate is None:
                 continue
             if (
@@ -114,10 +121,15 @@ def candidates_for(catalog: Catalog, constraints: Constraints, model: RunModel) 
 
 
 def make_candidate(
-    offer: Offer, spot: bool, model: RunModel, *, memory_per_gpu_gb: float | None = None
+    offer: Offer,
+    spot: bool,
+    model: RunModel,
+    *,
+    memory: MemoryEstimate | None = None,
+    step: StepTime | None = None,
 ) -> Candidate | None:
     """The offer priced for one run on `model.num_nodes` nodes, or None when it has no such price
-    or cannot finish."""
+    or cannot finish; with the model's memory per GPU and its step's communication where known."""
     price = offer.price_usd_per_hour(spot)
     if price is None:
         return None
@@ -129,6 +141,7 @@ def make_candidate(
         gpus_per_node=offer.accelerator_count,
         spot=spot,
         price_usd_per_hour=price,
+        efficiency=None if step is None else step.efficiency,
     )
     if priced is None:
         return None
@@ -152,7 +165,9 @@ def make_candidate(
         compute_hours=est.compute_hours,
         expected_preemptions=est.expected_preemptions,
         checkpoint_interval_s=est.checkpoint_interval_s,
-        memory_per_gpu_gb=memory_per_gpu_gb,
+        memory_per_gpu_gb=None if memory is None else memory.as_dict()["high"],
+        memory_gb_per_gpu=None if memory is None else memory.as_dict(),
+        step=step_json(step),
         restart_s=est.restart_s,
         checkpoint_save_s=est.checkpoint_save_s,
         cost_usd=priced.bill.to_json(),
@@ -246,6 +261,8 @@ def make_plan(
             *work_notice(spec),
             *data_notice(spec, bucket),
             *memory_notice(catalog, constraints),
+            *fit_notice(catalog, constraints, ranked[0]),
+            *communication_notice(ranked),
             *catalog.notices,
         ),
         catalog_source=catalog.source,

@@ -1,0 +1,150 @@
+"""Reading the task file's `model:` section: the model's size or shape, and how it is trained.
+
+`params:` alone says how big the model is; `config:` (a Hugging Face `config.json`) or `hf:` (a
+Hub repo id, whose `config.json` alone is fetched and cached) give its shape, from which
+`skygreen.memory` counts the parameters, the activations and the logits. `method:`, `lora:` and
+`optimizer:` say what is trained; `seq_len`, `micro_batch` and `activation_checkpointing` what
+one GPU runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from skygreen.errors import SpecError
+from skygreen.fields import check_keys, read_bool, read_choice, read_int, read_list, read_mapping, read_number, read_str
+from skygreen.memory.method import ALL_LINEAR, LORA_TARGETS, METHODS, OPTIMIZERS, Method
+from skygreen.memory.shape import ConfigError, ModelShape, shape_from_config
+from skygreen.spec_model import FSDP_FROM_PARAMS, SHARDINGS, ModelSpec
+
+MODEL_KEYS: tuple[str, ...] = (
+    "params", "config", "hf", "method", "lora", "optimizer", "seq_len", "micro_batch",
+    "activation_checkpointing", "activation_gb", "sharding", "max_nodes",
+)  # fmt: skip
+_PARAM_SUFFIX = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT])\s*\Z")
+_PARAM_SCALE = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+_CONFIG_HINT = "download the model's config.json and give model: {config: path/to/config.json}"
+
+
+def read_params(raw: Any, path: str) -> float:
+    """A parameter count: a number (7e9, 350000000) or a string with a suffix (`7B`, `350M`)."""
+    if isinstance(raw, str):
+        match = _PARAM_SUFFIX.match(raw)
+        if match is None:
+            raise SpecError(path, "expected a parameter count", value=raw, allowed="7e9 | 7B | 350M | 1.5B")
+        raw = float(match.group(1)) * _PARAM_SCALE[match.group(2).lower()]
+    value = read_number(raw, path, positive=True)
+    if value < 1:
+        raise SpecError(path, "a model has at least one parameter", value=raw, hint="write e.g. 7e9 or 7B")
+    if value > 1e13:
+        raise SpecError(
+            path, "more parameters than any model skygreen can plan for", value=raw, hint="write e.g. 7e9 or 7B"
+        )
+    return value
+
+
+def read_config_file(raw: Any, path: str, base_dir: Path) -> ModelShape:
+    """The shape in the `config.json` at `raw`, relative to the task file's folder."""
+    name = read_str(raw, path)
+    file = Path(name).expanduser()
+    file = file if file.is_absolute() else base_dir / file
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(path, f"no such file: {file}", value=name, hint="give the path of the model's config.json, "
+                        "relative to the task file") from None  # fmt: skip
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SpecError(path, f"cannot read {file} as JSON: {e}", value=name) from None
+    return _shape(config, path, name)
+
+
+def fetch_hub_config(raw: Any, path: str) -> ModelShape:
+    """The shape in the `config.json` of the Hub repo `raw` (fetched once, then from the cache)."""
+    from skygreen.memory.hub import HubError, fetch_config
+
+    repo = read_str(raw, path)
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", repo):
+        raise SpecError(
+            path, "expected a Hugging Face repo id", value=repo, allowed="owner/name, e.g. meta-llama/Llama-2-7b-hf"
+        )
+    try:
+        config = fetch_config(repo)
+    except HubError as e:
+        raise SpecError(path, str(e), value=repo, hint=_CONFIG_HINT) from None
+    return _shape(config, path, repo)
+
+
+def _shape(config: Any, path: str, given: str) -> ModelShape:
+    try:
+        return shape_from_config(config)
+    except ConfigError as e:
+        raise SpecError(path, f"config.json field {e.key} {e.problem}", value=given,
+                        hint="give a decoder-only transformer's config.json (Llama, Mistral, Qwen, GPT-2), "
+                        "or the parameter count as params:") from None  # fmt: skip
+
+
+def _read_targets(raw: Any, path: str) -> tuple[str, ...]:
+    if raw in (ALL_LINEAR, "all_linear"):
+        return (ALL_LINEAR,)
+    items = read_list(raw, path)
+    return tuple(read_choice(t, f"{path}[{i}]", (*LORA_TARGETS, ALL_LINEAR)) for i, t in enumerate(items))
+
+
+def _read_method(raw: Any, path: str) -> Method:
+    kind = read_choice(raw["method"], f"{path}.method", METHODS) if raw.get("method") is not None else "full"
+    values: dict[str, Any] = {"kind": kind}
+    if raw.get("optimizer") is not None:
+        values["optimizer"] = read_choice(raw["optimizer"], f"{path}.optimizer", OPTIMIZERS)
+    if raw.get("lora") is not None:
+        if kind == "full":
+            raise SpecError(f"{path}.lora", "only means something with method: lora or qlora", value=raw["lora"],
+                            hint="set method: lora (or qlora), or remove lora:")  # fmt: skip
+        lora = read_mapping(raw["lora"], f"{path}.lora")
+        check_keys(lora, ("r", "targets"), f"{path}.lora")
+        if lora.get("r") is not None:
+            values["lora_r"] = read_int(lora["r"], f"{path}.lora.r", minimum=1, maximum=4096)
+        if lora.get("targets") is not None:
+            values["lora_targets"] = _read_targets(lora["targets"], f"{path}.lora.targets")
+    return Method(**values)
+
+
+def parse_model(raw: Any, path: str, *, base_dir: Path) -> ModelSpec:
+    """The `model:` section; `base_dir` is the task file's folder, which `config:` is relative to."""
+    raw = read_mapping(raw, path)
+    check_keys(raw, MODEL_KEYS, path)
+    if isinstance(raw.get("lora"), dict):
+        check_keys(raw["lora"], ("r", "targets"), f"{path}.lora")
+    given = [k for k in ("params", "config", "hf") if raw.get(k) is not None]
+    if not given:
+        raise SpecError(f"{path}.params", "is required", hint="give the parameter count, e.g. params: 7e9, "
+                        "or the model's shape: config: path/to/config.json or hf: owner/name")  # fmt: skip
+    if len(given) > 1:
+        raise SpecError(f"{path}.{given[1]}", f"give one of params, config and hf, not {' and '.join(given)}",
+                        value=raw[given[1]], hint=f"remove {given[1]}: or {given[0]}:")  # fmt: skip
+    values: dict[str, Any] = {}
+    if raw.get("config") is not None:
+        values["shape"] = read_config_file(raw["config"], f"{path}.config", base_dir)
+        values["config"] = raw["config"]
+    elif raw.get("hf") is not None:
+        values["shape"] = fetch_hub_config(raw["hf"], f"{path}.hf")
+        values["hf"] = raw["hf"]
+    params = float(values["shape"].params) if "shape" in values else read_params(raw["params"], f"{path}.params")
+    values["method"] = _read_method(raw, path)
+    # Adapters keep the states small: LoRA and QLoRA run data-parallel unless the task says otherwise.
+    big = params >= FSDP_FROM_PARAMS and not values["method"].adapters
+    values.update(params=params, sharding="fsdp" if big else "ddp")
+    readers = {
+        "activation_gb": lambda v, p: read_number(v, p, minimum=0.0, maximum=10_000.0),
+        "sharding": lambda v, p: read_choice(v, p, SHARDINGS),
+        "max_nodes": lambda v, p: read_int(v, p, minimum=1, maximum=64),
+        "seq_len": lambda v, p: read_int(v, p, minimum=1, maximum=10_000_000),
+        "micro_batch": lambda v, p: read_int(v, p, minimum=1, maximum=65_536),
+        "activation_checkpointing": read_bool,
+    }
+    for key, reader in readers.items():
+        if raw.get(key) is not None:
+            values[key] = reader(raw[key], f"{path}.{key}")
+    return ModelSpec(**values)
