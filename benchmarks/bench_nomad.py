@@ -21,6 +21,7 @@ from skygreen.places.evaluate import Job, run_window, summarise
 from skygreen.places.moves import MoveTerms, move_costs
 from skygreen.places.nomad import Nomad
 from skygreen.places.optimum import optimum
+from skygreen.places.place import Market
 from skygreen.places.run import replay
 from skygreen.places.traces import load_market
 
@@ -37,7 +38,7 @@ V100_TEST = (3, 5, 7, 8, 14)
 GRID = {"margin": (0.05, 0.15), "relaxed": (1.05, 1.15, 1.3)}
 
 
-def suites(root: Path) -> list[tuple[str, object, Job, list[int], list[int]]]:
+def suites(root: Path) -> list[tuple[str, Market, Job, list[int], list[int]]]:
     data = root / "skynomad-artifact" / "data"
     terms = MoveTerms(checkpoint_gb=50, changeover_s=720)
     h100 = load_market(data / "converted_multi_region_aligned_h100_16_merged.tar.gz").subset(GLOBAL_DIVERSE)
@@ -51,7 +52,7 @@ def suites(root: Path) -> list[tuple[str, object, Job, list[int], list[int]]]:
     return [("H100 6 zones", h100, job_h, train_h, test_h), ("V100 3 zones", v100, job_v, train_v, test_v)]
 
 
-def tune(market, job: Job, starts: list[int]) -> dict:
+def tune(market: Market, job: Job, starts: list[int]) -> dict:
     """The grid point with the lowest mean nomad/optimum over the training windows."""
     wins = []
     for s in starts:
@@ -61,10 +62,14 @@ def tune(market, job: Job, starts: list[int]) -> dict:
     best, best_ratio = {}, math.inf
     for values in itertools.product(*GRID.values()):
         knobs = dict(zip(GRID, values, strict=True))
-        ratios = [replay(Nomad(**knobs), w, m, **kw).cost_usd / o for w, m, o, kw in wins]
+        ratios = [replay(_nomad(knobs), w, m, **kw).cost_usd / o for w, m, o, kw in wins]
         if np.mean(ratios) < best_ratio:
             best, best_ratio = knobs, float(np.mean(ratios))
     return {**best, "train_over_optimum": round(best_ratio, 4)}
+
+
+def _nomad(knobs: dict) -> Nomad:
+    return Nomad(margin=float(knobs["margin"]), relaxed=float(knobs["relaxed"]))
 
 
 def main() -> None:
@@ -82,7 +87,7 @@ def main() -> None:
         frozen = {k: v for k, v in knobs.items() if k in GRID}
         print(f"<!-- {name}: tuned on {len(train)} training windows: {knobs} -->")
         for part, starts in (("train", train), ("held out", test)):
-            results = [run_window(market, job, s, nomad=Nomad(**frozen)) for s in starts]
+            results = [run_window(market, job, s, nomad=_nomad(frozen)) for s in starts]
             for arm, row in summarise(results).items():
                 if arm == "optimum":
                     continue
