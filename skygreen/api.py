@@ -699,6 +699,13 @@ def simulate(request: SimulationRequest) -> Simulation:
     return deadline_compare.run(request)
 
 
+def simulate_places(trace: Path, **job: Any) -> dict:
+    """Every arm over a multi-region trace (`skygreen.places.simulate.simulate_places`)."""
+    from skygreen.places.simulate import simulate_places as run_places
+
+    return run_places(trace, **job)
+
+
 # ---------------------------------------------------------------- demo
 
 

@@ -196,8 +196,11 @@ def report(run: str, output: Path | None, catalog: Path | None) -> None:
     "--on-demand-price", type=float, default=None, help="On-demand USD per node-hour (default: the catalog's)."
 )
 @click.option("--start", "start", default="0", help="Where in the trace the job starts: 100h, or hours (default 0).")
+@click.option("--checkpoint-gb", type=float, default=50.0, help="Multi-region trace: checkpoint size moved (GB).")
+@click.option("--windows", type=int, default=1, help="Multi-region trace: back-to-back windows to run (default 1).")
 @catalog_option
 @json_option
+@plot_option
 def simulate(
     trace: Path,
     hours: str,
@@ -209,12 +212,25 @@ def simulate(
     spot_price: float | None,
     on_demand_price: float | None,
     start: str,
+    checkpoint_gb: float,
+    windows: int,
     catalog: Path | None,
     json_output: bool,
+    plot: Path | None,
 ) -> None:
-    """Replay a spot availability trace against deadline policies: cost, finish time, spot and on-demand hours."""
+    """Replay a spot availability trace against deadline policies: cost, finish time, spot and on-demand hours.
+
+    TRACE may also be a multi-region trace (the H100 archive or the V100 `processed` folder):
+    then every arm (on-demand, Uniform Progress and skygreen per zone, eager failover, nomad,
+    optimum) runs over --windows back-to-back windows, with moves priced.
+    """
     from skygreen import api
     from skygreen.deadline.report import print_report
+    from skygreen.places.traces import is_market
+
+    if is_market(trace):
+        _simulate_places(trace, hours, deadline, changeover, zone, start, checkpoint_gb, windows, json_output, plot)
+        return
 
     request = api.SimulationRequest(
         trace=trace,
@@ -234,6 +250,35 @@ def simulate(
         print_json([o.to_json() for o in result.outcomes])
     else:
         print_report(result, sys.stdout)
+
+
+def _simulate_places(trace: Path, hours: str, deadline: str, changeover: str, zone: str | None, start: str,
+                     checkpoint_gb: float, windows: int, json_output: bool, plot: Path | None) -> None:  # fmt: skip
+    from skygreen import api
+    from skygreen.errors import InputError
+    from skygreen.fields import read_duration_h
+    from skygreen.places.simulate import plot_places, print_places_report
+
+    zones = None if zone in (None, "all") else [z.strip() for z in (zone or "").split(",") if z.strip()]
+    try:
+        report = api.simulate_places(
+            trace,
+            compute_h=read_duration_h(hours, "--hours"),
+            deadline_h=read_duration_h(deadline, "--deadline"),
+            changeover_h=read_duration_h(changeover, "--changeover"),
+            checkpoint_gb=checkpoint_gb,
+            zones=zones,
+            start_h=0.0 if start.strip() in ("0", "0h") else read_duration_h(start, "--start"),
+            windows=windows,
+        )
+    except ValueError as e:
+        raise InputError(f"TRACE: {e}\n  fix: check --zone, --start and --windows against the trace") from None
+    if plot is not None:
+        plot_places(report, plot)
+    if json_output:
+        print_json({k: v for k, v in report.items() if not k.startswith("_")})
+    else:
+        print_places_report(report, sys.stdout)
 
 
 @click.command()
