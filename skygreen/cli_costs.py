@@ -226,10 +226,8 @@ def simulate(
     """
     from skygreen import api
     from skygreen.deadline.report import print_report
-    from skygreen.places.traces import is_market
 
-    if is_market(trace):
-        _simulate_places(trace, hours, deadline, changeover, zone, start, checkpoint_gb, windows, json_output, plot)
+    if _simulate_places(trace, hours, deadline, changeover, zone, start, checkpoint_gb, windows, json_output, plot):
         return
 
     request = api.SimulationRequest(
@@ -253,32 +251,19 @@ def simulate(
 
 
 def _simulate_places(trace: Path, hours: str, deadline: str, changeover: str, zone: str | None, start: str,
-                     checkpoint_gb: float, windows: int, json_output: bool, plot: Path | None) -> None:  # fmt: skip
+                     checkpoint_gb: float, windows: int, json_output: bool, plot: Path | None) -> bool:  # fmt: skip
     from skygreen import api
-    from skygreen.errors import InputError
-    from skygreen.fields import read_duration_h
-    from skygreen.places.simulate import plot_places, print_places_report
+    from skygreen.places.simulate import print_places_report
 
-    zones = None if zone in (None, "all") else [z.strip() for z in (zone or "").split(",") if z.strip()]
-    try:
-        report = api.simulate_places(
-            trace,
-            compute_h=read_duration_h(hours, "--hours"),
-            deadline_h=read_duration_h(deadline, "--deadline"),
-            changeover_h=read_duration_h(changeover, "--changeover"),
-            checkpoint_gb=checkpoint_gb,
-            zones=zones,
-            start_h=0.0 if start.strip() in ("0", "0h") else read_duration_h(start, "--start"),
-            windows=windows,
-        )
-    except ValueError as e:
-        raise InputError(f"TRACE: {e}\n  fix: check --zone, --start and --windows against the trace") from None
-    if plot is not None:
-        plot_places(report, plot)
+    report = api.simulate_places(trace, hours=hours, deadline=deadline, changeover=changeover, zone=zone, start=start,
+                                 checkpoint_gb=checkpoint_gb, windows=windows, plot=plot)  # fmt: skip
+    if report is None:
+        return False
     if json_output:
         print_json({k: v for k, v in report.items() if not k.startswith("_")})
     else:
         print_places_report(report, sys.stdout)
+    return True
 
 
 @click.command()

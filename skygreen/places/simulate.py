@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from skygreen.places.evaluate import ARMS, Job, WindowResult, run_window, summarise
 from skygreen.places.moves import MoveTerms
@@ -86,3 +86,32 @@ def plot_places(report: dict, path: Path) -> Path:
     ax_place.legend(fontsize="small")
     fig.savefig(path)
     return path
+
+
+def from_flags(trace: Path, **flags: Any) -> dict | None:
+    """None when `trace` is not a multi-region trace; else `simulate_places` from the command's flags as typed (durations like `48h`), with the plot
+    drawn when `plot` names a file. Raises InputError for a bad duration, an unreadable trace, an
+    unknown zone, or windows past the trace's end."""
+    from skygreen.errors import InputError
+    from skygreen.fields import read_duration_h
+    from skygreen.places.traces import is_market
+
+    if not is_market(trace):
+        return None
+    zone, start = flags["zone"], str(flags["start"])
+    try:
+        report = simulate_places(
+            trace,
+            compute_h=read_duration_h(flags["hours"], "--hours"),
+            deadline_h=read_duration_h(flags["deadline"], "--deadline"),
+            changeover_h=read_duration_h(flags["changeover"], "--changeover"),
+            checkpoint_gb=float(flags["checkpoint_gb"]),
+            zones=None if zone in (None, "all") else [z.strip() for z in zone.split(",") if z.strip()],
+            start_h=0.0 if start.strip() in ("0", "0h") else read_duration_h(start, "--start"),
+            windows=int(flags["windows"]),
+        )
+    except ValueError as e:
+        raise InputError(f"TRACE: {e}\n  fix: check --zone, --start and --windows against the trace") from None
+    if flags.get("plot") is not None:
+        plot_places(report, flags["plot"])
+    return report
