@@ -708,6 +708,18 @@ def simulate(request: SimulationRequest) -> Simulation:
     return deadline_compare.run(request)
 
 
+def simulate_places(trace: Path, **flags: Any) -> dict | None:
+    """Every arm over a multi-region trace (`skygreen.places.simulate.from_flags`); None for another trace.
+
+    Args:
+        trace: the H100 archive or the V100 `processed` folder.
+        **flags: `skygreen simulate`'s flags as typed.
+    """
+    from skygreen.places.simulate import from_flags
+
+    return from_flags(trace, **flags)
+
+
 # ---------------------------------------------------------------- demo
 
 

@@ -196,8 +196,11 @@ def report(run: str, output: Path | None, catalog: Path | None) -> None:
     "--on-demand-price", type=float, default=None, help="On-demand USD per node-hour (default: the catalog's)."
 )
 @click.option("--start", "start", default="0", help="Where in the trace the job starts: 100h, or hours (default 0).")
+@click.option("--checkpoint-gb", type=float, default=50.0, help="Multi-region trace: checkpoint size moved (GB).")
+@click.option("--windows", type=int, default=1, help="Multi-region trace: back-to-back windows to run (default 1).")
 @catalog_option
 @json_option
+@plot_option
 def simulate(
     trace: Path,
     hours: str,
@@ -209,12 +212,23 @@ def simulate(
     spot_price: float | None,
     on_demand_price: float | None,
     start: str,
+    checkpoint_gb: float,
+    windows: int,
     catalog: Path | None,
     json_output: bool,
+    plot: Path | None,
 ) -> None:
-    """Replay a spot availability trace against deadline policies: cost, finish time, spot and on-demand hours."""
+    """Replay a spot availability trace against deadline policies: cost, finish time, spot and on-demand hours.
+
+    TRACE may also be a multi-region trace (the H100 archive or the V100 `processed` folder):
+    then every arm (on-demand, Uniform Progress and skygreen per zone, eager failover, nomad,
+    optimum) runs over --windows back-to-back windows, with moves priced.
+    """
     from skygreen import api
     from skygreen.deadline.report import print_report
+
+    if _simulate_places(trace, hours, deadline, changeover, zone, start, checkpoint_gb, windows, json_output, plot):
+        return
 
     request = api.SimulationRequest(
         trace=trace,
@@ -234,6 +248,22 @@ def simulate(
         print_json([o.to_json() for o in result.outcomes])
     else:
         print_report(result, sys.stdout)
+
+
+def _simulate_places(trace: Path, hours: str, deadline: str, changeover: str, zone: str | None, start: str,
+                     checkpoint_gb: float, windows: int, json_output: bool, plot: Path | None) -> bool:  # fmt: skip
+    from skygreen import api
+    from skygreen.places.simulate import print_places_report
+
+    report = api.simulate_places(trace, hours=hours, deadline=deadline, changeover=changeover, zone=zone, start=start,
+                                 checkpoint_gb=checkpoint_gb, windows=windows, plot=plot)  # fmt: skip
+    if report is None:
+        return False
+    if json_output:
+        print_json({k: v for k, v in report.items() if not k.startswith("_")})
+    else:
+        print_places_report(report, sys.stdout)
+    return True
 
 
 @click.command()

@@ -246,7 +246,7 @@ def test_the_core_imports_no_adapter_and_adapters_import_only_their_seam():
 CLI = ("skygreen.cli", "skygreen.cli_options", "skygreen.cli_costs")
 PRINTERS = (
     "skygreen.plan.report", "skygreen.launch.report", "skygreen.costs.report", "skygreen.deadline.report",
-    "skygreen.power.report", "skygreen.demo_view",
+    "skygreen.power.report", "skygreen.demo_view", "skygreen.places.simulate",
 )  # fmt: skip
 
 
