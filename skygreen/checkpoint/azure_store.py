@@ -129,7 +129,7 @@ class AzureStore(CloudStore):
                 f"{what}: no usable Azure credentials for account {self.account!r}: {_first_line(error)}\n"
                 f"  fix: {_CREDENTIALS_FIX}"
             )
-        code = str(error.error_code or "")
+        code = str(getattr(error, "error_code", None) or "")  # set by azure-storage-blob, not azure-core
         kind, fix = _ERROR_TABLE.get(code) or _STATUS_KINDS.get(status, ("other", ""))
         if kind == "missing" and writing:
             kind, fix = "no_bucket", _CONTAINER_FIX
