@@ -16,6 +16,7 @@ precision weights); gradients are not saved. GB here are 1e9 bytes, as the paper
 from __future__ import annotations
 
 from skygreen.memory.estimate import MemoryEstimate, Workload, estimate_memory
+from skygreen.memory.method import OPTIMIZER_STATE_BYTES, trainable_params
 from skygreen.spec import ModelSpec
 
 GB = 1e9
@@ -66,8 +67,14 @@ def fits(need: MemoryEstimate, gpu_memory_gb: float) -> bool:
 
 
 def checkpoint_gb(model: ModelSpec, *, half_precision: str | None = None) -> float:
-    """The size of one full checkpoint, all shards together: weights plus the AdamW moments."""
-    return model.params * (CHECKPOINT_WEIGHT_BYTES[half_precision] + ADAM_MOMENT_BYTES) / GB
+    """The size of one checkpoint, all shards together: what the optimizer updates and its state.
+    A full fine-tune saves every weight and, with AdamW, both moments (12 bytes per parameter); a
+    LoRA or QLoRA run saves its adapters alone (`skygreen.runtime.frozen_base` names the frozen base
+    by its digest instead of saving it), megabytes where the full state is 84 GB for 7B. This size
+    sets the save and restore times, the interval and the bytes the bill prices."""
+    trained = trainable_params(model.shape, model.params, model.method)
+    state_bytes = OPTIMIZER_STATE_BYTES[model.method.optimizer]
+    return trained * (CHECKPOINT_WEIGHT_BYTES[half_precision] + state_bytes) / GB
 
 
 def smallest_nodes(model: ModelSpec, *, precision: str, gpu_memory_gb: float, gpus_per_node: int) -> int | None:
