@@ -131,6 +131,7 @@ def normalise(text: str, home: str) -> list[str]:
         (RUN_ID, r"\g<name>-<id>"),
         (re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?Z?"), "<time>"),
         (re.compile(r"\b\d{8}T\d{6,}Z"), "<time>"),
+        (re.compile(r"\b\d{2}-\d{2} \d{2}:\d{2}\b"), "<time>"),  # a table's short month-day time
         (re.compile(r"\b\d+(\.\d+)? ?(ms|s|min|h)\b"), "<duration>"),
         (re.compile(r"\bpid \d+"), "pid <pid>"),
         (re.compile(r"\b[0-9a-f]{12,64}\b"), "<digest>"),
