@@ -74,9 +74,8 @@ def print_run_cost(report: RunCostReport, out: TextIO) -> None:
     _table(rows, out, right=(3, 6, 7, 8))
     if any(sc.price_source == "catalog" for sc in c.segments):
         out.write("  * price looked up in the catalog now (the segment did not carry its launch price)\n")
-    out.write(
-        f"total {_usd(c.total_usd)}: compute {_usd(c.compute_usd)}, controller {_usd(c.controller_usd)}, storage {_usd(c.storage_usd)}\n"
-    )
+    out.write(f"total {_usd(c.total_usd)}:\n")
+    _table([("part", "cost", "how known", "what"), *bill_lines(c)], out, indent="    ", right=(1,))
     out.write(f"per completed step {_usd(c.cost_per_step_usd)}; per epoch {_usd(c.cost_per_epoch_usd)}\n")
     energy = "not metered (CPU, or no GPU energy counter)" if c.energy_kwh is None else f"{c.energy_kwh:.4f} kWh"
     co2 = "-" if c.co2e_kg is None else f"{c.co2e_kg:.4f} kg CO2e"
@@ -99,6 +98,19 @@ def print_run_cost(report: RunCostReport, out: TextIO) -> None:
     if report.cloud_estimate is not None:
         out.write("\nESTIMATE, not a bill: the same task on each cloud's best offer\n")
         print_task_estimate(report.cloud_estimate, out, header=False)
+
+
+def bill_lines(c: Any) -> list[tuple[str, str, str, str]]:
+    """The bill of a `RunCost` line by line: (part, dollars, measured or estimated, what it is)."""
+    data = c.data
+    what = {
+        "compute": "each segment's time x its offer's price",
+        "controller": "managed-jobs controller, whole span" if c.controller_usd else "none (no managed job)",
+        "transfer": f"{data.uploaded_bytes / 1e9:,.3f} GB up, {data.downloaded_bytes / 1e9:,.3f} GB down",
+        "storage": "checkpoints kept, for the run's span",
+        "requests": f"~{data.writes:,.0f} writes, ~{data.reads:,.0f} reads",
+    }
+    return [(name, _usd(usd), basis, what[name]) for name, usd, basis in c.parts]
 
 
 def _cand(c: Any) -> tuple[str, ...]:
@@ -160,6 +172,7 @@ def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
             "clouds (node-h)",
             "hours",
             "cost",
+            "of it data",
             "energy kWh",
             "CO2e kg",
             "metric",
@@ -172,12 +185,13 @@ def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
         c = r.cost
         mix = ", ".join(f"{cloud} {h:.3f}" for cloud, h in sorted(c.clouds.items()))
         final = c.final_metrics.get(r.metric) if r.metric else None
-        table.append((r.record.run_id, mix, f"{c.span_h:.3f}", _usd(c.total_usd), _num(c.energy_kwh), _num(c.co2e_kg),
+        table.append((r.record.run_id, mix, f"{c.span_h:.3f}", _usd(c.total_usd), _usd(c.data.total_usd), _num(c.energy_kwh), _num(c.co2e_kg),
                       f"{r.metric} ({r.mode})" if r.metric else "-", _num(final, "{:.4f}"), _num(r.improvement, "{:.4f}"), _usd(r.usd_per_improvement)))  # fmt: skip
-    _table(table, out, indent="", right=(2, 3, 4, 5, 7, 8, 9))
+    _table(table, out, indent="", right=(2, 3, 4, 5, 6, 8, 9, 10))
     out.write(
         "improved: first - last report for a (min) metric, last - first for (max): early stopping's mode, else by"
-        " name\n$ per unit: total cost / improved; local runs cost $0\n"
+        " name\n$ per unit: total cost / improved; local runs cost $0 of compute\n"
+        "of it data: checkpoint transfer (measured bytes), storage and requests (`skygreen cost RUN` itemises them)\n"
     )
 
 
@@ -201,16 +215,16 @@ def print_team_spend(spend: TeamSpend, out: TextIO) -> None:
         _table(rows, out, right=(2, 3, 4, 5))
     elif spend.runs:
         rows_by_run: list[tuple[str, ...]] = [
-            ("run", "task", "user", "where", "state", "node-h", "cost", "kWh", "kg CO2e")
+            ("run", "task", "user", "where", "state", "node-h", "cost", "of it data", "kWh", "kg CO2e")
         ]
         for r in spend.runs:
             j = r.to_json()
             where = ",".join(j["clouds"]) + " " + ",".join(j["gpus"])
             state = r.state + (" (running)" if r.running and r.state.lower() != "running" else "")
-            figures = (f"{r.cost.node_hours:.4f}", _usd(r.cost.total_usd), _num(r.cost.energy_kwh, "{:.4f}"),
+            figures = (f"{r.cost.node_hours:.4f}", _usd(r.cost.total_usd), _usd(r.cost.data.total_usd), _num(r.cost.energy_kwh, "{:.4f}"),
                        _num(r.cost.co2e_kg, "{:.4f}"))  # fmt: skip
             rows_by_run.append((r.run_id, r.task, r.user, where, state, *figures))
-        _table(rows_by_run, out, right=(5, 6, 7, 8))
+        _table(rows_by_run, out, right=(5, 6, 7, 8, 9))
     remote = [r.run_id for r in spend.runs if THIS_MACHINE not in r.found_in]
     if remote:
         out.write(f"{len(remote)} run(s) known only from the buckets (launched on other machines)\n")
