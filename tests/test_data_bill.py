@@ -4,6 +4,8 @@ estimated; requests estimated; and `cost RUN`'s lines, each marked measured or e
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from skygreen.bill.rates import Place as BillPlace
@@ -131,3 +133,24 @@ def test_without_bucket_places_each_counted_bucket_is_at_its_clouds_default_regi
     assert run_cost("r-1", segments).transfer_usd == pytest.approx(
         run_cost("r-1", segments, buckets={BUCKET: US_EAST}).transfer_usd
     )
+
+
+def test_the_budget_counts_the_bytes_moved_so_far_and_stops_on_data_alone():
+    """A cheap VM ($0.01/h) on GCP saving to an S3 bucket: ten minutes of compute cost $0.0017,
+    but 100 GB sent across clouds cost about $12, so a $1 budget stops the run on its data."""
+    from skygreen.ledger.budget import BudgetPolicy, BudgetTracker
+
+    cheap = Place(cloud="gcp", region="us-central1", gpu="L4", gpu_count=1, price_usd_per_hour=0.01)
+    live = Segment(run_id="r-1", key=new_segment_key(T0, token="0000abcd"), place=cheap, started_at=T0,
+                   updated_at=T0, bytes_uploaded={BUCKET: 100 * GB}, checkpoint_bytes=10 * GB)  # fmt: skip
+    tracker = BudgetTracker(BudgetPolicy(budget_usd=1.0), earlier=[], managed=False)
+    spent = tracker.spent_usd(live, T0 + 600)
+    compute = 0.01 * 600 / 3600
+    ten_minutes = replace(live, updated_at=T0 + 600)
+    data = run_cost("r-1", [ten_minutes], buckets={BUCKET: US_EAST}).data  # the budget's: S3's default region
+    assert data.transfer_usd == pytest.approx(internet_egress_usd("gcp", 100.0))
+    assert spent == pytest.approx(compute + data.total_usd) and compute < 1.0 < spent
+    _, stop = tracker.check(live, T0 + 600)
+    assert stop
+    without_bytes = BudgetTracker(BudgetPolicy(budget_usd=1.0), earlier=[], managed=False)
+    assert not without_bytes.check(replace(live, bytes_uploaded={}), T0 + 600)[1]

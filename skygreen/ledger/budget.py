@@ -1,9 +1,12 @@
 """Budgets on the VM: spend so far from the ledger, alerts as it grows, a clean stop at 100%.
 
 Spend so far is `skygreen.ledger.pricing.run_cost` over the earlier segments (read from the
-ledger when this VM started) plus this segment up to now: the same function `skygreen cost`
-and `status` use, so the runtime stops at the figure the user will see. Prices come from the
-segment's own place (the plan's offer rendered into the job), never from SkyPilot.
+ledger when this VM started) plus this segment up to now, with the bytes its store counted so
+far (`LedgerWriter.counted`): the same function `skygreen cost` and `status` use, so the runtime
+stops at the figure the user will see, checkpoint transfer, storage and requests included as
+they accrue. Prices come from the segment's own place (the plan's offer rendered into the job),
+never from SkyPilot; the bucket is taken to be in its cloud's default region (the VM does not
+read its location: `skygreen cost` does, so its transfer can differ where the bucket is elsewhere).
 
 Alerts fire once each as spend crosses a fraction of the budget (default 50%, 80%, 100%),
 and once per segment when the burn rate (dollars per hour on this VM, controller included)
@@ -104,8 +107,9 @@ class BudgetTracker:
     def spent_usd(self, current: Segment, now_s: float) -> float:
         """Dollars spent so far: the earlier segments plus `current` running until `now_s` (Unix
         seconds) unless it has ended, by `run_cost`, as `skygreen cost` counts it: compute, the
-        controller for a managed run, and checkpoint storage (`storage`); a segment with no known
-        price counts as free."""
+        controller for a managed run, the checkpoint bytes each segment moved (`current` with
+        its counts so far), storage (`storage`) and requests; a segment with no known price
+        counts as free."""
         live = replace(current, updated_at=max(now_s, current.started_at))
         stored_bytes, scheme = self.storage() if self.storage is not None else (0, "file")
         return run_cost(

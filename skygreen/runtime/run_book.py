@@ -350,7 +350,7 @@ class RunBook:
         if now - self._last_check_s < BUDGET_CHECK_EVERY_S:
             return False
         self._last_check_s = now
-        alerts, stop = self.tracker.check(self.writer.segment, now)
+        alerts, stop = self.tracker.check(self.writer.counted(), now)  # with the bytes moved so far
         for alert in alerts:
             send(alert, self.policy.webhook_url)
         return stop
@@ -362,7 +362,7 @@ class RunBook:
         Only after `over_budget` returned True with a budget set.
         """
         assert self.tracker is not None and self.policy.budget_usd is not None
-        spent = self.tracker.spent_usd(self.writer.segment, time.time())
+        spent = self.tracker.spent_usd(self.writer.counted(), time.time())
         return stop_message(self.writer.segment.run_id, spent, self.policy.budget_usd)
 
     def _energy(self, energy_j: float) -> float | None:
