@@ -216,6 +216,8 @@ class TaskEstimate:
     """GPU -> "measured (N runs)" or "prior", for the GPUs shown."""
     catalog_source: str = ""
     notices: tuple[str, ...] = ()
+    bucket: str = ""
+    """Where the checkpoints go, as the data column prices them (`_bucket_line`)."""
 
     def to_json(self) -> dict[str, Any]:
         """The estimate as JSON values, marked `"estimate": true`; the catalog notices are left out."""
@@ -230,6 +232,7 @@ class TaskEstimate:
             "clouds": [{"cloud": c.cloud, "spot": cand(c.spot), "on_demand": cand(c.on_demand)} for c in self.clouds],
             "speeds": dict(self.speeds),
             "catalog": self.catalog_source,
+            "bucket": self.bucket,
         }
 
 
@@ -238,6 +241,7 @@ def estimate_task(
 ) -> TaskEstimate:
     """Cost per run on each cloud's best region and instance, spot and on-demand, the plan's
     pick first; speeds measured by earlier runs of the task replace the shipped prior."""
+    from skygreen.checkpoint.bucket_region import read_bucket_region
     from skygreen.errors import NoOfferError
     from skygreen.plan.catalog import load_catalog
     from skygreen.plan.rank import make_plan
@@ -247,14 +251,15 @@ def estimate_task(
     catalog = load_catalog(catalog_dir)
     measured = measured_speeds(spec, task_path, registry=registry)
     speeds = {gpu: value for gpu, (value, _) in measured.items()}
+    region = read_bucket_region(spec.green.checkpoint.bucket)
     try:
-        pick = make_plan(spec, catalog, measured_speed=speeds).best
+        pick = make_plan(spec, catalog, measured_speed=speeds, bucket_region=region).best
     except NoOfferError:
         pick = None
     wide_green = dataclasses.replace(
         spec.green, spot=True, on_demand_fallback=True, budget_usd=None, max_price_per_hour=None
     )
-    wide = make_plan(dataclasses.replace(spec, green=wide_green), catalog, measured_speed=speeds)
+    wide = make_plan(dataclasses.replace(spec, green=wide_green), catalog, measured_speed=speeds, bucket_region=region)
     per_cloud: dict[str, dict[bool, Any]] = {}
     for c in wide.candidates:  # ranked: the first per (cloud, spot) is the best
         per_cloud.setdefault(c.cloud, {}).setdefault(c.spot, c)
@@ -274,7 +279,22 @@ def estimate_task(
         speeds=labels,
         catalog_source=catalog.source,
         notices=catalog.notices,
+        bucket=_bucket_line(spec, region),
     )
+
+
+def _bucket_line(spec: Any, read_region: str | None) -> str:
+    """Where the task's checkpoints go and what the plan therefore counts, for `cost TASK`."""
+    from skygreen.bill.bucket import bucket_place
+
+    url = spec.green.checkpoint.bucket
+    found = bucket_place(url, stated_region=spec.green.checkpoint.region, read_region=read_region)
+    if found is None:
+        return "no cloud bucket in the task, so no data is priced (`skygreen up` asks for one for a cloud run)"
+    if spec.green.model is None:
+        return f"bucket {url} ({found.place.label}); no skygreen.model: checkpoint size unknown, data not counted"
+    how = {"read": "read from the bucket", "stated": "as the task states", "assumed": "assumed: the cloud's default"}
+    return f"bucket {url} in {found.place.label} ({how[found.how]})"
 
 
 # ---------------------------------------------------------------- compare

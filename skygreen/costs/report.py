@@ -114,12 +114,16 @@ def bill_lines(c: Any) -> list[tuple[str, str, str, str]]:
 
 
 def _cand(c: Any) -> tuple[str, ...]:
+    """An offer's cells: where, $/h, hours, then its bill: compute, data (transfer, storage and
+    requests to the checkpoint bucket) and the total the plan ranks by."""
     if c is None:
-        return ("-", "-", "-", "-")
+        return ("-", "-", "-", "-", "-", "-")
     return (
         f"{c.region} {c.instance_type} ({c.accelerator}x{c.accelerator_count})",
         f"{c.price_usd_per_hour:.3f}",
         f"{c.est_hours:.2f}",
+        _usd(c.compute_usd),
+        _usd(c.data_usd),
         _usd(c.est_cost_usd),
     )
 
@@ -140,26 +144,19 @@ def print_task_estimate(est: TaskEstimate, out: TextIO, *, header: bool = True) 
             out,
             "plan's pick: none within the task's constraints (budget, max price); per-cloud figures below ignore them",
         )
-    heads: tuple[str, ...] = (
-        "cloud",
-        "best spot offer",
-        "$/h",
-        "est. h",
-        "est. cost",
-        "best on-demand offer",
-        "$/h",
-        "est. h",
-        "est. cost",
-    )
+    figures = ("$/h", "est. h", "compute", "data", "total")
+    heads: tuple[str, ...] = ("cloud", "best spot offer", *figures, "best on-demand offer", *figures)
     rows: list[tuple[str, ...]] = [heads, *((ce.cloud, *_cand(ce.spot), *_cand(ce.on_demand)) for ce in est.clouds)]
     width = output_width(out)
     if width is None or table_width(rows, indent=2) <= width:
-        write_table(rows, out, width=width, indent=2, right=(2, 3, 4, 6, 7, 8))
-    else:  # too narrow for both offers side by side: one table for each kind
-        for kind, cells in (("spot", slice(1, 5)), ("on-demand", slice(5, 9))):
-            part: list[tuple[str, ...]] = [("cloud", f"best {kind} offer", "$/h", "est. h", "est. cost")]
-            part += [(row[0], *row[cells]) for row in rows[1:]]
-            write_table(part, out, width=width, indent=2, right=(2, 3, 4))
+        write_table(rows, out, width=width, indent=2, right=(2, 3, 4, 5, 6, 8, 9, 10, 11, 12))
+    else:  # too narrow for both offers side by side: one table for each kind, compute left to total - data
+        for kind, first in (("spot", 1), ("on-demand", 7)):
+            part: list[tuple[str, ...]] = [("cloud", f"best {kind} offer", "$/h", "est. h", "data", "total")]
+            part += [(row[0], *row[first : first + 3], *row[first + 4 : first + 6]) for row in rows[1:]]
+            write_table(part, out, width=width, indent=2, right=(2, 3, 4, 5))
+    if est.bucket:
+        _say(out, f"data: checkpoint transfer, storage and requests (estimated); {est.bucket}")
     speeds = ", ".join(f"{gpu} {kind}" for gpu, kind in est.speeds.items())
     _say(out, f"speeds: {speeds}")
 
@@ -172,7 +169,7 @@ def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
             "clouds (node-h)",
             "hours",
             "cost",
-            "of it data",
+            "data",
             "energy kWh",
             "CO2e kg",
             "metric",
@@ -191,7 +188,7 @@ def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
     out.write(
         "improved: first - last report for a (min) metric, last - first for (max): early stopping's mode, else by"
         " name\n$ per unit: total cost / improved; local runs cost $0 of compute\n"
-        "of it data: checkpoint transfer (measured bytes), storage and requests (`skygreen cost RUN` itemises them)\n"
+        "data: checkpoint transfer (measured bytes), storage and requests (`skygreen cost RUN` itemises them)\n"
     )
 
 
@@ -215,7 +212,7 @@ def print_team_spend(spend: TeamSpend, out: TextIO) -> None:
         _table(rows, out, right=(2, 3, 4, 5))
     elif spend.runs:
         rows_by_run: list[tuple[str, ...]] = [
-            ("run", "task", "user", "where", "state", "node-h", "cost", "of it data", "kWh", "kg CO2e")
+            ("run", "task", "user", "where", "state", "node-h", "cost", "data", "kWh", "kg CO2e")
         ]
         for r in spend.runs:
             j = r.to_json()
