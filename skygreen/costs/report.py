@@ -150,11 +150,13 @@ def print_task_estimate(est: TaskEstimate, out: TextIO, *, header: bool = True) 
     width = output_width(out)
     if width is None or table_width(rows, indent=2) <= width:
         write_table(rows, out, width=width, indent=2, right=(2, 3, 4, 5, 6, 8, 9, 10, 11, 12))
-    else:  # too narrow for both offers side by side: one table for each kind, compute left to total - data
-        for kind, first in (("spot", 1), ("on-demand", 7)):
-            part: list[tuple[str, ...]] = [("cloud", f"best {kind} offer", "$/h", "est. h", "data", "total")]
-            part += [(row[0], *row[first : first + 3], *row[first + 4 : first + 6]) for row in rows[1:]]
-            write_table(part, out, width=width, indent=2, right=(2, 3, 4, 5))
+    else:  # too narrow for both offers side by side: one table for each kind (compute left to total - data
+        for kind, first in (("spot", 1), ("on-demand", 7)):  # where even that does not fit)
+            part: list[tuple[str, ...]] = [("cloud", f"best {kind} offer", *figures)]
+            part += [(row[0], *row[first : first + 6]) for row in rows[1:]]
+            if table_width(part, indent=2) > width:
+                part = [(*row[:4], *row[5:]) for row in part]
+            write_table(part, out, width=width, indent=2, right=tuple(range(2, len(part[0]))))
     if est.bucket:
         _say(out, f"data: checkpoint transfer, storage and requests (estimated); {est.bucket}")
     speeds = ", ".join(f"{gpu} {kind}" for gpu, kind in est.speeds.items())
