@@ -154,3 +154,17 @@ def test_the_budget_counts_the_bytes_moved_so_far_and_stops_on_data_alone():
     assert stop
     without_bytes = BudgetTracker(BudgetPolicy(budget_usd=1.0), earlier=[], managed=False)
     assert not without_bytes.check(replace(live, bytes_uploaded={}), T0 + 600)[1]
+
+
+def test_the_report_page_states_each_part_of_the_bill_and_how_it_was_known():
+    from skygreen.costs.costing import RunCostReport
+    from skygreen.costs.page import _run_section
+    from skygreen.launch.registry import RunRecord
+
+    segments = gcp_then_aws()
+    cost = run_cost("demo-a", segments, buckets={BUCKET: US_EAST}, store=US_EAST, keep=3, storage_bytes=6 * GB)
+    record = RunRecord(run_id="demo-a", task_path="t.yaml", task_name="demo", mode="cloud", launcher="skypilot",
+                       bucket="s3://team-ckpt/runs", task_yaml="t.yaml", spec_snapshot={}, created_at="", state="SUCCEEDED")  # fmt: skip
+    page = "\n".join(_run_section(RunCostReport(record=record, cost=cost, segments=tuple(segments))))
+    assert f"transfer ${cost.transfer_usd:,.2f} (measured)" in page and "requests $" in page
+    assert "controller $" in page and "(estimated)" in page
