@@ -168,3 +168,23 @@ def test_the_report_page_states_each_part_of_the_bill_and_how_it_was_known():
     page = "\n".join(_run_section(RunCostReport(record=record, cost=cost, segments=tuple(segments))))
     assert f"transfer ${cost.transfer_usd:,.2f} (measured)" in page and "requests $" in page
     assert "controller $" in page and "(estimated)" in page
+
+
+def test_the_budget_prices_transfer_to_the_region_the_task_states():
+    """The same bytes from AWS us-west-2: free to a bucket the task says is in us-west-2, at the
+    inter-region rate to one taken to be in us-east-1 (S3's default)."""
+    from skygreen.ledger.budget import BudgetPolicy, BudgetTracker
+    from skygreen.settings import RuntimeSettings
+    from skygreen.spec import parse_spec
+
+    live = Segment(run_id="r-1", key=new_segment_key(T0, token="0000abcd"), place=AWS_WEST, started_at=T0,
+                   updated_at=T0, bytes_uploaded={BUCKET: 100 * GB}, checkpoint_bytes=10 * GB)  # fmt: skip
+    policy = BudgetPolicy(budget_usd=100.0)
+    assumed = BudgetTracker(policy, earlier=[], managed=False).spent_usd(live, T0 + 600)
+    stated = BudgetTracker(policy, earlier=[], managed=False, bucket_region="us-west-2").spent_usd(live, T0 + 600)
+    rate = load_rates().within[("aws", "same_continent")]
+    assert assumed - stated == pytest.approx(100 * rate) and stated < 0.1
+    spec = parse_spec({"skygreen": {"checkpoint": {"bucket": "s3://team-ckpt/runs", "region": "us-west-2"}}})
+    settings = RuntimeSettings.from_spec(spec.green, run_id="r-1", bucket="s3://team-ckpt/runs")
+    assert settings.checkpoint_region == "us-west-2"
+    assert RuntimeSettings.from_env(settings.to_env()).checkpoint_region == "us-west-2"  # as the VM reads it

@@ -369,13 +369,14 @@ def run_cost(
     )
 
 
-def default_buckets(segments: Sequence[Segment]) -> dict[str, BillPlace | None]:
-    """Each bucket the segments counted bytes for, at its URL's cloud's default region (None for
-    a local directory): where nothing better is known (the runtime's budget)."""
+def default_buckets(segments: Sequence[Segment], *, region: str | None = None) -> dict[str, BillPlace | None]:
+    """Each bucket the segments counted bytes for, in `region` (the task's `checkpoint.region`)
+    or else at its URL's cloud's default region (None for a local directory): where nothing
+    better is known (the runtime's budget)."""
     keys = {k for s in segments for k in (*s.bytes_uploaded, *s.bytes_downloaded)}
     out: dict[str, BillPlace | None] = {}
     for key in sorted(keys):
-        found = bucket_place(key)
+        found = bucket_place(key, stated_region=region)
         out[key] = found.place if found is not None else None
     return out
 

@@ -114,6 +114,7 @@ class RunBook:
         if webhook_env and not self.policy.webhook_url:
             log.warning("budget alert webhook: $%s is not set; alerts go to the log only", webhook_env)
         self.tracker: BudgetTracker | None = None
+        self.bucket_region = settings.checkpoint_region
         self._last_check_s = 0.0
         self.heartbeat_s = settings.ledger_heartbeat_s or HEARTBEAT_S
         self._last_beat_s: float | None = None
@@ -259,6 +260,7 @@ class RunBook:
                 earlier=self.writer.earlier,
                 managed=self.place.cloud != "local",
                 storage=StoredCheckpoints(self.writer.store),
+                bucket_region=self.bucket_region,
             )
             if self.place.price_usd_per_hour is None and self.place.cloud != "local":
                 log.warning(
