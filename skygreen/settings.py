@@ -81,6 +81,9 @@ class RuntimeSettings:
     """Folder mode: the file whose presence makes a checkpoint folder complete."""
     checkpoint_quiet_s: float | None = None
     """Folder mode: seconds without a write after which a folder counts as complete."""
+    checkpoint_region: str | None = None
+    """The bucket's region as the task states it (`checkpoint.region`), so the budget prices the
+    checkpoints' transfer from where the bucket is; None: its cloud's default region."""
     trainer: str | None = None
     """What owns the loop (`skygreen.spec.TRAINERS`) where it is not `sg.Run` (None); the smoke
     test and the integrations read it."""
@@ -231,6 +234,7 @@ class RuntimeSettings:
             checkpoint_dir=spec.checkpoint.dir,
             checkpoint_marker=spec.checkpoint.marker,
             checkpoint_quiet_s=spec.checkpoint.quiet_s,
+            checkpoint_region=spec.checkpoint.region,
             trainer=None if spec.trainer == "runtime" else spec.trainer,
             power_cap=CapRequest(mode=power.mode, value=cap_value),
             power_required=power.required,

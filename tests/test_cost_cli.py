@@ -321,3 +321,35 @@ def test_an_errors_allowed_line_wraps_at_80_columns():
     lines = str(SpecError("skygreen.x", "unknown value", value="y", allowed=allowed)).splitlines()
     assert all(len(line) <= 80 for line in lines) and lines[2].startswith("  allowed: choice_number_0,")
     assert " ".join(" ".join(lines[2:]).split()) == f"allowed: {allowed}"
+
+
+def test_cost_task_shows_each_clouds_data_dollars_for_the_7b_case(shared_catalog_dir, tmp_path):
+    """The 7B full fine-tune with its bucket in us-east-1: each cloud's best offer shows its
+    compute, data and total; an offer beside the bucket moves its bytes free, Azure pays to send
+    them to AWS. Without a bucket nothing is priced beyond compute."""
+    head = "name: llama7b\nskygreen:\n  model: {params: 7B}\n  work: {gpu_hours: 200, gpu: A100-80GB}\n"
+    with_bucket = tmp_path / "bucket.yaml"
+    with_bucket.write_text(head + "  checkpoint: {bucket: s3://my-ckpts/llama, region: us-east-1}\nrun: python t.py\n")
+    without = tmp_path / "none.yaml"
+    without.write_text(head + "run: python t.py\n")
+    data = json.loads(skygreen("cost", str(with_bucket), "--catalog", str(shared_catalog_dir), "--json").stdout)
+    spot = {c["cloud"]: c["spot"] for c in data["clouds"]}
+    for offer in spot.values():
+        bill = offer["cost_usd"]
+        assert bill["compute"] + bill["transfer"] + bill["storage"] + bill["requests"] == pytest.approx(bill["total"])
+        assert offer["est_cost_usd"] == pytest.approx(bill["total"])
+    assert (
+        spot["azure"]["cost_usd"]["transfer"] > spot["azure"]["cost_usd"]["compute"] * 0.5
+    )  # 80+ GB a save, cross-cloud
+    if spot["aws"]["region"] == "us-east-1":
+        assert spot["aws"]["cost_usd"]["transfer"] == 0.0
+    assert data["bucket"] == "bucket s3://my-ckpts/llama in aws us-east-1 (as the task states)"
+    text = skygreen("cost", str(with_bucket), "--catalog", str(shared_catalog_dir)).stdout
+    assert "compute" in text and "data" in text and "in aws us-east-1 (as the task states)" in text
+    bare = json.loads(skygreen("cost", str(without), "--catalog", str(shared_catalog_dir), "--json").stdout)
+    assert all(
+        c[kind]["cost_usd"]["total"] == c[kind]["cost_usd"]["compute"]
+        for c in bare["clouds"]
+        for kind in ("spot", "on_demand")
+    )
+    assert bare["bucket"].startswith("no cloud bucket")

@@ -22,6 +22,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from metadata_server import MetadataServer
+from skygreen.bill.rates import Place as BillPlace
+from skygreen.bill.rates import transfer_usd
 from skygreen.ledger.pricing import (
     CONTROLLER_AUTOSTOP_S,
     CONTROLLER_USD_PER_HOUR,
@@ -179,13 +181,31 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     span_s = s2["ended_at"] - s1["started_at"]
     controller = CONTROLLER_USD_PER_HOUR["gcp"] * (span_s + CONTROLLER_AUTOSTOP_S) / 3600
     storage = checkpoint_bytes(s3_bucket, run_id) / 1e9 * STORAGE_USD_PER_GB_MONTH["s3"] * span_s / 3600 / 730
-    by_hand = compute + controller + storage
+    # transfer: each VM's counted bytes at the rate between its region and the bucket's (moto's
+    # GetBucketLocation: us-east-1), each direction of each pair on its own volume
+    s3_place = BillPlace(cloud="aws", region="us-east-1")
+    transfer = 0.0
+    for raw in (s1, s2):
+        vm_place = BillPlace(cloud=raw["place"]["cloud"], region=raw["place"]["region"])
+        transfer += transfer_usd(vm_place, s3_place, raw["bytes_uploaded"].get(bucket, 0) / 1e9)
+        transfer += transfer_usd(s3_place, vm_place, raw["bytes_downloaded"].get(bucket, 0) / 1e9)
+    by_hand = compute + controller + storage + transfer
 
     status = json.loads(skygreen(env, "status", run_id, "--json").stdout)
     cost_out = skygreen(env, "cost", run_id, "--json", "--catalog", str(shared_catalog_dir))
     assert cost_out.returncode == 0, cost_out.stderr
     cost = json.loads(cost_out.stdout)
     compare = json.loads(skygreen(env, "compare", run_id, "--json", "--catalog", str(shared_catalog_dir)).stdout)
+    assert cost["transfer_usd"] == pytest.approx(transfer, abs=1e-6) and transfer > 0  # GCP -> S3 crosses clouds
+    assert cost["requests_usd"] > 0 and cost["storage_usd"] == pytest.approx(storage, abs=1e-6)
+    assert cost["measured"] == {
+        "compute": True,
+        "controller": False,
+        "transfer": True,
+        "storage": True,
+        "requests": False,
+    }
+    by_hand += cost["requests_usd"]  # estimated from the counted saves (`test_data_bill` checks the formula)
     assert cost["total_usd"] == pytest.approx(by_hand, abs=1e-6)
     assert (
         round(status["spend_usd"], 2)
@@ -203,6 +223,11 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     assert cost["clouds_node_hours"].keys() == {"gcp", "aws"}
     text = skygreen(env, "cost", run_id, "--catalog", str(shared_catalog_dir)).stdout
     assert f"total ${cost['total_usd']:,.2f}" in text and "controller" in text and "killed" in text
+    lines = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
+    for part, how in (("compute", "measured"), ("controller", "estimated"), ("transfer", "measured"),
+                      ("storage", "measured"), ("requests", "estimated")):  # fmt: skip
+        assert lines[part][2] == how, text
+    assert compare[0]["transfer_usd"] == cost["transfer_usd"] and compare[0]["measured"] == cost["measured"]
 
 
 def test_a_run_stops_at_its_budget_and_resumes_with_a_higher_one(s3_bucket, catalog_dir, private_home, tmp_path):

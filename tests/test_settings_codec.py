@@ -30,6 +30,7 @@ def full() -> RuntimeSettings:
         checkpoint_dir="out",
         checkpoint_marker="trainer_state.json",
         checkpoint_quiet_s=30.0,
+        checkpoint_region="us-west-2",
         trainer="transformers",
         power_cap=CapRequest.parse("0.6"),
         power_required=True,

@@ -9,6 +9,7 @@ catalog prices what the ledger does not know, and the planner estimates what a t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ def load_run_cost(
         lookup=lookup,
         storage_bytes=storage_bytes(record.checkpoint_url, open_store),
         storage_scheme=_scheme(record.checkpoint_url),
+        **data_places(record.checkpoint_url, segments, record.spec_snapshot),
         managed=record.mode == "cloud",
         cancelled=record.cancelled,
     )
@@ -99,6 +101,39 @@ def storage_bytes(url: str, open_store: OpenStore) -> int:
         return sum(info.size for m in iter_manifests(open_store(url)) for info in m.blobs.values())
     except (StoreError, CheckpointError):
         return 0
+
+
+def data_places(url: str, segments: Sequence[Segment], snapshot: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`run_cost`'s data arguments for a run whose checkpoints are at `url`: each bucket's place
+    (`buckets`: the run's and every one its segments counted bytes for, each read from the
+    bucket where credentials allow, else the task's `checkpoint.region` for the run's own, else
+    its cloud's default), the run's bucket's place (`store`) and `keep` from the task."""
+    from skygreen.bill.bucket import bucket_place
+    from skygreen.checkpoint.traffic import bucket_of
+
+    checkpoint = ((snapshot or {}).get("skygreen") or {}).get("checkpoint") or {}
+    stated = checkpoint.get("region") if isinstance(checkpoint, Mapping) else None
+    keep = checkpoint.get("keep") if isinstance(checkpoint, Mapping) else None
+    run_bucket = bucket_of(url)
+    keys = {run_bucket} | {k for s in segments for k in (*s.bytes_uploaded, *s.bytes_downloaded)}
+    buckets = {}
+    for key in sorted(keys):
+        read = _read_region(key)
+        try:
+            found = bucket_place(key, stated_region=stated if key == run_bucket else None, read_region=read)
+        except SkygreenError:  # the task's region contradicts the bucket: the bucket's answer stands
+            found = bucket_place(key, read_region=read)
+        buckets[key] = found.place if found is not None else None
+    return {"buckets": buckets, "store": buckets[run_bucket], "keep": keep if isinstance(keep, int) else None}
+
+
+@functools.lru_cache(maxsize=64)
+def _read_region(bucket: str) -> str | None:
+    """The region the bucket reports, asked once per bucket and process (`cost --all` reads many
+    runs in one bucket)."""
+    from skygreen.checkpoint.bucket_region import read_bucket_region
+
+    return read_bucket_region(bucket)
 
 
 def _scheme(url: str) -> str:
@@ -181,6 +216,8 @@ class TaskEstimate:
     """GPU -> "measured (N runs)" or "prior", for the GPUs shown."""
     catalog_source: str = ""
     notices: tuple[str, ...] = ()
+    bucket: str = ""
+    """Where the checkpoints go, as the data column prices them (`_bucket_line`)."""
 
     def to_json(self) -> dict[str, Any]:
         """The estimate as JSON values, marked `"estimate": true`; the catalog notices are left out."""
@@ -195,6 +232,7 @@ class TaskEstimate:
             "clouds": [{"cloud": c.cloud, "spot": cand(c.spot), "on_demand": cand(c.on_demand)} for c in self.clouds],
             "speeds": dict(self.speeds),
             "catalog": self.catalog_source,
+            "bucket": self.bucket,
         }
 
 
@@ -203,6 +241,7 @@ def estimate_task(
 ) -> TaskEstimate:
     """Cost per run on each cloud's best region and instance, spot and on-demand, the plan's
     pick first; speeds measured by earlier runs of the task replace the shipped prior."""
+    from skygreen.checkpoint.bucket_region import read_bucket_region
     from skygreen.errors import NoOfferError
     from skygreen.plan.catalog import load_catalog
     from skygreen.plan.rank import make_plan
@@ -212,14 +251,15 @@ def estimate_task(
     catalog = load_catalog(catalog_dir)
     measured = measured_speeds(spec, task_path, registry=registry)
     speeds = {gpu: value for gpu, (value, _) in measured.items()}
+    region = read_bucket_region(spec.green.checkpoint.bucket)
     try:
-        pick = make_plan(spec, catalog, measured_speed=speeds).best
+        pick = make_plan(spec, catalog, measured_speed=speeds, bucket_region=region).best
     except NoOfferError:
         pick = None
     wide_green = dataclasses.replace(
         spec.green, spot=True, on_demand_fallback=True, budget_usd=None, max_price_per_hour=None
     )
-    wide = make_plan(dataclasses.replace(spec, green=wide_green), catalog, measured_speed=speeds)
+    wide = make_plan(dataclasses.replace(spec, green=wide_green), catalog, measured_speed=speeds, bucket_region=region)
     per_cloud: dict[str, dict[bool, Any]] = {}
     for c in wide.candidates:  # ranked: the first per (cloud, spot) is the best
         per_cloud.setdefault(c.cloud, {}).setdefault(c.spot, c)
@@ -239,7 +279,22 @@ def estimate_task(
         speeds=labels,
         catalog_source=catalog.source,
         notices=catalog.notices,
+        bucket=_bucket_line(spec, region),
     )
+
+
+def _bucket_line(spec: Any, read_region: str | None) -> str:
+    """Where the task's checkpoints go and what the plan therefore counts, for `cost TASK`."""
+    from skygreen.bill.bucket import bucket_place
+
+    url = spec.green.checkpoint.bucket
+    found = bucket_place(url, stated_region=spec.green.checkpoint.region, read_region=read_region)
+    if found is None:
+        return "no cloud bucket in the task, so no data is priced (`skygreen up` asks for one for a cloud run)"
+    if spec.green.model is None:
+        return f"bucket {url} ({found.place.label}); no skygreen.model: checkpoint size unknown, data not counted"
+    how = {"read": "read from the bucket", "stated": "as the task states", "assumed": "assumed: the cloud's default"}
+    return f"bucket {url} in {found.place.label} ({how[found.how]})"
 
 
 # ---------------------------------------------------------------- compare
@@ -274,6 +329,12 @@ class CompareRow:
             "span_h": self.cost.span_h,
             "node_hours": self.cost.node_hours,
             "total_usd": round(self.cost.total_usd, 6),
+            "compute_usd": round(self.cost.compute_usd, 6),
+            "controller_usd": round(self.cost.controller_usd, 6),
+            "transfer_usd": round(self.cost.transfer_usd, 6),
+            "storage_usd": round(self.cost.storage_usd, 6),
+            "requests_usd": round(self.cost.requests_usd, 6),
+            "measured": {name: basis == "measured" for name, _, basis in self.cost.parts},
             "energy_kwh": self.cost.energy_kwh,
             "co2e_kg": self.cost.co2e_kg,
             "metric": self.metric,

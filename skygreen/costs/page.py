@@ -59,7 +59,7 @@ def series(reports: Sequence[RunCostReport]) -> dict[str, Any]:
         by_cloud: dict[str, float] = {}
         for sc in c.segments:
             by_cloud[sc.segment.place.cloud] = by_cloud.get(sc.segment.place.cloud, 0.0) + sc.cost_usd
-        overhead = c.controller_usd + c.storage_usd
+        overhead = c.total_usd - c.compute_usd  # the controller, transfer, storage and requests
         spend_h, spend_usd, total = [0.0], [0.0], 0.0
         for sc in c.segments:
             s = sc.segment
@@ -307,8 +307,9 @@ def _run_section(r: RunCostReport, statement: str | None = None) -> list[str]:
     )
     return [
         f"<h2>Run {html.escape(c.run_id)}</h2>",
-        f"<p class='total'>Total <b>{money(c.total_usd)}</b>: compute {money(c.compute_usd)}, controller {money(c.controller_usd)}, "
-        f"storage {money(c.storage_usd)}. {c.steps} steps"
+        f"<p class='total'>Total <b>{money(c.total_usd)}</b>: "
+        + ", ".join(f"{name} {money(usd)} ({basis})" for name, usd, basis in c.parts)
+        + f". {c.steps} steps"
         + (f", {c.epochs:.2f} epochs" if c.epochs else "")
         + f"; {c.preemptions} preemption(s) cost {c.lost_s:.0f} s ({money(c.lost_usd)}).</p>",
         *_estimate_note(r),

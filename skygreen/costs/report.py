@@ -74,9 +74,8 @@ def print_run_cost(report: RunCostReport, out: TextIO) -> None:
     _table(rows, out, right=(3, 6, 7, 8))
     if any(sc.price_source == "catalog" for sc in c.segments):
         out.write("  * price looked up in the catalog now (the segment did not carry its launch price)\n")
-    out.write(
-        f"total {_usd(c.total_usd)}: compute {_usd(c.compute_usd)}, controller {_usd(c.controller_usd)}, storage {_usd(c.storage_usd)}\n"
-    )
+    out.write(f"total {_usd(c.total_usd)}:\n")
+    _table([("part", "cost", "how known", "what"), *bill_lines(c)], out, indent="    ", right=(1,))
     out.write(f"per completed step {_usd(c.cost_per_step_usd)}; per epoch {_usd(c.cost_per_epoch_usd)}\n")
     energy = "not metered (CPU, or no GPU energy counter)" if c.energy_kwh is None else f"{c.energy_kwh:.4f} kWh"
     co2 = "-" if c.co2e_kg is None else f"{c.co2e_kg:.4f} kg CO2e"
@@ -101,13 +100,30 @@ def print_run_cost(report: RunCostReport, out: TextIO) -> None:
         print_task_estimate(report.cloud_estimate, out, header=False)
 
 
+def bill_lines(c: Any) -> list[tuple[str, str, str, str]]:
+    """The bill of a `RunCost` line by line: (part, dollars, measured or estimated, what it is)."""
+    data = c.data
+    what = {
+        "compute": "each segment's time x its offer's price",
+        "controller": "managed-jobs controller, whole span" if c.controller_usd else "none (no managed job)",
+        "transfer": f"{data.uploaded_bytes / 1e9:,.3f} GB up, {data.downloaded_bytes / 1e9:,.3f} GB down",
+        "storage": "checkpoints kept, for the run's span",
+        "requests": f"~{data.writes:,.0f} writes, ~{data.reads:,.0f} reads",
+    }
+    return [(name, _usd(usd), basis, what[name]) for name, usd, basis in c.parts]
+
+
 def _cand(c: Any) -> tuple[str, ...]:
+    """An offer's cells: where, $/h, hours, then its bill: compute, data (transfer, storage and
+    requests to the checkpoint bucket) and the total the plan ranks by."""
     if c is None:
-        return ("-", "-", "-", "-")
+        return ("-", "-", "-", "-", "-", "-")
     return (
         f"{c.region} {c.instance_type} ({c.accelerator}x{c.accelerator_count})",
         f"{c.price_usd_per_hour:.3f}",
         f"{c.est_hours:.2f}",
+        _usd(c.compute_usd),
+        _usd(c.data_usd),
         _usd(c.est_cost_usd),
     )
 
@@ -128,26 +144,21 @@ def print_task_estimate(est: TaskEstimate, out: TextIO, *, header: bool = True) 
             out,
             "plan's pick: none within the task's constraints (budget, max price); per-cloud figures below ignore them",
         )
-    heads: tuple[str, ...] = (
-        "cloud",
-        "best spot offer",
-        "$/h",
-        "est. h",
-        "est. cost",
-        "best on-demand offer",
-        "$/h",
-        "est. h",
-        "est. cost",
-    )
+    figures = ("$/h", "est. h", "compute", "data", "total")
+    heads: tuple[str, ...] = ("cloud", "best spot offer", *figures, "best on-demand offer", *figures)
     rows: list[tuple[str, ...]] = [heads, *((ce.cloud, *_cand(ce.spot), *_cand(ce.on_demand)) for ce in est.clouds)]
     width = output_width(out)
     if width is None or table_width(rows, indent=2) <= width:
-        write_table(rows, out, width=width, indent=2, right=(2, 3, 4, 6, 7, 8))
-    else:  # too narrow for both offers side by side: one table for each kind
-        for kind, cells in (("spot", slice(1, 5)), ("on-demand", slice(5, 9))):
-            part: list[tuple[str, ...]] = [("cloud", f"best {kind} offer", "$/h", "est. h", "est. cost")]
-            part += [(row[0], *row[cells]) for row in rows[1:]]
-            write_table(part, out, width=width, indent=2, right=(2, 3, 4))
+        write_table(rows, out, width=width, indent=2, right=(2, 3, 4, 5, 6, 8, 9, 10, 11, 12))
+    else:  # too narrow for both offers side by side: one table for each kind (compute left to total - data
+        for kind, first in (("spot", 1), ("on-demand", 7)):  # where even that does not fit)
+            part: list[tuple[str, ...]] = [("cloud", f"best {kind} offer", *figures)]
+            part += [(row[0], *row[first : first + 6]) for row in rows[1:]]
+            if table_width(part, indent=2) > width:
+                part = [(*row[:4], *row[5:]) for row in part]
+            write_table(part, out, width=width, indent=2, right=tuple(range(2, len(part[0]))))
+    if est.bucket:
+        _say(out, f"data: checkpoint transfer, storage and requests (estimated); {est.bucket}")
     speeds = ", ".join(f"{gpu} {kind}" for gpu, kind in est.speeds.items())
     _say(out, f"speeds: {speeds}")
 
@@ -160,6 +171,7 @@ def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
             "clouds (node-h)",
             "hours",
             "cost",
+            "data",
             "energy kWh",
             "CO2e kg",
             "metric",
@@ -172,12 +184,13 @@ def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
         c = r.cost
         mix = ", ".join(f"{cloud} {h:.3f}" for cloud, h in sorted(c.clouds.items()))
         final = c.final_metrics.get(r.metric) if r.metric else None
-        table.append((r.record.run_id, mix, f"{c.span_h:.3f}", _usd(c.total_usd), _num(c.energy_kwh), _num(c.co2e_kg),
+        table.append((r.record.run_id, mix, f"{c.span_h:.3f}", _usd(c.total_usd), _usd(c.data.total_usd), _num(c.energy_kwh), _num(c.co2e_kg),
                       f"{r.metric} ({r.mode})" if r.metric else "-", _num(final, "{:.4f}"), _num(r.improvement, "{:.4f}"), _usd(r.usd_per_improvement)))  # fmt: skip
-    _table(table, out, indent="", right=(2, 3, 4, 5, 7, 8, 9))
+    _table(table, out, indent="", right=(2, 3, 4, 5, 6, 8, 9, 10))
     out.write(
         "improved: first - last report for a (min) metric, last - first for (max): early stopping's mode, else by"
-        " name\n$ per unit: total cost / improved; local runs cost $0\n"
+        " name\n$ per unit: total cost / improved; local runs cost $0 of compute\n"
+        "data: checkpoint transfer (measured bytes), storage and requests (`skygreen cost RUN` itemises them)\n"
     )
 
 
@@ -201,16 +214,16 @@ def print_team_spend(spend: TeamSpend, out: TextIO) -> None:
         _table(rows, out, right=(2, 3, 4, 5))
     elif spend.runs:
         rows_by_run: list[tuple[str, ...]] = [
-            ("run", "task", "user", "where", "state", "node-h", "cost", "kWh", "kg CO2e")
+            ("run", "task", "user", "where", "state", "node-h", "cost", "data", "kWh", "kg CO2e")
         ]
         for r in spend.runs:
             j = r.to_json()
             where = ",".join(j["clouds"]) + " " + ",".join(j["gpus"])
             state = r.state + (" (running)" if r.running and r.state.lower() != "running" else "")
-            figures = (f"{r.cost.node_hours:.4f}", _usd(r.cost.total_usd), _num(r.cost.energy_kwh, "{:.4f}"),
+            figures = (f"{r.cost.node_hours:.4f}", _usd(r.cost.total_usd), _usd(r.cost.data.total_usd), _num(r.cost.energy_kwh, "{:.4f}"),
                        _num(r.cost.co2e_kg, "{:.4f}"))  # fmt: skip
             rows_by_run.append((r.run_id, r.task, r.user, where, state, *figures))
-        _table(rows_by_run, out, right=(5, 6, 7, 8))
+        _table(rows_by_run, out, right=(5, 6, 7, 8, 9))
     remote = [r.run_id for r in spend.runs if THIS_MACHINE not in r.found_in]
     if remote:
         out.write(f"{len(remote)} run(s) known only from the buckets (launched on other machines)\n")

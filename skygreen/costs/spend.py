@@ -141,7 +141,10 @@ class SpentRun:
             "total_usd": round(c.total_usd, 6),
             "compute_usd": round(c.compute_usd, 6),
             "controller_usd": round(c.controller_usd, 6),
+            "transfer_usd": round(c.transfer_usd, 6),
             "storage_usd": round(c.storage_usd, 6),
+            "requests_usd": round(c.requests_usd, 6),
+            "measured": {name: basis == "measured" for name, _, basis in c.parts},
             "energy_kwh": c.energy_kwh,
             "co2e_kg": c.co2e_kg,
             "unpriced_segments": c.unpriced_segments,
@@ -287,7 +290,7 @@ def _parts(run: SpentRun, by: str) -> list[tuple[str, float, float, float | None
         lambda sc: _gpu(sc.segment))  # fmt: skip
     out = []
     for i, sc in enumerate(c.segments):
-        shared = (c.controller_usd + c.storage_usd) if i == 0 else 0.0
+        shared = (c.total_usd - c.compute_usd) if i == 0 else 0.0  # controller and data, once per run
         out.append((key(sc), sc.segment.node_hours, sc.cost_usd + shared, sc.energy_kwh, sc.co2e_kg))
     return out
 
@@ -349,7 +352,7 @@ def team_spend(
     sums it must not take a part for the whole (`TeamSpend.complete`).
     """
     from skygreen.checkpoint.bucket_url import parse_url
-    from skygreen.costs.costing import lazy_lookup, read_segments, storage_bytes
+    from skygreen.costs.costing import data_places, lazy_lookup, read_segments, storage_bytes
 
     registry = registry or Registry()
     lookup = lazy_lookup(catalog_dir)
@@ -393,6 +396,7 @@ def team_spend(
             lookup=lookup,
             storage_bytes=storage_bytes(url, open_store),
             storage_scheme=parse_url(url).scheme,
+            **data_places(url, segments, record.spec_snapshot if record else None),
             managed=(record.mode == "cloud") if record else not all(s.place.cloud == "local" for s in segments),
             cancelled=record.cancelled if record else False,
         )

@@ -1,9 +1,13 @@
 """Budgets on the VM: spend so far from the ledger, alerts as it grows, a clean stop at 100%.
 
 Spend so far is `skygreen.ledger.pricing.run_cost` over the earlier segments (read from the
-ledger when this VM started) plus this segment up to now: the same function `skygreen cost`
-and `status` use, so the runtime stops at the figure the user will see. Prices come from the
-segment's own place (the plan's offer rendered into the job), never from SkyPilot.
+ledger when this VM started) plus this segment up to now, with the bytes its store counted so
+far (`LedgerWriter.counted`): the same function `skygreen cost` and `status` use, so the runtime
+stops at the figure the user will see, checkpoint transfer, storage and requests included as
+they accrue. Prices come from the segment's own place (the plan's offer rendered into the job),
+never from SkyPilot; the bucket is where the task's `checkpoint.region` says, else in its cloud's
+default region (the VM does not read its location: `skygreen cost` does, so the two transfer
+figures can differ where the bucket is elsewhere and the task does not say).
 
 Alerts fire once each as spend crosses a fraction of the budget (default 50%, 80%, 100%),
 and once per segment when the burn rate (dollars per hour on this VM, controller included)
@@ -22,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from skygreen.ledger.pricing import CONTROLLER_USD_PER_HOUR, run_cost
+from skygreen.ledger.pricing import CONTROLLER_USD_PER_HOUR, default_buckets, run_cost
 from skygreen.ledger.records import Segment
 
 log = logging.getLogger("skygreen.runtime")
@@ -90,6 +94,7 @@ class BudgetTracker:
         earlier: Sequence[Segment],
         managed: bool = True,
         storage: Callable[[], tuple[int, str]] | None = None,
+        bucket_region: str | None = None,
     ) -> None:
         self.policy = policy
         self.earlier = list(earlier)
@@ -97,6 +102,8 @@ class BudgetTracker:
         self.storage = storage
         """Bytes of checkpoints the run keeps now and their URL scheme (`s3`, `gs`, `file`),
         priced like `skygreen cost` prices them; None: no storage is counted."""
+        self.bucket_region = bucket_region
+        """The bucket's region as the task states it; None: its cloud's default region."""
         self._fired: set[float] = set()
         self._burn_fired = False
         self._primed = False
@@ -104,8 +111,9 @@ class BudgetTracker:
     def spent_usd(self, current: Segment, now_s: float) -> float:
         """Dollars spent so far: the earlier segments plus `current` running until `now_s` (Unix
         seconds) unless it has ended, by `run_cost`, as `skygreen cost` counts it: compute, the
-        controller for a managed run, and checkpoint storage (`storage`); a segment with no known
-        price counts as free."""
+        controller for a managed run, the checkpoint bytes each segment moved (`current` with
+        its counts so far), storage (`storage`) and requests; a segment with no known price
+        counts as free."""
         live = replace(current, updated_at=max(now_s, current.started_at))
         stored_bytes, scheme = self.storage() if self.storage is not None else (0, "file")
         return run_cost(
@@ -114,6 +122,7 @@ class BudgetTracker:
             managed=self.managed,
             storage_bytes=stored_bytes,
             storage_scheme=scheme,
+            buckets=default_buckets([*self.earlier, live], region=self.bucket_region),
         ).total_usd
 
     def burn_usd_per_hour(self, current: Segment) -> float:

@@ -1,9 +1,15 @@
 """What a run cost, from its ledger: the one function behind `status`, `cost` and `compare`.
 
-    compute    = sum over segments of price_usd_per_hour x duration_h x nodes
+    compute    = sum over segments of price_usd_per_hour x duration_h x nodes      (measured time)
     controller = the managed-jobs controller VM's price x (the run's span + its 10 min autostop)
-    storage    = checkpoint bytes kept x the bucket's $/GB-month x the run's span
-    total      = compute + controller + storage
+                                                                                    (estimated)
+    transfer   = each segment's bytes to and from each bucket, counted at the store, x the rate
+                 between the VM's place and the bucket's (`skygreen.ledger.data_bill`)  (measured bytes)
+    storage    = checkpoint bytes kept x the bucket's $/GB-month x the run's span  (measured: the
+                 bucket's checkpoints now; estimated: newest checkpoint x keep, where unread)
+    requests   = writes and reads x the bucket's request prices                    (estimated
+                 from the measured bytes: the store counts bytes, not calls)
+    total      = compute + controller + transfer + storage + requests
 
 Assumptions (printed with every cost, `RunCost.assumptions`):
 - A segment's duration is the runtime's lifetime on that VM, from the training process's
@@ -11,12 +17,16 @@ Assumptions (printed with every cost, `RunCost.assumptions`):
   one checkpoint interval early). Provisioning and `setup` before the process starts are not
   seen: SkyPilot reports no per-job cost or VM lifetime.
 - The price is the catalog price of the offer the segment ran on: rendered into the job at
-  launch (the plan's offer), else looked up in the catalog now. Real bills differ (the catalog
-  refreshes about every 7 h; disk, egress and requests are not counted).
+  launch (the plan's offer), else looked up in the catalog now. Real bills differ: the catalog
+  refreshes about every 7 h, and the VMs' disks and their own internet traffic (datasets,
+  images, packages) are not counted.
 - The controller serves this run alone (an upper bound: it is shared by every managed job of
   the user), on the cloud of the run's first segment, at the list price of SkyPilot's default
   controller size (4 vCPU, 16 GiB: `sky/jobs/constants.py`), and stops 10 minutes after the run.
-- Storage: the checkpoint bytes in the bucket now, for the whole span, standard class.
+- Data: list prices from `skygreen.bill`'s sourced table (US source regions), each direction
+  on the run's own volume (monthly tiers and free allowances are account-wide); a bucket's
+  region is read, stated or assumed (`skygreen.bill.bucket`); storage is standard class, for
+  the run's span only (what stays in the bucket afterwards is the user's to keep or delete).
 - Energy: what the runtime metered (GPU boards only), times each segment's cloud's PUE; CO2e
   with each segment's region's grid intensity (`skygreen.ledger.energy`, the one computation).
 
@@ -29,6 +39,10 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from skygreen.bill.bucket import SCHEME_CLOUD, bucket_place
+from skygreen.bill.rates import DEFAULT_REGION, load_rates
+from skygreen.bill.rates import Place as BillPlace
+from skygreen.ledger.data_bill import ESTIMATED, LEDGER_WRITE_S, MEASURED, DataBill, data_bill
 from skygreen.ledger.energy import RunEnergy, SegmentEnergy, run_energy, segment_energy
 from skygreen.ledger.records import BUDGET, CANCELLED, COMPLETED, EARLY_STOPPED, KILLED, PREEMPTED, Place, Segment
 
@@ -36,8 +50,11 @@ CONTROLLER_USD_PER_HOUR: Mapping[str, float] = {"aws": 0.192, "gcp": 0.194, "azu
 """On-demand list prices (us-east-1 m6i.xlarge, us-central1 n2-standard-4, eastus
 Standard_D4s_v5; read 2026-11) of the 4 vCPU / 16 GiB VM SkyPilot picks for its controller."""
 CONTROLLER_AUTOSTOP_S = 600.0
-STORAGE_USD_PER_GB_MONTH: Mapping[str, float] = {"s3": 0.023, "gs": 0.020, "file": 0.0}
-"""Standard class, first tier (S3 us-east-1; GCS us-central1 regional)."""
+STORAGE_USD_PER_GB_MONTH: Mapping[str, float] = {
+    **{scheme: load_rates().storage_usd_per_gb_month[cloud] for scheme, cloud in SCHEME_CLOUD.items()},
+    "file": 0.0,
+}
+"""Per URL scheme, from `skygreen.bill`'s table: standard class, first tier."""
 HOURS_PER_MONTH = 730.0
 
 PriceLookup = Callable[[Place], float | None]
@@ -84,6 +101,7 @@ class RunCost:
     controller_usd: float
     storage_usd: float
     total_usd: float
+    """Compute, controller, transfer, storage and requests together."""
     span_h: float
     """From the first segment's start to the last one's end (or last update)."""
     node_hours: float
@@ -99,6 +117,30 @@ class RunCost:
     unpriced_segments: int
     assumptions: tuple[str, ...] = ()
     final_metrics: Mapping[str, float] = field(default_factory=dict)
+    data: DataBill = field(default_factory=DataBill)
+    """Transfer, storage and requests with how each was known (`skygreen.ledger.data_bill`)."""
+
+    @property
+    def transfer_usd(self) -> float:
+        """Moving checkpoints between the VMs and the buckets (measured bytes x list rates)."""
+        return self.data.transfer_usd
+
+    @property
+    def requests_usd(self) -> float:
+        """The bucket's write and read requests (estimated)."""
+        return self.data.requests_usd
+
+    @property
+    def parts(self) -> tuple[tuple[str, float, str], ...]:
+        """(name, dollars, "measured" or "estimated") for each line of the bill, in bill order:
+        compute (measured time), controller (estimated), transfer, storage, requests."""
+        return (
+            ("compute", self.compute_usd, MEASURED),
+            ("controller", self.controller_usd, ESTIMATED if self.controller_usd or not self.local else MEASURED),
+            ("transfer", self.transfer_usd, self.data.transfer_basis),
+            ("storage", self.storage_usd, self.data.storage_basis),
+            ("requests", self.requests_usd, self.data.requests_basis),
+        )
 
     @property
     def energy_kwh(self) -> float | None:
@@ -140,16 +182,25 @@ class RunCost:
         return out
 
     def to_json(self) -> dict:
-        """The JSON behind `skygreen cost RUN --json`: the total, compute, controller and storage
-        dollars rounded to 6 decimals (the other figures as computed), per-step and per-epoch costs,
-        node hours per cloud, and one entry per segment."""
+        """The JSON behind `skygreen cost RUN --json`: the total, compute, controller, transfer,
+        storage and requests dollars rounded to 6 decimals (the other figures as computed), which
+        of them were measured (`measured`: part -> bool; `basis`: part -> "measured", "estimated"
+        or "not counted"), the bytes moved, per-step and per-epoch costs, node hours per cloud,
+        and one entry per segment."""
         return {
             "run_id": self.run_id,
             "local": self.local,
             "total_usd": round(self.total_usd, 6),
             "compute_usd": round(self.compute_usd, 6),
             "controller_usd": round(self.controller_usd, 6),
+            "transfer_usd": round(self.transfer_usd, 6),
             "storage_usd": round(self.storage_usd, 6),
+            "requests_usd": round(self.requests_usd, 6),
+            "measured": {name: basis == MEASURED for name, _, basis in self.parts},
+            "basis": {name: basis for name, _, basis in self.parts},
+            "bytes_uploaded": self.data.uploaded_bytes,
+            "bytes_downloaded": self.data.downloaded_bytes,
+            "requests": {"writes": round(self.data.writes), "reads": round(self.data.reads)},
             "span_h": self.span_h,
             "node_hours": self.node_hours,
             "steps": self.steps,
@@ -198,6 +249,9 @@ def _segment_json(sc: SegmentCost) -> dict:
         "price_usd_per_hour": sc.price_usd_per_hour,
         "price_source": sc.price_source,
         "cost_usd": sc.cost_usd,
+        "bytes_uploaded": dict(s.bytes_uploaded),
+        "bytes_downloaded": dict(s.bytes_downloaded),
+        "checkpoint_bytes": s.checkpoint_bytes,
         "energy_kwh": sc.energy_kwh,
         "gpu_energy_kwh": sc.gpu_energy_kwh,
         "co2e_kg": sc.co2e_kg,
@@ -244,12 +298,20 @@ def run_cost(
     lookup: PriceLookup | None = None,
     storage_bytes: int = 0,
     storage_scheme: str = "file",
+    buckets: Mapping[str, BillPlace | None] | None = None,
+    store: BillPlace | None = None,
+    keep: int | None = None,
     managed: bool = True,
     cancelled: bool = False,
 ) -> RunCost:
     """Price a run's settled segments (`read_ledger` order). `managed`: a SkyPilot managed job
     (it pays a controller); `cancelled`: the user cancelled the run, so its last segment's
-    SIGTERM was a cancel, not a preemption."""
+    SIGTERM was a cancel, not a preemption.
+
+    The data lines (`data_bill`): `storage_bytes` are the checkpoints in the run's bucket now
+    (0: unknown, the newest checkpoint x `keep` instead); `store` is that bucket's place (else
+    its `storage_scheme`'s cloud's default region); `buckets` each counted bucket's place (else
+    each at its URL's cloud's default region, None for a local directory: `default_buckets`)."""
     priced = [price_segment(s, lookup) for s in segments]
     if cancelled and priced and priced[-1].segment.end == PREEMPTED:
         from dataclasses import replace
@@ -266,8 +328,16 @@ def run_cost(
             * (span_s + (0.0 if running else CONTROLLER_AUTOSTOP_S))
             / 3600.0
         )
-    storage = (
-        storage_bytes / 1e9 * STORAGE_USD_PER_GB_MONTH.get(storage_scheme, 0.0) * span_s / 3600.0 / HOURS_PER_MONTH
+    if store is None and storage_scheme in SCHEME_CLOUD:
+        cloud = SCHEME_CLOUD[storage_scheme]
+        store = BillPlace(cloud=cloud, region=DEFAULT_REGION[cloud])
+    data = data_bill(
+        segments,
+        buckets=default_buckets(segments) if buckets is None else buckets,
+        store=store,
+        stored_bytes=storage_bytes,
+        keep=keep,
+        span_s=span_s,
     )
     lost_s, lost_usd, preemptions = _preemption_loss(priced)
     last = max(segments, key=lambda s: s.step) if segments else None
@@ -280,8 +350,8 @@ def run_cost(
         segments=tuple(priced),
         compute_usd=compute,
         controller_usd=controller,
-        storage_usd=storage,
-        total_usd=compute + controller + storage,
+        storage_usd=data.storage_usd,
+        total_usd=compute + controller + data.total_usd,
         span_h=span_s / 3600.0,
         node_hours=sum(s.node_hours for s in segments),
         steps=last.step if last else 0,
@@ -292,10 +362,23 @@ def run_cost(
         lost_usd=lost_usd,
         unpriced_segments=sum(1 for sc in priced if sc.price_usd_per_hour is None),
         assumptions=assumptions(
-            managed=managed and not local, storage_scheme=storage_scheme, storage_bytes=storage_bytes
+            managed=managed and not local, storage_scheme=storage_scheme, storage_bytes=storage_bytes, data=data
         ),
         final_metrics=final_metrics(segments),
+        data=data,
     )
+
+
+def default_buckets(segments: Sequence[Segment], *, region: str | None = None) -> dict[str, BillPlace | None]:
+    """Each bucket the segments counted bytes for, in `region` (the task's `checkpoint.region`)
+    or else at its URL's cloud's default region (None for a local directory): where nothing
+    better is known (the runtime's budget)."""
+    keys = {k for s in segments for k in (*s.bytes_uploaded, *s.bytes_downloaded)}
+    out: dict[str, BillPlace | None] = {}
+    for key in sorted(keys):
+        found = bucket_place(key, stated_region=region)
+        out[key] = found.place if found is not None else None
+    return out
 
 
 def _preemption_loss(priced: Sequence[SegmentCost]) -> tuple[float, float, int]:
@@ -340,9 +423,11 @@ def first_metrics(segments: Sequence[Segment]) -> dict[str, float]:
     return {name: value for name, (_, value) in out.items()}
 
 
-def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tuple[str, ...]:
+def assumptions(
+    *, managed: bool, storage_scheme: str, storage_bytes: int, data: DataBill | None = None
+) -> tuple[str, ...]:
     """The lines printed with every cost saying what it counts and leaves out: compute, the
-    controller (only when `managed`), storage at the scheme's price, and energy."""
+    controller (only when `managed`), transfer, storage, requests, and energy."""
     lines = [
         (
             "compute: catalog price of each segment's offer x the VM's time x nodes (from its first "
@@ -355,11 +440,30 @@ def assumptions(*, managed: bool, storage_scheme: str, storage_bytes: int) -> tu
             "controller: SkyPilot's managed-jobs controller (4 vCPU, 16 GiB, on-demand list price) serving this run alone, "
             f"for the run's span plus its {CONTROLLER_AUTOSTOP_S / 60:g} min autostop (an upper bound: it is shared by all your managed jobs)"
         )
-    price = STORAGE_USD_PER_GB_MONTH.get(storage_scheme, 0.0)
+    data = data or DataBill()
     lines.append(
-        f"storage: {storage_bytes / 1e9:.3f} GB of checkpoints in the bucket now, at ${price:g}/GB-month "
-        "(standard class) for the run's span; requests and egress not counted"
+        f"transfer ({data.transfer_basis}): {data.uploaded_bytes / 1e9:.3f} GB sent to the buckets and "
+        f"{data.downloaded_bytes / 1e9:.3f} GB received, counted at the store, x the list rate between each "
+        "segment's region and the bucket's (free in one region; a local machine receives at the bucket's "
+        "internet egress); the VMs' own internet traffic (datasets, images) is not counted"
     )
+    price = (
+        data.storage_usd_per_gb_month
+        if data.storage_usd_per_gb_month
+        else STORAGE_USD_PER_GB_MONTH.get(storage_scheme, 0.0)
+    )
+    kept = (
+        f"{storage_bytes / 1e9:.3f} GB of checkpoints in the bucket now"
+        if data.storage_basis == MEASURED
+        else "the newest checkpoint x keep (the bucket's checkpoints were not read)"
+    )
+    lines.append(f"storage ({data.storage_basis}): {kept}, at ${price:g}/GB-month (standard class) for the run's span")
+    lines.append(
+        f"requests ({data.requests_basis}): about {data.writes:,.0f} writes and {data.reads:,.0f} reads, from "
+        "the bytes counted (saves = uploaded bytes / checkpoint size, each in parts; a ledger write every "
+        f"{LEDGER_WRITE_S:g} s; each restore in ranged reads)"
+    )
+    lines.extend(data.notes)
     lines.append(
         "energy: GPU boards as metered by the runtime (CPU-only runs meter nothing) x each segment's cloud's PUE; CO2e at each segment's region's grid intensity"
     )

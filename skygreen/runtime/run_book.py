@@ -114,6 +114,7 @@ class RunBook:
         if webhook_env and not self.policy.webhook_url:
             log.warning("budget alert webhook: $%s is not set; alerts go to the log only", webhook_env)
         self.tracker: BudgetTracker | None = None
+        self.bucket_region = settings.checkpoint_region
         self._last_check_s = 0.0
         self.heartbeat_s = settings.ledger_heartbeat_s or HEARTBEAT_S
         self._last_beat_s: float | None = None
@@ -259,6 +260,7 @@ class RunBook:
                 earlier=self.writer.earlier,
                 managed=self.place.cloud != "local",
                 storage=StoredCheckpoints(self.writer.store),
+                bucket_region=self.bucket_region,
             )
             if self.place.price_usd_per_hour is None and self.place.cloud != "local":
                 log.warning(
@@ -350,7 +352,7 @@ class RunBook:
         if now - self._last_check_s < BUDGET_CHECK_EVERY_S:
             return False
         self._last_check_s = now
-        alerts, stop = self.tracker.check(self.writer.segment, now)
+        alerts, stop = self.tracker.check(self.writer.counted(), now)  # with the bytes moved so far
         for alert in alerts:
             send(alert, self.policy.webhook_url)
         return stop
@@ -362,7 +364,7 @@ class RunBook:
         Only after `over_budget` returned True with a budget set.
         """
         assert self.tracker is not None and self.policy.budget_usd is not None
-        spent = self.tracker.spent_usd(self.writer.segment, time.time())
+        spent = self.tracker.spent_usd(self.writer.counted(), time.time())
         return stop_message(self.writer.segment.run_id, spent, self.policy.budget_usd)
 
     def _energy(self, energy_j: float) -> float | None:
