@@ -279,6 +279,8 @@ def test_a_lora_checkpoint_is_its_adapters_and_their_state_under_1_percent_of_th
     task.write_text("skygreen:\n  gpus: [L4, A10G]\n  model: {config: llama2.json, method: lora}\nrun: x\n")
     from skygreen.spec import load_spec
 
-    plan = make_plan(load_spec(task), catalog)
-    size = f"checkpoint {checkpoint_gb(load_spec(task).green.model):.3g} GB"
+    spec = load_spec(task)
+    assert spec.green.model is not None
+    plan = make_plan(spec, catalog)
+    size = f"checkpoint {checkpoint_gb(spec.green.model):.3g} GB"
     assert any(size in line for line in plan.assumptions), plan.assumptions
