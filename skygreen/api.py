@@ -135,10 +135,7 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
 
 
 def show_store_retries() -> None:
-    """Print each retry of a bucket call on stderr, as `SKYGREEN_DEBUG=1` does.
-
-    Otherwise only the final error of a call that gave up is shown.
-    """
+    """Print each retry of a bucket call on stderr, as `SKYGREEN_DEBUG=1` does (else only a final error)."""
     from skygreen.checkpoint.store import show_retries
 
     show_retries()
@@ -787,9 +784,10 @@ def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None
     from skygreen.checkpoint import gc as cold
     from skygreen.checkpoint.store_factory import open_store
     from skygreen.launch.bucket import check_readable
+    from skygreen.launch.registry import checkpoint_target
 
     return cold.gc(
-        _checkpoint_target(target),
+        checkpoint_target(target),
         open_store=open_store,
         older_than=older_than,
         storage_class=storage_class,
@@ -797,12 +795,3 @@ def gc(target: str, *, older_than: str = "90d", storage_class: str | None = None
         now_s=time.time(),
         check_bucket=lambda url: check_readable(open_store, url),
     )
-
-
-def _checkpoint_target(target: str) -> str:
-    """A URL or existing path as given; otherwise a run id, resolved through the run registry."""
-    if "://" in target or Path(target).exists():
-        return target
-    from skygreen.launch.registry import Registry
-
-    return Registry().load(target).checkpoint_url

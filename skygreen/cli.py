@@ -168,7 +168,7 @@ def up(
     from skygreen.launch.report import print_launched
 
     if result.smoke is not None:
-        sys.stdout.write(f"{_smoke_passed(result.smoke)}\n")
+        sys.stdout.write(f"{result.smoke.passed_line}\n")
     print_launched(result, sys.stdout)
     if local and not detach and result.record is not None and result.record.deadline is not None:
         # the watcher cancels and relaunches the job: following one job would end at the first switch
@@ -178,13 +178,6 @@ def up(
         )
     elif local and not detach:
         _follow_local(result.run_id)
-
-
-def _smoke_passed(smoke) -> str:
-    """`up`'s line for the smoke test that ran before the launch: what it ran, on how many ranks."""
-    from skygreen.settings import SMOKE_LINE
-
-    return f"smoke test passed: {smoke.line.removeprefix(SMOKE_LINE).lstrip(': ')} ({smoke.duration_s:.1f} s)"
 
 
 def _print_dryrun_checks(result, *, smoke: bool) -> None:

@@ -282,6 +282,13 @@ class Registry:
         return records[-1] if records else None
 
 
+def checkpoint_target(target: str) -> str:
+    """A URL or existing path as given; otherwise a run id, resolved to its checkpoint URL."""
+    if "://" in target or Path(target).exists():
+        return target
+    return Registry().load(target).checkpoint_url
+
+
 def _read_record(path: Path) -> RunRecord:
     """The record in run.json at `path`. `FileNotFoundError` when there is none; `SkygreenError`
     for any file that is not a record (not JSON, not an object, a field missing or of the wrong

@@ -49,6 +49,11 @@ class SmokeResult:
     output: str
     """Everything the script printed (stdout and stderr), for the curious."""
 
+    @property
+    def passed_line(self) -> str:
+        """`up`'s line for the smoke test that ran before the launch: what it ran, on how many ranks."""
+        return f"smoke test passed: {self.line.removeprefix(SMOKE_LINE).lstrip(': ')} ({self.duration_s:.1f} s)"
+
 
 def run_smoke(
     task: TaskSpec | str | os.PathLike[str],
