@@ -33,16 +33,23 @@ def status(env: dict[str, str], run_id: str) -> dict:
     return json.loads(out.stdout)
 
 
-def status_agrees_with_cost(env: dict[str, str], run_id: str, *, preemptions: int) -> dict:
-    """`status --json` of a finished run says what `cost --json` says (preemptions, completion),
-    and names the model it ended with; returns the status."""
+def status_agrees_with_cost(
+    env: dict[str, str], run_id: str, *, preemptions: int, model: bool = True, interval: bool = True
+) -> dict:
+    """`status --json` of a finished run says what `cost --json` says (preemptions, completion,
+    facility energy and CO2e, each from the one computation in `skygreen.ledger.energy`), and
+    names the model it ended with (`model`) and its checkpoint interval (`interval`, which a
+    step cadence has none of); returns the status."""
     shown = status(env, run_id)
     out = skygreen(env, "cost", run_id, "--json", timeout_s=120)
     assert out.returncode == 0, out.stderr
     costed = json.loads(out.stdout)
     assert shown["preemptions"] == costed["preemptions"] == preemptions, (shown, costed["preemptions"])
     assert shown["completed"] is True and costed["completed"] is True
-    assert shown["model_sha256"] and shown["checkpoint_interval_s"] is not None, shown
+    for key in ("energy_kwh", "co2e_kg"):
+        assert shown[key] == costed[key], (key, shown[key], costed[key])
+    assert not model or shown["model_sha256"], shown
+    assert not interval or shown["checkpoint_interval_s"] is not None, shown
     return shown
 
 
