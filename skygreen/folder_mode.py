@@ -46,8 +46,10 @@ from skygreen.checkpoint.folders import (
     committed_folder_steps,
     folder_files,
     folder_step,
+    mark_completed,
     restore_latest,
 )
+from skygreen.checkpoint.manifest import Manifest, read_manifest
 from skygreen.checkpoint.store import Store, join_url
 from skygreen.errors import InputError, SkygreenError
 from skygreen.exit_codes import BAD_INPUT, FAILED
@@ -219,6 +221,8 @@ class Mirror:
     committed: set[int] = field(default_factory=set)
     enabled: bool = True
     """False on nodes other than node 0: they restore, and leave the commits to node 0."""
+    last: Manifest | None = None
+    """The newest commit this wrapper made."""
 
     def scan(self, ready: Callable[[Path], bool] | None = None, *, limit: int | None = None) -> list[int]:
         """Commit every complete folder not committed yet (at most `limit`); returns the steps
@@ -233,10 +237,27 @@ class Mirror:
                 break
             if step in self.committed or not ready(folder):
                 continue
-            commit_and_retain(self.store, folder, step=step, keep=self.config.keep, meta={"run_id": self.config.run_id})
+            self.last = commit_and_retain(
+                self.store, folder, step=step, keep=self.config.keep, meta={"run_id": self.config.run_id}
+            )
             self.committed.add(step)
             done.append(step)
         return done
+
+    def mark_completed(self) -> None:
+        """The command finished: its newest commit says so (`meta["state"]`), as the last commit
+        of `sg.Run` and of the trainer callbacks does, so `status` reads the run completed as
+        `cost` does from the ledger. A failure leaves the commit as it is, with a warning."""
+        if not self.enabled or not self.committed:
+            return
+        step = max(self.committed)
+        try:
+            manifest = (
+                self.last if self.last is not None and self.last.step == step else read_manifest(self.store, step)
+            )
+            self.last = mark_completed(self.store, manifest)
+        except SkygreenError as e:  # the commit stands; only `status` reads it as not yet completed
+            log.warning("could not mark the final checkpoint (step %d) completed: %s", step, e)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -326,6 +347,8 @@ def run(
     if over_budget:
         ledger.ended(mirror.committed, BUDGET_END)
         return 0
+    if code == 0:
+        mirror.mark_completed()
     ledger.ended(
         mirror.committed, COMPLETED_END if code == 0 else PREEMPTED_END if supervisor.terminated else FAILED_END
     )

@@ -5,9 +5,11 @@ The data is generated here from a fixed seed, so the task runs anywhere, laptops
 air-gapped tests included. Swap in your own module and data; the skygreen part is the three
 marked lines.
 
-Resuming is bit-identical because checkpoints are saved at epoch ends and the sampler shuffles
-by epoch (`set_epoch`, which Lightning calls): Lightning restores the model, optimizer and loop
-progress, not the global RNG nor a position inside an epoch.
+Resuming from an epoch-end checkpoint is bit-identical because the sampler shuffles by epoch
+(`set_epoch`, which Lightning calls): Lightning restores the model, optimizer and loop
+progress, not the global RNG nor a position inside an epoch. The saves the task's
+`checkpoint.every` adds between epochs (auto: Daly's optimum) resume inside the epoch as
+Lightning does for a loader that is not resumable (it warns), so not bit-identically.
 
 SKYGREEN_TASK_SIZE=small (set by the smoke test) shrinks the model and data; LT_EPOCHS
 overrides the number of epochs.

@@ -33,16 +33,23 @@ def status(env: dict[str, str], run_id: str) -> dict:
     return json.loads(out.stdout)
 
 
-def status_agrees_with_cost(env: dict[str, str], run_id: str, *, preemptions: int) -> dict:
-    """`status --json` of a finished run says what `cost --json` says (preemptions, completion),
-    and names the model it ended with; returns the status."""
+def status_agrees_with_cost(
+    env: dict[str, str], run_id: str, *, preemptions: int, model: bool = True, interval: bool = True
+) -> dict:
+    """`status --json` of a finished run says what `cost --json` says (preemptions, completion,
+    facility energy and CO2e, each from the one computation in `skygreen.ledger.energy`), and
+    names the model it ended with (`model`) and its checkpoint interval (`interval`, which a
+    step cadence has none of); returns the status."""
     shown = status(env, run_id)
     out = skygreen(env, "cost", run_id, "--json", timeout_s=120)
     assert out.returncode == 0, out.stderr
     costed = json.loads(out.stdout)
     assert shown["preemptions"] == costed["preemptions"] == preemptions, (shown, costed["preemptions"])
     assert shown["completed"] is True and costed["completed"] is True
-    assert shown["model_sha256"] and shown["checkpoint_interval_s"] is not None, shown
+    for key in ("energy_kwh", "co2e_kg"):
+        assert shown[key] == costed[key], (key, shown[key], costed[key])
+    assert not model or shown["model_sha256"], shown
+    assert not interval or shown["checkpoint_interval_s"] is not None, shown
     return shown
 
 
@@ -59,6 +66,10 @@ def launch_log(env: dict[str, str], run_id: str) -> str:
 
 
 # ---------------------------------------------------------------- a framework's script, run by a test
+
+
+SCRIPT_SAVES_ONLY = 1_000_000
+"""A `checkpoint.every` in steps that no test's run reaches: the callbacks add no save of their own."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,8 +106,11 @@ class TrainerTask:
 
     def env(self, tmp_path: Path, bucket: Path | str, **extra: str) -> dict[str, str]:
         """The environment `skygreen up` would give the script, with the short run's length,
-        a bucket keeping 2 checkpoints, and `extra` last."""
-        settings = RuntimeSettings(run_id=self.run_id, bucket=str(bucket), checkpoint_keep=2, trainer=self.trainer)
+        a bucket keeping 2 checkpoints, only the script's own saves (`checkpoint.every` beyond
+        the run's length, so the commits fall where a test expects them whatever the machine's
+        speed), and `extra` last."""
+        settings = RuntimeSettings(run_id=self.run_id, bucket=str(bucket), checkpoint_keep=2, trainer=self.trainer,
+                                   checkpoint_every_steps=SCRIPT_SAVES_ONLY)  # fmt: skip
         env = user_env(tmp_path / "home")
         env.update({"SKYGREEN_TASK_SIZE": "small", **self.short, **settings.to_env(), **extra})
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers import user_env, wait_for
+from local_runs import status_agrees_with_cost
 from skygreen.checkpoint.folders import committed_folder_steps, restore_latest
 from skygreen.checkpoint.store import join_url
 from skygreen.checkpoint.store_factory import open_store
@@ -308,6 +309,7 @@ def test_the_folder_mode_task_passes_its_smoke_test_and_runs_with_up_local(tmp_p
     (run,) = json.loads(subprocess.run([sys.executable, "-m", "skygreen.cli", "status", "--json"], env=env,
                                        capture_output=True, text=True, timeout=120).stdout)  # fmt: skip
     assert run["state"] == "SUCCEEDED" and run["step"] == 300
+    status_agrees_with_cost(env, run["run_id"], preemptions=0, interval=False)  # completion, energy, CO2e
     # the wrapper wrote the run's ledger segment: cost, report and compare read the run
     for args in (["cost", run["run_id"]], ["report", run["run_id"]], ["compare", run["run_id"]]):
         out = subprocess.run([sys.executable, "-m", "skygreen.cli", *args], env=env, capture_output=True, text=True,

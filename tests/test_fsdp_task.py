@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from helpers import user_env
+from local_runs import status_agrees_with_cost
 from test_local_e2e import runs, skygreen
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +53,9 @@ def test_gpt2_fsdp_trains_under_up_local_with_two_cpu_ranks(private_home, tmp_pa
     assert manifest.layout == "sharded-dcp" and manifest.world_size == 2
     # a launched life names its files after itself (`dcp__0_0.l1-<hex>.distcp`): one writer per run
     assert {"dcp__0_0.distcp", "dcp__1_0.distcp", "rank00001.pt"} <= {base_blob_name(b) for b in manifest.blobs}
+    # a sharded commit names its weights; status reads the run as cost does (every 5 steps: no interval in seconds)
+    shown = status_agrees_with_cost(env, run["run_id"], preemptions=0, interval=False)
+    assert shown["model_sha256"] == manifest.model_sha256
 
 
 def test_the_smoke_test_runs_an_fsdp2_run_line_with_two_ranks(private_home, tmp_path):

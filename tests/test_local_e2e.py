@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers import user_env, wait_for
+from local_runs import status_agrees_with_cost
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,6 +145,7 @@ def test_kill_9_at_any_moment_then_resume_ends_with_the_uninterrupted_weights(en
     # no SIGTERM reached the runtime, yet status counts the lost VMs, from the ledger, as cost does
     # (a VM killed before it wrote its segment left no trace in either)
     assert done["preemptions"] == cost["preemptions"] == len(ends) - 1 >= 1
+    status_agrees_with_cost(env, run_id, preemptions=done["preemptions"])  # energy, CO2e too
     assert cost["segments"][0]["step"] == stopped_at and cost["segments"][-1]["step"] == done["step"]
     assert cost["total_usd"] == 0.0 == done["spend_usd"] and cost["cloud_estimate"]["estimate"] is True
     assert {s["cloud"] for s in cost["segments"]} == {"local"}

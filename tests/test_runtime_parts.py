@@ -34,7 +34,8 @@ from skygreen.spec import EarlyStopConfig
 PUBLIC = [
     "PREEMPTED_EXIT_CODE", "BatchShape", "Checkpointer", "EarlyStopper", "Loaded", "PowerGovernor",
     "PreemptionWatch", "Run", "RunBook", "RunServices", "RuntimeSettings", "StateGroup", "Stateful", "Step",
-    "StepParts", "TrainingState", "World", "open_checkpointer", "open_governor", "open_services", "open_stopper",
+    "StepParts", "TrainingState", "World", "open_checkpointer", "open_governor", "open_schedule", "open_services",
+    "open_stopper",
     "ShardedCheckpointer", "open_sharded_checkpointer", "shard", "sharded_states", "task_precision",
 ]  # fmt: skip
 

@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from skygreen.checkpoint.lease import LAUNCH_ENV, read_lease
-from skygreen.checkpoint.manifest import Manifest, blob_info, blob_key, committed_steps, manifest_key, read_manifest
+from skygreen.checkpoint.manifest import (
+    Manifest,
+    blob_info,
+    blob_key,
+    committed_steps,
+    manifest_key,
+    read_manifest,
+    sharded_model_sha256,
+)
 from skygreen.errors import CheckpointError
 from skygreen.exit_codes import SUPERSEDED
 from skygreen.runtime.checkpointer import Checkpointer
@@ -241,3 +249,18 @@ def test_a_manifest_naming_one_shard_file_twice_or_a_path_is_skipped(tmp_path, c
     assert torch.equal(loaded.state["model"]["w"], state(1.0)["model"]["w"])
     assert f"lists dcp__0_0.distcp twice (dcp__0_0.distcp, {shard})" in caplog.text
     assert "'../dcp__0_0.distcp' is not a plain file name" in caplog.text
+
+
+def test_a_sharded_commit_names_its_weights_by_its_shard_files(tmp_path):
+    manifests = []
+    for name, scale in (("a", 1.0), ("b", 1.0), ("c", 2.0)):
+        ck = checkpointer(str(tmp_path / name), state(0.0))
+        ck.save(5, state(scale), rank_state={"rng": torch.tensor([1])}, meta={"state": "running"})
+        ck.wait()
+        manifests.append(read_manifest(ck.store, 5))
+        ck.close()
+    first, same, other = manifests
+    # equal weights and optimizer state: one identity, although DCP's index differs between saves
+    assert first.model_sha256 is not None and first.model_sha256 == same.model_sha256
+    assert other.model_sha256 != first.model_sha256
+    assert sharded_model_sha256({"dcp.metadata": blob_info(b"x"), "shared.pt": blob_info(b"y")}) is None

@@ -1,7 +1,8 @@
 """What the HF and Lightning callbacks give alike, each checked with the real framework's Trainer
 (tasks/hf_trainer.py, tasks/lightning_task.py, small, on CPU): SIGTERM commits then exits with the
 preempted code, a cloud's preemption notice saves at the next step and training goes on, a
-budget stops the run with a committed checkpoint, early stopping on the evaluation metric saves
+budget stops the run with a committed checkpoint, the task's `checkpoint.every` makes the callback
+ask the trainer for saves, early stopping on the evaluation metric saves
 and stops, checkpoints round-trip through S3 (moto) and GCS (the emulator), and a setup error at
 train start ends the script as one at the callback's construction does (exit 2, no traceback).
 
@@ -16,7 +17,15 @@ import signal
 import pytest
 
 from helpers import wait_for
-from local_runs import HF_TASK, LIGHTNING_TASK, TrainerTask, finish, same_weights, wait_for_commit
+from local_runs import (
+    HF_TASK,
+    LIGHTNING_STEPS_PER_EPOCH,
+    LIGHTNING_TASK,
+    TrainerTask,
+    finish,
+    same_weights,
+    wait_for_commit,
+)
 from metadata_server import MetadataServer
 from skygreen.checkpoint.folders import committed_folder_steps, folder_manifests
 from skygreen.checkpoint.store import join_url
@@ -112,6 +121,21 @@ def test_a_budget_stops_the_run_with_a_committed_checkpoint(task, tmp_path):
     (segment,) = read_ledger(store)
     assert segment.end == "budget" and 0 < segment.step < task.last_commit, segment
     assert committed_folder_steps(store)[-1] == segment.step  # the stop saved and committed its step
+
+
+def test_checkpoint_every_n_steps_asks_the_trainer_to_save_at_multiples_of_n(task, tmp_path):
+    bucket = tmp_path / "bucket"
+    store = open_store(join_url(str(bucket), task.run_id))
+    work = task.workdir(tmp_path, "work")
+    # the script's own saves out of the way: HF's save_steps past the end, Lightning's one epoch end
+    own = {"HF_MAX_STEPS": "7", "HF_SAVE_STEPS": "1000"} if task is HF_TASK else {"LT_EPOCHS": "1"}
+    env = task.env(tmp_path, bucket, **own, SKYGREEN_CHECKPOINT_EVERY_STEPS="3", SKYGREEN_CHECKPOINT_KEEP="10")
+    proc = task.train(work, env)
+    out = finish(proc)
+    assert proc.returncode == 0, out
+    steps = committed_folder_steps(store)
+    assert [s for s in steps if s % 3 == 0] == [3, 6], (steps, out[-3000:])
+    assert steps[-1] == (7 if task is HF_TASK else LIGHTNING_STEPS_PER_EPOCH), steps  # the run's own last save
 
 
 def test_early_stopping_on_the_evaluation_metric_saves_and_stops(task, tmp_path):

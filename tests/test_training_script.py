@@ -127,3 +127,21 @@ def test_a_step_or_time_cadence_is_refused_in_the_folder_mode(tmp_path):
     assert (
         load_task(_task(tmp_path, FOLDER_SCRIPT, checkpoint={"dir": "out", "every": "auto"})).green.trainer == "folder"
     )
+
+
+def test_plan_prices_the_cadence_each_trainer_keeps(tmp_path):
+    from skygreen.plan.explain import assumptions
+    from skygreen.plan.rank import run_model
+
+    def cadence(script: str, **green) -> str:
+        spec = load_task(_task(tmp_path, script, work={"gpu_hours": 1, "gpu": "T4"}, **green))
+        (line,) = [a for a in assumptions(run_model(spec), spec.green) if "checkpoint " in a]
+        return line
+
+    # the callbacks ask their trainer to save on `checkpoint.every`, as sg.Run saves
+    assert "checkpoint every 5 s," in cadence(LIGHTNING_SCRIPT, checkpoint={"every": "5s"})
+    assert "checkpoint every 40 steps" in cadence(HF_SCRIPT, checkpoint={"every": 40})
+    # the folder mode commits what the script saves, when it saves it
+    assert "checkpoint on the script's own cadence, estimated as auto" in cadence(
+        FOLDER_SCRIPT, checkpoint={"dir": "out"}
+    )

@@ -26,7 +26,9 @@ intact checkpoint from a partial or corrupted one without trusting the bucket.
 `model_sha256` identifies the weights: sha256 over the model's tensors in sorted name order,
 each fed as its name (UTF-8), dtype (e.g. "torch.float32"), shape (e.g. "[3, 4]") and raw
 bytes, each field followed by a NUL byte. Computing it needs tensors, so the helper lives in
-`skygreen.runtime.tensors`; the definition is here, beside the manifest.
+`skygreen.runtime.tensors`; the definition is here, beside the manifest. A sharded (FSDP2)
+commit has no rank holding the whole model, so its `model_sha256` is `sharded_model_sha256`:
+a digest over its shard files' recorded hashes, computed from the manifest alone.
 
 This module imports no torch and no cloud library: `skygreen status` reads progress through
 `latest_manifest` on a laptop without either.
@@ -150,6 +152,31 @@ def base_blob_name(name: str) -> str:
     `dcp__1_0.l3-1a2b3c4d.distcp` -> `dcp__1_0.distcp`; a plain name is its own base."""
     match = _LIFE_NAME.match(name)
     return match.group("stem") + (match.group("suffix") or "") if match else name
+
+
+SHARD_FILE = re.compile(r"\A[^/]+\.distcp\Z")
+"""A sharded commit's tensor files (`dcp__<rank>_<i>.distcp`): DCP's index (`dcp.metadata`)
+holds a save id and a path that differ between equal saves, `shared.pt` the run's counters."""
+
+
+def sharded_model_sha256(blobs: Mapping[str, BlobInfo]) -> str | None:
+    """The identity of a sharded (FSDP2) commit's weights: sha256 over the base name (life tag
+    out, `base_blob_name`) and sha256 of each shard file (`SHARD_FILE`), in name order; None
+    when it holds none.
+
+    No rank holds the whole model, so this is computed from the manifest, without reading a
+    tensor. It names the sharded state as written: the model's shards with the optimizer's, at
+    the commit's world size. Two commits with equal weights and optimizer states written by the
+    same number of ranks have the same identity; the same state resharded to another world size
+    has another (DCP lays shards out per rank), and it never equals `sg.Run`'s tensor hash.
+    """
+    shards = sorted((base_blob_name(name), info.sha256) for name, info in blobs.items() if SHARD_FILE.match(name))
+    if not shards:
+        return None
+    digest = hashlib.sha256()
+    for name, sha256 in shards:
+        digest.update(f"{name}\0{sha256}\n".encode())
+    return digest.hexdigest()
 
 
 def find_blob(blobs: Mapping[str, Any], base: str) -> str | None:

@@ -19,6 +19,11 @@ What the callback does, started by `skygreen up` (or `up --local`):
   usual and then committed as a verified, manifest-last folder commit, followed by retention by
   the task's `keep`. `ModelCheckpoint(save_top_k=...)` only prunes local files: the bucket
   keeps what `keep` says. Loading reads with `torch.load(weights_only=True)`;
+- the task's `checkpoint.every` calls `trainer.save_checkpoint` when it is due (steps, seconds,
+  or auto: Daly's optimum, the same schedule as `sg.Run`'s), beside `ModelCheckpoint`'s saves;
+  each save, whoever asked for it, restarts the interval. Such a save may fall inside an epoch,
+  and Lightning resumes inside an epoch exactly only with a resumable dataloader (one with
+  `state_dict`/`load_state_dict`, such as torchdata's `StatefulDataLoader`);
 - a cloud preemption notice saves a checkpoint at once; SIGTERM saves, commits and exits with
   the preempted code SkyPilot recovers;
 - the task's power cap, energy metering, ledger segments and budget, and `early_stopping` on
@@ -45,6 +50,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -170,6 +176,8 @@ class SkygreenCallback(_Callback):
         """The restored checkpoint file, for `trainer.fit(..., ckpt_path=...)`; None on a fresh start."""
         self._start_step = 0
         self._last_commit: int | None = None
+        self._last_saved: int | None = None
+        """The step of the latest save on this rank (every rank saves; rank 0 commits)."""
         self._last_file: Path | None = None
         self._trainer: Any = None
         try:
@@ -249,7 +257,7 @@ class SkygreenCallback(_Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Feed the power profile and check the budget after each batch.
 
-        A notice saves; SIGTERM saves and exits; a budget stop saves and stops the Trainer.
+        `checkpoint.every` or a notice saves; SIGTERM saves and exits; a budget stop saves and stops the Trainer.
 
         Args:
             trainer: the Lightning `Trainer`.
@@ -273,6 +281,17 @@ class SkygreenCallback(_Callback):
             services.exit_preempted(step=step, samples=self._samples(trainer))
         if verdict.stop:
             trainer.should_stop = True
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """Every save, on every rank (`ModelCheckpoint`'s too), restarts `checkpoint.every`'s interval.
+
+        Args:
+            trainer: the Lightning `Trainer`.
+            pl_module: the `LightningModule` being fitted.
+            checkpoint: the checkpoint dict being saved (unchanged).
+        """
+        self._last_saved = trainer.global_step
+        self.services.saved(trainer.global_step)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """Feed the task's early-stopping metric among the logged ones; a stop saves first.
@@ -357,15 +376,19 @@ class SkygreenCallback(_Callback):
     # -- helpers ---------------------------------------------------------------------------
 
     def _save(self, trainer: Any) -> None:
-        """Save a checkpoint of the current step, unless this step is already committed.
+        """Save a checkpoint of the current step, unless this step is already saved.
 
         It goes into the first ModelCheckpoint's folder (or `<default_root_dir>/checkpoints`).
+        Every rank calls this at the same step (`trainer.save_checkpoint` is a collective), and
+        every rank knows what it saved, where only rank 0 knows what it committed.
         """
-        if trainer.global_step == self._last_commit:
+        if trainer.global_step in (self._last_saved, self._last_commit):
             return
         dirpath = next((c.dirpath for c in trainer.checkpoint_callbacks if c.dirpath), None)
         folder = Path(dirpath or Path(trainer.default_root_dir) / "checkpoints")
+        started_s = time.monotonic()
         trainer.save_checkpoint(str(folder / f"skygreen-step={trainer.global_step}{CKPT_SUFFIX}"))
+        self.services.saved(trainer.global_step, save_cost_s=time.monotonic() - started_s)
 
     def _samples(self, trainer: Any) -> int:
         """Samples seen: optimizer steps x batch size x accumulation x ranks (0 when the batch size is unknown)."""

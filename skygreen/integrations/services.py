@@ -15,7 +15,9 @@ drives, and only ever talk to `TrainerServices`:
 - the run ledger and the budget (`RunServices.book`), so `status`, `cost`, `compare` and
   `report` read a trainer's run as they read an own-loop one;
 - the cloud's preemption notice and SIGTERM (`RunServices.preemption`);
-- early stopping on evaluation metrics (`RunServices.stopper`).
+- early stopping on evaluation metrics (`RunServices.stopper`);
+- the task's `checkpoint.every` (`skygreen.runtime.open_schedule`, the schedule `sg.Run` keeps):
+  when it is due, the callback asks the trainer to save, beside the saves the script asks for.
 
 What each framework's callback does with these is the same, so it is decided here: after each
 step (`after_step`: save, stop, or exit after SIGTERM), the preempted exit (`exit_preempted`)
@@ -45,6 +47,7 @@ from skygreen.ledger.records import BUDGET, COMPLETED, EARLY_STOPPED, FAILED, PR
 from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
 
 if TYPE_CHECKING:
+    from skygreen.checkpoint.interval import CheckpointSchedule
     from skygreen.runtime import Checkpointer, RunServices, World
 
 log = logging.getLogger("skygreen.integrations")
@@ -75,7 +78,7 @@ class StepVerdict:
     """What a trainer does after an optimizer step, whatever the framework's words for it."""
 
     save: bool = False
-    """Save a checkpoint now (a preemption notice, or any stop below)."""
+    """Save a checkpoint now (`checkpoint.every` is due, a preemption notice, or any stop below)."""
     stop: bool = False
     """Stop training after that save (budget, early stopping, SIGTERM, the smoke test's bound)."""
     exit_preempted: bool = False
@@ -109,6 +112,9 @@ class TrainerServices:
     _last_commit: Manifest | None = None
     _last_commit_s: float | None = None
     _interval_s: float | None = None
+    schedule: CheckpointSchedule | None = None
+    """The task's `checkpoint.every` (`skygreen.runtime.open_schedule`), opened by `start`; None in the smoke test."""
+    _scheduled_step: int | None = None
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -218,8 +224,10 @@ class TrainerServices:
             return
         parts = self.parts
         now_s = time.monotonic()
-        if self._last_commit_s is not None:  # the trainer's own cadence, as measured
+        if self._last_commit_s is not None:  # the cadence as measured, where the schedule counts steps
             self._interval_s = now_s - self._last_commit_s
+        if self.schedule is not None and self.schedule.interval_s is not None:
+            self._interval_s = self.schedule.interval_s
         meta = run_meta(
             state=state,
             run_id=self.settings.run_id,
@@ -326,6 +334,10 @@ class TrainerServices:
         self.parts = parts
         if parts.stopper is not None and self._stopper_state is not None:
             parts.stopper.load_state_dict(self._stopper_state)
+        if not self.smoke:
+            self.schedule = sg.open_schedule(
+                self.settings, environ=self.environ, start_step=step, start_s=time.monotonic()
+            )
         parts.governor.start(None)
         if book is not None:
             book.started(
@@ -357,12 +369,38 @@ class TrainerServices:
         test's bound (`SMOKE_STEPS` after `start_step`); save and exit after SIGTERM.
         """
         self.step_done(step=step, samples=samples)
-        notice = self.notice_pending()
+        notice, due = self.notice_pending(), self._due(step)
+        if self.world.size > 1 and not self.smoke:  # every rank saves at the same step, or none does
+            notice, due = self.world.agree(notice, due)
         if notice:
             log.warning("preemption notice: saving a checkpoint now")
         smoke_done = self.smoke and step - start_step >= SMOKE_STEPS
         stop = self.stop_reason is not None or smoke_done
-        return StepVerdict(save=notice or stop, stop=stop, exit_preempted=self.stop_reason == PREEMPTED)
+        return StepVerdict(save=notice or stop or due, stop=stop, exit_preempted=self.stop_reason == PREEMPTED)
+
+    def _due(self, step: int) -> bool:
+        """Whether `checkpoint.every` asks for a save after `step`.
+
+        Asked once per step: Lightning calls its batch hook after every micro-batch, and only the
+        first call of a step comes right after the optimizer step.
+        """
+        if self.schedule is None or step == self._scheduled_step:
+            return False
+        self._scheduled_step = step
+        return self.schedule.due(step, time.monotonic())
+
+    def saved(self, step: int, *, save_cost_s: float | None = None) -> None:
+        """Every rank calls this once the framework saved the checkpoint of `step`, whoever asked.
+
+        The schedule counts its interval from there.
+
+        Args:
+            step: the step saved.
+            save_cost_s: how long training waited for a save the callback asked for (the write
+                and the commit), which the auto interval is derived from; None where unknown.
+        """
+        if self.schedule is not None:
+            self.schedule.saved(step, time.monotonic(), save_cost_s=save_cost_s)
 
     def exit_preempted(self, *, step: int, samples: int = 0) -> NoReturn:
         """After SIGTERM, once the checkpoint of `step` is committed, end the process.

@@ -17,6 +17,9 @@ What the callback does, started by `skygreen up` (or `up --local`):
 - every `checkpoint-N` the Trainer saves becomes a verified, manifest-last commit (`on_save`),
   followed by retention by the task's `keep`. The Trainer's own `save_total_limit` only prunes
   local folders that are already committed: the bucket keeps what `keep` says;
+- the task's `checkpoint.every` sets `control.should_save` when it is due (steps, seconds, or
+  auto: Daly's optimum, the same schedule as `sg.Run`'s), beside the Trainer's own `save_steps`;
+  each save, whoever asked for it, restarts the interval;
 - a cloud preemption notice sets `control.should_save`; SIGTERM saves, commits and exits with
   the preempted code SkyPilot recovers;
 - the task's power cap, energy metering, ledger segments and budget, and `early_stopping` on
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +75,8 @@ class SkygreenCallback(TrainerCallback):
         self.resume_from_checkpoint: str | None = None
         """The restored checkpoint folder, for `trainer.train(resume_from_checkpoint=...)`; None on a fresh start."""
         self._start_step = 0
+        self._save_asked_s: float | None = None
+        """When the callback last asked the Trainer to save (`on_step_end`), until that save is done."""
 
     # -- events ----------------------------------------------------------------------------
 
@@ -154,7 +160,7 @@ class SkygreenCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:
-        """Feed the power profile and check the budget; a notice, SIGTERM or budget asks for a save.
+        """Feed the power profile and check the budget; `checkpoint.every`, a notice, SIGTERM or budget asks for a save.
 
         SIGTERM and the budget also stop training; the smoke test stops after its two steps.
 
@@ -170,6 +176,8 @@ class SkygreenCallback(TrainerCallback):
         services = self._services()
         step = state.global_step
         verdict = services.after_step(step=step, samples=_samples(args, step), start_step=self._start_step)
+        if verdict.save and self._save_asked_s is None:
+            self._save_asked_s = time.monotonic()
         control.should_save = control.should_save or verdict.save
         control.should_training_stop = control.should_training_stop or verdict.stop
         return control
@@ -228,6 +236,8 @@ class SkygreenCallback(TrainerCallback):
                 if services.smoke:
                     fail_script(e, smoke=True, phase="save")
                 raise
+        asked_s, self._save_asked_s = self._save_asked_s, None
+        services.saved(state.global_step, save_cost_s=None if asked_s is None else time.monotonic() - asked_s)
         if services.smoke:
             saved = dict(folder_files(folder))
             services.smoke_round_trip(

@@ -316,11 +316,12 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
 
 
 def _run_energy(cost: RunCost | None, meta: Mapping[str, Any], job: JobStatus | None) -> RunEnergy:
-    """The ledger's energy, segment by segment, where it metered any; else the checkpoint's
-    joules at the place the job reports (a runtime without a ledger)."""
+    """The ledger's energy, segment by segment, as `cost` reads it (None where it metered
+    nothing: a CPU, no NVML); only a run without a ledger reads the checkpoint's joules, at the
+    place the job reports."""
     from skygreen.power.statement import meta_energy
 
-    if cost is not None and cost.energy.energy_kwh is not None:
+    if cost is not None:
         return cost.energy
     return meta_energy(meta, cloud=job.cloud if job else None, region=job.region if job else None)
 

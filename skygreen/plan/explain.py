@@ -166,6 +166,8 @@ def assumptions(
         )
     else:
         interval = "auto (Daly's optimum)"
+    if green.trainer == "folder":  # `checkpoint.every` is refused there: the script saves when it saves
+        interval = f"on the script's own cadence, estimated as {interval}"
     measured = ", ".join(f"{gpu} {v:.3g}" for gpu, v in sorted((measured_speed or {}).items()))
     return (
         (

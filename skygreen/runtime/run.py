@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from skygreen.checkpoint.interval import CheckpointSchedule, IntervalPolicy
+from skygreen.checkpoint.interval import CheckpointSchedule
 from skygreen.checkpoint.manifest import run_meta
 from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
@@ -66,9 +66,8 @@ from skygreen.runtime.environment import (
 from skygreen.runtime.frozen_base import TrainableState, peft_model
 from skygreen.runtime.fsdp import is_sharded, sharded_states
 from skygreen.runtime.hold import HOLD_UNCOMMITTED_ENV, hold, hold_steps
-from skygreen.runtime.preemption import landed_cloud
 from skygreen.runtime.ranks import World, all_reduce
-from skygreen.runtime.services import open_services
+from skygreen.runtime.services import open_schedule, open_services
 from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
 from skygreen.runtime.state import TRAINING, BatchShape, Stateful, StateGroup, TrainingState
 from skygreen.runtime.step import Step, StepParts
@@ -642,12 +641,6 @@ class Run:
             self._restore(loaded)
         elif self.micro_auto:
             self._start_probe()
-        rate = self.settings.preemption_rate_on(landed_cloud(self.settings.cloud, self._environ))
-        policy = IntervalPolicy(
-            every_steps=self.settings.checkpoint_every_steps,
-            every_s=self.settings.checkpoint_every_s,
-            **({"preemptions_per_hour": rate} if rate else {}),
-        )
         self._started_s = time.monotonic()
         if self._book and not self.completed:
             self._book.started_from(
@@ -658,7 +651,9 @@ class Run:
             )
             # VMs killed without a SIGTERM were counted by nobody; the ledger knows them
             self.counters["preemptions"] = max(self.counters["preemptions"], self._book.preemptions_before())
-        self._schedule = CheckpointSchedule(policy, start_step=self.step_index, start_s=self._started_s)
+        self._schedule = open_schedule(
+            self.settings, environ=self._environ, start_step=self.step_index, start_s=self._started_s
+        )
 
     def _restore(self, loaded: Any) -> None:
         """After `restore_state` loaded every part: what the run decides from the checkpoint."""

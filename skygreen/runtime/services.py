@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from skygreen.checkpoint.interval import CheckpointSchedule, IntervalPolicy
 from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.power.governor import PowerGovernor
@@ -83,6 +84,33 @@ def open_stopper(settings: RuntimeSettings) -> EarlyStopper | None:
         has no `early_stopping`.
     """
     return EarlyStopper(settings.early_stop) if settings.early_stop else None
+
+
+def open_schedule(
+    settings: RuntimeSettings, *, environ: Mapping[str, str], start_step: int, start_s: float
+) -> CheckpointSchedule:
+    """The run's checkpoint cadence, as the task's `checkpoint.every` says: steps, seconds or auto.
+
+    Auto is Daly's optimum at the preemption rate of the cloud the run landed on. `sg.Run` and the
+    trainer callbacks (`skygreen.integrations`) both take their schedule from here, so that
+    `every: auto` (and every other form) means one thing whoever drives the loop.
+
+    Args:
+        settings: the run's settings (`checkpoint_every_steps`, `checkpoint_every_s`, the rates).
+        environ: the process environment (where the run landed: `SKYPILOT_CLUSTER_INFO`).
+        start_step: the step training starts (or resumes) at.
+        start_s: when it starts, on the clock later passed to `due` (`time.monotonic()`).
+
+    Returns:
+        The schedule: ask `due(step, now_s)` after each step, tell it `saved(...)` after each save.
+    """
+    rate = settings.preemption_rate_on(landed_cloud(settings.cloud, environ))
+    policy = IntervalPolicy(
+        every_steps=settings.checkpoint_every_steps,
+        every_s=settings.checkpoint_every_s,
+        **({"preemptions_per_hour": rate} if rate else {}),
+    )
+    return CheckpointSchedule(policy, start_step=start_step, start_s=start_s)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -91,6 +91,7 @@ from skygreen.checkpoint.manifest import (
     iter_manifests,
     life_blob_name,
     rank_blob_name,
+    sharded_model_sha256,
 )
 from skygreen.checkpoint.prefetch import prefetch_dir, take_prefetched
 from skygreen.checkpoint.ranged import fetch_verified
@@ -429,6 +430,7 @@ class ShardedCheckpointer(CommitProtocol):
             pinned=pin,
             world_size=self.world_size,
             layout=LAYOUT,
+            model_sha256=sharded_model_sha256(blobs),
             meta=meta,
         )
         self._commit(manifest, started, what="sharded checkpoint")
