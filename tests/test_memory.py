@@ -280,5 +280,7 @@ def test_a_lora_checkpoint_is_its_adapters_and_their_state_under_1_percent_of_th
     from skygreen.spec import load_spec
 
     plan = make_plan(load_spec(task), catalog)
-    size = f"checkpoint {checkpoint_gb(load_spec(task).green.model):.3g} GB"
+    model = load_spec(task).green.model
+    assert model is not None
+    size = f"checkpoint {checkpoint_gb(model):.3g} GB"
     assert any(size in line for line in plan.assumptions), plan.assumptions
