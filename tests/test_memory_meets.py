@@ -79,7 +79,7 @@ def test_on_cpu_the_window_measures_resident_tensors_plus_what_its_steps_allocat
     window.before_step(ready=True)
     peak = window.after_step()
     assert window.done and peak is not None
-    assert resident + 200e6 <= peak < resident + 400e6
+    assert 0.99 * (resident + 200e6) <= peak < resident + 400e6  # pages freed before may be reused
     assert window.after_step() is None  # measured once per life
     assert PeakWindow(None).done  # nothing to measure with: never opens
 

@@ -19,6 +19,7 @@ the runtime records the largest (`skygreen.runtime.run`), the GPU that decides w
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ PEAK_STEPS = 2
 CUDA_MEASURE = "cuda max_memory_allocated"
 CPU_MEASURE = "cpu resident tensors + RSS growth"
 _PROC = Path("/proc/self")
+log = logging.getLogger("skygreen.runtime")
 
 
 def resident_tensor_bytes(module: Any, optimizer: Any) -> int:
@@ -41,11 +43,19 @@ def resident_tensor_bytes(module: Any, optimizer: Any) -> int:
 
     def add(t: Any) -> None:
         nonlocal total
-        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-            key = t.untyped_storage().data_ptr()
-            if key not in seen:
-                seen.add(key)
-                total += t.untyped_storage().nbytes()
+        if not isinstance(t, torch.Tensor):
+            return
+        if hasattr(t, "to_local"):  # an FSDP2 shard (DTensor): this rank's part
+            t = t.to_local()
+        if t.device.type != "cpu":
+            return
+        try:
+            key, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+        except RuntimeError:  # a tensor subclass without a plain storage
+            key, size = id(t), t.numel() * t.element_size()
+        if key not in seen:
+            seen.add(key)
+            total += size
 
     for p in module.parameters():
         add(p)
@@ -90,8 +100,13 @@ class HostPeak:
         except OSError:
             self._start_rss_kb = None
             return
+        try:
+            self._base_bytes = self._resident_bytes()
+        except Exception as e:  # a measure never stops training
+            log.warning("peak memory not measured: the resident tensors could not be counted (%s)", e)
+            self._start_rss_kb = None
+            return
         self._start_rss_kb = _status_kb("VmRSS")
-        self._base_bytes = self._resident_bytes()
 
     def peak_bytes(self) -> int | None:
         """The measure since `start`; None where the peak could not be reset or read."""
