@@ -115,3 +115,20 @@ def _status(memory: dict) -> RunStatus:
                      launches=1, step=10, model_sha256=None, checkpoint_at=None, completed=True, preemptions=0,
                      recoveries=0, spend_usd=0.0, spend_estimated=False, energy_kwh=None, wall_s=None,
                      checkpoint_interval_s=None, where=None, checkpoint_url="/b/r", memory=memory)  # fmt: skip
+
+
+def test_the_rendered_task_carries_the_estimate_for_the_first_offer_or_the_tasks_own_gpus(tmp_path):
+    from skygreen.launch.runs import _render  # the composition `up` renders with
+
+    text = f"skygreen: {{gpus: [A100], gpu_count: 8, model: {LORA_7B}}}\nrun: python train.py\n"
+    spec = parse_spec_text(text)
+    plan = make_plan(spec, load_catalog(FIXTURE_CATALOG, env={}))
+    best = plan.candidates[0]
+    cloud = _render(spec, plan, run_id="r-1", bucket="s3://b/runs", task_dir=tmp_path)
+    shown = PlannedMemory.parse(cloud["envs"]["SKYGREEN_MEMORY_PLANNED_GB"])
+    assert best.memory_gb_per_gpu is not None and shown.gpus == best.accelerator_count * best.num_nodes == 8
+    assert (shown.low_gb, shown.high_gb) == (best.memory_gb_per_gpu["low"], best.memory_gb_per_gpu["high"])
+    local = _render(spec, None, run_id="r-1", bucket=str(tmp_path), task_dir=tmp_path)
+    assert PlannedMemory.parse(local["envs"]["SKYGREEN_MEMORY_PLANNED_GB"]) == shown  # --local: the task's 8 GPUs
+    bare = parse_spec_text("skygreen: {gpus: [L4]}\nrun: python train.py\n")
+    assert "SKYGREEN_MEMORY_PLANNED_GB" not in _render(bare, None, run_id="r-1", bucket="/b", task_dir=tmp_path)["envs"]
