@@ -6,7 +6,8 @@ peak (no CUDA context, no reserved-but-free blocks), which the plan's `tensors` 
 where torch keeps no allocator statistics: the bytes of the tensors already resident when the
 window opens (parameters, buffers, gradients, optimizer state) plus the growth of the process's
 resident set (RSS) over the steps, its high-water mark (`VmHWM`, reset by writing 5 to
-`/proc/self/clear_refs`) less its size when the window opened. That counts what the steps
+`/proc/self/clear_refs`) less its size when the window opened, after glibc's `malloc_trim` handed
+freed heap pages back (else memory the steps reuse from resident pages would not show as growth). That counts what the steps
 allocate (activations, logits, gradients, a first step's optimizer state) as the allocator would,
 and also what the host adds around them (the data loader's batches, Python objects): an upper
 bound of the same quantity, stated as such in the ledger (`measure`). Without `/proc` (macOS)
@@ -78,6 +79,18 @@ def _status_kb(field: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _trim_heap() -> None:
+    """glibc's `malloc_trim(0)`: free pages of the heap go back to the system; nothing elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): the growth may then miss reused pages
+        pass
+
+
 class HostPeak:
     """The CPU measure: resident tensors when the window opens plus the RSS high-water growth."""
 
@@ -94,7 +107,12 @@ class HostPeak:
         return _status_kb("VmHWM") is not None and (_PROC / "clear_refs").exists()
 
     def start(self) -> None:
-        """Reset the high-water mark to the RSS now and note the tensors already resident."""
+        """Reset the high-water mark to the RSS now and note the tensors already resident.
+
+        Freed heap memory is first handed back to the system (glibc's `malloc_trim`): memory the
+        steps would otherwise reuse from pages already resident would not show as growth.
+        """
+        _trim_heap()
         try:
             (_PROC / "clear_refs").write_text("5")
         except OSError:
