@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skygreen.errors import RuntimeSetupError, SpecError
+from skygreen.memory.planned import PlannedMemory
 from skygreen.power.policy import CapRequest
 from skygreen.spec import HALF_PRECISIONS, PRECISIONS, TRAINERS, EarlyStopConfig, GreenSpec
 
@@ -122,6 +123,9 @@ class RuntimeSettings:
     ledger_heartbeat_s: float | None = None
     """Seconds between ledger heartbeats between checkpoints (`skygreen.runtime.run_book`); None:
     every 30 s. Tests shorten it."""
+    memory_planned_gb: PlannedMemory | None = None
+    """The plan's per-GPU memory estimate for the run's GPUs (`skygreen.memory.planned`), which the
+    ledger records beside the peak the runtime measures; travels as `low=..,high=..,tensors=..,gpus=N`."""
 
     def __post_init__(self) -> None:
         for name in ("run_id", "bucket"):
@@ -200,6 +204,7 @@ class RuntimeSettings:
         offers: str | None = None,
         preemptions_per_hour_by_cloud: Mapping[str, float] | None = None,
         user: str | None = None,
+        memory_planned_gb: PlannedMemory | None = None,
     ) -> RuntimeSettings:
         """Build the settings for a run of a task, as `skygreen up` does before `to_env`.
 
@@ -212,6 +217,7 @@ class RuntimeSettings:
             offers: the plan's offers with prices, for the ledger.
             preemptions_per_hour_by_cloud: the assumed rate on each cloud the run may land on.
             user: who launched the run.
+            memory_planned_gb: the plan's per-GPU memory estimate for the run's GPUs.
 
         Returns:
             The settings.
@@ -251,6 +257,7 @@ class RuntimeSettings:
             burn_alert_usd_per_hour=spec.budget_alerts.burn_usd_per_hour,
             offers=offers,
             user=user,
+            memory_planned_gb=memory_planned_gb,
         )
 
     def to_env(self) -> dict[str, str]:

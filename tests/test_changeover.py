@@ -34,6 +34,7 @@ from skygreen.plan.catalog import load_catalog
 from skygreen.plan.cost import DEFAULT_RESTART_S, PROVISION_S
 from skygreen.plan.rank import Candidate, Plan, make_plan
 from skygreen.runtime.hold import HOLD_ENV, HOLD_UNCOMMITTED_ENV, RELEASE_ENV
+from skygreen.runtime.peak_memory import CPU_MEASURE
 from skygreen.settings import RuntimeSettings
 from skygreen.spec import parse_spec, parse_spec_text
 
@@ -693,6 +694,7 @@ def test_a_kill_9_past_the_last_commit_counts_the_heartbeats_steps_as_redone(pri
     spec = yaml.safe_load(TINY.read_text())
     spec["skygreen"]["checkpoint"] = {"every": "1h", "keep": 3, "bucket": str(tmp_path / "bucket")}
     spec["skygreen"].pop("early_stopping", None)
+    spec["skygreen"]["model"] = {"params": 110_000}  # the plan's memory estimate meets the measured peak
     spec["workdir"] = str(REPO / "tasks")
     task = tmp_path / "tiny.yaml"
     task.write_text(yaml.safe_dump(spec))
@@ -733,3 +735,10 @@ def test_a_kill_9_past_the_last_commit_counts_the_heartbeats_steps_as_redone(pri
     assert shown["redone_steps"] == 30 and describe(Changeover(**shown)).endswith(", 30 steps redone")
     table = skygreen(env, "cost", run_id)
     assert table.returncode == 0 and "30 steps redone" in table.stdout
+    # The plan's memory per GPU and the peak this life measured, side by side in the ledger and status.
+    memory = status(env, run_id)["memory"]
+    assert memory["planned_gb"]["gpus"] == 1 and 0 < memory["planned_gb"]["tensors"] < memory["planned_gb"]["low"]
+    assert memory["peak_gb"] > 0 and memory["measure"] == CPU_MEASURE and memory["segment"] == 2
+    assert second.memory_peak_gb == memory["peak_gb"] and second.memory_planned_gb == memory["planned_gb"]
+    shown_lines = skygreen(env, "status", run_id).stdout.splitlines()
+    assert [line for line in shown_lines if line.startswith("memory/GPU ") and "; measured peak " in line]

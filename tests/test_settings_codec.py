@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from skygreen.errors import RuntimeSetupError
+from skygreen.memory.planned import PlannedMemory
 from skygreen.power.policy import CapRequest
 from skygreen.runtime.hold import hold_steps
 from skygreen.settings import RuntimeSettings, decode, encode, env_names
@@ -47,6 +48,7 @@ def full() -> RuntimeSettings:
         user="alice",
         launch=2,
         ledger_heartbeat_s=5.0,
+        memory_planned_gb=PlannedMemory(low_gb=15.2, high_gb=19.75, tensors_gb=14.1, gpus=2),
     )
 
 

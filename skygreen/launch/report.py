@@ -110,6 +110,7 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
             + (" (estimated from the plan's best offer)" if r.spend_estimated else ""),
         ),
         *_energy_lines(r),
+        *_memory_lines(r.memory),
         *_deadline_lines(r.run_id, r.deadline),
         *_changeover_lines(r),
     ]
@@ -118,6 +119,22 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         out.write(f"{key.ljust(width)}  {value}\n")
+
+
+def _memory_lines(memory: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The plan's memory per GPU and the measured peak, side by side (`status.memory_view`)."""
+    if memory is None:
+        return []
+    plan = memory["planned_gb"]
+    planned = "planned -" if plan is None else (
+        f"planned {plan['low']:.3g}-{plan['high']:.3g} GB (tensors {plan['tensors']:.3g} GB"
+        f" on {plan['gpus']} GPU{'s' if plan['gpus'] > 1 else ''})"
+    )  # fmt: skip
+    peak = memory["peak_gb"]
+    measured = (
+        "not measured yet" if peak is None else f"{peak:.3g} GB ({memory['measure']}, segment {memory['segment']})"
+    )
+    return [("memory/GPU", f"{planned}; measured peak {measured}")]
 
 
 def _changeover_lines(r: RunStatus) -> list[tuple[str, str]]:

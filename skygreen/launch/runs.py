@@ -249,7 +249,10 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
 def _render(
     spec: TaskSpec, plan: Plan | None, *, run_id: str, bucket: str, task_dir: Path, user: str | None = None
 ) -> dict[str, Any]:
+    from skygreen.plan.memory import planned_memory
+
     rates = offers = None
+    gpus = spec.green.gpu_count * spec.num_nodes
     if plan is not None:  # the planner's assumption for every cloud among the offers handed over
         from skygreen.ledger.place import offers_env
 
@@ -258,9 +261,12 @@ def _render(
         clouds = sorted({c.cloud for c in handed_over})
         rates = {cloud: rate for cloud in clouds if (rate := preemption_rate_per_hour(cloud, overrides)) is not None}
         offers = offers_env(handed_over)  # prices for the VM's ledger
+        gpus = handed_over[0].accelerator_count * handed_over[0].num_nodes
+    memory = planned_memory(spec.green.model, precision=spec.green.precision, total_gpus=gpus)
     settings = RuntimeSettings.from_spec(
-        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour_by_cloud=rates, offers=offers, user=user
-    )
+        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour_by_cloud=rates, offers=offers, user=user,
+        memory_planned_gb=memory,
+    )  # fmt: skip
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from skygreen.launch.wiring import LOCAL, Wiring, launcher_for
 if TYPE_CHECKING:
     from skygreen.ledger.energy import RunEnergy
     from skygreen.ledger.pricing import RunCost
+    from skygreen.ledger.records import Segment
 
 _LAUNCHER_ENV = "SKYGREEN_LAUNCHER"
 """`skygreen.launch.launcher_factory.LAUNCHER_ENV`: a launcher named by the environment (a fake, a plugin)."""
@@ -96,6 +97,9 @@ class RunStatus:
     """CO2e of `energy_kwh`, each segment at its region's grid intensity."""
     compute_usd: float | None = None
     """The GPU machines' part of `spend_usd` (no controller, no storage): the energy statement's cost."""
+    memory: dict[str, Any] | None = None
+    """The plan's memory per GPU beside the runtime's measured peak, from the ledger (`memory_view`):
+    `planned_gb` {low, high, tensors, gpus}, `peak_gb`, `measure` and the `segment` that measured."""
 
     def to_json(self) -> dict[str, Any]:
         """Every field as plain JSON values, for `skygreen status --json`."""
@@ -282,6 +286,7 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
     cost = ledger_cost(record, open_store=wiring.open_store)
     spend, estimated = run_spend(record, job, cost, job_status_of=lambda job_id: _job_status_of(record, job_id, wiring))
     energy = _run_energy(cost, meta, job if record.mode != LOCAL else None)
+    segments = _segments(record, wiring) if record.bucket not in unreachable else []
     return RunStatus(
         run_id=record.run_id,
         task=record.task_path,
@@ -307,7 +312,8 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
         unreachable_bucket=record.checkpoint_url if record.bucket in unreachable else None,
         energy=_energy(meta, energy, job if record.mode != LOCAL else None) if manifest else None,
         deadline=_deadline(record, wiring),
-        changeovers=_changeovers(record, wiring) if manifest and record.bucket not in unreachable else [],
+        changeovers=_changeovers(segments) if manifest else [],
+        memory=memory_view(segments),
         job_duration_s=job.duration_s if job else None,
         gpu_energy_kwh=energy.gpu_energy_kwh,
         co2e_kg=energy.co2e_kg,
@@ -326,16 +332,45 @@ def _run_energy(cost: RunCost | None, meta: Mapping[str, Any], job: JobStatus | 
     return meta_energy(meta, cloud=job.cloud if job else None, region=job.region if job else None)
 
 
-def _changeovers(record: RunRecord, wiring: Wiring) -> list[dict[str, Any]]:
-    """The run's changeovers from its ledger; none when the ledger cannot be read."""
+def _changeovers(segments: Sequence[Segment]) -> list[dict[str, Any]]:
+    """Each resumed segment's changeover, as JSON."""
     from skygreen.ledger.changeover import changeovers
+
+    return [c.to_json() for c in changeovers(segments)]
+
+
+def _segments(record: RunRecord, wiring: Wiring) -> list[Segment]:
+    """The run's ledger segments (changeovers, memory); none when the ledger cannot be read."""
     from skygreen.ledger.io import read_ledger
 
     try:
-        segments = read_ledger(wiring.open_store(record.checkpoint_url))
+        return read_ledger(wiring.open_store(record.checkpoint_url))
     except SkygreenError:
         return []
-    return [c.to_json() for c in changeovers(segments)]
+
+
+def memory_view(segments: Sequence[Segment]) -> dict[str, Any] | None:
+    """The plan's memory per GPU and the peak the runtime measured, side by side: the newest
+    segment that measured one (else the newest that carries the plan's); None when no segment
+    carries either."""
+    measured = [s for s in segments if s.memory_peak_gb is not None]
+    planned = [s for s in segments if s.memory_planned_gb is not None]
+    if not measured and not planned:
+        return None
+    seg = (measured or planned)[-1]
+    plan = (
+        seg.memory_planned_gb
+        if seg.memory_planned_gb is not None
+        else planned[-1].memory_planned_gb
+        if planned
+        else None
+    )
+    return {
+        "planned_gb": None if plan is None else dict(plan),
+        "peak_gb": seg.memory_peak_gb,
+        "measure": seg.memory_measure,
+        "segment": seg.segment,
+    }
 
 
 def _deadline(record: RunRecord, wiring: Wiring) -> dict[str, Any] | None:

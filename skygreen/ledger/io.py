@@ -114,6 +114,7 @@ class LedgerWriter:
         started_at: float,
         clock: Callable[[], float] = time.time,
         user: str | None = None,
+        memory_planned_gb: Mapping[str, float] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -125,6 +126,7 @@ class LedgerWriter:
             started_at=started_at,
             updated_at=started_at,
             user=user,
+            memory_planned_gb=memory_planned_gb,
         )
         self._energy_base_j: float | None = None
         self._warned = False
@@ -175,6 +177,10 @@ class LedgerWriter:
         time); written with the next update."""
         if self.segment.first_step_at is None:
             self.segment = replace(self.segment, first_step_at=self.clock())
+
+    def memory_peak(self, peak_gb: float, *, measure: str) -> None:
+        """Note the measured peak memory per GPU (GB) and how it was measured; written with the next write."""
+        self.segment = replace(self.segment, memory_peak_gb=round(peak_gb, 4), memory_measure=measure)
 
     def report(self, name: str, step: int, value: float) -> None:
         """Remember one reported metric value; written with the next update."""

@@ -143,6 +143,16 @@ class Segment:
     """Size of the newest checkpoint this segment committed, every blob of every rank (from its
     manifest): the real checkpoint size, which `plan` learns (`skygreen.costs.speeds`). None
     before a commit, and in older ledgers."""
+    memory_planned_gb: Mapping[str, float] | None = None
+    """The plan's memory per GPU for the run (`skygreen.memory.planned.PlannedMemory.to_json`):
+    `low`, `high` and `tensors` in GB and the `gpus` it was planned for; None for a task without
+    `model:`, and in older ledgers."""
+    memory_peak_gb: float | None = None
+    """The largest rank's measured peak memory in GB over its first steps at the final micro-batch
+    (`skygreen.runtime.peak_memory`); None before it was measured, or where nothing measures."""
+    memory_measure: str | None = None
+    """How `memory_peak_gb` was measured: `cuda max_memory_allocated` on a GPU, `cpu resident
+    tensors + RSS growth` on CPU."""
     user: str | None = None
     """Who launched the run (rendered by `skygreen up`); None in ledgers written before it was kept."""
     segment: int = 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from skygreen.memory.estimate import MemoryEstimate, Workload, estimate_memory
 from skygreen.memory.method import OPTIMIZER_STATE_BYTES, trainable_params
+from skygreen.memory.planned import PlannedMemory
 from skygreen.spec import ModelSpec
 
 GB = 1e9
@@ -59,6 +60,15 @@ def memory_need(model: ModelSpec, *, precision: str, total_gpus: int) -> MemoryE
         sharded=model.sharding == "fsdp",
         activation_gb=model.activation_gb,
     )
+
+
+def planned_memory(model: ModelSpec | None, *, precision: str, total_gpus: int) -> PlannedMemory | None:
+    """The estimate `skygreen up` hands the runtime for a run on `total_gpus` GPUs (the plan's
+    first offer's, or the task's own count for a local run), to be met in the ledger by the peak
+    the runtime measures; None for a task without `model:`."""
+    if model is None:
+        return None
+    return PlannedMemory.of(memory_need(model, precision=precision, total_gpus=total_gpus), gpus=total_gpus)
 
 
 def fits(need: MemoryEstimate, gpu_memory_gb: float) -> bool:

@@ -66,6 +66,7 @@ from skygreen.runtime.environment import (
 from skygreen.runtime.frozen_base import TrainableState, peft_model
 from skygreen.runtime.fsdp import is_sharded, sharded_states
 from skygreen.runtime.hold import HOLD_UNCOMMITTED_ENV, hold, hold_steps
+from skygreen.runtime.peak_memory import PeakWindow, peak_window
 from skygreen.runtime.ranks import World, all_reduce
 from skygreen.runtime.services import open_schedule, open_services
 from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
@@ -213,6 +214,8 @@ class Run:
         self.last_metrics: dict[str, float] = {}
         self._probe_steps_left = 0
         self._memory_probe: MemoryProbe | None = None
+        self._peak = PeakWindow(None)
+        """The first steps at the final micro-batch, whose peak memory the ledger records."""
         self._loader_iter: Iterator | None = None
         self._started_s = time.monotonic()
         self._wall_base_s = 0.0
@@ -324,6 +327,8 @@ class Run:
         if self.completed:
             log.warning("run %s already completed at step %d; nothing to do", self.settings.run_id, self.step_index)
             return
+        if not self.smoke:
+            self._peak = peak_window(self.device, self.module, self.optimizer)
         self.power.start()
         self._install_preemption()
         if self._book:
@@ -331,6 +336,7 @@ class Run:
         try:
             while self.step_index < total_steps and not self._should_stop():
                 self._before_measured_step()
+                self._peak.before_step(ready=not self.probing and self._memory_probe is None)
                 step = Step(self.step_index, parts=self._parts, feed=self)
                 yield step
                 if step.retry:
@@ -341,6 +347,7 @@ class Run:
                         "  fix: call step.optimizer_step() once at the end of each step"
                     )
                 self._after_measured_step()
+                self._note_peak_memory()
                 self._after_step()
             self._finish()
         finally:
@@ -536,6 +543,18 @@ class Run:
         if micro != self.micro_batch:
             self.micro_batch = micro
             self._reset_loader()
+
+    def _note_peak_memory(self) -> None:
+        """At the end of the peak window, the largest rank's peak into the ledger.
+
+        A collective: the window closes at the same step on every rank.
+        """
+        peak = self._peak.after_step()
+        if peak is None or self._peak.meter is None:
+            return
+        largest = float(all_reduce([float(peak)], op="MAX", dtype=torch.float64)[0])
+        if self._book and largest >= 0:
+            self._book.memory_peak(largest / 1e9, measure=self._peak.meter.measure)
 
     def shrink_micro_batch(self, error: BaseException, step: Step) -> None:
         """Set up `step` to be redone with a smaller micro-batch; the effective batch stays the same.

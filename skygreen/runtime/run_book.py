@@ -101,9 +101,11 @@ class RunBook:
         """Price this VM's place and set the budget policy; nothing is written to the ledger yet."""
         gpu = gpu_catalog_name(device_name) if device_name and device_name != "cpu" else None
         self.place = current_place(environ, gpu=gpu, gpu_count=gpu_count if gpu else 0)
+        planned = settings.memory_planned_gb
         self.writer = LedgerWriter(
-            store, run_id=settings.run_id, place=self.place, started_at=started_at, user=settings.user
-        )
+            store, run_id=settings.run_id, place=self.place, started_at=started_at, user=settings.user,
+            memory_planned_gb=None if planned is None else planned.to_json(),
+        )  # fmt: skip
         webhook_env = settings.budget_webhook_env
         self.policy = BudgetPolicy(
             budget_usd=settings.budget_usd,
@@ -281,6 +283,19 @@ class RunBook:
     def step_started(self) -> None:
         """Training begins now: its time counts from here (only the first call stamps it)."""
         self.writer.first_step()
+
+    def memory_peak(self, peak_gb: float, *, measure: str) -> None:
+        """Record the run's measured peak memory per GPU beside the plan's estimate.
+
+        It is written soon, off the training thread, so even a life lost before its next
+        checkpoint keeps it.
+
+        Args:
+            peak_gb: the largest rank's peak, in GB (1e9 bytes).
+            measure: how it was measured (`skygreen.runtime.peak_memory`).
+        """
+        self.writer.memory_peak(peak_gb, measure=measure)
+        self._beats.poke()
 
     def reported(self, metrics: Mapping[str, float], step: int) -> None:
         """Add metric values reported at `step` to the segment; they are written with the next progress.
