@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -151,12 +152,16 @@ LIGHTNING_TASK = TrainerTask(
 
 
 def finish(proc: subprocess.Popen[str], timeout_s: float = 900) -> str:
-    """Wait for a script started by `TrainerTask.train`; its output."""
+    """Wait for a script a test started; its output. One still running when the wait ends is
+    killed with its process group when it leads one (`start_new_session=True`), else alone."""
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # not a group leader: no group has its id
+                proc.kill()
             proc.communicate(timeout=60)
     return out
 

@@ -20,7 +20,7 @@ pytest.importorskip("accelerate")
 pytest.importorskip("peft")
 
 from helpers import user_env
-from local_runs import same_weights, wait_for_commit
+from local_runs import finish, same_weights, wait_for_commit
 from skygreen.checkpoint.folders import committed_folder_steps, folder_manifests
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.ledger.io import read_ledger
@@ -49,16 +49,6 @@ def train(work: Path, bucket: Path, home: Path, **extra: str) -> subprocess.Pope
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
-def ended(proc: subprocess.Popen[str]) -> str:
-    try:
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=60)
-    return out
-
-
 def test_hf_trainer_checkpoints_only_the_adapter_with_its_base_resumes_exactly_and_refuses_another_base(tmp_path):
     home = tmp_path / "home"
     straight = train(tmp_path / "whole", tmp_path / "bucket-whole", home)
@@ -82,20 +72,20 @@ def test_hf_trainer_checkpoints_only_the_adapter_with_its_base_resumes_exactly_a
     assert saved_bytes < 0.01 * FULL_STATE_BYTES_PER_PARAM * params, (saved_bytes, params)
 
     resumed = train(tmp_path / "vm2", bucket, home)
-    out = ended(resumed)
+    out = finish(resumed)
     assert resumed.returncode == 0, out[-3000:]
     assert committed_folder_steps(store) == [4, 8]
     segments = read_ledger(store)
     assert [s.start_step for s in segments] == [0, 4]  # the second life began at the commit
     last = max(folder_manifests(store), key=lambda m: m.step)
     assert segments[-1].checkpoint_bytes == sum(b.size for b in last.blobs.values())  # what `plan` learns
-    whole = ended(straight)
+    whole = finish(straight)
     assert straight.returncode == 0, whole[-3000:]
     same_weights(torch.load(tmp_path / "vm2" / "final.pt", weights_only=True),
                  torch.load(tmp_path / "whole" / "final.pt", weights_only=True))  # fmt: skip
 
     other = train(tmp_path / "vm3", bucket, home, LORA_BASE_SEED="1")
-    said = ended(other)
+    said = finish(other)
     assert other.returncode == 1, said[-3000:]
     assert "trained on base model tiny-llama-random-seed0" in said and "but the base loaded now is" in said
     assert "fix: load the same base model" in said and "Traceback" not in said

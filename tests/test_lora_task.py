@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from helpers import user_env, wait_for
+from local_runs import finish
 from skygreen.checkpoint.folders import RestoredFolder
 from skygreen.checkpoint.manifest import Manifest, committed_steps
 from skygreen.checkpoint.store_factory import open_store
@@ -86,13 +87,8 @@ def train(work: Path, bucket: Path, home: Path, **extra: str) -> subprocess.Pope
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
-def finish(proc: subprocess.Popen[str]) -> str:
-    try:
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=60)
+def finished(proc: subprocess.Popen[str]) -> str:
+    out = finish(proc, timeout_s=600)
     assert proc.returncode == 0, out[-3000:]
     return out
 
@@ -111,8 +107,8 @@ def test_lora_run_killed_and_resumed_ends_bit_identical_with_a_checkpoint_under_
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.communicate(timeout=60)
-    finish(train(broken, tmp_path / "bucket-broken", tmp_path / "home"))
-    finish(straight)
+    finished(train(broken, tmp_path / "bucket-broken", tmp_path / "home"))
+    finished(straight)
 
     before = torch.load(whole / lora.FINAL, weights_only=True)
     after = torch.load(broken / lora.FINAL, weights_only=True)
