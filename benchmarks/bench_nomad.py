@@ -35,7 +35,7 @@ GLOBAL_DIVERSE = (
 )
 V100_ZONES = ("us-east-1c", "us-east-2b", "us-west-2a")
 V100_TEST = (3, 5, 7, 8, 14)
-GRID = {"margin": (0.05, 0.15), "relaxed": (1.05, 1.15, 1.3)}
+GRID = {"margin": (0.05, 0.15), "relaxed": (1.05, 1.15, 1.3), "pressure_power": (3.0, 6.0, 12.0)}
 
 
 def suites(root: Path) -> list[tuple[str, Market, Job, list[int], list[int]]]:
@@ -69,7 +69,9 @@ def tune(market: Market, job: Job, starts: list[int]) -> dict:
 
 
 def _nomad(knobs: dict) -> Nomad:
-    return Nomad(margin=float(knobs["margin"]), relaxed=float(knobs["relaxed"]))
+    return Nomad(
+        margin=float(knobs["margin"]), relaxed=float(knobs["relaxed"]), pressure_power=float(knobs["pressure_power"])
+    )
 
 
 def main() -> None:
