@@ -34,6 +34,19 @@ def test_the_nomad_leaves_a_preempted_place_for_the_next_cheapest_and_pays_the_m
     assert best.cost_usd <= plan.cost_usd <= 1.05 * best.cost_usd
 
 
+def test_with_slack_to_spare_the_nomad_waits_out_an_outage_instead_of_moving_to_a_dearer_place():
+    # deadline 1.5 x work, as in SkyNomad's settings: a short outage of the cheap place is cheaper
+    # to wait out than to leave (changeover, egress, twice the price), and the optimum waits too
+    avail = np.ones((2, 100), dtype=bool)
+    avail[0, 10:20] = False
+    market = _market(avail, [6.0, 12.0], [60.0, 60.0])
+    terms = MoveTerms(checkpoint_gb=50, changeover_s=600)
+    plan = replay(Nomad(), market, move_costs(market, terms), work_ticks=40, deadline_ticks=60)
+    best = optimum(market, terms, work_ticks=40, deadline_ticks=60)
+    assert plan.deadline_met and plan.moves == 0 and set(plan.place[plan.mode != 0].tolist()) == {0}
+    assert plan.cost_usd == pytest.approx(best.cost_usd)
+
+
 def test_the_safety_net_meets_the_deadline_when_spot_never_comes():
     market = _market(np.zeros((2, 80), dtype=bool), [1.0, 1.0], [10.0, 8.0])
     terms = MoveTerms(checkpoint_gb=10, changeover_s=600)
