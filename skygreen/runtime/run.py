@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from skygreen.checkpoint.interval import CheckpointSchedule
 from skygreen.checkpoint.manifest import run_meta
+from skygreen.checkpoint.traffic import committed_bytes
 from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.changeover import restore_figures
@@ -615,6 +616,7 @@ class Run:
             samples_seen=self.samples_seen,
             epoch=self.epoch,
             checkpoint_interval_s=self._schedule.interval_s if self._schedule else None,
+            **(self._schedule.cost_meta() if self._schedule else {}),
             power=self.power.summary(),
         )
         if reason:
@@ -639,6 +641,7 @@ class Run:
                 time.monotonic(),
                 save_cost_s=self.checkpointer.last_save_cost_s,
                 upload_s=self.checkpointer.last_upload_s,
+                save_bytes=committed_bytes(self.checkpointer.store),
             )
         return saved
 
