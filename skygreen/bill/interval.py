@@ -91,6 +91,13 @@ class SaveBill:
         month_gb = gb * HOURS_PER_MONTH * 3600.0 / max(daly_s, 1.0)
         return gb * usd_per_gb(self.vm, self.bucket, month_gb)
 
+    def describe(self) -> str:
+        """Where the bytes go and the price, for the log: `azure/westus3 -> aws/us-east-1 at $8.19/h`."""
+        return (
+            f"{self.vm.cloud}/{self.vm.region} -> {self.bucket.cloud}/{self.bucket.region} "
+            f"at ${self.price_usd_per_hour:.4g}/h"
+        )
+
     def interval_s(self, *, stall_s: float, save_bytes: int, mtbf_s: float, restore_s: float = 0.0) -> float:
         """`auto_interval_s` for a save that blocked `stall_s` and moved `save_bytes`; a restore
         of `restore_s` adds to the restart."""

@@ -11,10 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from skygreen.bill.interval import SaveBill  # imports this module: the planner's rates
+from typing import Protocol
 
 
 def _log_interval(message: str, *args: object) -> None:
@@ -43,6 +40,23 @@ in `../shared/spot-traces` and fails if they drift from what the traces say:
 UNKNOWN_CLOUD_PREEMPTIONS_PER_HOUR = 0.1
 """Assumed where the table has no answer (a local machine, a run that names no cloud): mean 10 h
 between preemptions, so `every: auto` still checkpoints every few minutes."""
+
+
+class SaveBill(Protocol):
+    """What a save's bytes cost, as `skygreen.bill.interval.SaveBill` says (that module builds on
+    this one, so the policy names the shape it needs rather than importing it)."""
+
+    def save_usd(self, save_bytes: int, *, daly_s: float) -> float:
+        """One save's dollars at the rate a month of saves every `daly_s` pays."""
+        ...
+
+    def interval_s(self, *, stall_s: float, save_bytes: int, mtbf_s: float, restore_s: float = 0.0) -> float:
+        """The interval of least total cost for a save of `stall_s` and `save_bytes`."""
+        ...
+
+    def describe(self) -> str:
+        """Where the bytes go and the price, for the log: `azure/westus3 -> aws/us-east-1 at $8.19/h`."""
+        ...
 
 
 def preemption_rate_per_hour(cloud: str | None, overrides: Mapping[str, float] | None = None) -> float | None:
@@ -209,6 +223,5 @@ class CheckpointSchedule:
             return f"auto, every {self.interval_s:.0f} s (Daly, {rate})"
         return (
             f"auto, every {self.interval_s:.0f} s (least total cost: a save moves ${self.save_usd:.4g} of bytes "
-            f"{bill.vm.cloud}/{bill.vm.region} -> {bill.bucket.cloud}/{bill.bucket.region} "
-            f"at ${bill.price_usd_per_hour:.4g}/h, {rate})"
+            f"{bill.describe()}, {rate})"
         )
