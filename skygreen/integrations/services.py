@@ -373,7 +373,7 @@ class TrainerServices:
         self.step_done(step=step, samples=samples)
         notice, due = self.notice_pending(), self._due(step)
         if self.world.size > 1 and not self.smoke:  # every rank saves at the same step, or none does
-            notice, due = self.world.agree(notice, due)
+            notice, due = self.world.agree(notice, due and self.world.leader)  # rank 0 measures a save's bytes
         if notice:
             log.warning("preemption notice: saving a checkpoint now")
         smoke_done = self.smoke and step - start_step >= SMOKE_STEPS
