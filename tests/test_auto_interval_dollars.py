@@ -72,8 +72,10 @@ def test_costly_bytes_lengthen_the_interval_to_the_plans_value():
     )
 
 
-def _settings(bucket: str, **kw: object) -> RuntimeSettings:
-    return RuntimeSettings(run_id="r1", bucket=bucket, preemptions_per_hour=RATE, **kw)  # type: ignore[arg-type]
+def _settings(bucket: str, region: str | None = None) -> RuntimeSettings:
+    """The settings as `skygreen up` renders them for the VM (`SKYGREEN_*`)."""
+    environ = {"SKYGREEN_RUN_ID": "r1", "SKYGREEN_BUCKET": bucket, "SKYGREEN_PREEMPTIONS_PER_HOUR": str(RATE)}
+    return RuntimeSettings.from_env({**environ, **({"SKYGREEN_CHECKPOINT_REGION": region} if region else {})})
 
 
 def _landed(cloud: str, region: str, *, price: float | None = PRICE_PER_NODE, nodes: int = 1) -> dict[str, str]:
@@ -90,7 +92,7 @@ def test_the_schedule_takes_the_bill_from_settings_and_says_what_a_save_costs(ca
     from skygreen.runtime.services import open_schedule, save_bill
 
     caplog.set_level("INFO", logger="skygreen.checkpoint")
-    settings = _settings("s3://ckpt/team", checkpoint_region="us-east-1")
+    settings = _settings("s3://ckpt/team", "us-east-1")
     environ = _landed("azure", "westus3", nodes=2)
     assert save_bill(settings, environ) == _bill(AZURE_VM, S3_BUCKET, nodes=2)
     schedule = open_schedule(settings, environ=environ, start_step=0, start_s=0.0)
