@@ -353,3 +353,23 @@ def test_cost_task_shows_each_clouds_data_dollars_for_the_7b_case(shared_catalog
         for kind in ("spot", "on_demand")
     )
     assert bare["bucket"].startswith("no cloud bucket")
+
+
+def test_compare_at_80_columns_breaks_cells_only_between_words(task, tmp_path):
+    """Too wide for 80 columns in one table, `compare` prints two that fit, every figure whole."""
+    first, second = "demo-20261206-200257-4eee", "demo-20261206-210301-9f3a"  # run ids as long as real ones
+    add_run(task, first, [
+        {"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 100), "samples": (0, 3200), "end": "preempted", "losses": [(50, 2.0)]},
+        {"place": AWS_T4, "at_h": 1.5, "hours": 2, "steps": (100, 300), "samples": (3200, 9600), "losses": [(300, 1.0)]},
+    ], bucket=tmp_path / "bucket")  # fmt: skip
+    add_run(task, second, [{"place": GCP_L4, "at_h": 0, "hours": 1, "steps": (0, 300), "samples": (0, 9600),
+                            "losses": [(10, 2.0), (300, 1.5)]}], bucket=tmp_path / "bucket")  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "skygreen.cli", "compare", first, second], capture_output=True,
+                         text=True, timeout=240, env={**os.environ, "COLUMNS": "80"})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert all(len(line) <= 80 for line in out.stdout.splitlines()), out.stdout
+    words = set(out.stdout.split())
+    for whole in (first, second, "val_loss", "(min)", "$1.96", "$0.48", "1.0000", "0.5000", "improved", "unit",
+                  "kWh", "CO2e", "itemises"):  # fmt: skip
+        assert whole in words, (whole, out.stdout)
+    assert out.stdout.count(first) == 2, "two tables, each led by the run"

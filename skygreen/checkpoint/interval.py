@@ -1,5 +1,8 @@
-"""When to checkpoint: every N steps, every T seconds, or auto (Daly's optimum), decided purely.
+"""When to checkpoint: every N steps, every T seconds, or auto (the interval of least cost), decided purely.
 
+Auto is Daly's optimum for the measured save; where the runtime knows its price and a save's
+bytes cost dollars between the VM and the bucket (`IntervalPolicy.bill`), it is the plan's
+dollar-optimal interval for the measured bytes (`skygreen.bill.interval.auto_interval_s`).
 Time is passed in, so the schedule is testable without clocks.
 """
 
@@ -8,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 
 def _log_interval(message: str, *args: object) -> None:
@@ -36,6 +40,23 @@ in `../shared/spot-traces` and fails if they drift from what the traces say:
 UNKNOWN_CLOUD_PREEMPTIONS_PER_HOUR = 0.1
 """Assumed where the table has no answer (a local machine, a run that names no cloud): mean 10 h
 between preemptions, so `every: auto` still checkpoints every few minutes."""
+
+
+class SaveBill(Protocol):
+    """What a save's bytes cost, as `skygreen.bill.interval.SaveBill` says (that module builds on
+    this one, so the policy names the shape it needs rather than importing it)."""
+
+    def save_usd(self, save_bytes: int, *, daly_s: float) -> float:
+        """One save's dollars at the rate a month of saves every `daly_s` pays."""
+        ...
+
+    def interval_s(self, *, stall_s: float, save_bytes: int, mtbf_s: float, restore_s: float = 0.0) -> float:
+        """The interval of least total cost for a save of `stall_s` and `save_bytes`."""
+        ...
+
+    def describe(self) -> str:
+        """Where the bytes go and the price, for the log: `azure/westus3 -> aws/us-east-1 at $8.19/h`."""
+        ...
 
 
 def preemption_rate_per_hour(cloud: str | None, overrides: Mapping[str, float] | None = None) -> float | None:
@@ -71,7 +92,9 @@ class IntervalPolicy:
 
     Auto needs a measured save cost; until the first save it uses `first_auto_s`. The auto
     interval is never shorter than the last upload took, so saves do not queue up behind
-    each other, and is clamped to [min_interval_s, max_interval_s].
+    each other, and is clamped to [min_interval_s, max_interval_s]. With a `bill` and a save
+    whose bytes cost dollars, auto is the dollar-optimal interval instead, held by the plan's
+    cap (`skygreen.bill.interval.DOLLAR_LOSS_CAP`) rather than `max_interval_s`.
     """
 
     every_steps: int | None = None
@@ -80,6 +103,8 @@ class IntervalPolicy:
     first_auto_s: float = 120.0
     min_interval_s: float = 10.0
     max_interval_s: float = 3600.0
+    bill: SaveBill | None = None
+    """Where the VM and the bucket are and the run's price; None: bytes are free (Daly)."""
 
     def __post_init__(self) -> None:
         if self.every_steps is not None and self.every_s is not None:
@@ -105,17 +130,34 @@ class IntervalPolicy:
         """Mean time between preemptions, in seconds, from `preemptions_per_hour`."""
         return 3600.0 / self.preemptions_per_hour
 
-    def auto_interval_s(self, save_cost_s: float | None, upload_s: float | None = None) -> float:
+    def save_usd(self, save_cost_s: float, save_bytes: int | None) -> float:
+        """What a save of `save_bytes` costs in transfer (`SaveBill.save_usd`); 0 without a bill."""
+        if self.bill is None or not save_bytes:
+            return 0.0
+        return self.bill.save_usd(save_bytes, daly_s=optimal_interval_s(save_cost_s, self.mtbf_s))
+
+    def auto_interval_s(
+        self, save_cost_s: float | None, upload_s: float | None = None, save_bytes: int | None = None
+    ) -> float:
         """The auto interval in seconds for a save that blocked training for `save_cost_s`.
 
         With no measured cost yet, `first_auto_s` as it stands. Otherwise Daly's optimum, raised
         to `upload_s` (the last upload's duration) where that is longer, then clamped to
-        [`min_interval_s`, `max_interval_s`]; the clamp wins over the upload floor.
+        [`min_interval_s`, `max_interval_s`]; the clamp wins over the upload floor. Where the
+        save's `save_bytes` cost dollars (`bill`), the dollar-optimal interval
+        (`SaveBill.interval_s`, restored in `upload_s`), held by the plan's cap alone.
         """
         if save_cost_s is None:
             return self.first_auto_s
-        interval_s = max(optimal_interval_s(save_cost_s, self.mtbf_s), upload_s or 0.0)
-        return min(max(interval_s, self.min_interval_s), self.max_interval_s)
+        upper_s = self.max_interval_s
+        if self.bill is not None and save_bytes and self.save_usd(save_cost_s, save_bytes) > 0:
+            interval_s = self.bill.interval_s(
+                stall_s=save_cost_s, save_bytes=save_bytes, mtbf_s=self.mtbf_s, restore_s=upload_s or 0.0
+            )
+            upper_s = max(upper_s, interval_s)
+        else:
+            interval_s = optimal_interval_s(save_cost_s, self.mtbf_s)
+        return min(max(interval_s, upload_s or 0.0, self.min_interval_s), upper_s)
 
 
 class CheckpointSchedule:
@@ -128,6 +170,8 @@ class CheckpointSchedule:
         self.interval_s: float | None = policy.every_s if policy.mode == "seconds" else None
         if policy.mode == "auto":
             self.interval_s = policy.first_auto_s
+        self.save_usd: float | None = None
+        """What the last measured save cost in transfer (auto with a bill); None before one."""
         _log_interval("checkpoint interval: %s", self.describe())
 
     def due(self, step: int, now_s: float) -> bool:
@@ -139,26 +183,45 @@ class CheckpointSchedule:
         return self.interval_s is not None and now_s - self.last_s >= self.interval_s
 
     def saved(
-        self, step: int, now_s: float, *, save_cost_s: float | None = None, upload_s: float | None = None
+        self,
+        step: int,
+        now_s: float,
+        *,
+        save_cost_s: float | None = None,
+        upload_s: float | None = None,
+        save_bytes: int | None = None,
     ) -> None:
-        """Record a save; in auto mode, re-derive the interval from the measured cost."""
+        """Record a save; in auto mode, re-derive the interval from the measured cost (and, with
+        the policy's bill, the bytes the last committed checkpoint moved)."""
         self.last_step = step
         self.last_s = now_s
         if self.policy.mode == "auto" and save_cost_s is not None:
-            new_s = self.policy.auto_interval_s(save_cost_s, upload_s)
+            if self.policy.bill is not None and save_bytes:
+                self.save_usd = self.policy.save_usd(save_cost_s, save_bytes)
+            new_s = self.policy.auto_interval_s(save_cost_s, upload_s, save_bytes)
             if self.interval_s is None or abs(new_s - self.interval_s) > 0.1 * self.interval_s:
                 self.interval_s = new_s
                 _log_interval("checkpoint interval: %s (save cost %.3f s)", self.describe(), save_cost_s)
             else:
                 self.interval_s = new_s
 
+    def cost_meta(self) -> dict[str, float]:
+        """For a commit's meta: `checkpoint_save_usd`, what the last measured save cost in
+        transfer, where the auto interval weighed it; empty otherwise."""
+        return {} if self.save_usd is None else {"checkpoint_save_usd": round(self.save_usd, 6)}
+
     def describe(self) -> str:
         """The interval in words for the log: "every 500 steps", "every 600 s", or the auto
-        interval with the preemption rate it assumes."""
+        interval with the preemption rate it assumes and, where bytes cost, what a save costs."""
         if self.policy.mode == "steps":
             return f"every {self.policy.every_steps} steps"
         if self.policy.mode == "seconds":
             return f"every {self.interval_s:g} s"
+        rate = f"{self.policy.preemptions_per_hour:g} preemptions/hour assumed"
+        bill = self.policy.bill
+        if bill is None or not self.save_usd:
+            return f"auto, every {self.interval_s:.0f} s (Daly, {rate})"
         return (
-            f"auto, every {self.interval_s:.0f} s (Daly, {self.policy.preemptions_per_hour:g} preemptions/hour assumed)"
+            f"auto, every {self.interval_s:.0f} s (least total cost: a save moves ${self.save_usd:.4g} of bytes "
+            f"{bill.describe()}, {rate})"
         )

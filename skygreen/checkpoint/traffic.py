@@ -30,7 +30,16 @@ from skygreen.checkpoint.bucket_url import parse_url
 from skygreen.checkpoint.ranged import RangedStore
 from skygreen.checkpoint.store import Store
 
-__all__ = ["CountingStore", "Traffic", "TrafficFigures", "bucket_of", "counted", "note_checkpoint", "traffic_of"]
+__all__ = [
+    "CountingStore",
+    "Traffic",
+    "TrafficFigures",
+    "bucket_of",
+    "committed_bytes",
+    "counted",
+    "note_checkpoint",
+    "traffic_of",
+]
 
 
 def bucket_of(url: str) -> str:
@@ -270,3 +279,11 @@ def note_checkpoint(store: Store, step: int, nbytes: int) -> None:
     traffic = traffic_of(store)
     if traffic is not None:
         traffic.checkpoint(step, nbytes)
+
+
+def committed_bytes(store: Store) -> int | None:
+    """The size of the newest checkpoint committed through `store` (every file of it), for the
+    auto interval to price; None for a bare store, before the first commit and on ranks that
+    commit nothing."""
+    traffic = traffic_of(store)
+    return traffic.figures().checkpoint_bytes if traffic is not None else None

@@ -164,34 +164,32 @@ def print_task_estimate(est: TaskEstimate, out: TextIO, *, header: bool = True) 
 
 
 def print_compare(rows: Sequence[CompareRow], out: TextIO) -> None:
-    """Write `skygreen compare`'s table to `out`, one row per run, '-' where a figure is unknown."""
-    table = [
-        (
-            "run",
-            "clouds (node-h)",
-            "hours",
-            "cost",
-            "data",
-            "energy kWh",
-            "CO2e kg",
-            "metric",
-            "final",
-            "improved",
-            "$ per unit",
-        )
-    ]
+    """Write `skygreen compare`'s table to `out`, one row per run, '-' where a figure is unknown.
+
+    Where one table would not fit the width (`terminal.output_width`: `$COLUMNS`, the terminal),
+    it is two that do, each led by the run: time, money and energy, then the metric; cells wrap
+    between words, never inside a run id or a metric's name."""
+    table = [("run", "clouds (node-h)", "hours", "cost", "data", "kWh", "kg CO2e", "metric", "final", "improved",
+              "$ per unit")]  # fmt: skip
     for r in rows:
         c = r.cost
         mix = ", ".join(f"{cloud} {h:.3f}" for cloud, h in sorted(c.clouds.items()))
         final = c.final_metrics.get(r.metric) if r.metric else None
         table.append((r.record.run_id, mix, f"{c.span_h:.3f}", _usd(c.total_usd), _usd(c.data.total_usd), _num(c.energy_kwh), _num(c.co2e_kg),
                       f"{r.metric} ({r.mode})" if r.metric else "-", _num(final, "{:.4f}"), _num(r.improvement, "{:.4f}"), _usd(r.usd_per_improvement)))  # fmt: skip
-    _table(table, out, indent="", right=(2, 3, 4, 5, 6, 8, 9, 10))
-    out.write(
-        "improved: first - last report for a (min) metric, last - first for (max): early stopping's mode, else by"
-        " name\n$ per unit: total cost / improved; local runs cost $0 of compute\n"
-        "data: checkpoint transfer (measured bytes), storage and requests (`skygreen cost RUN` itemises them)\n"
-    )
+    width = output_width(out)
+    if width is None or table_width(table) <= width:
+        _table(table, out, indent="", right=(2, 3, 4, 5, 6, 8, 9, 10))
+    else:
+        _table([row[:7] for row in table], out, indent="", right=(2, 3, 4, 5, 6))
+        out.write("\n")
+        _table([(row[0], *row[7:]) for row in table], out, indent="", right=(2, 3, 4))
+    for line in (
+        "improved: first - last report for a (min) metric, last - first for (max): early stopping's mode, else by name",
+        "$ per unit: total cost / improved; local runs cost $0 of compute",
+        "data: checkpoint transfer (measured bytes), storage and requests (`skygreen cost RUN` itemises them)",
+    ):
+        _say(out, line)
 
 
 def print_team_spend(spend: TeamSpend, out: TextIO) -> None:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from skygreen.checkpoint.folders import RestoredFolder, commit_and_retain, folder_files, mark_completed, restore_latest
 from skygreen.checkpoint.manifest import Manifest, run_meta
 from skygreen.checkpoint.store import Store
+from skygreen.checkpoint.traffic import committed_bytes
 from skygreen.errors import RuntimeSetupError, SkygreenError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.records import BUDGET, COMPLETED, EARLY_STOPPED, FAILED, PREEMPTED
@@ -237,6 +238,7 @@ class TrainerServices:
             samples_seen=samples,
             world_size=self.world.size,
             checkpoint_interval_s=self._interval_s,
+            **(self.schedule.cost_meta() if self.schedule is not None else {}),
             precision=self.settings.precision,
             power=parts.governor.summary() if parts is not None else None,
         )
@@ -371,7 +373,7 @@ class TrainerServices:
         self.step_done(step=step, samples=samples)
         notice, due = self.notice_pending(), self._due(step)
         if self.world.size > 1 and not self.smoke:  # every rank saves at the same step, or none does
-            notice, due = self.world.agree(notice, due)
+            notice, due = self.world.agree(notice, due and self.world.leader)  # rank 0 measures a save's bytes
         if notice:
             log.warning("preemption notice: saving a checkpoint now")
         smoke_done = self.smoke and step - start_step >= SMOKE_STEPS
@@ -400,7 +402,9 @@ class TrainerServices:
                 and the commit), which the auto interval is derived from; None where unknown.
         """
         if self.schedule is not None:
-            self.schedule.saved(step, time.monotonic(), save_cost_s=save_cost_s)
+            self.schedule.saved(
+                step, time.monotonic(), save_cost_s=save_cost_s, save_bytes=committed_bytes(self.checkpointer.store)
+            )
 
     def exit_preempted(self, *, step: int, samples: int = 0) -> NoReturn:
         """After SIGTERM, once the checkpoint of `step` is committed, end the process.

@@ -49,9 +49,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from skygreen.bill.interval import dollar_optimal_interval_s
+from skygreen.bill.interval import auto_interval_s
 from skygreen.bill.rates import Place
-from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR, optimal_interval_s
+from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
 from skygreen.gpus import GPUS
 from skygreen.power.model import planned_energy_ratio
 
@@ -78,9 +78,6 @@ HOST_COPY_GB_PER_S = 1.5
 """Per GPU, the blocking copy of a checkpoint shard to host memory (an assumption, in line with
 DCP async_save's 6.3 s for a 7B model spread over 8 GPUs)."""
 """A fixed interval (`every: 5s`) caps the assumed blocking save at this fraction of it."""
-DOLLAR_LOSS_CAP = 0.5
-"""The dollar-optimal interval is held where preemptions cost at most this fraction of the
-run's time: past it the first-order model the optimum rests on (Young, Daly) no longer holds."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -224,15 +221,14 @@ def _auto_interval_s(
     save_cost_s: float, rate_per_hour: float, restart_s: float, save_usd: float, run_price_usd_per_hour: float | None
 ) -> float:
     """Daly's optimum, or with a save's dollars the dollar-optimal interval, held where preemptions
-    cost at most `DOLLAR_LOSS_CAP` of the time."""
-    mtbf_s = 3600.0 / rate_per_hour
-    if save_usd <= 0 or not run_price_usd_per_hour:
-        return optimal_interval_s(save_cost_s, mtbf_s)
-    interval_s = dollar_optimal_interval_s(
-        stall_s=save_cost_s, save_usd=save_usd, price_usd_per_hour=run_price_usd_per_hour, mtbf_s=mtbf_s
+    cost at most `skygreen.bill.interval.DOLLAR_LOSS_CAP` of the time."""
+    return auto_interval_s(
+        stall_s=save_cost_s,
+        save_usd=save_usd,
+        price_usd_per_hour=run_price_usd_per_hour,
+        mtbf_s=3600.0 / rate_per_hour,
+        restart_s=restart_s,
     )
-    cap_s = 2.0 * (DOLLAR_LOSS_CAP * mtbf_s - restart_s)
-    return max(min(interval_s, cap_s), optimal_interval_s(save_cost_s, mtbf_s))
 
 
 def estimate(
@@ -251,7 +247,7 @@ def estimate(
 
     With `save_usd` (what a save's bytes and requests cost) and the price per hour of all nodes,
     `every: auto` takes the dollar-optimal interval (`skygreen.bill.interval`), held where
-    preemptions cost at most `DOLLAR_LOSS_CAP` of the time; without, Daly's optimum."""
+    preemptions cost at most `skygreen.bill.interval.DOLLAR_LOSS_CAP` of the time; without, Daly's optimum."""
     compute_h = compute_hours(model, gpu, gpus_per_node, efficiency=efficiency)
     rate = model.preemption_rate_per_hour.get(cloud, PREEMPTION_RATE_PER_HOUR.get(cloud, 0.0))
     rate_per_hour = rate * model.num_nodes if spot else 0.0

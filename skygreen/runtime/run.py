@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from skygreen.checkpoint.interval import CheckpointSchedule
 from skygreen.checkpoint.manifest import run_meta
+from skygreen.checkpoint.traffic import committed_bytes
 from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.changeover import restore_figures
@@ -388,8 +389,11 @@ class Run:
         sigterm = watch.sigterm
         stop = self.rank == 0 and self.stopper is not None and self.stopper.stopped
         budget = self.services.over_budget()
-        if self.world_size > 1:
-            sigterm, notice_up, stop, budget = self.agree_flags(sigterm, notice is not None, stop, budget)
+        due = self._schedule is not None and self._schedule.due(self.step_index, time.monotonic())
+        if self.world_size > 1:  # rank 0's schedule decides for all: it alone measures a save's bytes
+            sigterm, notice_up, stop, budget, due = self.agree_flags(
+                sigterm, notice is not None, stop, budget, due and self.rank == 0
+            )
         else:
             notice_up = notice is not None
         self._stopping = stop
@@ -413,9 +417,7 @@ class Run:
         held = not stop and self.step_index in self._hold_at_steps
         if notice_up:
             self._save(state="running", reason="preemption-notice", wait=held)
-        elif held or (
-            not stop and self._schedule is not None and self._schedule.due(self.step_index, time.monotonic())
-        ):
+        elif held or (not stop and due):
             self._save(state="running", wait=held)
         if held or (not stop and self.step_index in self._hold_uncommitted_at):
             hold(self.step_index, stopped=lambda: watch.sigterm, environ=self._environ)
@@ -615,6 +617,7 @@ class Run:
             samples_seen=self.samples_seen,
             epoch=self.epoch,
             checkpoint_interval_s=self._schedule.interval_s if self._schedule else None,
+            **(self._schedule.cost_meta() if self._schedule else {}),
             power=self.power.summary(),
         )
         if reason:
@@ -639,6 +642,7 @@ class Run:
                 time.monotonic(),
                 save_cost_s=self.checkpointer.last_save_cost_s,
                 upload_s=self.checkpointer.last_upload_s,
+                save_bytes=committed_bytes(self.checkpointer.store),
             )
         return saved
 

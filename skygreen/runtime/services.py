@@ -37,6 +37,7 @@ from skygreen.runtime.run_book import RunBook
 from skygreen.settings import RuntimeSettings
 
 if TYPE_CHECKING:
+    from skygreen.bill.interval import SaveBill
     from skygreen.runtime.sharded import ShardedCheckpointer
 
 
@@ -91,8 +92,9 @@ def open_schedule(
 ) -> CheckpointSchedule:
     """The run's checkpoint cadence, as the task's `checkpoint.every` says: steps, seconds or auto.
 
-    Auto is Daly's optimum at the preemption rate of the cloud the run landed on. `sg.Run` and the
-    trainer callbacks (`skygreen.integrations`) both take their schedule from here, so that
+    Auto is Daly's optimum at the preemption rate of the cloud the run landed on or, where a save's
+    bytes cost dollars between this VM and the bucket (`save_bill`), the plan's dollar-optimal
+    interval for the bytes each commit measured. `sg.Run` and the trainer callbacks (`skygreen.integrations`) both take their schedule from here, so that
     `every: auto` (and every other form) means one thing whoever drives the loop.
 
     Args:
@@ -108,9 +110,37 @@ def open_schedule(
     policy = IntervalPolicy(
         every_steps=settings.checkpoint_every_steps,
         every_s=settings.checkpoint_every_s,
+        bill=save_bill(settings, environ),
         **({"preemptions_per_hour": rate} if rate else {}),
     )
     return CheckpointSchedule(policy, start_step=start_step, start_s=start_s)
+
+
+def save_bill(settings: RuntimeSettings, environ: Mapping[str, str]) -> SaveBill | None:
+    """Where this VM and the bucket are and what the VM costs, for `every: auto` to weigh a save.
+
+    None where bytes are free or unpriced: a local VM or bucket, or an offer without a price.
+
+    The VM's place and price come from where it landed and the plan's offers (`current_place`, as
+    the budget reads them); the bucket's from its URL and `checkpoint.region` (else its cloud's
+    default region). A restart costs `skygreen.plan.cost.PROVISION_S` besides the restore, as in
+    the plan.
+    """
+    from skygreen.bill.bucket import bucket_place
+    from skygreen.bill.interval import SaveBill
+    from skygreen.bill.rates import CLOUDS, DEFAULT_REGION
+    from skygreen.bill.rates import Place as BillPlace
+    from skygreen.ledger.place import current_place
+    from skygreen.plan.cost import PROVISION_S
+
+    place = current_place(environ, gpu=None)
+    bucket = bucket_place(settings.bucket, stated_region=settings.checkpoint_region)
+    if bucket is None or place.cloud not in CLOUDS or not place.price_usd_per_hour:
+        return None
+    vm = BillPlace(cloud=place.cloud, region=place.region or DEFAULT_REGION[place.cloud])
+    return SaveBill(
+        vm=vm, bucket=bucket.place, price_usd_per_hour=place.price_usd_per_hour * place.nodes, restart_s=PROVISION_S
+    )
 
 
 @dataclass(kw_only=True, slots=True)
