@@ -194,6 +194,7 @@ def test_report_page_carries_the_energy_statement(runs, tmp_path):
     from test_cli_up import commit_checkpoint
 
     record = Registry().load("demo-a")
+    _meter_ledger(record, joules_per_segment=3.6e6)  # the runtime writes the joules to both
     meta = {"state": "completed", "energy_j": 7.2e6, "wall_s": 7200.0,
             "power": {"method": "simulated", "cap_w": 45.0, "default_limit_w": 70.0, "gpus": 1}}  # fmt: skip
     commit_checkpoint(record.checkpoint_url, 300, meta=meta)
@@ -207,6 +208,18 @@ def test_report_page_carries_the_energy_statement(runs, tmp_path):
     assert paragraph.startswith("Energy statement: training run demo-a") and "2.00 kWh on the GPUs" in paragraph
     assert f"<p class='statement'>{html.escape(paragraph)}</p>" in text
     assert "a power cap of 45 W" in text
+
+
+def _meter_ledger(record, *, joules_per_segment: float) -> None:
+    """Give each ledger segment of the run the GPU energy a metering runtime would have written:
+    `status` and the statement read a run's energy from its ledger, as `cost` does."""
+    from skygreen.checkpoint.local_store import LocalStore
+    from skygreen.ledger.records import LEDGER_DIR
+
+    store = LocalStore(Path(record.bucket) / record.run_id)
+    for key in store.list(f"{LEDGER_DIR}/"):
+        segment = json.loads(store.get(key))
+        store.put(key, json.dumps({**segment, "energy_j": joules_per_segment}).encode())
 
 
 def test_report_page_of_a_run_without_a_checkpoint_says_so(runs, tmp_path):
