@@ -34,7 +34,7 @@ def leftovers(mark: str, *, grace_s: float = GRACE_S) -> list[str]:
     as `pid N: command line`; they are then killed, so that none outlives the session either."""
     deadline = time.monotonic() + grace_s
     while True:
-        pids = [pid for pid in marked_pids(SESSION_MARK_ENV, mark) if pid != os.getpid()]
+        pids = [pid for pid in marked_pids(SESSION_MARK_ENV, mark) if pid != os.getpid() and not _sessions_own(pid)]
         if not pids or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
@@ -43,6 +43,20 @@ def leftovers(mark: str, *, grace_s: float = GRACE_S) -> list[str]:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     return found
+
+
+SESSION_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+"""The helpers `multiprocessing` starts for the test process itself (torch's DataLoader, a
+`Queue`): each ends when the session's process does, so none is a test's leftover."""
+
+
+def _sessions_own(pid: int) -> bool:
+    """A `multiprocessing` helper of the session's own process (`SESSION_HELPERS`)."""
+    try:
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return False
+    return ppid == os.getpid() and any(helper in _command(pid) for helper in SESSION_HELPERS)
 
 
 def _command(pid: int) -> str:
