@@ -118,19 +118,38 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
         NoOfferError: no offer meets the task.
         CatalogError: a catalog file cannot be read.
     """
-    from skygreen.costs.speeds import measured_checkpoint_gb
-
     spec = load_task(task_path)
     if deadline is not None:
         from skygreen.spec import with_deadline
 
         spec = with_deadline(spec, deadline, "--deadline")
+    return plan_learned(spec, catalog_dir=catalog_dir)
+
+
+def plan_learned(spec: TaskSpec, *, catalog_dir: Path | None = None) -> Plan:
+    """Plan with what earlier runs of the task's file measured.
+
+    Speeds, changeovers and checkpoint size: `plan_task` and `up` plan alike. A task without a
+    file has no history.
+
+    Args:
+        spec: the parsed task.
+        catalog_dir: the catalog folder (see `plan`).
+
+    Returns:
+        The plan.
+    """
+    if spec.source is None:
+        return plan(spec, catalog_dir=catalog_dir)
+    from skygreen.costs.changeovers import measured_changeovers
+    from skygreen.costs.speeds import measured_checkpoint_gb, measured_speeds
+
     return plan(
         spec,
         catalog_dir=catalog_dir,
-        measured_speed=measured_speeds(spec, task_path),
-        measured_changeovers=measured_changeovers(task_path),
-        measured_checkpoint_gb=measured_checkpoint_gb(task_path),
+        measured_speed={gpu: speed for gpu, (speed, _) in measured_speeds(spec, spec.source).items()},
+        measured_changeovers=measured_changeovers(spec.source),
+        measured_checkpoint_gb=measured_checkpoint_gb(spec.source),
     )
 
 
@@ -139,35 +158,6 @@ def show_store_retries() -> None:
     from skygreen.checkpoint.store import show_retries
 
     show_retries()
-
-
-def measured_changeovers(task_path: str | Path) -> MeasuredChangeovers:
-    """Return the changeovers measured by earlier runs of this task on this machine.
-
-    Args:
-        task_path: the task file.
-
-    Returns:
-        Median changeover seconds per "cloud/GPU" and per cloud, and the restore rate (GB/s).
-    """
-    from skygreen.costs.changeovers import measured_changeovers as measured
-
-    return measured(task_path)
-
-
-def measured_speeds(spec: TaskSpec, task_path: str | Path) -> dict[str, float]:
-    """Return the relative speeds per GPU measured by earlier runs of this task on this machine.
-
-    Args:
-        spec: the parsed task.
-        task_path: its file, which identifies the task's runs.
-
-    Returns:
-        GPU name -> speed relative to the built-in table's reference.
-    """
-    from skygreen.costs.speeds import measured_speeds as measured
-
-    return {gpu: speed for gpu, (speed, _) in measured(spec, task_path).items()}
 
 
 def update_catalog(clouds: Iterable[str] = (), *, catalog_dir: Path | None = None) -> list[CloudUpdate]:
@@ -238,12 +228,7 @@ def wiring(*, catalog_dir: Path | None = None, environ: Mapping[str, str] | None
     return Wiring(
         registry=Registry(),
         environ=env,
-        plan=lambda spec: plan(
-            spec,
-            catalog_dir=catalog_dir,
-            measured_speed=measured_speeds(spec, spec.source) if spec.source else {},
-            measured_changeovers=measured_changeovers(spec.source) if spec.source else None,
-        ),
+        plan=lambda spec: plan_learned(spec, catalog_dir=catalog_dir),
         smoke=smoke,
         open_store=open_store,
         cloud_launcher=lambda: launcher_factory.cloud_launcher(env),

@@ -153,3 +153,34 @@ def test_plan_learns_the_checkpoint_size_earlier_runs_committed(tmp_path):
     learned = measured_checkpoint_gb(task, registry=registry)
     assert learned == pytest.approx(80_000 / 1e9)
     assert run_model(load_task(task), measured_checkpoint_gb=learned).checkpoint_gb == learned
+
+
+def test_up_plans_with_the_checkpoint_size_the_plan_command_learned(tmp_path, monkeypatch):
+    """`up` plans through the wiring: the same plan `skygreen plan` shows, with the measured
+    checkpoint size in it, not the estimate from the task's shape."""
+    from skygreen import api
+    from skygreen.costs.speeds import save_measured
+    from skygreen.launch.registry import Registry, RunRecord
+    from skygreen.ledger.records import Place, Segment
+    from skygreen.task_checks import load_task
+
+    monkeypatch.setenv("SKYGREEN_DATA_DIR", str(tmp_path / "data"))
+    catalog = tmp_path / "catalog"
+    (catalog / "aws").mkdir(parents=True)
+    (catalog / "aws" / "vms.csv").write_text(
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone\n"
+        "g4dn.xlarge,T4,1,4,16,T4,0.526,0.2,us-east-1,use1-az1\n"
+    )
+    task = TASKS / "lora.yaml"
+    estimated = api.plan_task(task, catalog_dir=catalog).to_json()
+    registry = Registry(root=tmp_path / "data" / "runs")
+    record = RunRecord(run_id="a", task_path=str(task), task_name="lora", mode="local", launcher="local",
+                       bucket=str(tmp_path), task_yaml=str(task), spec_snapshot={},
+                       created_at="2026-01-01T00:00:00Z", state="SUCCEEDED")  # fmt: skip
+    registry.save(record)
+    segment = Segment(run_id="a", key="ledger/x.json", place=Place(cloud="local"), started_at=0.0,
+                      updated_at=1.0, end="completed", step=20, checkpoint_bytes=3_000_000_000)  # fmt: skip
+    save_measured(registry, record, [segment])
+    learned = api.plan_task(task, catalog_dir=catalog).to_json()
+    assert learned != estimated
+    assert api.wiring(catalog_dir=catalog).plan(load_task(task)).to_json() == learned
