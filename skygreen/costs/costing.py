@@ -241,7 +241,7 @@ def estimate_task(
 ) -> TaskEstimate:
     """Cost per run on each cloud's best region and instance, spot and on-demand, the plan's
     pick first; speeds measured by earlier runs of the task replace the shipped prior."""
-    from skygreen.checkpoint.bucket_region import read_bucket_region
+    from skygreen.checkpoint.bucket_region import read_bucket_regions
     from skygreen.errors import NoOfferError
     from skygreen.plan.catalog import load_catalog
     from skygreen.plan.rank import make_plan
@@ -251,7 +251,7 @@ def estimate_task(
     catalog = load_catalog(catalog_dir)
     measured = measured_speeds(spec, task_path, registry=registry)
     speeds = {gpu: value for gpu, (value, _) in measured.items()}
-    region = read_bucket_region(spec.green.checkpoint.bucket)
+    region = read_bucket_regions(spec.green.checkpoint.bucket)
     try:
         pick = make_plan(spec, catalog, measured_speed=speeds, bucket_region=region).best
     except NoOfferError:
@@ -283,12 +283,15 @@ def estimate_task(
     )
 
 
-def _bucket_line(spec: Any, read_region: str | None) -> str:
+def _bucket_line(spec: Any, read_region: str | Mapping[str, str | None] | None) -> str:
     """Where the task's checkpoints go and what the plan therefore counts, for `cost TASK`."""
-    from skygreen.bill.bucket import bucket_place
+    from skygreen.bill.bucket_places import plan_buckets
 
     url = spec.green.checkpoint.bucket
-    found = bucket_place(url, stated_region=spec.green.checkpoint.region, read_region=read_region)
+    found, places = plan_buckets(url, stated_region=spec.green.checkpoint.region, read=read_region)
+    if places is not None:
+        where = ", ".join(f"{m.key}: {m.url} ({p.place.label})" for m, p in places.buckets)
+        return f"a bucket per place ({where}); each offer priced against its nearest, plus a copy per expected move"
     if found is None:
         return "no cloud bucket in the task, so no data is priced (`skygreen up` asks for one for a cloud run)"
     if spec.green.model is None:

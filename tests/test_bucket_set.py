@@ -1,0 +1,230 @@
+"""A bucket per place (`checkpoint.buckets:`): the choice of the nearest bucket, the task field, the
+plan's pricing against each offer's nearest bucket plus the copies moves make, a real run that
+commits in one place (moto S3) and resumes in another (Azurite), and `skygreen plan` on such a task.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from skygreen.bill.bucket_places import move_copies, set_places
+from skygreen.bill.rates import Place, load_rates, transfer_usd
+from skygreen.checkpoint.bucket_set import Member, members, nearest, nearest_url, set_url
+from skygreen.checkpoint.bucket_url import join_url, parse_url
+from skygreen.checkpoint.lease import LEASE_KEY, LeaseLostError, check_lease, read_lease
+from skygreen.checkpoint.manifest import MANIFEST_NAME, committed_steps, step_prefix
+from skygreen.checkpoint.store_factory import open_store
+from skygreen.errors import SpecError
+from skygreen.plan.catalog import load_catalog
+from skygreen.plan.memory import checkpoint_gb
+from skygreen.plan.rank import make_plan
+from skygreen.runtime.checkpointer import Checkpointer
+from skygreen.spec import parse_spec_text
+
+ROOT = Path(__file__).resolve().parents[1]
+VMS_HEADER = (
+    "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone"
+)
+SET = {"us-west-2": "s3://ckpt-usw2/run", "aws": "s3://team-ckpt", "gcp": "gs://team-ckpt", "azure": "az://acct/ckpt"}
+
+
+def task(checkpoint: str) -> str:
+    return (
+        "name: llama\nskygreen:\n  model: {params: 7B}\n  work: {gpu_hours: 200, gpu: A100-80GB}\n"
+        f"  checkpoint: {checkpoint}\nrun: python train.py\n"
+    )
+
+
+def the_set(mapping: dict[str, str]) -> str:
+    return set_url([Member(key=k, url=v) for k, v in mapping.items()])
+
+
+# ---------------------------------------------------------------- the nearest bucket
+
+
+def test_a_region_key_wins_over_its_clouds_key_then_the_cloud_then_the_home_bucket():
+    found = members(the_set(SET))
+    assert nearest(found, cloud="aws", region="us-west-2").url == "s3://ckpt-usw2/run"
+    assert nearest(found, cloud="aws", region="eu-west-1").url == "s3://team-ckpt"
+    assert nearest(found, cloud="gcp", region="europe-west4").url == "gs://team-ckpt"
+    assert nearest(found, cloud="azure", region="eastus").key == "azure"
+    assert nearest(found, cloud=None, region=None).key == "us-west-2"  # a laptop: the home bucket
+    regions_only = members(the_set({"eu-west-1": "s3://a", "us-west-2": "s3://b", "gcp": "gs://c"}))
+    assert nearest(regions_only, cloud="aws", region="us-east-1").key == "eu-west-1"  # the first of its cloud
+    assert nearest(regions_only, cloud="azure", region="eastus").key == "eu-west-1"  # none of its cloud: home
+
+
+def test_a_set_url_carries_the_run_folder_to_every_bucket_and_the_vm_finds_its_own():
+    run = join_url(the_set({"aws": "s3://team-ckpt/x", "gcp": "gs://g"}), "run-1")
+    assert parse_url(run).scheme == "buckets" and parse_url(run).text == run
+    assert [m.url for m in members(run)] == ["s3://team-ckpt/x/run-1", "gs://g/run-1"]
+    on_gcp = {"SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "gcp", "region": "us-central1"})}
+    assert nearest_url(run, on_gcp) == "gs://g/run-1"
+    assert nearest_url(run, {}) == "s3://team-ckpt/x/run-1"
+    assert nearest_url("s3://one/run-1", on_gcp) == "s3://one/run-1"
+
+
+# ---------------------------------------------------------------- the task field
+
+
+def test_the_task_keeps_the_set_in_the_order_written_with_keys_normalised():
+    spec = parse_spec_text(task("{buckets: {aws: s3://team-ckpt/, US-West-2: s3://w, gcp: gs://g}}"))
+    assert [(m.key, m.url) for m in members(spec.green.checkpoint.bucket or "")] == [
+        ("aws", "s3://team-ckpt"), ("us-west-2", "s3://w"), ("gcp", "gs://g"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "words"),
+    [
+        ("{bucket: s3://a, buckets: {aws: s3://a}}", "skygreen.checkpoint.buckets: and skygreen.checkpoint.bucket"),
+        ("{region: us-east-1, buckets: {aws: s3://a}}", "and skygreen.checkpoint.region cannot both be set"),
+        ("{buckets: {gcp: s3://a}}", "skygreen.checkpoint.buckets.gcp: is keyed gcp, but the bucket s3://a is in aws"),
+        ("{buckets: {us-central1: s3://a}}", "is a region of gcp, but the bucket s3://a is in aws"),
+        ("{buckets: {mars-1: s3://a}}", "is neither a cloud nor a region skygreen knows"),
+        ("{buckets: {aws: /tmp/ckpt}}", "must be a cloud bucket"),
+        ("{buckets: {}}", "names no bucket"),
+    ],
+)
+def test_a_bad_set_names_the_field_and_the_fix(checkpoint, words):
+    with pytest.raises(SpecError) as bad:
+        parse_spec_text(task(checkpoint))
+    message = str(bad.value)
+    assert words in message and ("fix:" in message or "allowed:" in message)
+
+
+def test_a_bucket_that_reports_another_region_than_its_key_is_an_error():
+    url = the_set({"us-west-2": "s3://w", "aws": "s3://a"})
+    with pytest.raises(SpecError, match=r"buckets.us-west-2: keys the bucket s3://w by us-west-2, but .* eu-west-1"):
+        set_places(url, {"s3://w": "eu-west-1"})
+    places = set_places(url, {"s3://a": ""})  # S3 answers no constraint for us-east-1
+    assert [(p.place.region, p.how) for _, p in places.buckets] == [("us-west-2", "stated"), ("us-east-1", "read")]
+
+
+# ---------------------------------------------------------------- the plan's pricing
+
+
+def test_a_move_copies_the_checkpoint_from_the_other_places_buckets_by_hand():
+    places = set_places(the_set({"aws": "s3://a", "gcp": "gs://g"}))  # assumed us-east-1, us-central1
+    vm = Place(cloud="aws", region="us-east-1")
+    launches = [vm, Place(cloud="gcp", region="us-central1"), Place(cloud="gcp", region="us-east1"),
+                Place(cloud="aws", region="us-west-2")]  # fmt: skip
+    gb, usd = move_copies(places, vm=vm, launches=launches, save_gb=10.0, moves=4.0)
+    gcs = Place(cloud="gcp", region="us-central1")
+    assert gb == pytest.approx(4 * 10.0 * 2 / 4)
+    assert usd == pytest.approx(2 * transfer_usd(gcs, vm, gb / 2, load_rates()))
+    assert move_copies(places, vm=vm, launches=[vm, Place(cloud="aws", region="us-west-2")], save_gb=10.0,
+                       moves=4.0) == (0.0, 0.0)  # fmt: skip
+
+
+def _catalog(root: Path) -> Path:
+    for cloud, rows in {
+        "aws": ["p4de.24xlarge,A100-80GB,8,96,1152,A100-80GB,27.447,3.0,us-east-1,use1-az1",
+                "p4de.24xlarge,A100-80GB,8,96,1152,A100-80GB,27.447,2.9,us-west-2,usw2-az1"],
+        "azure": ["Standard_ND96amsr_A100_v4,A100-80GB,8,96,1900,A100-80GB,32.77,2.5,eastus,"],
+    }.items():  # fmt: skip
+        (root / cloud).mkdir(parents=True)
+        (root / cloud / "vms.csv").write_text(VMS_HEADER + "\n" + "\n".join(rows) + "\n")
+    return root
+
+
+def test_each_offer_is_priced_against_its_nearest_bucket_plus_its_copies(tmp_path):
+    """Every offer has a bucket in its own region, so its saves and restores cross nothing: its
+    transfer is the copies its expected moves make, worked by hand. The launch lists the three
+    offers' places, so a recovery from any of them lands at another bucket's place 2 times in 3."""
+    catalog = load_catalog(_catalog(tmp_path / "v8"))
+    one = make_plan(parse_spec_text(task("{bucket: s3://a, region: us-east-1}")), catalog)
+    keyed = {"us-east-1": "s3://a", "us-west-2": "s3://w", "eastus": "az://acct/ckpt"}
+    spread = make_plan(
+        parse_spec_text(task("{buckets: {" + ", ".join(f"{k}: {v}" for k, v in keyed.items()) + "}}")), catalog
+    )
+    places = set_places(the_set(keyed))
+    launches = [Place(cloud=c.cloud, region=c.region) for c in spread.candidates]
+    assert len(launches) == 3
+    one_gb = checkpoint_gb(parse_spec_text(task("{bucket: s3://a}")).green.model)  # type: ignore[arg-type]
+    single = {(c.cloud, c.region): c for c in one.candidates}
+    for c in spread.candidates:
+        vm = Place(cloud=c.cloud, region=c.region)
+        gb, usd = move_copies(places, vm=vm, launches=launches, save_gb=one_gb, moves=c.expected_preemptions)
+        assert 0 < usd == pytest.approx(c.cost_usd["transfer"])
+        assert gb == pytest.approx(c.expected_preemptions * one_gb * 2 / 3)
+        assert c.est_cost_usd == pytest.approx(c.cost_usd["total"])
+    west = next(c for c in spread.candidates if c.region == "us-west-2")
+    assert west.cost_usd["transfer"] < single[("aws", "us-west-2")].cost_usd["transfer"]
+    assert any("a bucket per place (us-east-1: aws us-east-1" in line for line in spread.assumptions)
+
+
+# ---------------------------------------------------------------- a real run in two places
+
+
+def _state(step: int) -> dict:
+    torch.manual_seed(step)
+    return {"model": torch.nn.Linear(4, 2).state_dict(), "step": step}
+
+
+def test_a_run_commits_here_resumes_there_from_the_newest_verified_commit_and_writes_there(
+    s3_bucket, azure_bucket, monkeypatch
+):
+    """moto S3 (home, us-east-1) and Azurite (eastus): life 1 on AWS commits steps 1 and 2, step 2's
+    blob is then damaged; life 2 on Azure restores step 1, copies it once into its own bucket,
+    and commits step 3 there, while the lease stays in the home bucket and fences life 1 out."""
+    run = join_url(the_set({"aws": f"s3://{s3_bucket}/ckpt", "azure": f"az://{azure_bucket}/ckpt"}), "run-1")
+    s3 = open_store(f"s3://{s3_bucket}/ckpt/run-1")
+    az = open_store(f"az://{azure_bucket}/ckpt/run-1")
+    monkeypatch.setenv("SKYPILOT_CLUSTER_INFO", json.dumps({"cloud": "aws", "region": "us-east-1"}))
+    first = Checkpointer(run, keep=3, launch=1)
+    for step in (1, 2):
+        first.save(step, _state(step))
+        first.wait()
+    assert committed_steps(s3) == [1, 2] and az.list() == []
+    damaged = [k for k in s3.list(step_prefix(2)) if not k.endswith((MANIFEST_NAME, ".json"))]
+    assert damaged
+    for key in damaged:
+        s3.put(key, b"not the checkpoint")
+
+    monkeypatch.setenv("SKYPILOT_CLUSTER_INFO", json.dumps({"cloud": "azure", "region": "eastus"}))
+    second = Checkpointer(run, keep=3, launch=2)
+    loaded = second.load_latest()
+    assert loaded is not None and loaded.step == 1
+    assert torch.equal(loaded.state["model"]["weight"], _state(1)["model"]["weight"])
+    assert committed_steps(az) == [1]  # copied once, manifest and blobs
+    assert set(az.list(step_prefix(1))) <= set(s3.list(step_prefix(1)))
+    second.save(3, _state(3))
+    second.wait()
+    assert committed_steps(az) == [1, 3] and 3 not in committed_steps(s3)
+    assert not az.exists(LEASE_KEY) and (read_lease(s3) or None) is not None
+    assert read_lease(open_store(run)).launch == 2  # type: ignore[union-attr]
+    assert first._lease is not None
+    with pytest.raises(LeaseLostError):
+        check_lease(open_store(run), first._lease)  # one writer per run across the set
+    monkeypatch.delenv("SKYPILOT_CLUSTER_INFO")
+    laptop = open_store(run)  # status, cost and report read every bucket of the set
+    assert {1, 3} <= set(committed_steps(laptop))
+    first.close()
+    second.close()
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_skygreen_plan_prices_a_task_with_a_bucket_per_cloud(tmp_path):
+    path = tmp_path / "llama.yaml"
+    path.write_text(task("{buckets: {aws: s3://a, azure: az://acct/ckpt}}"))
+    catalog = _catalog(tmp_path / "v8")
+    out = subprocess.run(
+        [sys.executable, "-m", "skygreen.cli", "plan", str(path), "--catalog", str(catalog), "--json"],
+        capture_output=True, text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    spot = {(c["cloud"], c["region"]): c for c in plan["candidates"] if c["spot"]}
+    eastus, west = spot[("azure", "eastus")], spot[("aws", "us-west-2")]
+    assert eastus["cost_usd"]["transfer"] < west["cost_usd"]["transfer"]  # beside its own bucket
+    for c in plan["candidates"]:
+        assert c["est_cost_usd"] == pytest.approx(c["cost_usd"]["total"]) and c["bytes_moved_gb"] >= 0
