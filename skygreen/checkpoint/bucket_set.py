@@ -132,3 +132,15 @@ def nearest_url(url: str, environ: Mapping[str, str]) -> str:
         return url
     cloud, region = place_from_env(environ)
     return nearest(members(url), cloud=cloud, region=region).url
+
+
+def home_url(url: str) -> str:
+    """The home bucket's URL (the first listed) for a set, where the writer lease lives and whose
+    prices stand for the set's storage; `url` itself for one bucket."""
+    return members(url)[0].url if is_set_url(url) else url
+
+
+def member_schemes(url: str) -> tuple[str, ...]:
+    """The URL schemes a bucket (or every bucket of a set) needs a client for, each once."""
+    urls = [m.url for m in members(url)] if is_set_url(url) else [url]
+    return tuple(dict.fromkeys(u.partition("://")[0] if "://" in u else "file" for u in urls))

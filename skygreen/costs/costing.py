@@ -109,18 +109,22 @@ def data_places(url: str, segments: Sequence[Segment], snapshot: Mapping[str, An
     bucket where credentials allow, else the task's `checkpoint.region` for the run's own, else
     its cloud's default), the run's bucket's place (`store`) and `keep` from the task."""
     from skygreen.bill.bucket import bucket_place
+    from skygreen.checkpoint.bucket_set import home_url, is_set_url, members
     from skygreen.checkpoint.traffic import bucket_of
 
     checkpoint = ((snapshot or {}).get("skygreen") or {}).get("checkpoint") or {}
     stated = checkpoint.get("region") if isinstance(checkpoint, Mapping) else None
     keep = checkpoint.get("keep") if isinstance(checkpoint, Mapping) else None
-    run_bucket = bucket_of(url)
-    keys = {run_bucket} | {k for s in segments for k in (*s.bytes_uploaded, *s.bytes_downloaded)}
+    run_bucket = bucket_of(home_url(url))  # a bucket set: its home bucket stands for its storage
+    states = {run_bucket: stated}
+    if is_set_url(url):  # each bucket of a set where its key says, unless it says otherwise itself
+        states = {bucket_of(m.url): m.region for m in members(url)}
+    keys = set(states) | {k for s in segments for k in (*s.bytes_uploaded, *s.bytes_downloaded)}
     buckets = {}
     for key in sorted(keys):
         read = _read_region(key)
         try:
-            found = bucket_place(key, stated_region=stated if key == run_bucket else None, read_region=read)
+            found = bucket_place(key, stated_region=states.get(key), read_region=read)
         except SkygreenError:  # the task's region contradicts the bucket: the bucket's answer stands
             found = bucket_place(key, read_region=read)
         buckets[key] = found.place if found is not None else None
@@ -137,9 +141,10 @@ def _read_region(bucket: str) -> str | None:
 
 
 def _scheme(url: str) -> str:
+    from skygreen.checkpoint.bucket_set import home_url
     from skygreen.checkpoint.store import parse_url
 
-    return parse_url(url).scheme
+    return parse_url(home_url(url)).scheme
 
 
 def lazy_lookup(catalog_dir: Path | None):

@@ -36,7 +36,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from skygreen import __version__
-from skygreen.checkpoint.bucket_url import parse_url
+from skygreen.checkpoint.bucket_set import member_schemes
 from skygreen.errors import NoOfferError, SkygreenError, SpecError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.settings import RuntimeSettings
@@ -344,14 +344,14 @@ task's declared `secrets` (AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY), 
 def _store_install(bucket: str, wanted: Sequence[str]) -> str:
     """The setup lines that install the bucket's client library (as the runtime requirements pin
     it), or a no-op for a local bucket."""
-    scheme = parse_url(bucket).scheme
-    client = STORE_CLIENTS.get(scheme)
-    pinned = [r for r in wanted if client and canonicalize_name(Requirement(r).name) == client]
+    schemes = member_schemes(bucket)  # every bucket of a set
+    clients = [STORE_CLIENTS[s] for s in schemes if s in STORE_CLIENTS]
+    pinned = [r for r in wanted if canonicalize_name(Requirement(r).name) in clients]
     if not pinned:
         return ":  # a local bucket needs no client library"
-    packages = [pinned[0], AZURE_IDENTITY] if scheme == "az" else [pinned[0]]
+    packages = [*pinned, AZURE_IDENTITY] if "az" in schemes else pinned
     return (
-        f'skygreen_say "installing {client} for the bucket before the rest, so the prefetch can start"\n'
+        f'skygreen_say "installing {" and ".join(clients)} for the bucket before the rest, so the prefetch can start"\n'
         f"    skygreen_pip {' '.join(shlex.quote(p) for p in packages)}"
     )
 
