@@ -228,3 +228,28 @@ def test_skygreen_plan_prices_a_task_with_a_bucket_per_cloud(tmp_path):
     assert eastus["cost_usd"]["transfer"] < west["cost_usd"]["transfer"]  # beside its own bucket
     for c in plan["candidates"]:
         assert c["est_cost_usd"] == pytest.approx(c["cost_usd"]["total"]) and c["bytes_moved_gb"] >= 0
+
+
+def test_cost_task_of_the_7b_case_with_a_bucket_per_cloud(shared_catalog_dir, tmp_path, private_home):
+    """`cost TASK` per cloud (docs/costs.md): against one bucket in us-east-1, the GCP and Azure
+    offers save into their own cloud's bucket and pay less transfer; every offer's total is
+    its whole bill, and the bucket line names every bucket of the set."""
+    from skygreen.costs.costing import estimate_task
+
+    per_cloud = tmp_path / "llama7b-buckets.yaml"
+    per_cloud.write_text(
+        task("{buckets: {aws: s3://my-ckpts/llama, gcp: gs://my-ckpts/llama, azure: az://myckpts/ckpt/llama}}")
+    )
+    one = tmp_path / "llama7b.yaml"
+    one.write_text(task("{bucket: s3://my-ckpts/llama, region: us-east-1}"))
+    found = estimate_task(per_cloud, catalog_dir=shared_catalog_dir)
+    single = {c.cloud: c.spot for c in estimate_task(one, catalog_dir=shared_catalog_dir).clouds}
+    assert found.bucket.startswith("a bucket per place (aws: s3://my-ckpts/llama (aws us-east-1), gcp:")
+    spot = {c.cloud: c.spot for c in found.clouds}
+    # Azure's eastus offer is beside its bucket; GCP's europe-north1 one still sends its saves to
+    # us-central1 (the GCS bucket's assumed region), at GCP's inter-continent rate, not to AWS
+    assert spot["azure"].cost_usd["transfer"] < single["azure"].cost_usd["transfer"] / 5  # type: ignore[union-attr]
+    assert spot["gcp"].cost_usd["transfer"] < single["gcp"].cost_usd["transfer"]  # type: ignore[union-attr]
+    for offer in spot.values():
+        assert offer is not None and offer.est_cost_usd == pytest.approx(offer.cost_usd["total"])
+        assert offer.bytes_moved_gb > 0
