@@ -253,3 +253,24 @@ def test_cost_task_of_the_7b_case_with_a_bucket_per_cloud(shared_catalog_dir, tm
     for offer in spot.values():
         assert offer is not None and offer.est_cost_usd == pytest.approx(offer.cost_usd["total"])
         assert offer.bytes_moved_gb > 0
+
+
+# ---------------------------------------------------------------- what a save costs (status)
+
+
+def test_a_saves_cost_is_its_measured_bytes_at_the_list_rates_and_its_requests_by_hand():
+    from skygreen.bill.rates import requests_usd
+    from skygreen.bill.save_cost import save_cost
+    from skygreen.bill.traffic import SAVE_OVERHEAD_WRITES, UPLOAD_PART_BYTES, parts
+
+    rates = load_rates()
+    west, east = Place(cloud="aws", region="us-west-2"), Place(cloud="aws", region="us-east-1")
+    cost = save_cost(gb=10.0, files=2, vm=west, bucket=east)
+    writes = parts(10.0, UPLOAD_PART_BYTES["aws"], files=2) + SAVE_OVERHEAD_WRITES
+    assert cost.transfer_usd == pytest.approx(transfer_usd(west, east, 10.0, rates)) and cost.transfer_usd > 0
+    assert cost.requests_usd == pytest.approx(requests_usd("aws", writes=writes, reads=0.0, rates=rates))
+    assert cost.usd == pytest.approx(cost.transfer_usd + cost.requests_usd)
+    assert cost.route == "aws us-west-2 -> aws us-east-1"
+    beside = save_cost(gb=10.0, files=2, vm=east, bucket=east)
+    laptop = save_cost(gb=10.0, files=2, vm=None, bucket=east)
+    assert beside.transfer_usd == laptop.transfer_usd == 0.0 and laptop.route == "internet -> aws us-east-1"

@@ -427,3 +427,29 @@ def _metric_of(record: RunRecord, reported: Iterable[str]) -> tuple[str | None, 
         return metric, stop.get("mode", "min")
     metric = next(iter(sorted(reported)), None)
     return metric, metric_mode(metric) if metric else "min"
+
+
+def checkpoint_save(url: str, manifest: Any, segments: Sequence[Segment], snapshot: Mapping[str, Any] | None) -> Any:
+    """What the run's next save costs (`skygreen.bill.save_cost.SaveCost`), for `status`: the newest
+    commit's measured bytes from the latest segment's place to the bucket it commits to (for a
+    bucket set, the one nearest that place); None for a local bucket or before the first commit."""
+    from skygreen.bill.rates import CLOUDS, DEFAULT_REGION
+    from skygreen.bill.rates import Place as BillPlace
+    from skygreen.bill.save_cost import save_cost
+    from skygreen.checkpoint.bucket_set import is_set_url, members, nearest
+    from skygreen.checkpoint.traffic import bucket_of
+
+    if manifest is None or not manifest.blobs:
+        return None
+    last = max(segments, key=lambda s: s.started_at).place if segments else None
+    vm = None
+    if last is not None and last.cloud in CLOUDS:
+        vm = BillPlace(cloud=last.cloud, region=last.region or DEFAULT_REGION[last.cloud])
+    target = url
+    if is_set_url(url):
+        target = nearest(members(url), cloud=vm.cloud if vm else None, region=vm.region if vm else None).url
+    bucket = data_places(url, segments, snapshot)["buckets"].get(bucket_of(target))
+    if bucket is None:
+        return None
+    size_gb = sum(info.size for info in manifest.blobs.values()) / 1e9
+    return save_cost(gb=size_gb, files=len(manifest.blobs), vm=vm, bucket=bucket)
