@@ -274,3 +274,12 @@ def test_a_saves_cost_is_its_measured_bytes_at_the_list_rates_and_its_requests_b
     beside = save_cost(gb=10.0, files=2, vm=east, bucket=east)
     laptop = save_cost(gb=10.0, files=2, vm=None, bucket=east)
     assert beside.transfer_usd == laptop.transfer_usd == 0.0 and laptop.route == "internet -> aws us-east-1"
+
+
+def test_gc_of_a_bucket_set_names_each_bucket_to_run_it_on():
+    from skygreen.checkpoint.gc import gc
+    from skygreen.errors import InputError
+
+    url = join_url(the_set({"aws": "s3://a/x", "gcp": "gs://g"}), "run-1")
+    with pytest.raises(InputError, match=r"run skygreen gc on each of its buckets: s3://a/x/run-1, gs://g/run-1"):
+        gc(url, open_store=open_store, older_than="7d", storage_class=None, act=False, now_s=0.0)
