@@ -283,3 +283,30 @@ def test_gc_of_a_bucket_set_names_each_bucket_to_run_it_on():
     url = join_url(the_set({"aws": "s3://a/x", "gcp": "gs://g"}), "run-1")
     with pytest.raises(InputError, match=r"run skygreen gc on each of its buckets: s3://a/x/run-1, gs://g/run-1"):
         gc(url, open_store=open_store, older_than="7d", storage_class=None, act=False, now_s=0.0)
+
+
+def test_the_vm_installs_the_client_of_every_bucket_of_the_set_first():
+    from skygreen.launch.render import _store_install
+
+    wanted = ["torch>=2.4", "boto3>=1.28", "google-cloud-storage>=2.14", "azure-storage-blob>=12.19"]
+    lines = _store_install(the_set({"aws": "s3://a", "azure": "az://acct/c"}), wanted)
+    assert "skygreen_pip 'boto3>=1.28' 'azure-storage-blob>=12.19' 'azure-identity>=1.15'" in lines
+    assert "google-cloud-storage" not in lines
+
+
+def test_the_budget_prices_each_bucket_of_a_set_where_its_key_says():
+    from skygreen.checkpoint.bucket_set import stated_regions
+    from skygreen.ledger.pricing import default_buckets
+    from skygreen.ledger.records import Place as SegmentPlace
+    from skygreen.ledger.records import Segment
+
+    url = join_url(the_set({"eu-west-1": "s3://a/x", "azure": "az://acct/c/p"}), "run-1")
+    assert stated_regions(url) == {"s3://a": "eu-west-1", "az://acct/c": None}
+    assert stated_regions("s3://one/run-1") == {}
+    segment = Segment(
+        run_id="run-1", key="ledger/1.json", started_at=0.0, updated_at=1.0, place=SegmentPlace(cloud="aws"),
+        bytes_uploaded={"s3://a": 10, "az://acct/c": 5},
+    )  # fmt: skip
+    places = default_buckets([segment], region=stated_regions(url))
+    assert places["s3://a"] == Place(cloud="aws", region="eu-west-1")
+    assert places["az://acct/c"] == Place(cloud="azure", region="eastus")

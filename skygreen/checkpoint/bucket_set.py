@@ -144,3 +144,16 @@ def member_schemes(url: str) -> tuple[str, ...]:
     """The URL schemes a bucket (or every bucket of a set) needs a client for, each once."""
     urls = [m.url for m in members(url)] if is_set_url(url) else [url]
     return tuple(dict.fromkeys(u.partition("://")[0] if "://" in u else "file" for u in urls))
+
+
+def stated_regions(url: str) -> dict[str, str | None]:
+    """For a set, each bucket (`scheme://bucket`, as the ledger counts bytes under it) -> the region
+    its key names (None for a cloud key); {} for one bucket."""
+    if not is_set_url(url):
+        return {}
+    out: dict[str, str | None] = {}
+    for m in members(url):
+        scheme, _, rest = m.url.partition("://")
+        bucket = "/".join(rest.split("/")[:2]) if scheme == "az" else rest.split("/", 1)[0]
+        out.setdefault(f"{scheme}://{bucket}", m.region)
+    return out
