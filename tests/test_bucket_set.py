@@ -310,3 +310,25 @@ def test_the_budget_prices_each_bucket_of_a_set_where_its_key_says():
     places = default_buckets([segment], region=stated_regions(url))
     assert places["s3://a"] == Place(cloud="aws", region="eu-west-1")
     assert places["az://acct/c"] == Place(cloud="azure", region="eastus")
+
+
+def test_the_set_writes_near_keeps_the_lease_home_reads_the_nearest_copy_and_deletes_everywhere(tmp_path):
+    from skygreen.checkpoint.set_store import SetStore
+
+    home, there = Member(key="aws", url="s3://a"), Member(key="gcp", url="gs://g")
+    a, g = open_store(str(tmp_path / "a")), open_store(str(tmp_path / "g"))
+    store = SetStore(the_set({"aws": "s3://a", "gcp": "gs://g"}), [(home, a), (there, g)], near=there)
+    store.put("ckpt/1/blob", b"near")
+    store.put(LEASE_KEY, b"{}")
+    assert g.list() == ["ckpt/1/blob"] and a.list() == [LEASE_KEY]
+    a.put("ckpt/1/blob", b"far")
+    a.put("ckpt/0/old", b"far only")
+    assert store.get("ckpt/1/blob") == b"near" and store.get("ckpt/0/old") == b"far only"
+    assert store.list("ckpt/") == ["ckpt/0/old", "ckpt/1/blob"] and store.size("ckpt/0/old") == 8
+    assert store.get_range("ckpt/0/old", 4, 8) == b"only"
+    a.put("ckpt/0/manifest.json", b"m")
+    assert store.settle(["ckpt/0/old", "ckpt/0/manifest.json"], "ckpt/0/manifest.json") == len(b"far only") + 1
+    assert g.get("ckpt/0/old") == b"far only" and g.exists("ckpt/0/manifest.json")
+    assert store.settle(["ckpt/0/old"], "ckpt/0/manifest.json") == 0  # copied once
+    store.delete("ckpt/1/blob")
+    assert not a.exists("ckpt/1/blob") and not g.exists("ckpt/1/blob")

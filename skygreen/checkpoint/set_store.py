@@ -64,6 +64,8 @@ class SetStore:
         self._near_store = self.stores[index]
         self._home_store = self.stores[0]
         self._read_order = (self._near_store, *(s for i, s in enumerate(self.stores) if i != index))
+        self._holders: dict[str, Store] = {}
+        """Key -> the store a read found it in, so a ranged download's many parts ask once."""
 
     @property
     def near_store(self) -> Store:
@@ -90,17 +92,23 @@ class SetStore:
         Raises:
             KeyNotFoundError: no bucket of the set holds it.
         """
+        known = self._holders.get(key)
+        if known is not None:
+            return known
         for store in self._readers(key):
             if store.exists(key):
+                self._holders[key] = store
                 return store
         raise KeyNotFoundError(f"{self.url}: no bucket of the set holds {key}")
 
     def put(self, key: str, data: bytes | BinaryIO) -> None:
         """`Store.put` into the near bucket (the lease: the home bucket)."""
+        self._holders.pop(key, None)
         self._writer(key).put(key, data)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """`Store.put_file` into the near bucket."""
+        self._holders.pop(key, None)
         self._writer(key).put_file(key, path)
 
     def get(self, key: str) -> bytes:
@@ -134,6 +142,7 @@ class SetStore:
 
     def delete(self, key: str) -> None:
         """`Store.delete` in every bucket of the set."""
+        self._holders.pop(key, None)
         for store in self.stores:
             store.delete(key)
 
@@ -165,7 +174,7 @@ class SetStore:
         if near.exists(manifest):
             return 0
         copied = 0
-        for key in [*keys, manifest]:
+        for key in [*(k for k in keys if k != manifest), manifest]:
             if key != manifest and near.exists(key):
                 continue
             with tempfile.NamedTemporaryFile(prefix="skygreen-settle-") as spool:  # a blob may not fit in memory
@@ -173,6 +182,7 @@ class SetStore:
                 spool.flush()
                 near.put_file(key, spool.name)
                 copied += spool.tell()
+            self._holders[key] = near
         return copied
 
     def __repr__(self) -> str:
