@@ -332,3 +332,17 @@ def test_the_set_writes_near_keeps_the_lease_home_reads_the_nearest_copy_and_del
     assert store.settle(["ckpt/0/old"], "ckpt/0/manifest.json") == 0  # copied once
     store.delete("ckpt/1/blob")
     assert not a.exists("ckpt/1/blob") and not g.exists("ckpt/1/blob")
+
+
+def test_cost_prices_each_bucket_of_the_set_where_its_key_says_and_storage_at_home(monkeypatch):
+    from skygreen.costs.costing import data_places
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "STORAGE_EMULATOR_HOST",
+                 "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)  # no bucket is asked: each is where its key says
+    url = join_url(the_set({"eu-west-1": "s3://a/x", "gcp": "gs://g"}), "run-1")
+    found = data_places(url, [], {"skygreen": {"checkpoint": {"keep": 4}}})
+    assert found["buckets"] == {
+        "s3://a": Place(cloud="aws", region="eu-west-1"), "gs://g": Place(cloud="gcp", region="us-central1"),
+    }  # fmt: skip
+    assert found["store"] == Place(cloud="aws", region="eu-west-1") and found["keep"] == 4
