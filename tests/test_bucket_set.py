@@ -20,6 +20,7 @@ from skygreen.checkpoint.bucket_url import join_url, parse_url
 from skygreen.checkpoint.lease import LEASE_KEY, LeaseLostError, check_lease, read_lease
 from skygreen.checkpoint.manifest import MANIFEST_NAME, committed_steps, step_prefix
 from skygreen.checkpoint.store_factory import open_store
+from skygreen.checkpoint.traffic import traffic_of
 from skygreen.errors import SpecError
 from skygreen.plan.catalog import load_catalog
 from skygreen.plan.memory import checkpoint_gb
@@ -197,6 +198,12 @@ def test_a_run_commits_here_resumes_there_from_the_newest_verified_commit_and_wr
     assert set(az.list(step_prefix(1))) <= set(s3.list(step_prefix(1)))
     second.save(3, _state(3))
     second.wait()
+    counted = traffic_of(second.store)
+    assert counted is not None
+    figures = counted.figures()  # each bucket's bytes under its own name, for the ledger
+    assert figures.bytes_downloaded[f"s3://{s3_bucket}"] > 0 and figures.bytes_uploaded[f"az://{azure_bucket}"] > 0
+    lease_bytes = len(s3.get(LEASE_KEY))
+    assert figures.bytes_uploaded[f"s3://{s3_bucket}"] == lease_bytes  # the lease alone: the rest went to Azure
     assert committed_steps(az) == [1, 3] and 3 not in committed_steps(s3)
     assert not az.exists(LEASE_KEY) and (read_lease(s3) or None) is not None
     assert read_lease(open_store(run)).launch == 2  # type: ignore[union-attr]
