@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from skygreen.bill.bucket_places import move_copies, set_places
+from skygreen.bill.bucket_places import move_copies, recovery_landing, set_places
 from skygreen.bill.rates import Place, load_rates, transfer_usd
-from skygreen.checkpoint.bucket_set import Member, members, nearest, nearest_url, set_url
+from skygreen.checkpoint.bucket_set import Member, bucket_first, members, nearest, nearest_url, set_url
 from skygreen.checkpoint.bucket_url import join_url, parse_url
 from skygreen.checkpoint.lease import LEASE_KEY, LeaseLostError, check_lease, read_lease
 from skygreen.checkpoint.manifest import MANIFEST_NAME, committed_steps, step_prefix
@@ -111,17 +111,28 @@ def test_a_bucket_that_reports_another_region_than_its_key_is_an_error():
 # ---------------------------------------------------------------- the plan's pricing
 
 
-def test_a_move_copies_the_checkpoint_from_the_other_places_buckets_by_hand():
+def test_a_move_copies_the_checkpoint_to_where_eager_next_region_relaunches_by_hand():
+    """SkyPilot blocks the preempted cloud and region and tries the ordered list in order: the
+    job lands at the first place outside them, and copies only where another bucket is nearest.
+    The launch lists the pick's bucket's places first, so a place that shares it lands first."""
     places = set_places(the_set({"aws": "s3://a", "gcp": "gs://g"}))  # assumed us-east-1, us-central1
     vm = Place(cloud="aws", region="us-east-1")
-    launches = [vm, Place(cloud="gcp", region="us-central1"), Place(cloud="gcp", region="us-east1"),
-                Place(cloud="aws", region="us-west-2")]  # fmt: skip
-    gb, usd = move_copies(places, vm=vm, launches=launches, save_gb=10.0, moves=4.0)
-    gcs = Place(cloud="gcp", region="us-central1")
-    assert gb == pytest.approx(4 * 10.0 * 2 / 4)
-    assert usd == pytest.approx(2 * transfer_usd(gcs, vm, gb / 2, load_rates()))
-    assert move_copies(places, vm=vm, launches=[vm, Place(cloud="aws", region="us-west-2")], save_gb=10.0,
-                       moves=4.0) == (0.0, 0.0)  # fmt: skip
+    east1 = Place(cloud="gcp", region="us-east1")
+    launches = [vm, east1, Place(cloud="gcp", region="us-central1"), Place(cloud="aws", region="us-west-2")]
+    assert recovery_landing(vm, launches) == east1
+    assert move_copies(places, vm=vm, launches=launches, save_gb=10.0, moves=4.0) == (0.0, 0.0)  # us-west-2 next
+    gb, usd = move_copies(places, vm=vm, launches=launches[:3], save_gb=10.0, moves=4.0)
+    assert gb == pytest.approx(4 * 10.0)
+    assert usd == pytest.approx(transfer_usd(vm, east1, 40.0, load_rates())) and usd > 0
+    west = Place(cloud="aws", region="us-west-2")
+    assert move_copies(places, vm=vm, launches=[west, *launches], save_gb=10.0, moves=4.0) == (0.0, 0.0)
+    # the launch lists the pick's bucket's places first: us-west-2 shares the aws bucket
+    assert bucket_first([m for m, _ in places.buckets], launches, lambda p: (p.cloud, p.region)) == [
+        vm, west, east1, Place(cloud="gcp", region="us-central1")]  # fmt: skip
+    assert move_copies(places, vm=vm, launches=launches, save_gb=10.0, moves=4.0, limit=2) == (0.0, 0.0)
+    assert move_copies(places, vm=vm, launches=launches, save_gb=10.0, moves=4.0, limit=1) == (0.0, 0.0)
+    assert move_copies(places, vm=vm, launches=[vm], save_gb=10.0, moves=4.0) == (0.0, 0.0)
+    assert recovery_landing(vm, [vm]) is None
 
 
 def _catalog(root: Path) -> Path:
@@ -137,27 +148,27 @@ def _catalog(root: Path) -> Path:
 
 def test_each_offer_is_priced_against_its_nearest_bucket_plus_its_copies(tmp_path):
     """Every offer has a bucket in its own region, so its saves and restores cross nothing: its
-    transfer is the copies its expected moves make, worked by hand. The launch lists the three
-    offers' places, so a recovery from any of them lands at another bucket's place 2 times in 3."""
+    transfer is the copies its expected moves make, worked by hand. Under `FAILOVER` (relaunch in
+    the same region first) nothing moves, and its order is the launch list `EAGER_NEXT_REGION`
+    recovers through: each offer's preemptions land at the first other place of it."""
     catalog = load_catalog(_catalog(tmp_path / "v8"))
-    one = make_plan(parse_spec_text(task("{bucket: s3://a, region: us-east-1}")), catalog)
     keyed = {"us-east-1": "s3://a", "us-west-2": "s3://w", "eastus": "az://acct/ckpt"}
-    spread = make_plan(
-        parse_spec_text(task("{buckets: {" + ", ".join(f"{k}: {v}" for k, v in keyed.items()) + "}}")), catalog
-    )
+    buckets = "{buckets: {" + ", ".join(f"{k}: {v}" for k, v in keyed.items()) + "}}"
+    spread = make_plan(parse_spec_text(task(buckets)), catalog)
+    failover = make_plan(parse_spec_text(task(buckets + "\n  recovery: {strategy: FAILOVER}")), catalog)
+    assert all(c.cost_usd["transfer"] == 0 for c in failover.candidates)
     places = set_places(the_set(keyed))
-    launches = [Place(cloud=c.cloud, region=c.region) for c in spread.candidates]
+    launches = [Place(cloud=c.cloud, region=c.region) for c in failover.candidates]
     assert len(launches) == 3
     one_gb = checkpoint_gb(parse_spec_text(task("{bucket: s3://a}")).green.model)  # type: ignore[arg-type]
-    single = {(c.cloud, c.region): c for c in one.candidates}
     for c in spread.candidates:
         vm = Place(cloud=c.cloud, region=c.region)
-        gb, usd = move_copies(places, vm=vm, launches=launches, save_gb=one_gb, moves=c.expected_preemptions)
+        landing = recovery_landing(vm, launches)
+        assert landing is not None and landing != vm
+        usd = transfer_usd(places.nearest(vm)[1].place, landing, c.expected_preemptions * one_gb, load_rates())
         assert 0 < usd == pytest.approx(c.cost_usd["transfer"])
-        assert gb == pytest.approx(c.expected_preemptions * one_gb * 2 / 3)
+        assert c.bytes_moved_gb >= c.expected_preemptions * one_gb
         assert c.est_cost_usd == pytest.approx(c.cost_usd["total"])
-    west = next(c for c in spread.candidates if c.region == "us-west-2")
-    assert west.cost_usd["transfer"] < single[("aws", "us-west-2")].cost_usd["transfer"]
     assert any("a bucket per place (us-east-1: aws us-east-1" in line for line in spread.assumptions)
 
 

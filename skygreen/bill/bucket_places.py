@@ -2,20 +2,21 @@
 
 Each offer is priced against the bucket nearest it (`skygreen.checkpoint.bucket_set.nearest`: its
 region's, else its cloud's, else the home bucket), plus one copy of the checkpoint per expected
-move:
+move. Where a recovery lands follows SkyPilot: `skygreen up` gives it the plan's top offers as
+an `ordered` list, the pick first and then, from all the plan's offers, the places its own bucket
+is nearest to (`skygreen.checkpoint.bucket_set.bucket_first`), and `EAGER_NEXT_REGION` relaunches with the
+preempted cloud and region blocked, so the job goes to the first place of the list outside them:
 
-    share      = launch places whose nearest bucket is another / launch places
-    copies_gb  = expected preemptions x share x save_gb
-    copies_usd = sum over those places of transfer(their bucket -> VM, copies_gb / their number)
+    landing    = first place outside the offer's (cloud, region), the offer's bucket's places first
+    copies_gb  = expected preemptions x save_gb            (when landing's nearest bucket is another)
+    copies_usd = transfer(offer's bucket -> landing, copies_gb)
 
-A recovery lands at one of the places the launch lists (`skygreen up` gives SkyPilot the plan's
-top offers as `ordered`, and `EAGER_NEXT_REGION` tries another of them first), each alike as
-far as the plan knows. Where that place's nearest bucket is not this offer's, the recovery is a
-move: its restore reads the checkpoint from the other bucket, and the runtime copies it once
-into the near one. A later move back is that place's copy, priced there, so each expected
-preemption is counted once. The copy's upload into the near bucket stays inside its place
-(free) and its few requests are not counted. A set whose launch places all share one bucket
-moves nothing.
+The restore there reads the checkpoint from this offer's bucket, and the runtime copies it once
+into the near one. The move back, when the landing place is preempted in turn, is that place's
+own copy, priced there, so each expected preemption is counted once. `FAILOVER` retries the same
+region first, so it moves nothing; so does a set whose landing place shares the offer's bucket
+(as one bucket moves nothing). The copy's upload into the near bucket stays inside its place
+(free) and its few requests are not counted.
 
 A member's region is, as for one bucket (`skygreen.bill.bucket.bucket_place`), the one its
 bucket reports where it could be read, else its key where the key is a region, else its cloud's
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from skygreen.bill.bucket import BucketPlace, bucket_place, normalise_region
 from skygreen.bill.rates import DEFAULT_REGION, Place, Rates, load_rates, transfer_usd
-from skygreen.checkpoint.bucket_set import Member, is_set_url, members, nearest
+from skygreen.checkpoint.bucket_set import Member, bucket_first, is_set_url, members, nearest
 from skygreen.errors import SpecError
 
 
@@ -99,27 +100,38 @@ def move_copies(
     launches: Sequence[Place],
     save_gb: float,
     moves: float,
+    limit: int | None = None,
     rates: Rates | None = None,
 ) -> tuple[float, float]:
-    """(GB, dollars) the expected moves of an offer in `vm` copy from the set's other buckets
-    (module docstring); (0, 0) when every launch place shares its bucket, or without moves.
+    """(GB, dollars) the expected moves of an offer in `vm` copy out of its bucket (module
+    docstring); (0, 0) when the recovery lands where the same bucket is nearest, or without moves.
 
     Args:
         places: the set's buckets with their places.
         vm: the offer's place.
-        launches: where a recovery may land: the places of the offers the launch lists.
+        launches: the places of the offers the launch lists, in its order.
         save_gb: one checkpoint, all shards together.
-        moves: the offer's expected preemptions.
+        moves: the offer's expected preemptions (0 under `FAILOVER`).
+        limit: the entries the launch keeps (`max_candidates`), counted after the reordering.
         rates: the rate table (the shipped one by default).
     """
-    near, _ = places.nearest(vm)
-    elsewhere = [bucket.place for member, bucket in map(places.nearest, launches) if member != near]
-    if not elsewhere or moves <= 0 or save_gb <= 0:
+    order = bucket_first(
+        [m for m, _ in places.buckets], [vm, *(p for p in launches if p != vm)], lambda p: (p.cloud, p.region)
+    )
+    landing = recovery_landing(vm, order[:limit])
+    if landing is None or moves <= 0 or save_gb <= 0:
         return 0.0, 0.0
-    rates = rates or load_rates()
-    copies_gb = moves * save_gb * len(elsewhere) / len(launches)
-    share_gb = copies_gb / len(elsewhere)
-    return copies_gb, sum(transfer_usd(src, vm, share_gb, rates) for src in elsewhere)
+    near, bucket = places.nearest(vm)
+    if places.nearest(landing)[0] == near:
+        return 0.0, 0.0
+    copies_gb = moves * save_gb
+    return copies_gb, transfer_usd(bucket.place, landing, copies_gb, rates or load_rates())
+
+
+def recovery_landing(vm: Place, launches: Sequence[Place]) -> Place | None:
+    """Where `EAGER_NEXT_REGION` relaunches a job preempted in `vm`: the first place of the
+    launch list outside its cloud and region; None when the list has no other place."""
+    return next((p for p in launches if (p.cloud, p.region) != (vm.cloud, vm.region)), None)
 
 
 def plan_buckets(

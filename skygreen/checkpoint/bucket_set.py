@@ -23,10 +23,13 @@ without the store seam.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from skygreen.errors import SpecError
+
+T = TypeVar("T")
 
 SET_SCHEME = "buckets"
 """The scheme of a set's URL: `buckets://{KEY=URL;KEY=URL}/PATH`."""
@@ -110,6 +113,26 @@ def nearest(found: Sequence[Member], *, cloud: str | None, region: str | None) -
             if m.cloud == cloud:
                 return m
     return found[0]
+
+
+def bucket_first(found: Sequence[Member], launches: Sequence[T], where: Callable[[T], tuple[str, str]]) -> list[T]:
+    """The launch list of a run on a bucket set: the first entry (the pick), then the entries
+    its own bucket is nearest to, then the rest, each group in the plan's order.
+
+    SkyPilot's `EAGER_NEXT_REGION` relaunches a preempted job at the first entry outside the
+    preempted cloud and region; listing the pick's bucket's places first keeps a recovery within
+    that bucket's reach wherever the list allows, so a move copies no checkpoint.
+
+    Args:
+        found: the set's buckets (`members`).
+        launches: the entries, best first.
+        where: an entry's (cloud, region).
+    """
+    if not launches:
+        return []
+    home = nearest(found, cloud=where(launches[0])[0], region=where(launches[0])[1])
+    same = [e for e in launches if nearest(found, cloud=where(e)[0], region=where(e)[1]) == home]
+    return same + [e for e in launches if e not in same]
 
 
 def place_from_env(environ: Mapping[str, str]) -> tuple[str | None, str | None]:

@@ -255,7 +255,8 @@ def make_plan(
     if not ranked:
         raise NoOfferError(no_offer_message(spec, catalog, constraints, model))
     if places is not None and model.checkpoint_gb is not None:
-        ranked = rank(with_copies(ranked, places, model, limit=green.max_candidates), green.objective)
+        copied = with_copies(ranked, places, model, limit=green.max_candidates, strategy=green.recovery.strategy)
+        ranked = rank(copied, green.objective)
     return Plan(
         candidates=tuple(ranked),
         objective=green.objective,

@@ -20,25 +20,27 @@ from skygreen.plan.candidate import Candidate
 from skygreen.plan.cost import RunModel
 
 
-def launch_places(ranked: Sequence[Candidate], limit: int) -> list[Place]:
-    """The places of the first `limit` launch entries (one per place, GPU and capacity, as the
-    render lists them), best first; a place listed twice counts twice."""
+def launch_places(ranked: Sequence[Candidate]) -> list[Place]:
+    """The places of the launch entries (one per place, GPU and capacity, as the render lists
+    them), best first; a place listed twice counts twice."""
     seen: list[tuple[str, str, str, int, bool]] = []
     out: list[Place] = []
     for c in ranked:
         entry = (c.cloud, c.region, c.accelerator, c.accelerator_count, bool(c.spot))
-        if entry in seen:
-            continue
-        seen.append(entry)
-        out.append(Place(cloud=c.cloud, region=c.region))
-        if len(seen) == limit:
-            break
+        if entry not in seen:
+            seen.append(entry)
+            out.append(Place(cloud=c.cloud, region=c.region))
     return out
 
 
-def with_copies(ranked: Sequence[Candidate], places: SetPlaces, model: RunModel, *, limit: int) -> list[Candidate]:
-    """Each candidate with the copies its expected moves make added to its bill (unranked)."""
-    launches = launch_places(ranked, limit)
+def with_copies(
+    ranked: Sequence[Candidate], places: SetPlaces, model: RunModel, *, limit: int, strategy: str
+) -> list[Candidate]:
+    """Each candidate with the copies its expected moves make added to its bill (unranked); none
+    under `FAILOVER`, which relaunches in the preempted region first."""
+    if strategy.upper() != "EAGER_NEXT_REGION":
+        return list(ranked)
+    launches = launch_places(ranked)
     one_gb = save_gb(model.checkpoint_gb or 0.0, trainable_fraction=model.trainable_fraction)
     rates = load_rates()
     out = []
@@ -49,6 +51,7 @@ def with_copies(ranked: Sequence[Candidate], places: SetPlaces, model: RunModel,
             launches=launches,
             save_gb=one_gb,
             moves=c.expected_preemptions,
+            limit=limit,
             rates=rates,
         )
         if usd <= 0 and gb <= 0:
