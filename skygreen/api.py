@@ -82,7 +82,7 @@ def plan(
         NoOfferError: no offer meets the task (the message says which constraint to relax).
         CatalogError: a catalog file cannot be read.
     """
-    from skygreen.checkpoint.bucket_region import read_bucket_region
+    from skygreen.checkpoint.bucket_region import read_bucket_regions
     from skygreen.plan.catalog import load_catalog
     from skygreen.plan.rank import make_plan
 
@@ -97,7 +97,7 @@ def plan(
         measured_changeover_s=learned.seconds if learned is not None else None,
         measured_transfer_gb_per_s=learned.restore_gb_per_s if learned is not None else None,
         measured_checkpoint_gb=measured_checkpoint_gb,
-        bucket_region=read_bucket_region(spec.green.checkpoint.bucket),
+        bucket_region=read_bucket_regions(spec.green.checkpoint.bucket),
     )
 
 

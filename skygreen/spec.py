@@ -333,10 +333,16 @@ def _check_trainer(values: dict[str, Any], path: str) -> None:
 
 def _parse_checkpoint(raw: Any, path: str) -> CheckpointSpec:
     raw = read_mapping(raw, path)
-    check_keys(raw, ("bucket", "region", "every", "keep", "half_precision", "dir", "marker", "quiet_s"), path)
+    check_keys(
+        raw, ("bucket", "buckets", "region", "every", "keep", "half_precision", "dir", "marker", "quiet_s"), path
+    )
     values: dict[str, Any] = {}
     if raw.get("bucket") is not None:
         values["bucket"] = _parse_bucket(raw["bucket"], f"{path}.bucket")
+    if raw.get("buckets") is not None:
+        from skygreen.bill.bucket import parse_buckets
+
+        values["bucket"] = parse_buckets(raw, path)
     if raw.get("region") is not None:
         from skygreen.bill.bucket import check_region
 

@@ -586,6 +586,15 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="Where the run's checkpoints, ledger and prepared data live. Use a cloud bucket for a cloud run.",
     ),
     TaskField(
+        path="skygreen.checkpoint.buckets",
+        type="mapping",
+        allowed="cloud (aws, gcp, azure) or region -> s3://, gs:// or az:// bucket",
+        default="none: one bucket (`bucket`)",
+        doc="One bucket per cloud or region, e.g. `{aws: s3://team-ckpt, gcp: gs://team-ckpt}`: a run commits to "
+        "the one nearest its VM (a region key wins over its cloud's key), restores the newest commit of them all "
+        "and copies it once into the near one. The first listed holds the writer lease. Not with `bucket` or `region`.",
+    ),
+    TaskField(
         path="skygreen.checkpoint.region",
         type="string",
         allowed="a region of the bucket's cloud, e.g. us-east-1, us-central1, eastus",

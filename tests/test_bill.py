@@ -21,6 +21,7 @@ from skygreen.bill.rates import (
     requests_usd,
     storage_usd,
     transfer_usd,
+    usd_per_gb,
 )
 from skygreen.bill.run_bill import bill_run
 from skygreen.bill.traffic import HOURS_PER_MONTH, READ_PART_BYTES, UPLOAD_PART_BYTES, run_traffic, save_gb
@@ -274,6 +275,24 @@ def test_the_7b_case_on_a_small_catalog_puts_the_bucket_region_first(tmp_path):
     data_line = next(line for line in plan.assumptions if line.startswith("data: bucket s3://my-ckpts/llama"))
     assert "a save in transfer and requests" in data_line
     assert not any("assumed us-east-1" in n for n in plan.notices)
+
+
+def test_an_on_demand_offer_pays_for_its_final_commit(tmp_path):
+    """No preemption, so no save along the way; the run still ends with one commit, which crosses
+    to the bucket's region and is kept for the run's span."""
+    spec = parse_spec_text(TASK_7B.format(bucket="s3://my-ckpts/llama", region=", region: us-east-1").replace(
+        "skygreen:\n", "skygreen:\n  spot: false\n"))  # fmt: skip
+    plan = make_plan(spec, load_catalog(_fixture_catalog(tmp_path / "v8")))
+    west = next(c for c in plan.candidates if c.region == "us-west-2")
+    one_gb = save_gb(run_model(spec).checkpoint_gb or 0.0)
+    rate = usd_per_gb(Place(cloud="aws", region="us-west-2"), Place(cloud="aws", region="us-east-1"), one_gb)
+    assert not west.spot and west.checkpoint_interval_s is None
+    assert west.bytes_moved_gb == pytest.approx(one_gb)
+    assert west.cost_usd["transfer"] == pytest.approx(one_gb * rate) and rate > 0
+    assert west.cost_usd["storage"] > 0 and west.cost_usd["requests"] > 0
+    traffic = run_traffic(save_gb=10.0, interval_s=None, training_hours=5.0, expected_preemptions=0.0, keep=3,
+                          span_hours=5.0, bucket_cloud="aws")  # fmt: skip
+    assert traffic.saves == 1 and traffic.gb_months == pytest.approx(10.0 * 5.0 / HOURS_PER_MONTH)
 
 
 def test_an_unknown_bucket_region_is_assumed_and_said_and_no_model_prices_no_bytes(tmp_path):

@@ -220,6 +220,12 @@ def test_killed_vm_then_another_cloud_priced_the_same_by_status_cost_and_compare
     assert [s["end"] for s in cost["segments"]] == ["killed", "completed"]
     assert cost["preemptions"] == 1 and cost["steps"] == 60 and cost["lost_s"] > 0
     assert status["preemptions"] == cost["preemptions"]  # the kill -9 the runtime never saw, from the ledger
+    save, last = status["checkpoint_save"], BillPlace(cloud=s2["place"]["cloud"], region=s2["place"]["region"])
+    assert save["gb"] > 0 and save["route"] == f"{last.cloud} {last.region} -> aws us-east-1"  # what a save costs
+    assert save["transfer_usd"] == pytest.approx(transfer_usd(last, s3_place, save["gb"]))
+    assert save["usd"] == pytest.approx(save["transfer_usd"] + save["requests_usd"]) and save["requests_usd"] > 0
+    detail = skygreen(env, "status", run_id).stdout
+    assert "save cost" in detail and f"{last.cloud} {last.region} -> aws us-east-1" in detail
     assert cost["clouds_node_hours"].keys() == {"gcp", "aws"}
     text = skygreen(env, "cost", run_id, "--catalog", str(shared_catalog_dir)).stdout
     assert f"total ${cost['total_usd']:,.2f}" in text and "controller" in text and "killed" in text

@@ -485,3 +485,22 @@ def test_a_model_that_needs_two_nodes_renders_num_nodes_two(sky):
     ]
     assert "torchrun" in task["run"]
     assert sky_accepts(sky, task).num_nodes == 2
+
+
+def test_a_bucket_set_lists_the_picks_bucket_places_first_then_keeps_max_candidates():
+    """EAGER_NEXT_REGION relaunches at the first entry outside the preempted region: with a bucket
+    per cloud the places of the pick's bucket come right after it, even from below the cut."""
+    buckets = {"aws": "s3://team", "azure": "az://acct/team"}
+    spec = spec_of(skygreen={"checkpoint": {"buckets": buckets}, "max_candidates": 3})
+    offers = [("aws", "us-east-1", 1.0), ("azure", "eastus", 1.1), ("azure", "westus2", 1.2), ("aws", "us-east-2", 1.3)]
+    plan = Plan(candidates=tuple(candidate(c, r, "A100", price=p) for c, r, p in offers), objective="cost")
+    task = render_task(spec, plan, settings=settings_for(spec), task_dir=WORKDIR)
+    infra = [entry["infra"] for entry in task["resources"]["ordered"]]
+    assert infra == ["aws/us-east-1", "aws/us-east-2", "azure/eastus"]
+    one = spec_of(skygreen={"checkpoint": {"bucket": "s3://team"}, "max_candidates": 3})
+    task = render_task(one, plan, settings=settings_for(one), task_dir=WORKDIR)
+    assert [entry["infra"] for entry in task["resources"]["ordered"]] == [
+        "aws/us-east-1",
+        "azure/eastus",
+        "azure/westus2",
+    ]

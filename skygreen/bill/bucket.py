@@ -10,7 +10,9 @@ error: pricing the wrong place would mislead every figure after it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from skygreen.bill.rates import CLOUDS, DEFAULT_REGION, Place, load_rates
 from skygreen.errors import SpecError
@@ -116,3 +118,90 @@ def bucket_place(
     if stated is not None:
         return BucketPlace(place=Place(cloud=cloud, region=stated), how="stated")
     return BucketPlace(place=Place(cloud=cloud, region=DEFAULT_REGION[cloud]), how="assumed")
+
+
+def check_buckets(raw: Mapping[str, Any], path: str, *, source: str | None = None) -> str:
+    """The task's `checkpoint.buckets:` (one bucket per cloud or region) as the set's URL
+    (`skygreen.checkpoint.bucket_set.set_url`), members in the order written.
+
+    A key is a cloud (`aws`, `gcp`, `azure`) or a region of its bucket's cloud; each bucket is a
+    cloud bucket of the key's cloud.
+
+    Raises:
+        SpecError: an empty set, a key that is no cloud or region, a key of another cloud than its
+            bucket, a bucket that is not a cloud bucket, or a key given twice; naming the key.
+    """
+    from skygreen.checkpoint.bucket_set import Member, set_url
+    from skygreen.checkpoint.bucket_url import canonical_url
+
+    if not raw:
+        raise SpecError(
+            path, "names no bucket", value=dict(raw), hint="e.g. {aws: s3://team-ckpt, gcp: gs://team-ckpt}"
+        )
+    found: list[Member] = []
+    for key, url in raw.items():
+        field = f"{path}.{key}"
+        name = str(key).strip().lower()
+        if not isinstance(url, str):
+            raise SpecError(field, "must be a bucket URL", value=url, hint="e.g. s3://team-ckpt/runs", source=source)
+        url = canonical_url(url, field=field)
+        cloud = bucket_cloud(url)
+        if cloud is None:
+            raise SpecError(
+                field, "must be a cloud bucket (s3://, gs://, az://): a set moves checkpoints between places",
+                value=url, hint="use checkpoint.bucket for a local directory", source=source,
+            )  # fmt: skip
+        name = _check_key(name, cloud, url, field, source)
+        if any(m.key == name for m in found):
+            raise SpecError(field, "names a place twice", value=key, hint="give each cloud or region one bucket")
+        found.append(Member(key=name, url=url))
+    return set_url(found)
+
+
+def _check_key(key: str, cloud: str, url: str, field: str, source: str | None) -> str:
+    """A set's key, normalised: the bucket's cloud or one of that cloud's regions."""
+    if key in CLOUDS:
+        if key != cloud:
+            raise SpecError(
+                field, f"is keyed {key}, but the bucket {url} is in {cloud}", value=key,
+                hint=f"key it {cloud} (or by its {cloud} region)", source=source,
+            )  # fmt: skip
+        return key
+    region = normalise_region(cloud, key)
+    owners = sorted(c for c in CLOUDS if (c, region) in load_rates().continents)
+    if cloud in owners:
+        return region
+    problem = (
+        f"is a region of {', '.join(owners)}, but the bucket {url} is in {cloud}"
+        if owners
+        else "is neither a cloud nor a region skygreen knows"
+    )
+    raise SpecError(
+        field, problem, value=key, allowed=f"{', '.join(CLOUDS)}, or a region of the bucket's cloud",
+        hint=f"key the bucket by its cloud ({cloud}) or the {cloud} region it was created in", source=source,
+    )  # fmt: skip
+
+
+def parse_buckets(checkpoint: Mapping[str, Any], path: str) -> str:
+    """`checkpoint.buckets:` of a task's `checkpoint:` mapping as the set's URL, which the task
+    record keeps as its `checkpoint.bucket` (`check_buckets`).
+
+    Raises:
+        SpecError: `buckets` beside `bucket` or `region` (a set names its places in its keys),
+            or a malformed set.
+    """
+    for other in ("bucket", "region"):
+        if checkpoint.get(other) is not None:
+            raise SpecError(
+                f"{path}.buckets",
+                f"and {path}.{other} cannot both be set: `bucket` names one bucket, `buckets` one per cloud or region",
+                value=checkpoint.get(other),
+                hint=f"remove {other}: (key each bucket of `buckets` by its cloud or region)",
+            )
+    raw = checkpoint["buckets"]
+    if not isinstance(raw, Mapping):
+        raise SpecError(
+            f"{path}.buckets", "must be a mapping of cloud or region to bucket", value=raw,
+            hint="e.g. {aws: s3://team-ckpt, gcp: gs://team-ckpt, azure: az://account/team-ckpt}",
+        )  # fmt: skip
+    return check_buckets(raw, f"{path}.buckets")

@@ -1,6 +1,6 @@
 """The bytes and requests a run makes against its bucket on one offer.
 
-    saves         = training hours x 3600 / interval
+    saves         = max(1, training hours x 3600 / interval)   (the final commit at least)
     uploaded_gb   = saves x save_gb                     (VM -> bucket)
     downloaded_gb = expected preemptions x save_gb      (bucket -> VM, one restore each; a fresh
                                                          start restores nothing)
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 MIB = 1024 * 1024
 HOURS_PER_MONTH = 730.0
 """Providers bill GB-months of 730 hours (365 x 24 / 12)."""
-UPLOAD_PART_BYTES: Mapping[str, int] = {"aws": 16 * MIB, "gcp": 100 * MIB, "azure": 4 * MIB}
+UPLOAD_PART_BYTES: Mapping[str, int] = {"aws": 16 * MIB, "gcp": 100 * MIB, "azure": 8 * MIB}
 """One write request per part: S3 multipart parts of 16 MiB (`checkpoint.s3_store`), GCS
-resumable-upload chunks of 100 MiB (`checkpoint.gcs_store.CHUNK_BYTES`), Azure blocks of 4 MiB
-(`azure-storage-blob`'s default block size)."""
+resumable-upload chunks of 100 MiB (`checkpoint.gcs_store.CHUNK_BYTES`), Azure blocks of 8 MiB
+(`checkpoint.azure_store.BLOCK_BYTES`)."""
 READ_PART_BYTES = 16 * MIB
 """One ranged GET per part on a restore (`checkpoint.ranged.RangedDownload.part_bytes`)."""
 SAVE_OVERHEAD_WRITES = 6
@@ -99,7 +99,8 @@ def run_traffic(
 
     Args:
         save_gb: one save, all shards together (`save_gb()`).
-        interval_s: seconds of training between saves; None: the run never saves (no preemptions).
+        interval_s: seconds of training between saves; None: no save along the way (no
+            preemptions to guard against), only the final commit every run ends with.
         training_hours: hours the GPUs train, redone work included (wall time less restarts).
         expected_preemptions: restores, one per preemption.
         keep: checkpoints the bucket keeps (`checkpoint.keep`).
@@ -107,7 +108,7 @@ def run_traffic(
         bucket_cloud: the bucket's cloud, for its part sizes.
         files_per_save: files one save writes (one per rank when sharded).
     """
-    saves = training_hours * 3600.0 / interval_s if interval_s else 0.0
+    saves = max(1.0, training_hours * 3600.0 / interval_s if interval_s else 0.0)
     kept = min(float(keep), saves)
     write_parts = parts(save_gb, UPLOAD_PART_BYTES[bucket_cloud], files=files_per_save)
     read_parts = parts(save_gb, READ_PART_BYTES, files=files_per_save)

@@ -4,14 +4,26 @@ A thin adapter for the plan (`skygreen.bill.bucket` decides what the answer mean
 only when the environment already holds credentials for the bucket's cloud (or points at an
 emulator), so `skygreen plan` never waits on a credential chain that probes instance metadata,
 and any failure (no permission, no network, no such bucket) is an unknown region, never an
-error: the plan then uses the task's region or the cloud's default, and says so. Azure buckets
-are left to the task's `checkpoint.region`.
+error: the plan then uses the task's region or the cloud's default, and says so.
+
+Azure buckets are left to the task's `checkpoint.region` (else the default-region note), on
+purpose: an Azure storage account's location is a property of the account resource, which only
+the management plane reports (`azure-mgmt-storage`'s `StorageAccount.location`, needing a
+subscription and a role on it). The data plane that `azure-storage-blob` speaks, with the
+connection string or key a VM holds, answers `get_account_information` with the SKU and account
+kind alone, and no header of a blob or container response names the region. skygreen does not
+add the management SDK for this one figure.
+
+For a bucket set (`skygreen.checkpoint.bucket_set`), each member is read in turn: the answer is
+a mapping of member URL to region (None where unread).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+
+from skygreen.checkpoint.bucket_set import is_set_url, members
 
 _TIMEOUT_S = 3
 
@@ -41,6 +53,19 @@ def gcs_bucket_region(bucket: str) -> str | None:
     except Exception:  # as above
         return None
     return found.location
+
+
+BucketRegion = str | Mapping[str, str | None] | None
+"""What `read_bucket_region` answers: one region, or per member of a bucket set, or None."""
+
+
+def read_bucket_regions(url: str | None, env: Mapping[str, str] | None = None) -> BucketRegion:
+    """`read_bucket_region`, and for a bucket set, member URL -> region (None where unread)."""
+    if is_set_url(url):
+        assert url is not None
+        env = os.environ if env is None else env
+        return {m.url: read_bucket_region(m.url, env) for m in members(url)}
+    return read_bucket_region(url, env)
 
 
 def read_bucket_region(url: str | None, env: Mapping[str, str] | None = None) -> str | None:

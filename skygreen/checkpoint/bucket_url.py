@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from skygreen.checkpoint.bucket_set import SET_SCHEME, split_set_url
 from skygreen.errors import SpecError
 
 BUCKET_SCHEMES: tuple[str, ...] = ("s3", "gs", "az", "file")
@@ -76,6 +77,9 @@ def parse_url(url: str, *, field: str = "checkpoint.bucket") -> StoreUrl:
         _refuse_look_alike(url, field)
         return StoreUrl(scheme="file", bucket=url, prefix="")
     scheme = scheme.lower()
+    if scheme == SET_SCHEME:  # a bucket set (`skygreen.checkpoint.bucket_set`): its path joins every member
+        body, path = split_set_url(url, field=field)
+        return StoreUrl(scheme=SET_SCHEME, bucket=f"{{{body}}}", prefix=path)
     if scheme == "https" and rest.partition("/")[0].lower().endswith(AZURE_BLOB_HOST_SUFFIX):
         host, _, path = rest.partition("/")
         scheme, rest = "az", f"{host[: -len(AZURE_BLOB_HOST_SUFFIX)]}/{path}"

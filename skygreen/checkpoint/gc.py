@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from skygreen.checkpoint.bucket_set import is_set_url, members
 from skygreen.checkpoint.manifest import CKPT_DIR, Manifest, blob_key, iter_manifests, latest_manifest
 from skygreen.checkpoint.retention import best_step
 from skygreen.checkpoint.store import OpenStore, Store, join_url, parse_url
@@ -125,6 +126,11 @@ def gc(
     scheme = parse_url(url).scheme
     if scheme == "file":
         return GcResult(url=url, local=True, act=act, older_than=older_than)
+    if is_set_url(url):  # each cloud names its cold classes its own way
+        raise InputError(
+            f"{url}: this is a bucket set, and skygreen gc moves one bucket's checkpoints to its cloud's cold class\n"
+            f"  fix: run skygreen gc on each of its buckets: {', '.join(m.url for m in members(url))}"
+        )
     cold = cold_storage_class(scheme, storage_class)
     if check_bucket is not None:
         check_bucket(url)

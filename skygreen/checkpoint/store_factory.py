@@ -11,6 +11,9 @@ one branch here.
 
 from __future__ import annotations
 
+import os
+
+from skygreen.checkpoint.bucket_set import SET_SCHEME, members, nearest, place_from_env
 from skygreen.checkpoint.store import RetryPolicy, Store, current_retry_policy, parse_url
 from skygreen.errors import StoreError
 
@@ -22,6 +25,8 @@ def open_store(url: str, *, retry: RetryPolicy | None = None) -> Store:
     """
     parsed = parse_url(url)
     policy = retry or current_retry_policy()
+    if parsed.scheme == SET_SCHEME:
+        return _open_set(url, policy)
     if parsed.scheme == "file":
         from skygreen.checkpoint.local_store import LocalStore
 
@@ -43,3 +48,16 @@ def open_store(url: str, *, retry: RetryPolicy | None = None) -> Store:
             f"{url}: the {parsed.scheme}:// store needs the package {e.name!r}, which is not installed\n"
             "  fix: pip install 'skygreen[runtime]'"
         ) from e
+
+
+def _open_set(url: str, policy: RetryPolicy) -> Store:
+    """A bucket set (`skygreen.checkpoint.set_store`): each member opened by its scheme, and the
+    near one chosen by where this process runs (`SKYPILOT_CLUSTER_INFO`; the home bucket on a
+    laptop)."""
+    from skygreen.checkpoint.set_store import SetStore
+
+    found = members(url)
+    cloud, region = place_from_env(os.environ)
+    return SetStore(
+        url, [(m, open_store(m.url, retry=policy)) for m in found], near=nearest(found, cloud=cloud, region=region)
+    )

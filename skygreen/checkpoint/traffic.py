@@ -260,11 +260,41 @@ class CountingRangedStore(CountingStore):
         return data
 
 
+class CountingSetStore(CountingRangedStore):
+    """A bucket set (`skygreen.checkpoint.set_store`) whose buckets each count their own bytes:
+    the set itself passes every call through, so no byte is counted twice."""
+
+    def put(self, key: str, data: bytes | BinaryIO) -> None:
+        """`Store.put`, counted by the bucket written."""
+        self.inner.put(key, data)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """`Store.put_file`, counted by the bucket written."""
+        self.inner.put_file(key, path)
+
+    def get(self, key: str) -> bytes:
+        """`Store.get`, counted by the bucket read."""
+        return self.inner.get(key)
+
+    def get_to(self, key: str, fileobj: BinaryIO) -> None:
+        """`Store.get_to`, counted by the bucket read."""
+        self.inner.get_to(key, fileobj)
+
+    def get_range(self, key: str, start: int, stop: int) -> bytes:
+        """`RangedStore.get_range`, counted by the bucket read."""
+        data: bytes = self.inner.get_range(key, start, stop)  # type: ignore[attr-defined]
+        return data
+
+
 def counted(store: Store, traffic: Traffic | None = None) -> CountingStore:
     """`store` with its traffic counted into `traffic` (a new `Traffic` when None); a store that
     is counted already is returned as it is."""
     if isinstance(store, CountingStore):
         return store
+    traffic = traffic if traffic is not None else Traffic()
+    members = getattr(store, "with_stores", None)
+    if members is not None:  # a bucket set: each bucket counts its own bytes under its own name
+        return CountingSetStore(members(lambda s: counted(s, traffic)), traffic)
     kind = CountingRangedStore if isinstance(store, RangedStore) else CountingStore
     return kind(store, traffic if traffic is not None else Traffic())
 

@@ -109,18 +109,22 @@ def data_places(url: str, segments: Sequence[Segment], snapshot: Mapping[str, An
     bucket where credentials allow, else the task's `checkpoint.region` for the run's own, else
     its cloud's default), the run's bucket's place (`store`) and `keep` from the task."""
     from skygreen.bill.bucket import bucket_place
+    from skygreen.checkpoint.bucket_set import home_url, is_set_url, members
     from skygreen.checkpoint.traffic import bucket_of
 
     checkpoint = ((snapshot or {}).get("skygreen") or {}).get("checkpoint") or {}
     stated = checkpoint.get("region") if isinstance(checkpoint, Mapping) else None
     keep = checkpoint.get("keep") if isinstance(checkpoint, Mapping) else None
-    run_bucket = bucket_of(url)
-    keys = {run_bucket} | {k for s in segments for k in (*s.bytes_uploaded, *s.bytes_downloaded)}
+    run_bucket = bucket_of(home_url(url))  # a bucket set: its home bucket stands for its storage
+    states = {run_bucket: stated}
+    if is_set_url(url):  # each bucket of a set where its key says, unless it says otherwise itself
+        states = {bucket_of(m.url): m.region for m in members(url)}
+    keys = set(states) | {k for s in segments for k in (*s.bytes_uploaded, *s.bytes_downloaded)}
     buckets = {}
     for key in sorted(keys):
         read = _read_region(key)
         try:
-            found = bucket_place(key, stated_region=stated if key == run_bucket else None, read_region=read)
+            found = bucket_place(key, stated_region=states.get(key), read_region=read)
         except SkygreenError:  # the task's region contradicts the bucket: the bucket's answer stands
             found = bucket_place(key, read_region=read)
         buckets[key] = found.place if found is not None else None
@@ -137,9 +141,10 @@ def _read_region(bucket: str) -> str | None:
 
 
 def _scheme(url: str) -> str:
+    from skygreen.checkpoint.bucket_set import home_url
     from skygreen.checkpoint.store import parse_url
 
-    return parse_url(url).scheme
+    return parse_url(home_url(url)).scheme
 
 
 def lazy_lookup(catalog_dir: Path | None):
@@ -241,7 +246,7 @@ def estimate_task(
 ) -> TaskEstimate:
     """Cost per run on each cloud's best region and instance, spot and on-demand, the plan's
     pick first; speeds measured by earlier runs of the task replace the shipped prior."""
-    from skygreen.checkpoint.bucket_region import read_bucket_region
+    from skygreen.checkpoint.bucket_region import read_bucket_regions
     from skygreen.errors import NoOfferError
     from skygreen.plan.catalog import load_catalog
     from skygreen.plan.rank import make_plan
@@ -251,7 +256,7 @@ def estimate_task(
     catalog = load_catalog(catalog_dir)
     measured = measured_speeds(spec, task_path, registry=registry)
     speeds = {gpu: value for gpu, (value, _) in measured.items()}
-    region = read_bucket_region(spec.green.checkpoint.bucket)
+    region = read_bucket_regions(spec.green.checkpoint.bucket)
     try:
         pick = make_plan(spec, catalog, measured_speed=speeds, bucket_region=region).best
     except NoOfferError:
@@ -283,12 +288,15 @@ def estimate_task(
     )
 
 
-def _bucket_line(spec: Any, read_region: str | None) -> str:
+def _bucket_line(spec: Any, read_region: str | Mapping[str, str | None] | None) -> str:
     """Where the task's checkpoints go and what the plan therefore counts, for `cost TASK`."""
-    from skygreen.bill.bucket import bucket_place
+    from skygreen.bill.bucket_places import plan_buckets
 
     url = spec.green.checkpoint.bucket
-    found = bucket_place(url, stated_region=spec.green.checkpoint.region, read_region=read_region)
+    found, places = plan_buckets(url, stated_region=spec.green.checkpoint.region, read=read_region)
+    if places is not None:
+        where = ", ".join(f"{m.key}: {m.url} ({p.place.label})" for m, p in places.buckets)
+        return f"a bucket per place ({where}); each offer priced against its nearest, plus a copy per expected move"
     if found is None:
         return "no cloud bucket in the task, so no data is priced (`skygreen up` asks for one for a cloud run)"
     if spec.green.model is None:
@@ -419,3 +427,29 @@ def _metric_of(record: RunRecord, reported: Iterable[str]) -> tuple[str | None, 
         return metric, stop.get("mode", "min")
     metric = next(iter(sorted(reported)), None)
     return metric, metric_mode(metric) if metric else "min"
+
+
+def checkpoint_save(url: str, manifest: Any, segments: Sequence[Segment], snapshot: Mapping[str, Any] | None) -> Any:
+    """What the run's next save costs (`skygreen.bill.save_cost.SaveCost`), for `status`: the newest
+    commit's measured bytes from the latest segment's place to the bucket it commits to (for a
+    bucket set, the one nearest that place); None for a local bucket or before the first commit."""
+    from skygreen.bill.rates import CLOUDS, DEFAULT_REGION
+    from skygreen.bill.rates import Place as BillPlace
+    from skygreen.bill.save_cost import save_cost
+    from skygreen.checkpoint.bucket_set import is_set_url, members, nearest
+    from skygreen.checkpoint.traffic import bucket_of
+
+    if manifest is None or not manifest.blobs:
+        return None
+    last = max(segments, key=lambda s: s.started_at).place if segments else None
+    vm = None
+    if last is not None and last.cloud in CLOUDS:
+        vm = BillPlace(cloud=last.cloud, region=last.region or DEFAULT_REGION[last.cloud])
+    target = url
+    if is_set_url(url):
+        target = nearest(members(url), cloud=vm.cloud if vm else None, region=vm.region if vm else None).url
+    bucket = data_places(url, segments, snapshot)["buckets"].get(bucket_of(target))
+    if bucket is None:
+        return None
+    size_gb = sum(info.size for info in manifest.blobs.values()) / 1e9
+    return save_cost(gb=size_gb, files=len(manifest.blobs), vm=vm, bucket=bucket)

@@ -351,6 +351,7 @@ def team_spend(
     and exits 1: the figure is a team's spend only when every bucket answered, and a script that
     sums it must not take a part for the whole (`TeamSpend.complete`).
     """
+    from skygreen.checkpoint.bucket_set import home_url
     from skygreen.checkpoint.bucket_url import parse_url
     from skygreen.costs.costing import data_places, lazy_lookup, read_segments, storage_bytes
 
@@ -395,7 +396,7 @@ def team_spend(
             segments,
             lookup=lookup,
             storage_bytes=storage_bytes(url, open_store),
-            storage_scheme=parse_url(url).scheme,
+            storage_scheme=parse_url(home_url(url)).scheme,
             **data_places(url, segments, record.spec_snapshot if record else None),
             managed=(record.mode == "cloud") if record else not all(s.place.cloud == "local" for s in segments),
             cancelled=record.cancelled if record else False,

@@ -36,7 +36,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from skygreen import __version__
-from skygreen.checkpoint.bucket_url import parse_url
+from skygreen.checkpoint.bucket_set import bucket_first, is_set_url, member_schemes, members
 from skygreen.errors import NoOfferError, SkygreenError, SpecError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.settings import RuntimeSettings
@@ -228,8 +228,18 @@ def _resources(spec: TaskSpec, plan: Plan, user_resources: Any) -> dict[str, Any
         "max_restarts_on_errors": green.recovery.max_restarts_on_errors,
         "recover_on_exit_codes": [PREEMPTED_EXIT_CODE],
     }
-    base["ordered"] = _ordered(plan, green.max_candidates)
+    ordered = _ordered(plan)
+    if is_set_url(green.checkpoint.bucket):
+        assert green.checkpoint.bucket is not None
+        ordered = bucket_first(members(green.checkpoint.bucket), ordered, _infra)
+    base["ordered"] = ordered[: green.max_candidates]
     return base
+
+
+def _infra(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """(cloud, region) of one `ordered` entry (`"aws/us-east-1"`)."""
+    cloud, _, region = str(entry["infra"]).partition("/")
+    return cloud, region
 
 
 def _ranks(entry: Mapping[str, Any]) -> int:
@@ -237,8 +247,10 @@ def _ranks(entry: Mapping[str, Any]) -> int:
     return int(str(entry["accelerators"]).rpartition(":")[2])
 
 
-def _ordered(plan: Plan, limit: int) -> list[dict[str, Any]]:
-    """The plan's offers as SkyPilot candidates, best first, one per cloud/region/GPU/count/spot.
+def _ordered(plan: Plan) -> list[dict[str, Any]]:
+    """The plan's offers as SkyPilot candidates, best first, one per cloud/region/GPU/count/spot
+    (all of them: the caller keeps `max_candidates`, after a bucket set has put the places of
+    the pick's bucket first).
 
     Offers differing only by instance type or zone collapse into one entry: SkyPilot picks the
     instance for the accelerator and tries every zone of the region itself. `num_nodes` belongs
@@ -258,8 +270,6 @@ def _ordered(plan: Plan, limit: int) -> list[dict[str, Any]]:
         }
         if entry not in entries:
             entries.append(entry)
-        if len(entries) == limit:
-            break
     if not entries:
         raise NoOfferError(
             "the plan has no offers to launch\n  fix: run `skygreen plan TASK` to see which constraint to relax"
@@ -344,14 +354,14 @@ task's declared `secrets` (AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY), 
 def _store_install(bucket: str, wanted: Sequence[str]) -> str:
     """The setup lines that install the bucket's client library (as the runtime requirements pin
     it), or a no-op for a local bucket."""
-    scheme = parse_url(bucket).scheme
-    client = STORE_CLIENTS.get(scheme)
-    pinned = [r for r in wanted if client and canonicalize_name(Requirement(r).name) == client]
+    schemes = member_schemes(bucket)  # every bucket of a set
+    clients = [STORE_CLIENTS[s] for s in schemes if s in STORE_CLIENTS]
+    pinned = [r for r in wanted if canonicalize_name(Requirement(r).name) in clients]
     if not pinned:
         return ":  # a local bucket needs no client library"
-    packages = [pinned[0], AZURE_IDENTITY] if scheme == "az" else [pinned[0]]
+    packages = [*pinned, AZURE_IDENTITY] if "az" in schemes else pinned
     return (
-        f'skygreen_say "installing {client} for the bucket before the rest, so the prefetch can start"\n'
+        f'skygreen_say "installing {" and ".join(clients)} for the bucket before the rest, so the prefetch can start"\n'
         f"    skygreen_pip {' '.join(shlex.quote(p) for p in packages)}"
     )
 

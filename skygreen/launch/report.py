@@ -101,6 +101,7 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
             f"{r.checkpoint_at} at {r.checkpoint_url}" if r.checkpoint_at else f"none yet at {r.checkpoint_url}",
         ),
         ("interval", f"every {r.checkpoint_interval_s:.0f} s" if r.checkpoint_interval_s is not None else "-"),
+        *_save_lines(r.checkpoint_save),
         ("model_sha256", _dash(r.model_sha256)),
         ("preemptions", _dash(r.preemptions)),
         ("recoveries", str(r.recoveries)),
@@ -119,6 +120,17 @@ def print_status_detail(r: RunStatus, out: TextIO) -> None:
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         out.write(f"{key.ljust(width)}  {value}\n")
+
+
+def _save_lines(save: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """What a save costs (`status.checkpoint_save`): its measured size at the list rates."""
+    if save is None:
+        return []
+    text = (
+        f"${save['usd']:.4g} a save: {save['gb']:.3g} GB measured, {save['route']} "
+        f"(${save['transfer_usd']:.4g} transfer, ${save['requests_usd']:.4g} requests, list rates)"
+    )
+    return [("save cost", text)]
 
 
 def _memory_lines(memory: dict[str, Any] | None) -> list[tuple[str, str]]:

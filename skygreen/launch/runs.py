@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
+from skygreen.checkpoint.bucket_set import SET_SCHEME
 from skygreen.checkpoint.cancellation import clear_cancel, request_cancel
 from skygreen.checkpoint.interval import preemption_rate_per_hour
 from skygreen.checkpoint.lease import LAUNCH_ENV
@@ -234,7 +235,7 @@ def _bucket(spec: TaskSpec, *, local: bool, environ: Mapping[str, str]) -> str:
                 "  fix: set skygreen.checkpoint.bucket: s3://BUCKET/PREFIX (or gs://...), or run here with --local"
             )
         return str(default_local_bucket(environ))
-    if not local and not bucket.startswith(("s3://", "gs://", "az://")):
+    if not local and not bucket.startswith(("s3://", "gs://", "az://", f"{SET_SCHEME}://")):
         raise InputError(
             f"skygreen.checkpoint.bucket: {bucket!r} is a path on this machine, which cloud VMs cannot reach\n"
             "  fix: use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://ACCOUNT/CONTAINER/PREFIX, or run here with --local"

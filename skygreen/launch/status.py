@@ -100,6 +100,9 @@ class RunStatus:
     memory: dict[str, Any] | None = None
     """The plan's memory per GPU beside the runtime's measured peak, from the ledger (`memory_view`):
     `planned_gb` {low, high, tensors, gpus}, `peak_gb`, `measure` and the `segment` that measured."""
+    checkpoint_save: dict[str, Any] | None = None
+    """What a save costs in data dollars: the newest commit's measured bytes x the list rates from
+    where the run is to its bucket (`skygreen.bill.save_cost`); None for a local bucket."""
 
     def to_json(self) -> dict[str, Any]:
         """Every field as plain JSON values, for `skygreen status --json`."""
@@ -318,7 +321,18 @@ def run_status(record: RunRecord, *, wiring: Wiring, unreachable: dict[str, str]
         gpu_energy_kwh=energy.gpu_energy_kwh,
         co2e_kg=energy.co2e_kg,
         compute_usd=cost.compute_usd if cost is not None else spend,
+        checkpoint_save=_checkpoint_save(record, manifest, segments),
     )
+
+
+def _checkpoint_save(
+    record: RunRecord, manifest: Manifest | None, segments: Sequence[Segment]
+) -> dict[str, Any] | None:
+    """`RunStatus.checkpoint_save` (`skygreen.costs.costing.checkpoint_save`)."""
+    from skygreen.costs.costing import checkpoint_save
+
+    found = checkpoint_save(record.checkpoint_url, manifest, segments, record.spec_snapshot)
+    return None if found is None else dict(found.to_json())
 
 
 def _run_energy(cost: RunCost | None, meta: Mapping[str, Any], job: JobStatus | None) -> RunEnergy:

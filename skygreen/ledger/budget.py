@@ -22,7 +22,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -94,7 +94,7 @@ class BudgetTracker:
         earlier: Sequence[Segment],
         managed: bool = True,
         storage: Callable[[], tuple[int, str]] | None = None,
-        bucket_region: str | None = None,
+        bucket_region: str | Mapping[str, str | None] | None = None,
     ) -> None:
         self.policy = policy
         self.earlier = list(earlier)
@@ -103,7 +103,8 @@ class BudgetTracker:
         """Bytes of checkpoints the run keeps now and their URL scheme (`s3`, `gs`, `file`),
         priced like `skygreen cost` prices them; None: no storage is counted."""
         self.bucket_region = bucket_region
-        """The bucket's region as the task states it; None: its cloud's default region."""
+        """The bucket's region as the task states it (for a bucket set, each bucket's by its key);
+        None: its cloud's default region."""
         self._fired: set[float] = set()
         self._burn_fired = False
         self._primed = False
@@ -170,10 +171,11 @@ class StoredCheckpoints:
     every second; storage grows only with each commit), 0 while the bucket cannot be read."""
 
     def __init__(self, store: Any, *, refresh_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        from skygreen.checkpoint.bucket_set import home_url
         from skygreen.checkpoint.store import parse_url
 
         self.store = store
-        self.scheme = parse_url(store.url).scheme
+        self.scheme = parse_url(home_url(store.url)).scheme  # a bucket set: its home bucket's prices
         self.refresh_s = refresh_s
         self._clock = clock
         self._read_at: float | None = None

@@ -369,14 +369,17 @@ def run_cost(
     )
 
 
-def default_buckets(segments: Sequence[Segment], *, region: str | None = None) -> dict[str, BillPlace | None]:
-    """Each bucket the segments counted bytes for, in `region` (the task's `checkpoint.region`)
-    or else at its URL's cloud's default region (None for a local directory): where nothing
-    better is known (the runtime's budget)."""
+def default_buckets(
+    segments: Sequence[Segment], *, region: str | Mapping[str, str | None] | None = None
+) -> dict[str, BillPlace | None]:
+    """Each bucket the segments counted bytes for, in `region` (the task's `checkpoint.region`;
+    for a bucket set, bucket -> the region its key names) or else at its URL's cloud's default
+    region (None for a local directory): where nothing better is known (the runtime's budget)."""
     keys = {k for s in segments for k in (*s.bytes_uploaded, *s.bytes_downloaded)}
     out: dict[str, BillPlace | None] = {}
     for key in sorted(keys):
-        found = bucket_place(key, stated_region=region)
+        stated = region.get(key) if isinstance(region, Mapping) else region
+        found = bucket_place(key, stated_region=stated)
         out[key] = found.place if found is not None else None
     return out
 

@@ -49,6 +49,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from skygreen.bill.bucket_places import SetPlaces
 from skygreen.bill.interval import auto_interval_s
 from skygreen.bill.rates import Place
 from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
@@ -109,6 +110,9 @@ class RunModel:
     one is known it replaces `restart_s` (and the restore) with `PROVISION_S` plus it."""
     bucket: Place | None = None
     """Where the checkpoint bucket is; None: a local bucket (no transfer, storage or requests)."""
+    bucket_set: SetPlaces | None = None
+    """A bucket per place (`checkpoint.buckets`): each offer is priced against its nearest
+    (`skygreen.bill.bucket_places`); `bucket` is then the home bucket's place."""
     keep: int = 3
     """Checkpoints the bucket keeps (`checkpoint.keep`), for storage."""
     trainable_fraction: float = 1.0

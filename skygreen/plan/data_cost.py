@@ -1,6 +1,8 @@
 """One offer's whole bill: the estimate (`skygreen.plan.cost`) with the bytes its checkpoints move.
 
-With a cloud bucket and a known checkpoint size (`skygreen.model`), each offer is priced as
+With a bucket per place (`checkpoint.buckets`), each offer is priced against its nearest
+bucket (`skygreen.bill.bucket_places`); the copies a move makes are added once the offers are
+ranked (`skygreen.plan.set_copies`). With a cloud bucket and a known checkpoint size (`skygreen.model`), each offer is priced as
 
     compute = price x wall hours x nodes
     data    = transfer + storage + requests of the run's traffic (`skygreen.bill`)
@@ -79,8 +81,9 @@ def price_offer(
     if model.bucket is None or model.checkpoint_gb is None:
         return Priced(estimate=est, bill=RunBill(compute=compute_usd), traffic=None, save_usd=0.0)
     vm = Place(cloud=cloud, region=region)
-    traffic = _traffic(model, est, model.bucket, gpus_per_node=gpus_per_node)
-    per_save = save_usd(traffic, vm=vm, bucket=model.bucket)
+    bucket = model.bucket if model.bucket_set is None else model.bucket_set.nearest(vm)[1].place
+    traffic = _traffic(model, est, bucket, gpus_per_node=gpus_per_node)
+    per_save = save_usd(traffic, vm=vm, bucket=bucket)
     if model.checkpoint_interval_s is None and per_save > 0 and est.checkpoint_interval_s is not None:
         for _ in range(2):  # the bytes-free interval's volume, then the rate that volume pays
             found = estimate(
@@ -96,8 +99,8 @@ def price_offer(
             if found is None:
                 break
             est = found
-            traffic = _traffic(model, est, model.bucket, gpus_per_node=gpus_per_node)
-            per_save = save_usd(traffic, vm=vm, bucket=model.bucket)
+            traffic = _traffic(model, est, bucket, gpus_per_node=gpus_per_node)
+            per_save = save_usd(traffic, vm=vm, bucket=bucket)
         compute_usd = price_usd_per_hour * est.est_hours * model.num_nodes
-    bill = bill_run(compute_usd=compute_usd, traffic=traffic, vm=vm, bucket=model.bucket)
+    bill = bill_run(compute_usd=compute_usd, traffic=traffic, vm=vm, bucket=bucket)
     return Priced(estimate=est, bill=bill, traffic=traffic, save_usd=per_save if math.isfinite(per_save) else 0.0)

@@ -201,6 +201,12 @@ def _data_assumption(model: RunModel, green: GreenSpec, best: Candidate) -> str:
     if bucket is None:
         return ""
     where = f"data: bucket {green.checkpoint.bucket} in {bucket.label}"
+    if model.bucket_set is not None:
+        where = (
+            f"data: a bucket per place ({', '.join(f'{m.key}: {p.place.label}' for m, p in model.bucket_set.buckets)}), "
+            "each offer priced against its nearest, plus one copy of the checkpoint per expected move "
+            "(its expected preemptions x the share of the launch's places another bucket serves)"
+        )
     if model.checkpoint_gb is None:
         return f"{where}; checkpoint size unknown (no skygreen.model): transfer, storage and requests not counted"
     interval = (

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from skygreen.bill.bucket import BucketPlace, bucket_place
+from skygreen.bill.bucket import BucketPlace
+from skygreen.bill.bucket_places import SetPlaces, plan_buckets
 from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
 from skygreen.errors import NoOfferError, SpecError, did_you_mean
 from skygreen.memory.estimate import MemoryEstimate
@@ -32,6 +33,7 @@ from skygreen.plan.data_cost import price_offer
 from skygreen.plan.explain import METRIC, assumptions, explain, money, night_hint
 from skygreen.plan.fit import describe_model, fit_notice, fitted_shape, memory_notice, smallest_fit, task_nodes
 from skygreen.plan.memory import checkpoint_gb
+from skygreen.plan.set_copies import with_copies
 from skygreen.plan.speed import communication_notice, offer_step, step_json
 from skygreen.power.policy import DEFAULT_ETA
 from skygreen.spec import TaskSpec
@@ -45,6 +47,7 @@ def run_model(
     measured_changeover_s: Mapping[str, float] | None = None,
     measured_checkpoint_gb: float | None = None,
     bucket: BucketPlace | None = None,
+    bucket_set: SetPlaces | None = None,
 ) -> RunModel:
     """The estimate model for a task: its work, speeds, nodes, preemption and checkpoint settings.
 
@@ -77,6 +80,7 @@ def run_model(
         download_gb_per_s=measured_transfer_gb_per_s or DEFAULT_TRANSFER_GB_PER_S,
         measured_changeover_s=dict(measured_changeover_s or {}),
         bucket=None if bucket is None else bucket.place,
+        bucket_set=bucket_set,
         keep=green.checkpoint.keep,
     )
 
@@ -211,14 +215,14 @@ def make_plan(
     measured_transfer_gb_per_s: float | None = None,
     measured_changeover_s: Mapping[str, float] | None = None,
     measured_checkpoint_gb: float | None = None,
-    bucket_region: str | None = None,
+    bucket_region: str | Mapping[str, str | None] | None = None,
 ) -> Plan:
     """Rank the catalog's offers for a task; `NoOfferError` says which constraint to relax.
     `bucket_region` is the region the checkpoint bucket reports, where it could be read."""
     green = spec.green
     check_regions(spec, catalog)
-    bucket = bucket_place(
-        green.checkpoint.bucket, stated_region=green.checkpoint.region, read_region=bucket_region, source=spec.source
+    bucket, places = plan_buckets(
+        green.checkpoint.bucket, stated_region=green.checkpoint.region, read=bucket_region, source=spec.source
     )
     model = run_model(
         spec,
@@ -227,6 +231,7 @@ def make_plan(
         measured_changeover_s=measured_changeover_s,
         measured_checkpoint_gb=measured_checkpoint_gb,
         bucket=bucket,
+        bucket_set=places,
     )
     constraints = Constraints.from_spec(green, num_nodes=task_nodes(spec))
     candidates = candidates_for(catalog, constraints, model)
@@ -249,6 +254,9 @@ def make_plan(
     ranked = rank(candidates, green.objective)
     if not ranked:
         raise NoOfferError(no_offer_message(spec, catalog, constraints, model))
+    if places is not None and model.checkpoint_gb is not None:
+        copied = with_copies(ranked, places, model, limit=green.max_candidates, strategy=green.recovery.strategy)
+        ranked = rank(copied, green.objective)
     return Plan(
         candidates=tuple(ranked),
         objective=green.objective,
@@ -259,7 +267,7 @@ def make_plan(
         notices=(
             *spec.notices,
             *work_notice(spec),
-            *data_notice(spec, bucket),
+            *data_notice(spec, bucket, places),
             *memory_notice(catalog, constraints),
             *fit_notice(catalog, constraints, ranked[0]),
             *communication_notice(ranked),
@@ -270,11 +278,12 @@ def make_plan(
     )
 
 
-def data_notice(spec: TaskSpec, bucket: BucketPlace | None) -> tuple[str, ...]:
+def data_notice(spec: TaskSpec, bucket: BucketPlace | None, places: SetPlaces | None = None) -> tuple[str, ...]:
     """What the data bill could not know: an assumed bucket region, or no checkpoint size."""
     if bucket is None:
         return ()
-    notes = [bucket.note] if bucket.note else []
+    note = bucket.note if places is None else places.note
+    notes = [note] if note else []
     if spec.green.model is None:
         notes.append(
             "no skygreen.model: the checkpoint's size is unknown, so transfer, storage and requests are not "

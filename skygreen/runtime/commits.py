@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from skygreen.checkpoint.bucket_set import is_set_url
 from skygreen.checkpoint.keep import check_keep
 from skygreen.checkpoint.lease import Lease, LeaseLostError, check_lease, launch_number, take_lease
 from skygreen.checkpoint.manifest import (
@@ -53,6 +54,7 @@ from skygreen.checkpoint.manifest import (
     step_prefix,
 )
 from skygreen.checkpoint.retention import apply_retention
+from skygreen.checkpoint.set_store import settle
 from skygreen.checkpoint.store import RetryPolicy, Store
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.checkpoint.traffic import counted, note_checkpoint
@@ -331,6 +333,21 @@ class CommitProtocol:
         for stale in sorted(s for s in folders if s > step and MANIFEST_NAME not in folders[s]):
             log.info("removing uncommitted leftovers of step %d (%s)", stale, step_prefix(stale))
             delete_step(self.store, stale)
+        if step >= 0:
+            self._settle(step)
+
+    def _settle(self, step: int) -> None:
+        """Copy a commit loaded from another place's bucket into the near one (a bucket set only).
+
+        Once per changeover, its manifest last (`skygreen.checkpoint.set_store`).
+        """
+        if not is_set_url(self.url):
+            return
+        manifest = Manifest.loads(self.store.get(manifest_key(step)), where=f"{self.url} step {step}")
+        keys = [blob_key(step, name) for name in manifest.blobs]
+        copied = settle(self.store, keys, manifest_key(step))
+        if copied:
+            log.info("copied checkpoint step %d (%d bytes) into this place's bucket", step, copied)
 
     def _remember_unloadable(self, step: int, errors: Mapping[int, str], default: str) -> None:
         """Rank 0: remember the commits newer than the step the ranks loaded.

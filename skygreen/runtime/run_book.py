@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from skygreen.checkpoint.bucket_set import stated_regions
 from skygreen.checkpoint.store import Store
 from skygreen.ledger.budget import (
     DEFAULT_ALERT_FRACTIONS,
@@ -116,7 +117,7 @@ class RunBook:
         if webhook_env and not self.policy.webhook_url:
             log.warning("budget alert webhook: $%s is not set; alerts go to the log only", webhook_env)
         self.tracker: BudgetTracker | None = None
-        self.bucket_region = settings.checkpoint_region
+        self.bucket_region = stated_regions(settings.bucket) or settings.checkpoint_region
         self._last_check_s = 0.0
         self.heartbeat_s = settings.ledger_heartbeat_s or HEARTBEAT_S
         self._last_beat_s: float | None = None

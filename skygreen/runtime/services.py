@@ -130,11 +130,13 @@ def save_bill(settings: RuntimeSettings, environ: Mapping[str, str]) -> SaveBill
     from skygreen.bill.interval import SaveBill
     from skygreen.bill.rates import CLOUDS, DEFAULT_REGION
     from skygreen.bill.rates import Place as BillPlace
+    from skygreen.checkpoint.bucket_set import nearest_url
     from skygreen.ledger.place import current_place
     from skygreen.plan.cost import PROVISION_S
 
     place = current_place(environ, gpu=None)
-    bucket = bucket_place(settings.bucket, stated_region=settings.checkpoint_region)
+    url = nearest_url(settings.bucket, environ)  # a bucket set: the one this VM commits to
+    bucket = bucket_place(url, stated_region=settings.checkpoint_region if url == settings.bucket else None)
     if bucket is None or place.cloud not in CLOUDS or not place.price_usd_per_hour:
         return None
     vm = BillPlace(cloud=place.cloud, region=place.region or DEFAULT_REGION[place.cloud])
