@@ -37,44 +37,53 @@ def pinned_task(task: Mapping[str, Any], place: Place, *, bucket: str) -> dict[s
     """`task` relaunched at `place`, checkpointing to `bucket`.
 
     The plan's candidates (`ordered` or `any_of`) in another cloud or region are dropped and the
-    rest pinned to the place's region (and zone); a task with no candidate there is pinned on
-    its resources alone.
+    rest pinned to the place (SkyPilot's `infra: cloud/region[/zone]`); a task with no candidate
+    there is pinned on its resources alone.
     """
     out = copy.deepcopy(dict(task))
     resources = out.get("resources")
-    where = {"cloud": place.cloud, "region": place.region, **({"zone": place.zone} if place.zone else {})}
+    infra = place_env(place)
     if isinstance(resources, dict):
         kept = False
         for key in ("ordered", "any_of"):
             entries = resources.get(key)
             if not entries:
                 continue
-            here = _pinned_entries(entries, place, where)
+            here = _pinned_entries(entries, place, infra)
             if here:
                 resources[key] = here
                 kept = True
             else:
                 resources.pop(key)
-        for name in ("cloud", "region", "zone"):
+        for name in ("infra", "cloud", "region", "zone"):
             resources.pop(name, None)
         if not kept:
-            resources.update(where)
+            resources["infra"] = infra
     envs = out.setdefault("envs", {})
-    envs[PLACE_ENV] = place_env(place)
+    envs[PLACE_ENV] = infra
     envs[BUCKET_ENV] = bucket
     return out
 
 
-def _pinned_entries(entries: Any, place: Place, where: Mapping[str, str]) -> list[Any]:
+def _where(entry: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(cloud, region) a candidate names, from `infra` (`cloud/region[/zone]`) or the older keys."""
+    if entry.get("infra"):
+        parts = str(entry["infra"]).split("/")
+        return parts[0].lower(), parts[1] if len(parts) > 1 and parts[1] != "*" else None
+    cloud = entry.get("cloud")
+    return (str(cloud).lower() if cloud else None), entry.get("region")
+
+
+def _pinned_entries(entries: Any, place: Place, infra: str) -> list[Any]:
     """The candidates that can run at `place`, each pinned there, each once."""
     out: list[Any] = []
     for entry in entries:
         if not isinstance(entry, Mapping):
             continue
-        cloud, region = entry.get("cloud"), entry.get("region")
-        if (cloud and str(cloud).lower() != place.cloud) or (region and region != place.region):
+        cloud, region = _where(entry)
+        if (cloud and cloud != place.cloud) or (region and region != place.region):
             continue
-        pinned = {**entry, **where}
+        pinned = {k: v for k, v in entry.items() if k not in ("cloud", "region", "zone")} | {"infra": infra}
         if pinned not in out:
             out.append(pinned)
     return out

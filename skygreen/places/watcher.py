@@ -116,17 +116,21 @@ def market_places(market: Market, terms: DeadlineTerms, *, now_s: float, launche
 
 
 def offer_places(offers: Sequence[Mapping[str, Any]]) -> RunPlaces | None:
-    """The regions of the plan's offers, each at its best spot and on-demand price; None for fewer
-    than two (the single-place policy holds such a run)."""
+    """The regions of the plan's offers, each at the price of its best offer per hour of the run's
+    work (a slower GPU's hour does less of it: its prices are scaled by its compute hours over the
+    best offer's); None for fewer than two regions (the single-place policy holds such a run)."""
     best: dict[tuple[str, str], PlacePrice] = {}
+    reference_h = next((float(o["compute_hours"]) for o in offers if o.get("compute_hours")), None)
     for o in offers:
         spot, od = o.get("spot_price_usd_per_hour"), o.get("on_demand_price_usd_per_hour")
         if not o.get("cloud") or not o.get("region") or spot is None or od is None:
             continue
         key = (str(o["cloud"]), str(o["region"]))
         nodes = int(o.get("num_nodes") or 1)
+        slower = float(o["compute_hours"]) / reference_h if reference_h and o.get("compute_hours") else 1.0
         price = PlacePrice(place=Place(cloud=key[0], region=key[1], offer=str(o.get("instance_type") or ""), nodes=nodes),
-                           spot_usd_per_hour=float(spot) * nodes, on_demand_usd_per_hour=float(od) * nodes)  # fmt: skip
+                           spot_usd_per_hour=float(spot) * nodes * slower,
+                           on_demand_usd_per_hour=float(od) * nodes * slower)  # fmt: skip
         if key not in best or price.spot_usd_per_hour < best[key].spot_usd_per_hour:
             best[key] = price
     if len(best) < 2:
@@ -184,6 +188,8 @@ class Roam:
         available = list(places.available)
         if here >= 0 and spot and job_state == "RUNNING":
             available[here] = True
+        elif here >= 0 and spot and job_state in _WAITING and self._waited_past_changeover():
+            available[here] = False  # a spot launch that found no capacity: the next place is tried
         journey, preempted = self._learn(journey, here, spot=bool(spot), job_state=job_state, state=state)
         mode = current_mode(spot=spot, state=job_state, spot_available=available[here] if here >= 0 else None)
         if here < 0 and mode is not Mode.IDLE:  # where the job landed is not known yet
@@ -223,9 +229,11 @@ class Roam:
         save_journey(self.run_dir, journey)
         alive = job_state in _ALIVE
         same_place = choice.place == here or choice.mode is Mode.IDLE
-        if alive:
-            wait_for_spot = choice.mode is Mode.IDLE and spot
-            if (choice.mode is mode and same_place) or wait_for_spot:
+        if alive:  # a spot job (running or queued for capacity) stays when spot here, or waiting, is the choice
+            on_spot_here = (
+                spot and same_place and choice.mode in (Mode.SPOT, Mode.IDLE) and available[here] is not False
+            )
+            if (choice.mode is mode and same_place) or on_spot_here or (choice.mode is Mode.IDLE and spot):
                 return
             self._cancel(journey, state, choice.place, choice.mode, here, choice.reason, choice.scores_usd_per_hour)
         elif choice.mode is not Mode.IDLE:
@@ -246,6 +254,12 @@ class Roam:
                 return places.index(Place(cloud=status.cloud.lower(), region=status.region))
             return -1
         return -1 if places.landed is None else places.landed
+
+    def _waited_past_changeover(self) -> bool:
+        """The latest launch has waited for capacity longer than a changeover (provisioning is part of it)."""
+        launches = self.record.launches
+        started = launches[-1].started_at_s if launches else None
+        return started is not None and self.now_s - started > self.terms.changeover_h * 3600.0
 
     def _learn(
         self, journey: Journey, here: int, *, spot: bool, job_state: str, state: WatchState
