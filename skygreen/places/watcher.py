@@ -180,9 +180,11 @@ class Roam:
         journey = load_journey(self.run_dir) or Journey()
         spot = record.launches[-1].spot if record.launches else True
         here = places.index(journey.place)
-        if here < 0:
-            here = self._landed(places)
-            if here >= 0:
+        unpinned = len(record.launches) <= 1  # the first launch: SkyPilot places it, and may recover it elsewhere
+        if here < 0 or (unpinned and job_state == "RUNNING"):
+            landed = self._landed(places)
+            if landed >= 0:
+                here = landed
                 journey = dataclasses.replace(journey, place=place_json(places.prices[here].place),
                                               mode=Mode.SPOT.value if spot else Mode.ON_DEMAND.value)  # fmt: skip
         available = list(places.available)
