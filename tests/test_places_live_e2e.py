@@ -10,7 +10,7 @@ The clock (`SKYGREEN_TEST_CLOCK_FILE`) is moved by hand, holds at known steps
 `skygreen watch RUN --once`, so every decision happens when the test says. The test plays the
 cloud: it preempts the run (SIGTERM) when its zone goes.
 
-6 h of compute (300 steps, 50 a compute hour) are due in 12 h: deadline pressure stays low, so
+6 h of compute (150 steps, 25 a compute hour) are due in 12 h: deadline pressure stays low, so
 the nomad follows prices: the run lands in us-central1-a (cheapest with spot up), moves to
 us-east4-a when us-central1-a goes (within 15% of the cheapest listed price), and to
 europe-west4-a when that becomes cheaper than us-east4-a by more than its margin.
@@ -65,10 +65,10 @@ def env(private_home, tmp_path):
     release = tmp_path / "release"
     release.mkdir()
     environ = {
-        **user_env(private_home, TINY_STEPS="300", PYTHONPATH=str(REPO)),  # the training imports this checkout
+        **user_env(private_home, TINY_STEPS="150", PYTHONPATH=str(REPO)),  # the training imports this checkout
         CLOCK_ENV: str(clock),
         TRACE_ENV: str(write_market(tmp_path / "market")),
-        HOLD_ENV: "100,150",
+        HOLD_ENV: "50,75",
         RELEASE_ENV: str(release),
     }
     yield environ
@@ -93,7 +93,7 @@ def test_a_nomad_run_moves_twice_survives_a_watcher_killed_mid_move_and_ends_bit
     run_id = up.stdout.split("launched run ")[1].split()[0]
 
     # Hour 0: the first launch, unpinned, lands where spot is cheapest: us-central1-a. It stays.
-    held_at(env, run_id, 100)
+    held_at(env, run_id, 50)
     poll(env, run_id)
     assert journey(env, run_id)["place"]["name"] == "us-central1-a"
     assert status(env, run_id)["deadline"]["decision"] == "spot"
@@ -107,7 +107,7 @@ def test_a_nomad_run_moves_twice_survives_a_watcher_killed_mid_move_and_ends_bit
     (first,) = journey(env, run_id)["moves"]
     assert (first["src"]["name"], first["dst"]["name"], first["mode"]) == ("us-central1-a", "us-east4-a", "spot")
     assert first["reason"].startswith("availability: us-central1-a down; us-east4-a at $2.09/useful h"), first
-    held_at(env, run_id, 150)
+    held_at(env, run_id, 75)
     shown = status(env, run_id)["deadline"]
     assert shown["place"]["name"] == "us-east4-a" and shown["place_mode"] == "spot"
 
