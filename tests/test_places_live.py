@@ -15,10 +15,11 @@ from skygreen.deadline.policy import Mode
 from skygreen.launch.registry import Launch, RunRecord
 from skygreen.ledger.records import Place as LedgerPlace
 from skygreen.ledger.records import Segment
-from skygreen.places.journey import Journey, Move, measure, place_json
-from skygreen.places.live import PlacePrice, PlaceSeen, Situation, bill_egress_usd, choose
+from skygreen.places.journey import Journey, Move, PlaceSeen, measure, place_json
+from skygreen.places.live import PlacePrice, Situation, choose
 from skygreen.places.pin import bucket_for, pinned_task
 from skygreen.places.place import Market, Place
+from skygreen.places.rates import bill_egress_usd
 from skygreen.places.watcher import market_places, offer_places, run_places
 
 CENTRAL = Place(cloud="gcp", region="us-central1", zone="us-central1-a")

@@ -9,13 +9,17 @@ import json
 from helpers import cli
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.testing import FakeLauncher
-from test_deadline_watch import env, ledger_progress, record_of, set_clock, up_deadline, write_task  # noqa: F401
+from test_deadline_watch import CATALOG, env, ledger_progress, record_of, set_clock, write_task  # noqa: F401
 
 
 def test_a_run_whose_region_finds_no_spot_moves_to_the_next_region_pinned_there(env, tmp_path, capsys, s3_bucket):  # noqa: F811
     bucket = f"s3://{s3_bucket}/runs"
     task = write_task(tmp_path, bucket, regions=["us-central1", "us-east-1"], max_candidates=6)
-    run_id = up_deadline(capsys, env, task, "--deadline", "30h", "--no-watch")
+    code, out, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), "--deadline", "30h",
+                         "--no-watch")  # fmt: skip
+    assert code == 0, err
+    assert "places:      the nomad moves it between gcp us-central1, aws us-east-1" in out, out
+    run_id = out.split("launched run ")[1].split()[0]
     fake = FakeLauncher(env["fake"])
     first = fake.job("1")["task"]
     assert {e["infra"] for e in first["resources"]["ordered"]} == {"gcp/us-central1", "aws/us-east-1"}  # not pinned

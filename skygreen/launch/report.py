@@ -12,6 +12,7 @@ from skygreen.figures import amount
 from skygreen.launch.registry import RunRecord
 from skygreen.launch.runs import UpResult
 from skygreen.launch.status import RunStatus
+from skygreen.places.journey import plan_offers
 from skygreen.terminal import write_table
 from skygreen.timestamps import utc_now_iso
 
@@ -293,6 +294,10 @@ def _print_deadline_launch(record: RunRecord, result: UpResult, out: TextIO) -> 
         f"  deadline:    {terms.deadline_h:g} h, by {by} ({compute}; changeover {terms.changeover_h:.2f} h); "
         f"starts on spot, policy {terms.policy}\n"
     )
+    offers = plan_offers(record.spec_snapshot, record.plan_summary) if record.mode == "cloud" else []
+    if offers:
+        regions = ", ".join(dict.fromkeys(f"{o['cloud']} {o['region']}" for o in offers))
+        out.write(f"  places:      the nomad moves it between {regions}; `skygreen status` shows where it is\n")
     if result.watcher_pid is not None:  # its log sits in the run's folder, beside the task YAML
         out.write(
             f"  watcher:     pid {result.watcher_pid}, log {result.yaml_path.parent / LOG_FILE}; "

@@ -8,8 +8,9 @@ so whoever reads the bucket sees where the run went and what each move cost.
 A move is measured once the new life's first step is in the ledger: the bytes it restored, the
 changeover from the cancel (or, after a preemption, the relaunch) to that first step, and the
 dollars: the whole bill's transfer rate for those bytes between the two regions
-(`skygreen.places.live.bill_egress_usd`), plus the changeover billed at the new place's price.
-Until then its measured fields are None. Pure records, with their JSON and the run-folder file.
+(`skygreen.places.rates.bill_egress_usd`), plus the changeover billed at the new place's price.
+Until then its measured fields are None. Pure records, with their JSON and the run-folder file;
+no numpy at import, as `skygreen status` reads the journey.
 """
 
 from __future__ import annotations
@@ -18,15 +19,41 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skygreen.files import write_atomic
 from skygreen.ledger.changeover import changeover_of
-from skygreen.places.live import PlaceSeen, bill_egress_usd
-from skygreen.places.place import Place
+
+if TYPE_CHECKING:
+    from skygreen.places.place import Place
 
 JOURNEY_FILE = "journey.json"
 MOVES_PREFIX = "ledger/moves/"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlaceSeen:
+    """What the run has seen of one place: its lifetimes there, learned from its own launches."""
+
+    run_h: float = 0.0
+    """Hours the run ran on spot there."""
+    preemptions: int = 0
+    failed_at_s: float | None = None
+    """The last time a spot launch there found no capacity (clock seconds)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The watcher's memory of the place."""
+        return {"run_h": self.run_h, "preemptions": self.preemptions, "failed_at_s": self.failed_at_s}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlaceSeen:
+        """Back from `to_json`."""
+        failed = data.get("failed_at_s")
+        return cls(
+            run_h=float(data.get("run_h") or 0.0),
+            preemptions=int(data.get("preemptions") or 0),
+            failed_at_s=None if failed is None else float(failed),
+        )
 
 
 def place_json(place: Place) -> dict[str, Any]:
@@ -38,6 +65,8 @@ def place_of(data: Mapping[str, Any] | None) -> Place | None:
     """Back from `place_json`; None for none."""
     if not data:
         return None
+    from skygreen.places.place import Place  # numpy comes with it: only where a place is used
+
     return Place(cloud=str(data["cloud"]), region=str(data["region"]), zone=data.get("zone"))
 
 
@@ -108,6 +137,8 @@ def measure(move: Move, segments: Sequence[Any]) -> Move:
     changeover_s = max(seg.first_step_at - move.stopped_at, 0.0)
     restored = c.restore_bytes or 0
     src, dst = place_of(move.src), place_of(move.dst)
+    from skygreen.places.rates import bill_egress_usd
+
     egress = bill_egress_usd(src, dst, restored / 1e9) if src is not None and dst is not None else 0.0
     price = move.price_usd_per_hour or 0.0
     return replace(
@@ -201,6 +232,17 @@ def save_journey(run_dir: Path, journey: Journey) -> None:
 def move_key(move: Move) -> str:
     """The move's object key under the run's folder in the bucket."""
     return f"{MOVES_PREFIX}{move.number:04d}.json"
+
+
+def plan_offers(spec_snapshot: Mapping[str, Any], plan_summary: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The plan's offers a nomad moves a cloud run between: those in the regions the task names
+    (`skygreen.regions`), when it names two or more and they fall in two or more; else none (one
+    place: the single-place policy)."""
+    regions = (spec_snapshot.get("skygreen") or {}).get("regions") or ()
+    if len(regions) < 2:
+        return []
+    offers = [o for o in (plan_summary or {}).get("offers") or () if o.get("region") in regions]
+    return offers if len({(o.get("cloud"), o.get("region")) for o in offers}) >= 2 else []
 
 
 def journey_view(run_dir: Path) -> dict[str, Any] | None:

@@ -19,15 +19,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from skygreen.deadline.policy import Mode
+from skygreen.places.journey import PlaceSeen
 from skygreen.places.moves import MoveCosts, MoveTerms, changeover_s
 from skygreen.places.nomad import Nomad
 from skygreen.places.optimum import IDLE, OD, SPOT
 from skygreen.places.place import Market, Place
+from skygreen.places.rates import bill_egress_usd
 from skygreen.places.run import Now, Seen
 
 LIVE_TICK_S = 600.0
@@ -44,31 +45,6 @@ class PlacePrice:
     place: Place
     spot_usd_per_hour: float
     on_demand_usd_per_hour: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PlaceSeen:
-    """What the run has seen of one place: its lifetimes there, learned from its own launches."""
-
-    run_h: float = 0.0
-    """Hours the run ran on spot there."""
-    preemptions: int = 0
-    failed_at_s: float | None = None
-    """The last time a spot launch there found no capacity (clock seconds)."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The watcher's memory of the place."""
-        return {"run_h": self.run_h, "preemptions": self.preemptions, "failed_at_s": self.failed_at_s}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PlaceSeen:
-        """Back from `to_json`."""
-        failed = data.get("failed_at_s")
-        return cls(
-            run_h=float(data.get("run_h") or 0.0),
-            preemptions=int(data.get("preemptions") or 0),
-            failed_at_s=None if failed is None else float(failed),
-        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,21 +96,6 @@ class PlaceChoice:
     latched: bool = False
     found_down: tuple[int, ...] = ()
     """Places whose spot a market reading showed down when the choice tried them."""
-
-
-def bill_egress_usd(src: Place, dst: Place, gb: float) -> float:
-    """Dollars to bring `gb` of checkpoint from `src`'s region to `dst`: the whole bill's transfer
-    rate (`skygreen.bill.rates`), paid by the sender; 0 within one region."""
-    from skygreen.bill.rates import CLOUDS, transfer_usd
-    from skygreen.bill.rates import Place as BillPlace
-
-    if src.cloud not in CLOUDS or dst.cloud not in CLOUDS:
-        from skygreen.places.rates import egress_usd_per_gb
-
-        return gb * egress_usd_per_gb(src, dst)
-    return transfer_usd(
-        BillPlace(cloud=src.cloud, region=src.region), BillPlace(cloud=dst.cloud, region=dst.region), gb
-    )
 
 
 def live_moves(places: Sequence[Place], terms: MoveTerms, tick_s: float) -> MoveCosts:

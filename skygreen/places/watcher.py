@@ -49,6 +49,7 @@ from skygreen.places.journey import (
     move_key,
     place_json,
     place_of,
+    plan_offers,
     save_journey,
 )
 from skygreen.places.live import LIVE_TICK_S, PlacePrice, Situation, choose
@@ -149,11 +150,9 @@ def run_places(
             return None
         launched = record.launches[0].started_at_s if record.launches and record.launches[0].started_at_s else None
         return market_places(market, terms, now_s=now_s, launched_at_s=launched or terms.started_at_s)
-    regions = ((record.spec_snapshot or {}).get("skygreen") or {}).get("regions") or ()
-    if record.mode == "local" or len(regions) < 2:  # a task that names one region, or none, stays put
+    if record.mode == "local":
         return None
-    offers = (record.plan_summary or {}).get("offers") or ()
-    return offer_places([o for o in offers if o.get("region") in regions])
+    return offer_places(plan_offers(record.spec_snapshot, record.plan_summary))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
