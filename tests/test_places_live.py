@@ -57,6 +57,17 @@ def test_after_a_preemption_it_moves_to_a_place_within_its_price_and_says_why():
     assert east is not None and east == pytest.approx(2.087, abs=1e-3) and east <= c.accept_usd_per_hour
 
 
+def test_a_changeover_measured_on_a_cloud_makes_a_move_there_dearer():
+    seen = (PlaceSeen(), PlaceSeen(run_h=2.5, preemptions=1), PlaceSeen())
+    after = dict(available=(True, False, True), mode=Mode.IDLE, work_left_h=4.0, time_left_h=9.5, seen=seen,
+                 now_s=9000.0, preempted=True)  # fmt: skip
+    slow = choose(situation(**after, changeover_s_by_cloud={"gcp": 3600.0}))  # earlier runs took an hour there
+    quick = choose(situation(**after))
+    east_slow, east_quick = slow.scores_usd_per_hour["us-east4-a"], quick.scores_usd_per_hour["us-east4-a"]
+    assert east_slow is not None and east_quick is not None and east_slow > east_quick
+    assert (quick.mode, slow.mode) == (Mode.SPOT, Mode.IDLE)  # the hour-long changeover is not worth it yet
+
+
 def test_it_waits_for_the_cheap_place_while_slack_allows_rather_than_pay_more():
     c = choose(situation(places=prices(3.0, east=2.6), available=(True, False, True), mode=Mode.IDLE,
                          work_left_h=4.0, time_left_h=9.5, now_s=9000.0))  # fmt: skip

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from skygreen.costs.changeovers import measured_changeovers
 from skygreen.deadline.live import (
     MODE_WORDS,
     Action,
@@ -265,8 +266,10 @@ class Watch:
         if places is None:
             return None
         gb = sum(b.size for b in manifest.blobs.values()) / 1e9 if manifest is not None else 0.0
+        measured = measured_changeovers(record.task_path, registry=self.wiring.registry).seconds
+        by_cloud = {key: s for key, s in measured.items() if "/" not in key}  # per cloud, all its GPUs
         return Roam(wiring=self.wiring, record=record, terms=terms, places=places, now_s=now_s, say=self.say,
-                    checkpoint_gb=gb)  # fmt: skip
+                    checkpoint_gb=gb, changeover_s_by_cloud=by_cloud)  # fmt: skip
 
     def _progress(self, record: RunRecord) -> Progress | None:
         """The run's progress from its ledger; None when the bucket did not answer this time."""

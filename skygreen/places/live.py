@@ -65,6 +65,9 @@ class Situation:
     now_s: float
     latched: bool = False
     """The safety net fired at an earlier poll: on-demand to the end."""
+    changeover_s_by_cloud: Mapping[str, float] = field(default_factory=dict)
+    """Changeovers measured by earlier runs of the task, per cloud (`skygreen.costs.changeovers`),
+    in place of `changeover_h` for a launch there."""
     preempted: bool = False
     tick_s: float = LIVE_TICK_S
 
@@ -129,7 +132,9 @@ def choose(s: Situation, *, nomad: Nomad | None = None) -> PlaceChoice:
         spot_usd_per_hour=np.array([[p.spot_usd_per_hour] for p in s.places], dtype=float),
         on_demand_usd_per_hour=np.array([p.on_demand_usd_per_hour for p in s.places], dtype=float),
     )
-    moves = live_moves(places, MoveTerms(checkpoint_gb=s.checkpoint_gb, changeover_s=s.changeover_h * 3600.0), s.tick_s)
+    terms = MoveTerms(checkpoint_gb=s.checkpoint_gb, changeover_s=s.changeover_h * 3600.0,
+                      changeover_s_by_cloud=s.changeover_s_by_cloud)  # fmt: skip
+    moves = live_moves(places, terms, s.tick_s)
     work = max(math.ceil(s.work_left_h / tick_h - 1e-9), 1)
     time_left = math.floor(s.time_left_h / tick_h + 1e-9)
     nomad.reset(market, moves, work, time_left)

@@ -166,6 +166,7 @@ class Roam:
     now_s: float
     say: Callable[[str], None]
     checkpoint_gb: float = 0.0
+    changeover_s_by_cloud: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
@@ -214,6 +215,7 @@ class Roam:
             places=places.prices, available=tuple(available), at=here, mode=mode,
             work_left_h=compute_h * (1.0 - fraction), time_left_h=(self.terms.deadline_at_s - self.now_s) / 3600.0,
             changeover_h=self.terms.changeover_h, checkpoint_gb=self.checkpoint_gb,
+            changeover_s_by_cloud=self.changeover_s_by_cloud,
             seen=tuple(journey.seen_at(p.place.name) for p in places.prices), now_s=self.now_s,
             latched=journey.latched, preempted=preempted, tick_s=places.tick_s,
         )  # fmt: skip
@@ -314,7 +316,10 @@ class Roam:
         record = self.record
         place = self.places.prices[target].place
         path = Path(record.task_yaml)
-        task = yaml.safe_load(path.read_text(encoding="utf-8"))
+        try:
+            task = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as e:
+            raise SkygreenError(f"run {record.run_id}: cannot read its rendered task {path} to relaunch it: {e}") from e
         write_atomic(path, to_yaml(pinned_task(task, place, bucket=bucket_for(place, record.bucket))))
         spot = mode is Mode.SPOT
         launched_at = time.time()
