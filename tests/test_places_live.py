@@ -13,6 +13,7 @@ from skygreen.bill.rates import transfer_usd
 from skygreen.deadline.live import DeadlineTerms
 from skygreen.deadline.policy import Mode
 from skygreen.launch.registry import Launch, RunRecord
+from skygreen.ledger.place import current_place
 from skygreen.ledger.records import Place as LedgerPlace
 from skygreen.ledger.records import Segment
 from skygreen.places.journey import Journey, Move, PlaceSeen, measure, place_json
@@ -151,6 +152,12 @@ def test_a_move_is_measured_from_the_new_lifes_first_step():
     journey = Journey(place=place_json(EUROPE), mode="spot", seen={"us-central1-a": PlaceSeen(run_h=2.0, preemptions=1)},
                       moves=(done,))  # fmt: skip
     assert Journey.from_json(journey.to_json()) == journey
+
+
+def test_a_local_lifes_ledger_place_says_which_region_it_stood_for():
+    here = current_place({"SKYGREEN_PLACE": "gcp/us-east4/us-east4-a", "SKYGREEN_CAPACITY": "spot"}, gpu=None)
+    assert (here.cloud, here.region, here.zone, here.spot) == ("local", "us-east4", "us-east4-a", True)
+    assert (current_place({}, gpu=None).region, current_place({}, gpu=None).zone) == (None, None)
 
 
 def market() -> Market:

@@ -136,8 +136,10 @@ class Watch:
         current = run_state(record, wiring=self.wiring)  # the job and the checkpoint; no spend, no views
         roam = self._roam(record, terms, now_s, current.manifest)  # a run with several places: the nomad
         ended = self._ended(record, current.state, current.completed, state, terms, now_s)
-        if roam is not None and (segments := self._segments(record, then="measuring its moves later")) is not None:
-            settle_moves(roam, segments)
+        if roam is not None and roam.moves_to_measure:
+            segments = self._segments(record, then="measuring its moves at the next poll")
+            if segments is not None:
+                settle_moves(roam, segments)
         if ended is not None:
             elapsed_h = (ended.at_s - terms.started_at_s) / 3600.0
             save_state(

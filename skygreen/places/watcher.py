@@ -173,6 +173,12 @@ class Roam:
         """The run's folder on this machine."""
         return self.wiring.registry.run_dir(self.record.run_id)
 
+    @property
+    def moves_to_measure(self) -> bool:
+        """A move whose new life's first step has not been seen in the ledger yet."""
+        journey = load_journey(self.run_dir)
+        return journey is not None and not all(m.measured for m in journey.moves)
+
     def poll(self, state: WatchState, *, job_state: str, progress: Progress | None) -> None:
         """Decide and take at most one step (module docstring)."""
         record, places = self.record, self.places
