@@ -65,3 +65,5 @@ def test_a_run_whose_region_finds_no_spot_moves_to_the_next_region_pinned_there(
     code, out, err = cli(capsys, "status", run_id)
     assert "place" in out and "aws us-east-1, spot" in out and "move 1" in out and "us-central1 -> us-east-1" in out
     assert [launch["spot"] for launch in record_of(env, run_id)["launches"]] == [True, True]
+    code, out, err = cli(capsys, "status")
+    assert out.splitlines()[1].endswith("29.0h left, spot at us-east-1 (no watcher)"), out
