@@ -18,6 +18,7 @@ def test_a_run_whose_region_finds_no_spot_moves_to_the_next_region_pinned_there(
     code, out, err = cli(capsys, "up", str(task), "--no-smoke", "--catalog", str(CATALOG), "--deadline", "30h",
                          "--no-watch")  # fmt: skip
     assert code == 0, err
+    assert "starts on spot, policy nomad" in out
     assert "places:      the nomad moves it between gcp us-central1, aws us-east-1" in out, out
     run_id = out.split("launched run ")[1].split()[0]
     fake = FakeLauncher(env["fake"])
@@ -43,6 +44,7 @@ def test_a_run_whose_region_finds_no_spot_moves_to_the_next_region_pinned_there(
     code, out, err = cli(capsys, "status", run_id, "--json")
     shown = json.loads(out)["deadline"]
     assert shown["place"]["region"] == "us-central1" and shown["moving_to"]["region"] == "us-east-1"
+    assert shown["policy"] == "nomad"
 
     code, out, err = cli(capsys, "watch", run_id, "--once")
     assert code == 0, err

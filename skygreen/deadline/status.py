@@ -54,6 +54,8 @@ def deadline_status(record: RunRecord, *, run_dir: Path, now_s: float) -> dict[s
         },
     }
     journey = journey_view(run_dir)  # a run with several places: where it is and why it moved
+    if journey:  # the nomad holds a run with several places, whatever single-place policy it was given
+        view["policy"] = "nomad"
     view["place"] = journey["place"] if journey else None
     view["place_mode"] = journey["place_mode"] if journey else None
     view["moving_to"] = journey["moving_to"] if journey else None

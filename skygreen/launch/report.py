@@ -290,11 +290,11 @@ def _print_deadline_launch(record: RunRecord, result: UpResult, out: TextIO) -> 
     terms = DeadlineTerms.from_json(record.deadline or {})
     by = datetime.fromtimestamp(terms.deadline_at_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     compute = f"{terms.compute_h:.3g} h of compute" if terms.compute_h else "compute measured as it runs"
+    offers = plan_offers(record.spec_snapshot, record.plan_summary) if record.mode == "cloud" else []
     out.write(
         f"  deadline:    {terms.deadline_h:g} h, by {by} ({compute}; changeover {terms.changeover_h:.2f} h); "
-        f"starts on spot, policy {terms.policy}\n"
+        f"starts on spot, policy {'nomad' if offers else terms.policy}\n"
     )
-    offers = plan_offers(record.spec_snapshot, record.plan_summary) if record.mode == "cloud" else []
     if offers:
         regions = ", ".join(dict.fromkeys(f"{o['cloud']} {o['region']}" for o in offers))
         out.write(f"  places:      the nomad moves it between {regions}; `skygreen status` shows where it is\n")
