@@ -12,6 +12,7 @@ from skygreen.bill.rates import Place as BillPlace
 from skygreen.bill.rates import transfer_usd
 from skygreen.deadline.live import DeadlineTerms
 from skygreen.deadline.policy import Mode
+from skygreen.errors import InputError
 from skygreen.launch.registry import Launch, RunRecord
 from skygreen.ledger.place import current_place
 from skygreen.ledger.records import Place as LedgerPlace
@@ -221,3 +222,8 @@ def test_a_task_that_names_fewer_than_two_regions_keeps_the_single_place_policy(
     single = tmp_path / "trace.json"
     single.write_text('{"metadata": {"gap_seconds": 3600}, "data": [1, 1]}')
     assert run_places(record(mode="local"), TERMS, {"SKYGREEN_TEST_SPOT_TRACE": str(single)}, now_s=0.0) is None
+    broken = tmp_path / "market" / "us-east4-a_h100_16"
+    broken.mkdir(parents=True)
+    (broken / "full.json").write_text('{"data": [0]}')  # no metadata
+    with pytest.raises(InputError, match=r"SKYGREEN_TEST_SPOT_TRACE=.*not a multi-region market"):
+        run_places(record(mode="local"), TERMS, {"SKYGREEN_TEST_SPOT_TRACE": str(broken.parent)}, now_s=0.0)

@@ -34,7 +34,7 @@ import yaml
 from skygreen.deadline.live import MODE_WORDS, DeadlineTerms, Decision, Progress, current_mode, needed_compute_h
 from skygreen.deadline.policy import Mode
 from skygreen.deadline.watch_state import WatchState, save_state, user_cancelled
-from skygreen.errors import SkygreenError, StoreError
+from skygreen.errors import InputError, SkygreenError, StoreError
 from skygreen.files import write_atomic
 from skygreen.launch import runs
 from skygreen.launch.bucket import within_deadline
@@ -92,7 +92,15 @@ def replayed_market(environ: Mapping[str, str]) -> Market | None:
         return None
     from skygreen.places.traces import is_market, load_market
 
-    return load_market(Path(path)) if is_market(Path(path)) else None
+    if not is_market(Path(path)):
+        return None
+    try:
+        return load_market(Path(path))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(
+            f"{TRACE_ENV}={path}: not a multi-region market ({e})\n"
+            "  fix: name a trace `skygreen simulate` reads as one (the H100 archive or folder, the V100 folder)"
+        ) from e
 
 
 def market_places(market: Market, terms: DeadlineTerms, *, now_s: float, launched_at_s: float) -> RunPlaces:
