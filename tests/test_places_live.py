@@ -94,6 +94,9 @@ def test_the_safety_net_takes_on_demand_where_it_finishes_cheapest_and_holds():
     assert c.reason.startswith("safety net")
     later = choose(situation(places=od, mode=Mode.ON_DEMAND, work_left_h=1.0, time_left_h=9.0, latched=True))
     assert (later.mode, later.place) == (Mode.ON_DEMAND, 1)  # latched: no way back to spot
+    pressed = choose(situation(places=od, mode=Mode.ON_DEMAND, work_left_h=5.0, time_left_h=6.0))
+    assert (pressed.mode, pressed.place) == (Mode.ON_DEMAND, 1)
+    assert pressed.reason.startswith("stay on on-demand at us-central1-a: pressure")
 
 
 def test_a_situation_that_does_not_add_up_is_refused():

@@ -195,6 +195,8 @@ def _with_reason(c: PlaceChoice, s: Situation, places: tuple[Place, ...]) -> Pla
         best = min(range(len(places)), key=lambda r: c.scores_usd_per_hour[places[r].name] or math.inf)
         downs = f"{down} down; " if down else ""
         reason = f"wait: {downs}cheapest {places[best].name} at {score(best)} ({pressure})"
+    elif c.mode is Mode.ON_DEMAND:
+        reason = f"stay on on-demand at {here}: pressure {c.pressure:.2f} too high to leave"
     else:
         reason = f"stay at {here or 'no place'}: nothing better by the margin ({pressure})"
     return PlaceChoice(mode=c.mode, place=c.place, reason=reason, scores_usd_per_hour=c.scores_usd_per_hour,
