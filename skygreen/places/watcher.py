@@ -22,6 +22,7 @@ the new life's first step is in the ledger.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -363,8 +364,6 @@ class Roam:
 
     def write_move(self, move: Move) -> None:
         """The move into the run's ledger in its bucket; a bucket that does not answer is told, not fatal."""
-        import json
-
         record = self.record
         data = json.dumps(move.to_json(), sort_keys=True).encode("utf-8")
         try:
