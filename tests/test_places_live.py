@@ -3,10 +3,12 @@ its measured moves, and which runs have several places."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from skygreen.bill.rates import Place as BillPlace
 from skygreen.bill.rates import transfer_usd
@@ -14,6 +16,7 @@ from skygreen.deadline.live import DeadlineTerms
 from skygreen.deadline.policy import Mode
 from skygreen.errors import InputError
 from skygreen.launch.registry import Launch, RunRecord
+from skygreen.launch.render import to_yaml
 from skygreen.ledger.place import current_place
 from skygreen.ledger.records import Place as LedgerPlace
 from skygreen.ledger.records import Segment
@@ -132,8 +135,25 @@ def test_a_relaunch_is_pinned_to_its_place_keeping_only_the_candidates_there():
     assert pinned["envs"] == {"SKYGREEN_RUN_ID": "r", "SKYGREEN_PLACE": "gcp/us-east4/us-east4-a",
                               "SKYGREEN_BUCKET": "s3://b/runs"}  # fmt: skip
     assert task["resources"]["ordered"][0] == {"infra": "gcp/us-east4", "accelerators": "L4:1"}  # a copy
-    nowhere = pinned_task(task, EUROPE, bucket="s3://b/runs")
-    assert nowhere["resources"] == {"use_spot": True, "infra": "gcp/europe-west4/europe-west4-a"}
+    nowhere = pinned_task(task, EUROPE, bucket="s3://b/runs")  # no candidate there: the GPUs are kept
+    assert nowhere["resources"]["ordered"] == [
+        {"infra": "gcp/europe-west4/europe-west4-a", "accelerators": "L4:1"},
+        {"infra": "gcp/europe-west4/europe-west4-a", "accelerators": "T4:1"},
+    ]
+    local = pinned_task({"resources": {}, "run": "python train.py"}, EUROPE, bucket="/tmp/b")
+    assert local["resources"] == {"infra": "gcp/europe-west4/europe-west4-a"}
+
+
+def test_skypilot_accepts_a_pinned_relaunch(sky):
+    task = {"name": "t", "run": "python train.py", "envs": {"SKYGREEN_RUN_ID": "r"}, "resources": {
+        "use_spot": True, "ordered": [{"infra": "gcp/us-east4", "accelerators": "L4:1", "use_spot": True},
+                                      {"infra": "aws/us-east-1", "accelerators": "L4:1", "use_spot": True}]}}  # fmt: skip
+    pinned = pinned_task(task, EAST, bucket="s3://b/runs")
+    parsed = sky.Task.from_yaml_config(copy.deepcopy(yaml.safe_load(to_yaml(pinned))))
+    assert [(str(r.cloud), r.region, r.zone, r.use_spot) for r in parsed.resources] == [
+        ("GCP", "us-east4", "us-east4-a", True)
+    ]
+    assert parsed.envs["SKYGREEN_PLACE"] == "gcp/us-east4/us-east4-a"
 
 
 def segment(started_at: float, **kw) -> Segment:

@@ -37,8 +37,9 @@ def pinned_task(task: Mapping[str, Any], place: Place, *, bucket: str) -> dict[s
     """`task` relaunched at `place`, checkpointing to `bucket`.
 
     The plan's candidates (`ordered` or `any_of`) in another cloud or region are dropped and the
-    rest pinned to the place (SkyPilot's `infra: cloud/region[/zone]`); a task with no candidate
-    there is pinned on its resources alone.
+    rest pinned to the place (SkyPilot's `infra: cloud/region[/zone]`); where none is there, every
+    candidate is pinned there (its GPUs are what the task needs); a task with no candidates (a
+    local one) is pinned on its resources.
     """
     out = copy.deepcopy(dict(task))
     resources = out.get("resources")
@@ -49,7 +50,7 @@ def pinned_task(task: Mapping[str, Any], place: Place, *, bucket: str) -> dict[s
             entries = resources.get(key)
             if not entries:
                 continue
-            here = _pinned_entries(entries, place, infra)
+            here = _pinned_entries(entries, place, infra) or _pinned_entries(entries, None, infra)
             if here:
                 resources[key] = here
                 kept = True
@@ -74,14 +75,14 @@ def _where(entry: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return (str(cloud).lower() if cloud else None), entry.get("region")
 
 
-def _pinned_entries(entries: Any, place: Place, infra: str) -> list[Any]:
-    """The candidates that can run at `place`, each pinned there, each once."""
+def _pinned_entries(entries: Any, place: Place | None, infra: str) -> list[Any]:
+    """The candidates that can run at `place` (None: every one), each pinned to `infra`, each once."""
     out: list[Any] = []
     for entry in entries:
         if not isinstance(entry, Mapping):
             continue
         cloud, region = _where(entry)
-        if (cloud and cloud != place.cloud) or (region and region != place.region):
+        if place is not None and ((cloud and cloud != place.cloud) or (region and region != place.region)):
             continue
         pinned = {k: v for k, v in entry.items() if k not in ("cloud", "region", "zone")} | {"infra": infra}
         if pinned not in out:
