@@ -31,7 +31,9 @@ from skygreen.checkpoint.lease import read_lease
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.deadline.clock import CLOCK_ENV
 from skygreen.deadline.market import TRACE_ENV
+from skygreen.launch.registry import LAUNCH_LOCK_FILE
 from skygreen.ledger.io import read_ledger
+from skygreen.locks import exclusive_lock
 from skygreen.runtime.hold import HOLD_ENV, RELEASE_ENV
 from test_deadline_local_e2e import SKYGREEN, T0, TINY, _stop_leftovers, held_at, record, run_dir, set_clock
 from test_local_e2e import REPO, skygreen, status
@@ -112,17 +114,20 @@ def test_a_nomad_run_moves_twice_survives_a_watcher_killed_mid_move_and_ends_bit
     assert shown["place"]["name"] == "us-east4-a" and shown["place_mode"] == "spot"
 
     # Hour 4.5: europe-west4-a drops to $1/h. A watcher cancels the run to move there and is
-    # killed before it relaunches it (it sleeps a changeover between polls).
+    # killed before it relaunches it: the test holds the run's relaunch lock meanwhile, so the
+    # relaunch cannot happen first whatever the machine's load.
     set_clock(env, 4.5)
     job = record(env, run_id)["launches"][-1]["job_id"]
-    watcher = subprocess.Popen([*SKYGREEN, "watch", run_id, "--poll", "1h"], env=env, cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        state = run_dir(env, run_id) / "watch.json"
-        wait_for(lambda: json.loads(state.read_text()).get("cancelled_job") == job, "the cancel half of the move")
-    finally:
-        watcher.send_signal(signal.SIGKILL)
-        out, _ = watcher.communicate(timeout=60)
+    with exclusive_lock(run_dir(env, run_id) / LAUNCH_LOCK_FILE, wait_s=60) as taken:
+        assert taken
+        watcher = subprocess.Popen([*SKYGREEN, "watch", run_id, "--poll", "1s"], env=env, cwd=REPO,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            state = run_dir(env, run_id) / "watch.json"
+            wait_for(lambda: json.loads(state.read_text()).get("cancelled_job") == job, "the cancel half of the move")
+        finally:
+            watcher.send_signal(signal.SIGKILL)
+            out, _ = watcher.communicate(timeout=60)
     assert "us-east4-a -> spot at europe-west4-a (price:" in out, out
     assert len(record(env, run_id)["launches"]) == 2 and status(env, run_id)["state"] != "RUNNING"
     assert journey(env, run_id)["target"]["name"] == "europe-west4-a"
