@@ -140,6 +140,10 @@ def test_a_relaunch_is_pinned_to_its_place_keeping_only_the_candidates_there():
         {"infra": "gcp/europe-west4/europe-west4-a", "accelerators": "L4:1"},
         {"infra": "gcp/europe-west4/europe-west4-a", "accelerators": "T4:1"},
     ]
+    back = pinned_task(pinned, CENTRAL, bucket="s3://b/runs", rendered=task)  # every candidate again
+    assert back["resources"]["ordered"] == [{"infra": "gcp/us-central1/us-central1-a", "accelerators": "L4:1"}]
+    on_demand = {**pinned, "resources": {**pinned["resources"], "use_spot": False}}
+    assert pinned_task(on_demand, CENTRAL, bucket="s3://b/runs", rendered=task)["resources"]["use_spot"] is False
     local = pinned_task({"resources": {}, "run": "python train.py"}, EUROPE, bucket="/tmp/b")
     assert local["resources"] == {"infra": "gcp/europe-west4/europe-west4-a"}
 

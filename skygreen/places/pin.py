@@ -33,8 +33,12 @@ def place_env(place: Place) -> str:
     return "/".join(p for p in (place.cloud, place.region, place.zone) if p)
 
 
-def pinned_task(task: Mapping[str, Any], place: Place, *, bucket: str) -> dict[str, Any]:
-    """`task` relaunched at `place`, checkpointing to `bucket`.
+def pinned_task(
+    task: Mapping[str, Any], place: Place, *, bucket: str, rendered: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """`task` relaunched at `place`, checkpointing to `bucket`; its candidates are taken from
+    `rendered` (the task as `up` rendered it, before any pin) where given, so a run pinned to one
+    region finds every candidate of the plan again for the next.
 
     The plan's candidates (`ordered` or `any_of`) in another cloud or region are dropped and the
     rest pinned to the place (SkyPilot's `infra: cloud/region[/zone]`); where none is there, every
@@ -42,6 +46,8 @@ def pinned_task(task: Mapping[str, Any], place: Place, *, bucket: str) -> dict[s
     local one) is pinned on its resources.
     """
     out = copy.deepcopy(dict(task))
+    if rendered is not None and isinstance(rendered.get("resources"), Mapping):
+        out["resources"] = {**copy.deepcopy(dict(rendered["resources"])), **_capacity(out.get("resources"))}
     resources = out.get("resources")
     infra = place_env(place)
     if isinstance(resources, dict):
@@ -64,6 +70,11 @@ def pinned_task(task: Mapping[str, Any], place: Place, *, bucket: str) -> dict[s
     envs[PLACE_ENV] = infra
     envs[BUCKET_ENV] = bucket
     return out
+
+
+def _capacity(resources: Any) -> dict[str, Any]:
+    """The capacity the current task asks for (`use_spot`), which a relaunch keeps."""
+    return {"use_spot": resources["use_spot"]} if isinstance(resources, Mapping) and "use_spot" in resources else {}
 
 
 def _where(entry: Mapping[str, Any]) -> tuple[str | None, str | None]:

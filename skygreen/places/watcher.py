@@ -60,6 +60,8 @@ from skygreen.places.place import Market, Place
 TRACE_ENV = "SKYGREEN_TEST_SPOT_TRACE"
 """The replayed market (`skygreen.deadline.market.TRACE_ENV`); here when it names a multi-region one."""
 LEDGER_WRITE_DEADLINE_S = 30.0
+RENDERED_FILE = "task-unpinned.yaml"
+"""The run's task as `up` rendered it, kept in its folder before the first pin."""
 _ALIVE = {"PENDING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING"}
 _WAITING = {"PENDING", "STARTING", "RECOVERING"}
 
@@ -335,7 +337,12 @@ class Roam:
             task = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as e:
             raise SkygreenError(f"run {record.run_id}: cannot read its rendered task {path} to relaunch it: {e}") from e
-        write_atomic(path, to_yaml(pinned_task(task, place, bucket=bucket_for(place, record.bucket))))
+        rendered = self.run_dir / RENDERED_FILE  # the plan's every candidate, kept before the first pin
+        if not rendered.exists():
+            write_atomic(rendered, to_yaml(task))
+        first = yaml.safe_load(rendered.read_text(encoding="utf-8"))
+        pinned = pinned_task(task, place, bucket=bucket_for(place, record.bucket), rendered=first)
+        write_atomic(path, to_yaml(pinned))
         spot = mode is Mode.SPOT
         launched_at = time.time()
         relaunched = runs.resume(record.run_id, spot=spot, wiring=self.wiring)
