@@ -319,9 +319,9 @@ def watch(
 
 def _market(environ: Mapping[str, str]) -> Callable[[DeadlineTerms], Callable[[float], bool]] | None:
     """A replayed spot market from `SKYGREEN_TEST_SPOT_TRACE`, or None (availability is inferred)."""
-    from skygreen.deadline.market import TRACE_ENV, TraceMarket
+    from skygreen.deadline.market import TRACE_ENV, TraceMarket, single_trace
 
-    path = environ.get(TRACE_ENV)
+    path = single_trace(environ)
     if not path:
         return None
     from skygreen.errors import InputError

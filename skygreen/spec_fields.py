@@ -258,7 +258,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         path="skygreen.regions",
         type="list of strings",
         default="every region",
-        doc="Keep only offers in these regions (cloud region names such as `us-east-1`).",
+        doc="Keep only offers in these regions (cloud region names such as `us-east-1`). With two or more "
+        "and a deadline, the watcher moves the run between them (docs/multi-region.md).",
     ),
     TaskField(
         path="skygreen.spot",

@@ -31,7 +31,7 @@ CORE = (
     "fields", "spec", "gpus", "plan.catalog", "plan.cost", "plan.carbon", "plan.rank",
     "launch.render", "launch.registry", "launch.launcher", "launch.runs",
     "checkpoint.keep", "checkpoint.manifest", "checkpoint.interval", "checkpoint.gc", "checkpoint.store",
-    "runtime.precision", "runtime.early_stop",
+    "runtime.precision", "runtime.early_stop", "deadline.status", "places.journey",
 )  # fmt: skip
 
 

@@ -11,7 +11,9 @@ nodes are available, and after the trace ends spot is unavailable. The market on
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from skygreen.plan.replay import SpotTrace
 
@@ -32,3 +34,14 @@ class TraceMarket:
         if tick < 0 or tick >= len(self.trace.counts):
             return False
         return self.trace.counts[tick] >= self.nodes
+
+
+def single_trace(environ: Mapping[str, str]) -> str | None:
+    """The trace `SKYGREEN_TEST_SPOT_TRACE` names, unless it is a multi-region market (the nomad
+    watcher reads that one itself, `skygreen.places.watcher`); None when unset."""
+    path = environ.get(TRACE_ENV)
+    if not path:
+        return None
+    from skygreen.places.traces import is_market
+
+    return None if is_market(Path(path)) else path

@@ -1,5 +1,6 @@
 """The deadline part of `skygreen status`: progress against the deadline, the policy's current
-decision, and whether the watcher that acts on it is running.
+decision, and whether the watcher that acts on it is running; for a run with several places,
+where it is and every move it made, with the policy's reason (`skygreen.places.journey`).
 
 Progress and the decision are the watcher's latest poll (`watch.json` in the run's folder):
 status does not decide anything itself, it shows what the watcher last saw and did. Time left
@@ -15,6 +16,7 @@ from typing import Any
 from skygreen.deadline.live import DeadlineTerms
 from skygreen.deadline.watch_state import load_state, watcher_running
 from skygreen.launch.registry import RunRecord
+from skygreen.places.journey import journey_view
 
 
 def deadline_status(record: RunRecord, *, run_dir: Path, now_s: float) -> dict[str, Any] | None:
@@ -51,4 +53,11 @@ def deadline_status(record: RunRecord, *, run_dir: Path, now_s: float) -> dict[s
             "ended_at_h": state.ended_at_h,
         },
     }
+    journey = journey_view(run_dir)  # a run with several places: where it is and why it moved
+    if journey:  # the nomad holds a run with several places, whatever single-place policy it was given
+        view["policy"] = "nomad"
+    view["place"] = journey["place"] if journey else None
+    view["place_mode"] = journey["place_mode"] if journey else None
+    view["moving_to"] = journey["moving_to"] if journey else None
+    view["moves"] = journey["moves"] if journey else []
     return view

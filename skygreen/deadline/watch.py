@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
+from skygreen.costs.changeovers import measured_changeovers
 from skygreen.deadline.live import (
     MODE_WORDS,
     Action,
@@ -47,6 +49,7 @@ from skygreen.launch.status import BUDGET_STATE, run_state
 from skygreen.launch.wiring import Wiring, launcher_for
 from skygreen.ledger.io import read_ledger
 from skygreen.ledger.records import Segment
+from skygreen.places.watcher import Roam, run_places, settle_moves
 
 LEDGER_READ_DEADLINE_S = 30.0
 """A poll gives up reading the ledger after this long and decides at the next one."""
@@ -131,7 +134,12 @@ class Watch:
         first_look = state.heartbeat_at_s is None
         state = dataclasses.replace(state, heartbeat_at_s=now_s, pid=os.getpid())
         current = run_state(record, wiring=self.wiring)  # the job and the checkpoint; no spend, no views
+        roam = self._roam(record, terms, now_s, current.manifest)  # a run with several places: the nomad
         ended = self._ended(record, current.state, current.completed, state, terms, now_s)
+        if roam is not None and roam.moves_to_measure:
+            segments = self._segments(record, then="measuring its moves at the next poll")
+            if segments is not None:
+                settle_moves(roam, segments)
         if ended is not None:
             elapsed_h = (ended.at_s - terms.started_at_s) / 3600.0
             save_state(
@@ -156,6 +164,9 @@ class Watch:
         if observed:
             state = dataclasses.replace(state, availability=state.availability.record(now_s, available))
         progress = self._progress(record)
+        if roam is not None:
+            roam.poll(state, job_state=job_state, progress=progress)
+            return None
         mode = current_mode(spot=spot, state=job_state, spot_available=available)
         decision = None
         if progress is not None:
@@ -250,6 +261,17 @@ class Watch:
         if user_cancelled(self.wiring.registry.run_dir(record.run_id)):
             return done(f"run {record.run_id} was cancelled by the user; the watcher stops", 0, "cancelled")
         return None
+
+    def _roam(self, record: RunRecord, terms: DeadlineTerms, now_s: float, manifest: Any) -> Roam | None:
+        """The nomad's poll of a run with several places (`skygreen.places.watcher`); None for one place."""
+        places = run_places(record, terms, self.wiring.environ, now_s=now_s)
+        if places is None:
+            return None
+        gb = sum(b.size for b in manifest.blobs.values()) / 1e9 if manifest is not None else 0.0
+        measured = measured_changeovers(record.task_path, registry=self.wiring.registry).seconds
+        by_cloud = {key: s for key, s in measured.items() if "/" not in key}  # per cloud, all its GPUs
+        return Roam(wiring=self.wiring, record=record, terms=terms, places=places, now_s=now_s, say=self.say,
+                    checkpoint_gb=gb, changeover_s_by_cloud=by_cloud)  # fmt: skip
 
     def _progress(self, record: RunRecord) -> Progress | None:
         """The run's progress from its ledger; None when the bucket did not answer this time."""

@@ -12,6 +12,7 @@ from skygreen.figures import amount
 from skygreen.launch.registry import RunRecord
 from skygreen.launch.runs import UpResult
 from skygreen.launch.status import RunStatus
+from skygreen.places.journey import plan_offers
 from skygreen.terminal import write_table
 from skygreen.timestamps import utc_now_iso
 
@@ -170,7 +171,8 @@ def _deadline_cell(d: dict[str, Any] | None) -> str:
     left_h = d["left_h"]
     when = f"{left_h:.1f}h left" if left_h >= 0 else f"{-left_h:.1f}h past"
     mode = MODE_WORDS.get(d["decision"], "deciding") if d["decision"] else "deciding"
-    return f"{when}, {mode}" + ("" if watcher["running"] else " (no watcher)")
+    at = f" at {d['place']['name']}" if d.get("place") and d["decision"] != "idle" else ""
+    return f"{when}, {mode}{at}" + ("" if watcher["running"] else " (no watcher)")
 
 
 def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -199,6 +201,7 @@ def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, st
         lines.append(("decision", "none: the run ended before the watcher decided"))
     else:
         lines.append(("decision", "none yet: the watcher waits for the run's first steps in its ledger"))
+    lines += _place_lines(d)
     if watcher["running"]:
         ago = watcher["last_poll_ago_s"]
         lines.append(
@@ -209,6 +212,29 @@ def _deadline_lines(run_id: str, d: dict[str, Any] | None) -> list[tuple[str, st
     else:
         restart = f"`skygreen watch {run_id}` restarts it"
         lines.append(("watcher", f"not running: the run stays where it is and the deadline is not guarded; {restart}"))
+    return lines
+
+
+def _place_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where a run with several places is, and each move it made with the policy's reason and,
+    once measured, its bytes, changeover and dollars (`skygreen.places.journey`)."""
+    place = d.get("place")
+    if not place:
+        return []
+    where = f"{place['cloud']} {place['region']}" + (f" ({place['zone']})" if place.get("zone") else "")
+    mode = MODE_WORDS.get(d.get("place_mode") or "", "")
+    moving = d.get("moving_to")
+    lines = [("place", where + (f", {mode}" if mode else "") + (f"; moving to {moving['name']}" if moving else ""))]
+    for m in d.get("moves") or ():
+        measured = (
+            f"; {m['restore_bytes'] / 1e6:.3g} MB, changeover {m['changeover_s']:.0f} s, ${m['usd']:.4f}"
+            if m.get("changeover_s") is not None
+            else "; not measured yet"
+        )
+        to = f"{m['dst']['name']} ({MODE_WORDS.get(m['mode'], m['mode'])})"
+        lines.append(
+            (f"move {m['number']}", f"{m['src']['name']} -> {to} at {m['decided_at_h']:.2f} h: {m['reason']}{measured}")
+        )
     return lines
 
 
@@ -276,10 +302,14 @@ def _print_deadline_launch(record: RunRecord, result: UpResult, out: TextIO) -> 
     terms = DeadlineTerms.from_json(record.deadline or {})
     by = datetime.fromtimestamp(terms.deadline_at_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     compute = f"{terms.compute_h:.3g} h of compute" if terms.compute_h else "compute measured as it runs"
+    offers = plan_offers(record.spec_snapshot, record.plan_summary) if record.mode == "cloud" else []
     out.write(
         f"  deadline:    {terms.deadline_h:g} h, by {by} ({compute}; changeover {terms.changeover_h:.2f} h); "
-        f"starts on spot, policy {terms.policy}\n"
+        f"starts on spot, policy {'nomad' if offers else terms.policy}\n"
     )
+    if offers:
+        regions = ", ".join(dict.fromkeys(f"{o['cloud']} {o['region']}" for o in offers))
+        out.write(f"  places:      the nomad moves it between {regions}; `skygreen status` shows where it is\n")
     if result.watcher_pid is not None:  # its log sits in the run's folder, beside the task YAML
         out.write(
             f"  watcher:     pid {result.watcher_pid}, log {result.yaml_path.parent / LOG_FILE}; "

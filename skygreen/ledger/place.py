@@ -8,7 +8,8 @@
   offer that matches the cloud, region and GPU gives the instance type, spot and the price;
   SkyPilot tells the task neither. No SkyPilot import and no network on the VM.
 - No cluster info at all: a `local` place (this machine, free); `SKYGREEN_CAPACITY` says
-  whether it stands for spot or on-demand when a deadline watcher launched it.
+  whether it stands for spot or on-demand when a deadline watcher launched it, and
+  `SKYGREEN_PLACE` the region and zone a nomad watcher pinned it to.
 
 Pure: the environment is passed in.
 """
@@ -28,6 +29,9 @@ OFFERS_ENV = "SKYGREEN_OFFERS"
 CAPACITY_ENV = "SKYGREEN_CAPACITY"
 """`spot` or `on-demand`: rendered when a deadline watcher chooses the capacity, so a local
 run's ledger says which kind it stood for (on the clouds the matching offer says it)."""
+PLACE_ENV = "SKYGREEN_PLACE"
+"""`cloud/region[/zone]`: rendered when a nomad watcher pins a life to a place
+(`skygreen.places.pin`), so a local run's ledger says which region each life stood for."""
 LOCAL = "local"
 
 
@@ -100,8 +104,11 @@ def current_place(environ: Mapping[str, str], *, gpu: str | None, gpu_count: int
         info = {}
     if not isinstance(info, dict) or not info.get("cloud"):
         capacity = environ.get(CAPACITY_ENV)
+        stands_for = (environ.get(PLACE_ENV) or "").split("/")  # a nomad's pin: cloud/region[/zone]
         return Place(
             cloud=LOCAL,
+            region=stands_for[1] if len(stands_for) > 1 and stands_for[1] else None,
+            zone=stands_for[2] if len(stands_for) > 2 and stands_for[2] else None,
             spot={"spot": True, "on-demand": False}.get(capacity or ""),
             gpu=gpu,
             gpu_count=gpu_count or (1 if gpu else 0),

@@ -110,6 +110,26 @@ class Nomad:
             return np.inf
         return (self._spot_tick[r, now.tick] * life + self._egress(now.checkpoint, r)) / useful
 
+    def latch(self) -> None:
+        """Hold the safety net from the start: it fired at an earlier look at a live run."""
+        self._latched = self.net_fired = True
+
+    def useful_tick_usd(self, now: Now, seen: list[Seen]) -> list[float]:
+        """Per place, what one useful tick there costs if the job went there now (inf where the
+        predicted lifetime does not outlast the changeover): the scores `decide` ranks by, which
+        a live watcher shows as the reason for a move."""
+        assert self._market is not None
+        return [float(self._spot_cost(now, seen, r)) for r in range(len(self._market.places))]
+
+    def accept_tick_usd(self, now: Now) -> float:
+        """The most the job will pay for a useful tick now (deadline pressure; module docstring)."""
+        market, moves = self._market, self._moves
+        assert market is not None and moves is not None
+        rho = now.work_left / max(now.time_left - 2 * moves.max_ticks, 1)
+        cheapest = float(self._spot_tick[:, now.tick].min())
+        od_cost = self._od_target(now)[1]
+        return cheapest * self.relaxed + (od_cost - cheapest * self.relaxed) * min(rho, 1.0) ** self.pressure_power
+
     def decide(self, now: Now, seen: list[Seen]) -> list[Option]:
         """The options to try this tick, best first."""
         market, moves = self._market, self._moves

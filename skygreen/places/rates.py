@@ -17,7 +17,9 @@ collected in the project's research notes on egress:
   region's bucket: free.
 
 The whole-bill rate table is the place these figures should live; until it does, every user
-of a move rate calls `egress_usd_per_gb` here, so the switch is one import.
+of a move rate calls `egress_usd_per_gb` here, so the switch is one import. A live move
+(`skygreen.places.live`, `skygreen.places.journey`) is already priced with the whole bill's
+rates, by `bill_egress_usd`.
 """
 
 from __future__ import annotations
@@ -73,3 +75,16 @@ def egress_usd_per_gb(src: Place, dst: Place) -> float:
     if a == b and a != "?" and a != "asia":
         return SAME_CONTINENT_USD_PER_GB.get(src.cloud, 0.02)
     return CROSS_CONTINENT_USD_PER_GB.get(src.cloud, 0.08)
+
+
+def bill_egress_usd(src: Place, dst: Place, gb: float) -> float:
+    """Dollars to bring `gb` of checkpoint from `src`'s region to `dst`: the whole bill's transfer
+    rate (`skygreen.bill.rates`), paid by the sender; 0 within one region."""
+    from skygreen.bill.rates import CLOUDS, transfer_usd
+    from skygreen.bill.rates import Place as BillPlace
+
+    if src.cloud not in CLOUDS or dst.cloud not in CLOUDS:
+        return gb * egress_usd_per_gb(src, dst)
+    return transfer_usd(
+        BillPlace(cloud=src.cloud, region=src.region), BillPlace(cloud=dst.cloud, region=dst.region), gb
+    )
