@@ -69,6 +69,11 @@ def test_a_set_url_carries_the_run_folder_to_every_bucket_and_the_vm_finds_its_o
     assert nearest_url(run, on_gcp) == "gs://g/run-1"
     assert nearest_url(run, {}) == "s3://team-ckpt/x/run-1"
     assert nearest_url("s3://one/run-1", on_gcp) == "s3://one/run-1"
+    pinned = {"SKYGREEN_PLACE": "gcp/us-central1/us-central1-a"}  # a local life a nomad watcher pinned
+    assert nearest_url(run, pinned) == "gs://g/run-1"
+    assert nearest_url(run, {**pinned, **on_gcp, "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "aws"})}) == (
+        "s3://team-ckpt/x/run-1"
+    )
 
 
 # ---------------------------------------------------------------- the task field
@@ -177,15 +182,16 @@ def test_each_offer_is_priced_against_its_nearest_bucket_plus_its_copies(tmp_pat
 
 def _state(step: int) -> dict:
     torch.manual_seed(step)
-    return {"model": torch.nn.Linear(4, 2).state_dict(), "step": step}
+    return {"model": torch.nn.Linear(128, 256).state_dict(), "step": step}  # 132 kB: the blobs outweigh the rest
 
 
 def test_a_run_commits_here_resumes_there_from_the_newest_verified_commit_and_writes_there(
-    s3_bucket, azure_bucket, monkeypatch
+    s3_bucket, azure_bucket, monkeypatch, tmp_path
 ):
     """moto S3 (home, us-east-1) and Azurite (eastus): life 1 on AWS commits steps 1 and 2, step 2's
-    blob is then damaged; life 2 on Azure restores step 1, copies it once into its own bucket,
-    and commits step 3 there, while the lease stays in the home bucket and fences life 1 out."""
+    blob is then damaged; life 2 on Azure restores step 1, copies it once into its own bucket from
+    the files the restore fetched (the far bucket is read once), and commits step 3 there, while
+    the lease stays in the home bucket and fences life 1 out."""
     run = join_url(the_set({"aws": f"s3://{s3_bucket}/ckpt", "azure": f"az://{azure_bucket}/ckpt"}), "run-1")
     s3 = open_store(f"s3://{s3_bucket}/ckpt/run-1")
     az = open_store(f"az://{azure_bucket}/ckpt/run-1")
@@ -201,8 +207,9 @@ def test_a_run_commits_here_resumes_there_from_the_newest_verified_commit_and_wr
         s3.put(key, b"not the checkpoint")
 
     monkeypatch.setenv("SKYPILOT_CLUSTER_INFO", json.dumps({"cloud": "azure", "region": "eastus"}))
-    second = Checkpointer(run, keep=3, launch=2)
+    second = Checkpointer(run, keep=3, launch=2, tmp_dir=tmp_path)
     loaded = second.load_latest()
+    assert list(tmp_path.iterdir()) == []  # the restored files, uploaded, are gone
     assert loaded is not None and loaded.step == 1
     assert torch.equal(loaded.state["model"]["weight"], _state(1)["model"]["weight"])
     assert committed_steps(az) == [1]  # copied once, manifest and blobs
@@ -212,7 +219,9 @@ def test_a_run_commits_here_resumes_there_from_the_newest_verified_commit_and_wr
     counted = traffic_of(second.store)
     assert counted is not None
     figures = counted.figures()  # each bucket's bytes under its own name, for the ledger
-    assert figures.bytes_downloaded[f"s3://{s3_bucket}"] > 0 and figures.bytes_uploaded[f"az://{azure_bucket}"] > 0
+    step_1_bytes = sum(s3.size(k) for k in s3.list(step_prefix(1)))
+    assert step_1_bytes <= figures.bytes_downloaded[f"s3://{s3_bucket}"] < 1.2 * step_1_bytes  # read once
+    assert figures.bytes_uploaded[f"az://{azure_bucket}"] > step_1_bytes
     lease_bytes = len(s3.get(LEASE_KEY))
     assert figures.bytes_uploaded[f"s3://{s3_bucket}"] == lease_bytes  # the lease alone: the rest went to Azure
     assert committed_steps(az) == [1, 3] and 3 not in committed_steps(s3)

@@ -138,14 +138,17 @@ def bucket_first(found: Sequence[Member], launches: Sequence[T], where: Callable
 def place_from_env(environ: Mapping[str, str]) -> tuple[str | None, str | None]:
     """Where this process runs, as SkyPilot tells a managed job (`SKYPILOT_CLUSTER_INFO`, JSON
     with `cloud` and `region`; the same variable the ledger reads in `skygreen.ledger.place`),
-    else `SKYGREEN_CLOUD` (a run pinned to one cloud); (None, None) on a laptop."""
+    else the place a nomad watcher pinned a local life to (`SKYGREEN_PLACE`,
+    `cloud/region[/zone]`), else `SKYGREEN_CLOUD` (a run pinned to one cloud); (None, None) on
+    a laptop."""
     try:
         info = json.loads(environ.get(_CLUSTER_INFO_ENV) or "{}")
     except ValueError:
         info = {}
     info = info if isinstance(info, dict) else {}
-    cloud = str(info.get("cloud") or environ.get("SKYGREEN_CLOUD") or "").lower() or None
-    region = str(info.get("region") or "").lower() or None
+    pinned = (environ.get("SKYGREEN_PLACE") or "").lower().split("/")
+    cloud = str(info.get("cloud") or pinned[0] or environ.get("SKYGREEN_CLOUD") or "").lower() or None
+    region = str(info.get("region") or (pinned[1] if len(pinned) > 1 and not info else "")).lower() or None
     return cloud, region
 
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import BinaryIO
 
 from skygreen.checkpoint.bucket_set import Member
@@ -164,8 +165,14 @@ class SetStore:
             if store.exists(key):
                 store.set_storage_class(key, storage_class)
 
-    def settle(self, keys: Sequence[str], manifest: str) -> int:
+    def settle(self, keys: Sequence[str], manifest: str, *, local: Mapping[str, Path] | None = None) -> int:
         """Copy a commit the near bucket lacks into it: `keys` first, `manifest` last (the commit).
+
+        Args:
+            keys: the commit's blob keys.
+            manifest: its manifest's key.
+            local: blob key -> the verified file a restore already fetched: uploaded from there,
+                so the far bucket is read once per changeover; the others are read again.
 
         Returns:
             The bytes copied (0 when the near bucket holds the commit already).
@@ -174,8 +181,14 @@ class SetStore:
         if near.exists(manifest):
             return 0
         copied = 0
+        local = local or {}
         for key in [*(k for k in keys if k != manifest), manifest]:
             if key != manifest and near.exists(key):
+                continue
+            if key in local and local[key].is_file():
+                near.put_file(key, local[key])
+                copied += local[key].stat().st_size
+                self._holders[key] = near
                 continue
             with tempfile.NamedTemporaryFile(prefix="skygreen-settle-") as spool:  # a blob may not fit in memory
                 self.holder(key).get_to(key, spool)  # type: ignore[arg-type]
@@ -189,7 +202,7 @@ class SetStore:
         return f"SetStore({self.url!r}, near={self.near.key!r})"
 
 
-def settle(store: Store, keys: Sequence[str], manifest: str) -> int:
+def settle(store: Store, keys: Sequence[str], manifest: str, *, local: Mapping[str, Path] | None = None) -> int:
     """`SetStore.settle` where `store` is a set (under a counting wrapper or not); 0 otherwise."""
     inner = getattr(store, "inner", store)
-    return inner.settle(keys, manifest) if isinstance(inner, SetStore) else 0
+    return inner.settle(keys, manifest, local=local) if isinstance(inner, SetStore) else 0

@@ -22,8 +22,11 @@ BUCKET_ENV = "SKYGREEN_BUCKET"
 
 
 def bucket_for(place: Place, run_bucket: str) -> str:
-    """The checkpoint bucket a life at `place` writes: the run's one bucket today. The one
-    function a bucket per place plugs into (a bucket in the place's region saves its egress)."""
+    """The checkpoint bucket a life at `place` writes: the run's bucket. A bucket per place
+    (`checkpoint.buckets`) travels whole, as its set URL: the life finds its nearest member
+    where it lands (`skygreen.checkpoint.bucket_set.nearest_url`, from SkyPilot's cluster info or
+    the `SKYGREEN_PLACE` the pin sets), restores the newest commit of the set and copies it there
+    once, so the moves after it save to a bucket in their own place."""
     del place
     return run_bucket
 

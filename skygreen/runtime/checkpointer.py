@@ -335,10 +335,14 @@ class Checkpointer(CommitProtocol):
             )
         shared_name = find_blob(manifest.blobs, SHARED_BLOB) or SHARED_BLOB  # a life's own name, or the plain one
         own_name = find_blob(manifest.blobs, rank_blob_name(self.rank))
+        kept = self._keep_restored()
         with tempfile.TemporaryDirectory(prefix="skygreen-load-", dir=self.tmp_dir) as tmp:
-            paths = {name: self._fetch(manifest, name, Path(tmp)) for name in sorted(manifest.blobs)}
+            folder = kept or Path(tmp)
+            paths = {name: self._fetch(manifest, name, folder) for name in sorted(manifest.blobs)}
             state = torch_load_verified(paths[shared_name], manifest, shared_name)
             rank_state = torch_load_verified(paths[own_name], manifest, own_name) if own_name is not None else None
+        if kept is not None:
+            self._restored = {blob_key(manifest.step, name): path for name, path in paths.items()}
         if rank_state is None and self.world_size > 1:
             log.warning(
                 "%s has no state for rank %d (saved with %d ranks)", manifest.label, self.rank, manifest.world_size

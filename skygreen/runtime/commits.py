@@ -26,6 +26,8 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -156,6 +158,10 @@ class CommitProtocol:
         self.last_upload_s: float | None = None
         self._unloadable: dict[int, str] = {}
         """Commits newer than the loaded one, for retention to quarantine after the next commit."""
+        self._restored: dict[str, Path] = {}
+        self._restored_dir: Path | None = None
+        """Rank 0 on a bucket set: blob key -> the verified file the load fetched, kept until
+        `_settle` uploads it into the near bucket (so a changeover reads the far bucket once)."""
 
     # -- the save in flight ---------------------------------------------------------------
 
@@ -197,6 +203,7 @@ class CommitProtocol:
             self.wait()
         finally:
             self._closed = True
+            self._forget_restored()
 
     def __enter__(self: _Self) -> _Self:
         return self
@@ -345,9 +352,28 @@ class CommitProtocol:
             return
         manifest = Manifest.loads(self.store.get(manifest_key(step)), where=f"{self.url} step {step}")
         keys = [blob_key(step, name) for name in manifest.blobs]
-        copied = settle(self.store, keys, manifest_key(step))
+        try:
+            copied = settle(self.store, keys, manifest_key(step), local=self._restored)
+        finally:
+            self._forget_restored()
         if copied:
             log.info("copied checkpoint step %d (%d bytes) into this place's bucket", step, copied)
+
+    def _keep_restored(self) -> Path | None:
+        """A folder for the blobs a load fetches that outlives the load; None where unneeded.
+
+        Rank 0 on a bucket set keeps them for `_settle`; each load starts a fresh folder.
+        """
+        self._forget_restored()
+        if self.rank != 0 or not is_set_url(self.url):
+            return None
+        self._restored_dir = Path(tempfile.mkdtemp(prefix="skygreen-restored-", dir=self.tmp_dir))
+        return self._restored_dir
+
+    def _forget_restored(self) -> None:
+        if self._restored_dir is not None:
+            shutil.rmtree(self._restored_dir, ignore_errors=True)
+        self._restored_dir, self._restored = None, {}
 
     def _remember_unloadable(self, step: int, errors: Mapping[int, str], default: str) -> None:
         """Rank 0: remember the commits newer than the step the ranks loaded.
