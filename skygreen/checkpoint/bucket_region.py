@@ -6,13 +6,13 @@ emulator), so `skygreen plan` never waits on a credential chain that probes inst
 and any failure (no permission, no network, no such bucket) is an unknown region, never an
 error: the plan then uses the task's region or the cloud's default, and says so.
 
-Azure buckets are left to the task's `checkpoint.region` (else the default-region note), on
-purpose: an Azure storage account's location is a property of the account resource, which only
-the management plane reports (`azure-mgmt-storage`'s `StorageAccount.location`, needing a
-subscription and a role on it). The data plane that `azure-storage-blob` speaks, with the
-connection string or key a VM holds, answers `get_account_information` with the SKU and account
-kind alone, and no header of a blob or container response names the region. skygreen does not
-add the management SDK for this one figure.
+An Azure storage account's location is a property of the account resource, which only the
+management plane reports; the data plane that `azure-storage-blob` speaks, with the connection
+string or key a VM holds, answers `get_account_information` with the SKU and account kind
+alone. So an `az://` bucket is located through Azure Resource Manager where the user has named a
+subscription (`AZURE_SUBSCRIPTION_ID`) and `azure-identity` can sign the request
+(`skygreen.checkpoint.azure_location`); else it is left to the task's `checkpoint.region` (else
+the default-region note).
 
 For a bucket set (`skygreen.checkpoint.bucket_set`), each member is read in turn: the answer is
 a mapping of member URL to region (None where unread).
@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from skygreen.checkpoint.azure_location import SUBSCRIPTION_ENV, account_location
 from skygreen.checkpoint.bucket_set import is_set_url, members
 
 _TIMEOUT_S = 3
@@ -79,4 +80,6 @@ def read_bucket_region(url: str | None, env: Mapping[str, str] | None = None) ->
         return s3_bucket_region(bucket)
     if scheme == "gs" and any(env.get(k) for k in _GCP_ENV):
         return gcs_bucket_region(bucket)
+    if scheme == "az" and env.get(SUBSCRIPTION_ENV):
+        return account_location(bucket, env)
     return None
