@@ -23,8 +23,16 @@ GRACE_S = 30.0
 
 
 def mark_session(environ: MutableMapping[str, str]) -> str:
-    """Give this session's environment its mark (unique on this machine); returns it."""
+    """Give this session's environment its mark (unique on this machine); returns it.
+
+    A pytest-xdist worker inherits the controller's mark and adds its own name to it: each
+    worker's guard then sees only the processes its own tests started, never the ones another
+    worker's tests are still running.
+    """
     mark = environ.get(SESSION_MARK_ENV) or f"pytest-{os.getpid()}-{time.time_ns()}"
+    worker = environ.get("PYTEST_XDIST_WORKER")
+    if worker and not mark.endswith(f"-{worker}"):
+        mark = f"{mark}-{worker}"
     environ[SESSION_MARK_ENV] = mark
     return mark
 
