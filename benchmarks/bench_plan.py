@@ -54,7 +54,7 @@ SKYGREEN_QUERY = """
 import json, sys, time
 from skygreen.plan.catalog import load_catalog
 from skygreen.plan.rank import make_plan
-from skygreen.spec import parse_spec_text
+from skygreen.task.spec import parse_spec_text
 spec = parse_spec_text(sys.stdin.read())
 t0 = time.perf_counter()
 plan = make_plan(spec, load_catalog(%r, env={}))

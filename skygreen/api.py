@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from skygreen.spec import TaskSpec
-from skygreen.task_checks import load_task
+from skygreen.task.checks import load_task
+from skygreen.task.spec import TaskSpec
 
 if TYPE_CHECKING:
     from skygreen.checkpoint.gc import GcResult
@@ -122,7 +122,7 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
 
     spec = load_task(task_path)
     if deadline is not None:
-        from skygreen.spec import with_deadline
+        from skygreen.task.spec import with_deadline
 
         spec = with_deadline(spec, deadline, "--deadline")
     return plan(
@@ -184,9 +184,9 @@ def update_catalog(clouds: Iterable[str] = (), *, catalog_dir: Path | None = Non
     Raises:
         SpecError: an unknown cloud.
     """
-    from skygreen.fields import read_choice
     from skygreen.plan.catalog import CLOUDS, resolve_catalog_dir
     from skygreen.plan.catalog_update import update_catalog as download
+    from skygreen.task.readers import read_choice
 
     chosen = tuple(read_choice(c, "--cloud", CLOUDS) for c in clouds) or CLOUDS
     target, explicit = resolve_catalog_dir(catalog_dir)
@@ -320,7 +320,7 @@ def watch(
     """
     from skygreen.deadline.clock import now_s
     from skygreen.deadline.watch import Watch
-    from skygreen.fields import read_duration_s
+    from skygreen.task.readers import read_duration_s
 
     poll_s = read_duration_s(poll, "--poll")
     env = os.environ

@@ -58,9 +58,9 @@ from skygreen.launch.status import (
     unknown_jobs,
 )
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
-from skygreen.settings import RuntimeSettings
-from skygreen.spec import TaskSpec, with_deadline
-from skygreen.task_checks import load_task
+from skygreen.task.checks import load_task
+from skygreen.task.settings import RuntimeSettings
+from skygreen.task.spec import TaskSpec, with_deadline
 from skygreen.timestamps import utc_now_iso
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class UpRequest:
     compute_h: float | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        from skygreen.fields import read_duration_h
+        from skygreen.task.readers import read_duration_h
 
         object.__setattr__(self, "task_path", Path(self.task_path))
         if self.output is not None:

@@ -34,7 +34,7 @@ from skygreen.plan.fit import describe_model, fit_notice, fitted_shape, memory_n
 from skygreen.plan.memory import checkpoint_gb
 from skygreen.plan.speed import communication_notice, offer_step, step_json
 from skygreen.power.policy import DEFAULT_ETA
-from skygreen.spec import TaskSpec
+from skygreen.task.spec import TaskSpec
 
 
 def run_model(

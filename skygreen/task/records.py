@@ -1,7 +1,7 @@
-"""The task file's records: the typed, frozen values `skygreen.spec` reads a task into.
+"""The task file's records: the typed, frozen values `skygreen.task.spec` reads a task into.
 
-Kept apart from the reading (`skygreen.spec`) so the two stay under one screenful each; import
-them from `skygreen.spec`, the task file's one public face.
+Kept apart from the reading (`skygreen.task.spec`) so the two stay under one screenful each; import
+them from `skygreen.task.spec`, the task file's one public face.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class GreenSpec:
     trainer: str = "runtime"
     """One of `TRAINERS`; `folder` when `checkpoint.dir` is set and the task names no trainer."""
     trainer_given: bool = False
-    """The task names `trainer`; without it `task_checks.load_task` infers it from the script's imports."""
+    """The task names `trainer`; without it `task.checks.load_task` infers it from the script's imports."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

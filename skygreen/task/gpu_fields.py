@@ -1,5 +1,5 @@
 """The task file's hardware fields: which GPUs and clouds may run the job, how big the job is
-(`work:`), and relative speeds. Read by `skygreen.spec` into the records of `skygreen.spec_model`."""
+(`work:`), and relative speeds. Read by `skygreen.task.spec` into the records of `skygreen.task.records`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from skygreen.errors import SpecError, suggestion
-from skygreen.fields import check_keys, read_choice, read_list, read_mapping, read_number, read_str
 from skygreen.gpus import GPU_NAMES, canonical_gpu_name
-from skygreen.spec_model import CLOUDS, GpuChoice, Work
+from skygreen.task.readers import check_keys, read_choice, read_list, read_mapping, read_number, read_str
+from skygreen.task.records import CLOUDS, GpuChoice, Work
 
 
 def gpu_name(value: Any, path: str) -> str:

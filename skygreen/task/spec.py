@@ -38,7 +38,9 @@ from typing import Any
 from skygreen.checkpoint.bucket_url import BUCKET_SCHEMES, canonical_url
 from skygreen.checkpoint.keep import check_keep
 from skygreen.errors import InputError, SpecError
-from skygreen.fields import (
+from skygreen.task.gpu_fields import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
+from skygreen.task.model_fields import parse_model
+from skygreen.task.readers import (
     check_keys,
     parse_duration_s,
     read_bool,
@@ -51,9 +53,7 @@ from skygreen.fields import (
     read_str,
     type_name,
 )
-from skygreen.spec_gpus import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
-from skygreen.spec_memory import parse_model
-from skygreen.spec_model import (
+from skygreen.task.records import (
     CLOUDS,
     EARLY_STOP_MODES,
     HALF_PRECISIONS,
@@ -76,7 +76,7 @@ from skygreen.spec_model import (
     TaskSpec,
     Work,
 )
-from skygreen.task_yaml import line_of, read_yaml
+from skygreen.task.yaml_lines import line_of, read_yaml
 
 __all__ = [
     "BUCKET_SCHEMES",
@@ -132,7 +132,7 @@ def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
 
 
 def parse_spec_text(text: str, *, source: str | None = None) -> TaskSpec:
-    """Parse YAML 1.2 text into a `TaskSpec` (see `skygreen.task_yaml` for why 1.2 and how)."""
+    """Parse YAML 1.2 text into a `TaskSpec` (see `skygreen.task.yaml_lines` for why 1.2 and how)."""
     return parse_spec(read_yaml(text), source=source)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 
 from skygreen import exit_codes
-from skygreen.cli_costs import compare, cost, power, report, simulate
-from skygreen.cli_options import (
+from skygreen.cli.costs import compare, cost, power, report, simulate
+from skygreen.cli.options import (
     CONTEXT,
     catalog_option,
     json_option,

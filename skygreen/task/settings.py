@@ -42,7 +42,7 @@ from typing import Any
 from skygreen.errors import RuntimeSetupError, SpecError
 from skygreen.memory.planned import PlannedMemory
 from skygreen.power.policy import CapRequest
-from skygreen.spec import HALF_PRECISIONS, PRECISIONS, TRAINERS, EarlyStopConfig, GreenSpec
+from skygreen.task.spec import HALF_PRECISIONS, PRECISIONS, TRAINERS, EarlyStopConfig, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
 SMOKE_ENV = "SKYGREEN_SMOKE"
@@ -86,7 +86,7 @@ class RuntimeSettings:
     """The bucket's region as the task states it (`checkpoint.region`), so the budget prices the
     checkpoints' transfer from where the bucket is; None: its cloud's default region."""
     trainer: str | None = None
-    """What owns the loop (`skygreen.spec.TRAINERS`) where it is not `sg.Run` (None); the smoke
+    """What owns the loop (`skygreen.task.spec.TRAINERS`) where it is not `sg.Run` (None); the smoke
     test and the integrations read it."""
     power_cap: CapRequest = field(default_factory=CapRequest)
     """auto | off | <watts> | <fraction of the default limit>; travels as that text (`0.6`)."""

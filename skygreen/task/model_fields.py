@@ -15,10 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.errors import SpecError
-from skygreen.fields import check_keys, read_bool, read_choice, read_int, read_list, read_mapping, read_number, read_str
 from skygreen.memory.method import ALL_LINEAR, LORA_TARGETS, METHODS, OPTIMIZERS, Method
 from skygreen.memory.shape import ConfigError, ModelShape, shape_from_config
-from skygreen.spec_model import FSDP_FROM_PARAMS, SHARDINGS, ModelSpec
+from skygreen.task.readers import (
+    check_keys,
+    read_bool,
+    read_choice,
+    read_int,
+    read_list,
+    read_mapping,
+    read_number,
+    read_str,
+)
+from skygreen.task.records import FSDP_FROM_PARAMS, SHARDINGS, ModelSpec
 
 MODEL_KEYS: tuple[str, ...] = (
     "params", "config", "hf", "method", "lora", "optimizer", "seq_len", "micro_batch",

@@ -1,6 +1,6 @@
 """Every field of the task file as a user writes it: type, default, allowed values and meaning.
 
-`skygreen.spec` reads the task file into the records of `skygreen.spec_model`; this table says
+`skygreen.task.spec` reads the task file into the records of `skygreen.task.records`; this table says
 what each key a user may write means. It is the one source of the task file reference
 (docs/reference/task-file.md is generated from it when the site builds), and
 tests/test_docs_reference.py holds it to the parser: every key the parser accepts must have a
@@ -21,12 +21,12 @@ from typing import Any
 
 from skygreen.checkpoint.bucket_url import URL_FORMS
 from skygreen.checkpoint.keep import MIN_KEEP
-from skygreen.fields import DURATION_UNITS_S
 from skygreen.gpus import GPU_NAMES
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
 from skygreen.memory.method import ALL_LINEAR, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS, LORA_TARGETS, METHODS, OPTIMIZERS
 from skygreen.power.policy import DEFAULT_ETA
-from skygreen.spec_model import (
+from skygreen.task.readers import DURATION_UNITS_S
+from skygreen.task.records import (
     CLOUDS,
     DEFAULT_QUIET_S,
     DEFAULT_SEQ_LEN,
