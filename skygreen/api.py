@@ -8,6 +8,7 @@ level; each function imports what it needs when called.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -37,15 +38,14 @@ if TYPE_CHECKING:
 
 
 _REQUESTS = {"UpRequest": "skygreen.launch.runs", "SimulationRequest": "skygreen.deadline.compare"}
+_LAZY = {**_REQUESTS, "task_schema": "skygreen.task.schema"}  # the task file's JSON Schema
 """The request records the commands take, importable from here (`api.UpRequest`) without
 loading their modules until one is used: `plan` never does."""
 
 
 def __getattr__(name: str) -> Any:
-    if name in _REQUESTS:
-        import importlib
-
-        return getattr(importlib.import_module(_REQUESTS[name]), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'skygreen.api' has no attribute {name!r}")
 
 

@@ -86,6 +86,14 @@ def plan(task: Path, catalog: Path | None, json_output: bool, top: int, deadline
     print_plan(result, top=top)
 
 
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of a task file (SkyPilot's, with the skygreen: section), for editors."""
+    from skygreen import api
+
+    print_json(api.task_schema())
+
+
 @catalog_app.command("update")
 @catalog_option
 @click.option("--cloud", "clouds", multiple=True, help="Only this cloud (repeatable): aws, gcp, azure.")
