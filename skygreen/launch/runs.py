@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import msgspec
 import yaml
 
 from skygreen.checkpoint.cancellation import clear_cancel, request_cancel
@@ -59,6 +60,7 @@ from skygreen.launch.status import (
 )
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
 from skygreen.task.checks import load_task
+from skygreen.task.declare import Record
 from skygreen.task.settings import RuntimeSettings
 from skygreen.task.spec import TaskSpec, with_deadline
 from skygreen.timestamps import utc_now_iso
@@ -532,6 +534,8 @@ def _snapshot(spec: TaskSpec) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Record):  # a section declared once (`skygreen.task.declare`)
+        return _plain(msgspec.structs.asdict(value))
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -9,17 +9,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 from skygreen.memory.method import Method
 from skygreen.memory.shape import ModelShape
+from skygreen.task.declare import FieldProblem, Record, choices_of, meaning
 
 CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
 OBJECTIVES: tuple[str, ...] = ("cost", "time", "energy", "carbon")
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
 HALF_PRECISIONS: tuple[str, ...] = ("fp16", "bf16")
-EARLY_STOP_MODES: tuple[str, ...] = ("min", "max")
-RECOVERY_STRATEGIES: tuple[str, ...] = ("EAGER_NEXT_REGION", "FAILOVER")
 SHARDINGS: tuple[str, ...] = ("fsdp", "ddp")
 FSDP_FROM_PARAMS = 1e9
 """`model.sharding` left out: FSDP from a billion parameters (16 GB of weights, gradients and
@@ -102,14 +101,47 @@ class ModelSpec:
             raise ValueError(f"ModelSpec.seq_len and micro_batch must be >= 1, got {self.seq_len}, {self.micro_batch}")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Batch:
-    """`batch:` of the task: the effective batch and the micro-batch each rank runs at once."""
+class Batch(Record, frozen=True, kw_only=True):
+    """`batch:` of the task: the effective batch and the micro-batch each rank runs at once; the
+    runtime accumulates gradients between them."""
 
-    effective: int | None = None
-    """Samples per optimizer step across all ranks; None keeps the training script's own."""
-    micro: int | None = None
-    """Samples per forward pass per rank; None means `auto` (probe the largest that fits)."""
+    SECTION: ClassVar[str] = "skygreen.batch"
+    effective: (
+        Annotated[
+            int,
+            meaning(
+                "Samples per optimizer step over all ranks. It stays the same on any GPU and any number of them, so a "
+                "resumed run trains the same steps.",
+                ge=1,
+                allowed="a multiple of gpu_count x num_nodes",
+            ),
+        ]
+        | None
+    ) = None
+    """None keeps the training script's own (`effective_batch=`)."""
+    micro: (
+        Annotated[
+            int,
+            meaning(
+                "Samples per forward pass on each rank; `auto` probes the largest that fits the GPU.",
+                ge=1,
+                allowed="dividing the per-rank batch",
+                auto=True,
+            ),
+        ]
+        | None
+    ) = None
+    """None means `auto` (probe the largest that fits)."""
+
+    def rules(self) -> None:
+        """The micro-batch is part of the effective batch, so it cannot be larger."""
+        if self.effective is not None and self.micro is not None and self.micro > self.effective:
+            raise FieldProblem(
+                "micro",
+                f"is larger than the effective batch {self.effective}",
+                value=self.micro,
+                hint="set micro to at most the effective batch, or to auto",
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,37 +187,39 @@ class PowerSpec:
     """The `auto` chooser's energy weight (0 = time only, 1 = energy only); None: skygreen.power's default."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EarlyStopConfig:
+class EarlyStopConfig(Record, frozen=True, kw_only=True):
     """`early_stopping:` of the task file, carried to the runtime's `EarlyStopper` as is."""
 
-    metric: str
-    mode: str = "min"
-    patience: int = 3
-    min_delta: float = 0.0
-    grace: int = 0
-    """Evaluations at the start that never count against patience (curricula, warm-up)."""
-
-    def __post_init__(self) -> None:
-        problems = {
-            "metric must name the reported metric, e.g. 'val_loss'": not self.metric,
-            f"mode must be one of {EARLY_STOP_MODES}": self.mode not in EARLY_STOP_MODES,
-            "patience must be at least 1": self.patience < 1,
-            "min_delta must be a finite number >= 0": not (self.min_delta >= 0 and math.isfinite(self.min_delta)),
-            "grace must be at least 0": self.grace < 0,
-        }
-        for problem, failed in problems.items():
-            if failed:
-                raise ValueError(f"EarlyStopConfig.{problem}, got {self}")
+    SECTION: ClassVar[str] = "skygreen.early_stopping"
+    metric: Annotated[str, meaning("The name of the reported metric, e.g. `val_loss`.", example="val_loss")]
+    mode: Annotated[Literal["min", "max"], meaning("Whether lower (`min`) or higher (`max`) is better.")] = "min"
+    patience: Annotated[int, meaning("Evaluations without improvement before the run stops.", ge=1)] = 3
+    min_delta: Annotated[float, meaning("The smallest change that counts as an improvement.", ge=0)] = 0.0
+    grace: Annotated[
+        int, meaning("Evaluations at the start that never count against patience (curricula, warm-up).", ge=0)
+    ] = 0
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RecoverySpec:
+class RecoverySpec(Record, frozen=True, kw_only=True):
     """`recovery:` of the task: the strategy and restart limit of SkyPilot's `job_recovery` (the
-    renderer adds the preempted exit code to recover on)."""
+    renderer adds the preempted exit code to recover on); `recovery: FAILOVER` sets the strategy alone."""
 
-    strategy: str = "EAGER_NEXT_REGION"
-    max_restarts_on_errors: int = 3
+    SECTION: ClassVar[str] = "skygreen.recovery"
+    SHORTHAND: ClassVar[str] = "strategy"
+    strategy: Annotated[
+        Literal["EAGER_NEXT_REGION", "FAILOVER"],
+        meaning(
+            "Where SkyPilot relaunches a preempted job: the next region at once, or first the same region.",
+        ),
+    ] = "EAGER_NEXT_REGION"
+    max_restarts_on_errors: Annotated[
+        int,
+        meaning("Relaunches after a failure that is not a preemption, before the job counts as failed.", ge=0, le=100),
+    ] = 3
+
+
+EARLY_STOP_MODES: tuple[str, ...] = choices_of(EarlyStopConfig, "mode")
+RECOVERY_STRATEGIES: tuple[str, ...] = choices_of(RecoverySpec, "strategy")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -229,11 +263,11 @@ class GreenSpec:
     preemption: PreemptionSpec = PreemptionSpec()
     max_candidates: int = 8
     precision: str = "auto"
-    batch: Batch = Batch()
+    batch: Batch = field(default_factory=Batch)
     checkpoint: CheckpointSpec = CheckpointSpec()
     power: PowerSpec = PowerSpec()
     early_stopping: EarlyStopConfig | None = None
-    recovery: RecoverySpec = RecoverySpec()
+    recovery: RecoverySpec = field(default_factory=RecoverySpec)
     deadline: float | None = None
     """Hours from launch by which the run must be done (`deadline: 36h`); None: no deadline."""
     model: ModelSpec | None = None

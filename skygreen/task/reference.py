@@ -19,23 +19,24 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from skygreen.checkpoint.bucket_url import URL_FORMS
 from skygreen.checkpoint.keep import MIN_KEEP
 from skygreen.gpus import GPU_NAMES
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
 from skygreen.memory.method import ALL_LINEAR, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS, LORA_TARGETS, METHODS, OPTIMIZERS
 from skygreen.power.policy import DEFAULT_ETA
+from skygreen.task.declare import Record, allowed_text, field_schema, fields_of, type_text
 from skygreen.task.readers import DURATION_UNITS_S
 from skygreen.task.records import (
     CLOUDS,
     DEFAULT_QUIET_S,
     DEFAULT_SEQ_LEN,
-    EARLY_STOP_MODES,
     FSDP_FROM_PARAMS,
     HALF_PRECISIONS,
     OBJECTIVES,
     PRECISIONS,
-    RECOVERY_STRATEGIES,
     SHARDINGS,
     TRAINERS,
     Batch,
@@ -71,6 +72,9 @@ class TaskField:
     """Allowed values, ranges and units; empty when the type says it all."""
     default: str | None = None
     """The default as text; None reads it from the record the key lands in (`RECORDS`)."""
+    schema: Mapping[str, Any] | None = None
+    """The key's JSON Schema where its declaration gives it (`skygreen.task.declare`); None:
+    built from `type` and `allowed` (`skygreen.task.schema.TYPES`)."""
 
     def __post_init__(self) -> None:
         if not self.path or self.path != self.path.strip() or " " in self.path:
@@ -136,7 +140,11 @@ def default_text(field: TaskField) -> str:
     if field.default is not None:
         return field.default
     record = RECORDS.get(field.section)
-    attributes = {f.name: f for f in dataclasses.fields(record)} if record is not None else {}
+    if record is not None and issubclass(record, Record):
+        declared = {f.name: f for f in fields_of(record)}.get(field.key)
+        if declared is not None:
+            return "required" if declared.required else _value_text(declared.default)
+    attributes = {f.name: f for f in dataclasses.fields(record)} if dataclasses.is_dataclass(record) else {}
     attribute = attributes.get(field.key)
     if attribute is None:
         raise ValueError(f"TaskField {field.path}: no record attribute to read its default from; give default= text")
@@ -145,6 +153,27 @@ def default_text(field: TaskField) -> str:
     if attribute.default_factory is not dataclasses.MISSING:
         return _value_text(attribute.default_factory())
     return "required"
+
+
+def declared_rows(record: type[Record], **default_text: str) -> tuple[TaskField, ...]:
+    """The reference page's rows of a declared section (`skygreen.task.declare`), each with its
+    JSON Schema (`TaskField.schema`); `default_text` gives a default as text where the value
+    alone would mislead (`micro="auto"` for None)."""
+    section, rows = record.SECTION, []
+    for field in fields_of(record):
+        if field.meta is None or not field.meta.description:
+            raise ValueError(f"{section}.{field.name}: declare it with meaning(...): no description")
+        rows.append(
+            TaskField(
+                path=f"{section}.{field.name}",
+                type=type_text(field.hint) + (" or auto" if field.extra.get("auto") else ""),
+                doc=field.meta.description,
+                allowed=allowed_text(field),
+                default=default_text.get(field.name),
+                schema=field_schema(record, field.name),
+            )
+        )
+    return tuple(rows)
 
 
 _GPUS = ", ".join(GPU_NAMES)
@@ -379,20 +408,9 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         type="mapping or strategy name",
         doc="SkyPilot's job recovery for the managed job (`recovery: FAILOVER` sets the strategy alone). "
         "skygreen adds the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on.",
-        default=_value_text(dataclasses.asdict(RecoverySpec())),
+        default=_value_text(msgspec.structs.asdict(RecoverySpec())),
     ),
-    TaskField(
-        path="skygreen.recovery.strategy",
-        type="string",
-        allowed=one_of(RECOVERY_STRATEGIES),
-        doc="Where SkyPilot relaunches a preempted job: the next region at once, or first the same region.",
-    ),
-    TaskField(
-        path="skygreen.recovery.max_restarts_on_errors",
-        type="integer",
-        allowed="0 to 100",
-        doc="Relaunches after a failure that is not a preemption, before the job counts as failed.",
-    ),
+    *declared_rows(RecoverySpec),
     # ------------------------------------------------------------ skygreen: the training loop
     TaskField(
         path="skygreen.trainer",
@@ -415,56 +433,14 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         default="the script's own",
         doc="The effective batch and the micro-batch each rank runs at once; the runtime accumulates gradients between them.",
     ),
-    TaskField(
-        path="skygreen.batch.effective",
-        type="integer",
-        allowed="1 or more; a multiple of gpu_count x num_nodes",
-        default="the script's `effective_batch=`",
-        doc="Samples per optimizer step over all ranks. It stays the same on any GPU and any number of them, so a "
-        "resumed run trains the same steps.",
-    ),
-    TaskField(
-        path="skygreen.batch.micro",
-        type="integer or auto",
-        allowed="1 or more, dividing the per-rank batch; or auto",
-        default="auto",
-        doc="Samples per forward pass on each rank; `auto` probes the largest that fits the GPU.",
-    ),
+    *declared_rows(Batch, effective="the script's `effective_batch=`", micro="auto"),
     TaskField(
         path="skygreen.early_stopping",
         type="mapping or false",
         default="off",
         doc="Stop the run when the metric the script reports (`run.report(val_loss=...)`) stops improving; the run ends as done.",
     ),
-    TaskField(
-        path="skygreen.early_stopping.metric",
-        type="string",
-        doc="The name of the reported metric, e.g. `val_loss`.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping.mode",
-        type="string",
-        allowed=one_of(EARLY_STOP_MODES),
-        doc="Whether lower (`min`) or higher (`max`) is better.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping.patience",
-        type="integer",
-        allowed="1 or more",
-        doc="Evaluations without improvement before the run stops.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping.min_delta",
-        type="number",
-        allowed="0 or more",
-        doc="The smallest change that counts as an improvement.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping.grace",
-        type="integer",
-        allowed="0 or more",
-        doc="Evaluations at the start that never count against patience (curricula, warm-up).",
-    ),
+    *declared_rows(EarlyStopConfig),
     TaskField(
         path="skygreen.model",
         type="mapping",

@@ -2,9 +2,10 @@
 
 An editor running the YAML language server completes and checks a task file that starts with
 `# yaml-language-server: $schema=PATH` (docs/reference/task-file.md says how). The `skygreen:`
-section's schema is built from the task file's declarations (`skygreen.task.reference`: each
-key's type, allowed values and meaning), so it names exactly the keys the parser accepts and a
-misspelt key fails it. SkyPilot's own part comes from `sky.utils.schemas.get_task_schema()`,
+section's schema is built from the task file's declarations (a declared record's fields give
+their own, `skygreen.task.declare`; the other keys' come from their row in
+`skygreen.task.reference`: type, allowed values and meaning), so it names exactly the keys the
+parser accepts and a misspelt key fails it. SkyPilot's own part comes from `sky.utils.schemas.get_task_schema()`,
 imported only by `task_schema` (about 2.3 s): a copy ships beside this module (`schema.json`,
 held equal to a fresh build by tests/test_task_schema.py) for tools that should not import sky.
 """
@@ -89,10 +90,13 @@ TYPES: dict[str, Callable[[TaskField], Schema]] = {
 
 def field_schema(field: TaskField, fields: Iterable[TaskField] = TASK_FIELDS) -> Schema:
     """The schema of one key, with the keys nested under it when it is a mapping."""
-    build = TYPES.get(field.type)
-    if build is None:
-        raise ValueError(f"TaskField {field.path}: no JSON Schema for type {field.type!r}; add it to schema.TYPES")
-    schema = {**build(field), "description": field.doc}
+    if field.schema is not None:  # from the field's declaration (`skygreen.task.declare`)
+        schema = copy.deepcopy(dict(field.schema))
+    else:
+        build = TYPES.get(field.type)
+        if build is None:
+            raise ValueError(f"TaskField {field.path}: no JSON Schema for type {field.type!r}; add it to schema.TYPES")
+        schema = {**build(field), "description": field.doc}
     children = [f for f in fields if f.section == field.path]
     if children:
         nested = {"properties": {f.key: field_schema(f, fields) for f in children}, "additionalProperties": False}

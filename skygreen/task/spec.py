@@ -38,6 +38,7 @@ from typing import Any
 from skygreen.checkpoint.bucket_url import BUCKET_SCHEMES, canonical_url
 from skygreen.checkpoint.keep import check_keep
 from skygreen.errors import InputError, SpecError
+from skygreen.task.declare import read_record
 from skygreen.task.gpu_fields import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
 from skygreen.task.model_fields import parse_model
 from skygreen.task.readers import (
@@ -187,11 +188,11 @@ def _parse_green(raw: Any, path: str, *, base_dir: Path) -> GreenSpec:
     get(values, "preemption", _parse_preemption)
     get(values, "max_candidates", lambda v, p: read_int(v, p, minimum=1, maximum=64))
     get(values, "precision", lambda v, p: read_choice(v, p, PRECISIONS))
-    get(values, "batch", _parse_batch)
+    get(values, "batch", lambda v, p: read_record(Batch, v, p))
     get(values, "checkpoint", _parse_checkpoint)
     get(values, "power", _parse_power)
-    get(values, "early_stopping", _parse_early_stopping)
-    get(values, "recovery", _parse_recovery)
+    get(values, "early_stopping", lambda v, p: None if v is False else read_record(EarlyStopConfig, v, p))
+    get(values, "recovery", lambda v, p: read_record(RecoverySpec, v, p))
     get(values, "deadline", read_duration_h)
     get(values, "model", lambda v, p: parse_model(v, p, base_dir=base_dir))
     get(values, "trainer", lambda v, p: read_choice(v, p, TRAINERS))
@@ -266,25 +267,6 @@ def _parse_preemption(raw: Any, path: str) -> PreemptionSpec:
     if raw.get("restart_minutes") is not None:
         restart = read_number(raw["restart_minutes"], f"{path}.restart_minutes", minimum=0.0, maximum=1440.0)
     return PreemptionSpec(rate_per_hour=rates, restart_minutes=restart)
-
-
-def _parse_batch(raw: Any, path: str) -> Batch:
-    raw = read_mapping(raw, path)
-    check_keys(raw, ("effective", "micro"), path)
-    effective = None
-    if raw.get("effective") is not None:
-        effective = read_int(raw["effective"], f"{path}.effective", minimum=1)
-    micro = None
-    if raw.get("micro") is not None and raw["micro"] != "auto":
-        micro = read_int(raw["micro"], f"{path}.micro", minimum=1)
-    if effective is not None and micro is not None and micro > effective:
-        raise SpecError(
-            f"{path}.micro",
-            f"is larger than the effective batch {effective}",
-            value=micro,
-            hint="set micro to at most the effective batch, or to auto",
-        )
-    return Batch(effective=effective, micro=micro)
 
 
 def with_deadline(spec: TaskSpec, raw: Any, path: str) -> TaskSpec:
@@ -425,33 +407,3 @@ def _parse_power(raw: Any, path: str) -> PowerSpec:
             allowed="auto | off | watts (50-1500) | fraction (0.3-1.0)",
         )
     return PowerSpec(mode="watts", cap_w=value, **extra)
-
-
-def _parse_early_stopping(raw: Any, path: str) -> EarlyStopConfig | None:
-    if raw is False:
-        return None
-    raw = read_mapping(raw, path)
-    check_keys(raw, EarlyStopConfig.__dataclass_fields__, path)
-    if raw.get("metric") is None:
-        raise SpecError(
-            f"{path}.metric", "is required", hint="name the metric your script reports, e.g. metric: val_loss"
-        )
-    values: dict[str, Any] = {"metric": read_str(raw["metric"], f"{path}.metric")}
-    get = _getter(raw, path)
-    get(values, "mode", lambda v, p: read_choice(v, p, EARLY_STOP_MODES))
-    get(values, "patience", lambda v, p: read_int(v, p, minimum=1))
-    get(values, "min_delta", lambda v, p: read_number(v, p, minimum=0.0))
-    get(values, "grace", lambda v, p: read_int(v, p, minimum=0))
-    return EarlyStopConfig(**values)
-
-
-def _parse_recovery(raw: Any, path: str) -> RecoverySpec:
-    if isinstance(raw, str):
-        raw = {"strategy": raw}
-    raw = read_mapping(raw, path)
-    check_keys(raw, ("strategy", "max_restarts_on_errors"), path)
-    values: dict[str, Any] = {}
-    get = _getter(raw, path)
-    get(values, "strategy", lambda v, p: read_choice(v, p, RECOVERY_STRATEGIES))
-    get(values, "max_restarts_on_errors", lambda v, p: read_int(v, p, minimum=0, maximum=100))
-    return RecoverySpec(**values)

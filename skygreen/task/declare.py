@@ -1,0 +1,290 @@
+"""A field of the task file declared once: its type, default, bounds, unit and meaning.
+
+A section of the task file is a `Record` (a frozen `msgspec.Struct`) whose attributes carry
+everything about each key in their annotation:
+
+    class RecoverySpec(Record, frozen=True, kw_only=True):
+        strategy: Annotated[Literal["EAGER_NEXT_REGION", "FAILOVER"], meaning("Where ...")] = "EAGER_NEXT_REGION"
+        max_restarts_on_errors: Annotated[int, meaning("Relaunches ...", ge=0, le=100)] = 3
+        deadline_h: Annotated[float, meaning("Hours ...", gt=0)] | None = None   # optional: None outside
+
+From that one declaration come: the reader (`read_record`, which walks the annotations with
+the typed readers of `skygreen.task.readers`, so every error names the field path, the value,
+the allowed values, a near-miss suggestion and a fix, exactly as for the hand-read sections),
+the check when code builds a record (`Record.__post_init__`), the rows of the reference page
+(`skygreen.task.reference.declared_rows`), the section's JSON Schema (`msgspec.json.schema`) and the runtime settings
+codec (`skygreen.task.settings` spreads a record's fields into `SKYGREEN_*` variables).
+Rules that relate several fields of one section sit in the record as `rules()`, beside them.
+
+Why msgspec and not pydantic: declaring the task file's records in pydantic and validating one
+task added about 0.3 s to every `skygreen plan` (1.9x; importing pydantic alone is about 0.13 s),
+in msgspec about 0.01 s (1.0x): `benchmarks/bench_plan.py --libraries`, figures in
+benchmarks/RESULTS.md. Both give JSON Schema; msgspec's structs are also what `plan` reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from skygreen.errors import SpecError
+from skygreen.task.readers import (
+    check_keys,
+    read_bool,
+    read_choice,
+    read_int,
+    read_list,
+    read_mapping,
+    read_number,
+    read_str,
+)
+
+__all__ = ["FieldProblem", "Record", "field_schema", "fields_of", "meaning", "read_record"]
+
+
+def meaning(
+    text: str,
+    *,
+    unit: str = "",
+    allowed: str = "",
+    example: str = "",
+    auto: bool = False,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+) -> msgspec.Meta:
+    """A field's one-line meaning, its bounds and unit, for `Annotated[type, meaning(...)]`.
+
+    Args:
+        text: what the key does, in full sentences (the reference page and the schema show it).
+        unit: the unit of a number (`USD`, `evaluations`); shown with the allowed range.
+        allowed: more allowed-value text where the type and bounds do not say it all.
+        example: a value to suggest in the fix line when a required key is missing.
+        auto: the word `auto` may be written for the default (None: decided at run time).
+        ge, gt, le: bounds of a number.
+    """
+    extra = {k: v for k, v in (("unit", unit), ("allowed", allowed), ("example", example), ("auto", auto)) if v}
+    bounds = {name: bound for name, bound in (("ge", ge), ("gt", gt), ("le", le)) if bound is not None}
+    return msgspec.Meta(description=text, extra=extra or None, **bounds)  # type: ignore[call-overload]  # the stubs allow two bounds at most; `gt` and `le` are only given together
+
+
+class FieldProblem(ValueError):
+    """A record's field is wrong: raised by `Record.rules` and the construction check, turned
+    into a `SpecError` naming the field's full path when the record is read from a task file."""
+
+    def __init__(
+        self, field: str, problem: str, *, value: Any = None, allowed: str | None = None, hint: str | None = None
+    ):
+        self.field, self.problem, self.value, self.allowed, self.hint = field, problem, value, allowed, hint
+        super().__init__(f"{field}: {problem}" + (f", got {value!r}" if value is not None else ""))
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A section of the task file declared once. Built from a task file by `read_record`, or in
+    code; either way its fields are checked against their declaration, then its `rules()`."""
+
+    SECTION: ClassVar[str] = ""
+    """Its path in the task file (`skygreen.recovery`), for the reference page and errors."""
+
+    def __post_init__(self) -> None:
+        for field in fields_of(type(self)):
+            value = getattr(self, field.name)
+            if value is not None or field.required:
+                try:
+                    read_value(field.hint, value, field.name, field.meta)
+                except SpecError as e:
+                    raise FieldProblem(field.name, e.problem, value=value, allowed=e.allowed, hint=e.hint) from None
+        self.rules()
+
+    def rules(self) -> None:
+        """Checks that relate several fields of this section; raise `FieldProblem`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One declared field: its name, type (without `None`), declaration and default."""
+
+    name: str
+    hint: Any
+    meta: msgspec.Meta | None
+    default: Any
+    required: bool
+    optional: bool
+
+    @property
+    def extra(self) -> Mapping[str, Any]:
+        """What `meaning` keeps beside the bounds: unit, allowed text, example, auto."""
+        return (self.meta.extra or {}) if self.meta is not None else {}
+
+
+@functools.cache
+def fields_of(record: type[Record]) -> tuple[Field, ...]:
+    """The declared fields of `record`, in order."""
+    hints = typing.get_type_hints(record, include_extras=True)
+    out = []
+    for info in msgspec.structs.fields(record):
+        inner, optional = _without_none(hints[info.name])
+        meta = None
+        if typing.get_origin(inner) is typing.Annotated:
+            inner, *extras = typing.get_args(inner)
+            meta = next((m for m in extras if isinstance(m, msgspec.Meta)), None)
+        default = info.default_factory() if info.default_factory is not msgspec.NODEFAULT else info.default
+        out.append(Field(info.name, inner, meta, default, info.required, optional))
+    return tuple(out)
+
+
+def _without_none(hint: Any) -> tuple[Any, bool]:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) < len(typing.get_args(hint)):
+            return (args[0] if len(args) == 1 else functools.reduce(operator.or_, args)), True
+    return hint, False
+
+
+def read_record(record: type[Record], raw: Any, path: str) -> Any:
+    """A `record` read from the task file's `raw` mapping at `path`; a `SpecError` naming the
+    field, the value, what is allowed and a fix otherwise. A record with a `SHORTHAND` field
+    also reads a bare value as that field alone (`recovery: FAILOVER`)."""
+    shorthand = getattr(record, "SHORTHAND", None)
+    if shorthand and not isinstance(raw, Mapping):
+        raw = {shorthand: raw}
+    raw = read_mapping(raw, path)
+    fields = fields_of(record)
+    check_keys(raw, [f.name for f in fields], path)
+    values: dict[str, Any] = {}
+    for field in fields:
+        where = f"{path}.{field.name}"
+        if raw.get(field.name) is None or (raw[field.name] == "auto" and field.extra.get("auto")):
+            if field.required:
+                example = field.extra.get("example")
+                hint = f"add e.g. {field.name}: {example}" if example else f"add {field.name}:"
+                raise SpecError(where, "is required", hint=hint + _doc_clause(field))
+            continue
+        values[field.name] = read_value(field.hint, raw[field.name], where, field.meta)
+    try:
+        return record(**values)
+    except FieldProblem as e:
+        raise SpecError(f"{path}.{e.field}", e.problem, value=e.value, allowed=e.allowed, hint=e.hint) from None
+
+
+def choices_of(record: type[Record], name: str) -> tuple[str, ...]:
+    """The names a `Literal` field of `record` allows, in the declared order."""
+    field = next(f for f in fields_of(record) if f.name == name)
+    return tuple(typing.get_args(field.hint))
+
+
+def _doc_clause(field: Field) -> str:
+    doc = field.meta.description if field.meta else None
+    return f" ({doc[0].lower()}{doc[1:].rstrip('.')})" if doc else ""
+
+
+def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = None) -> Any:
+    """One value of type `hint` within `meta`'s bounds, read as the typed readers read it."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return read_choice(value, path, typing.get_args(hint))
+    if hint is bool:
+        return read_bool(value, path)
+    if hint is int:
+        low = _bound(meta, "ge", "gt", 1)
+        high = _upper(meta)
+        return read_int(
+            value,
+            path,
+            minimum=None if low is None else math.ceil(low),
+            maximum=None if high is None else math.floor(high),
+        )
+    if hint is float:
+        gt = getattr(meta, "gt", None)
+        positive = gt == 0
+        low = getattr(meta, "ge", None) if not positive else None
+        return read_number(value, path, minimum=low, maximum=_upper(meta), positive=positive)
+    if hint is str:
+        return read_str(value, path)
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        return tuple(read_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(read_list(value, path)))
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return value if isinstance(value, hint) else read_record(hint, value, path)
+    raise TypeError(f"{path}: no reader for the declared type {hint!r}")
+
+
+def _bound(meta: msgspec.Meta | None, inclusive: str, exclusive: str, step: int) -> float | None:
+    if meta is None:
+        return None
+    if getattr(meta, inclusive, None) is not None:
+        return getattr(meta, inclusive)
+    gt = getattr(meta, exclusive, None)
+    return None if gt is None else gt + step
+
+
+def _upper(meta: msgspec.Meta | None) -> float | None:
+    return None if meta is None else getattr(meta, "le", None)
+
+
+# ---------------------------------------------------------------- the reference and the schema
+
+
+def type_text(hint: Any) -> str:
+    """What a user writes, as the reference page names it."""
+    if typing.get_origin(hint) is Literal or hint is str:
+        return "string"
+    if typing.get_origin(hint) is tuple:
+        return f"list of {type_text(typing.get_args(hint)[0])}s"
+    return {bool: "boolean", int: "integer", float: "number"}.get(hint, "mapping")
+
+
+def allowed_text(field: Field) -> str:
+    """Allowed values, bounds and unit, as the reference page lists them."""
+    meta, parts = field.meta, []
+    if typing.get_origin(field.hint) is Literal:
+        parts.append(" | ".join(typing.get_args(field.hint)))
+    elif meta is not None:
+        low, high = getattr(meta, "ge", None), getattr(meta, "le", None)
+        if getattr(meta, "gt", None) is not None:
+            parts.append(f"above {meta.gt:g}" + (f", at most {high:g}" if high is not None else ""))
+        elif low is not None and high is not None:
+            parts.append(f"{low:g} to {high:g}")
+        elif low is not None:
+            parts.append(f"{low:g} or more")
+        elif high is not None:
+            parts.append(f"at most {high:g}")
+    extra = (meta.extra or {}) if meta is not None else {}
+    if extra.get("unit"):
+        parts[-1:] = [f"{parts[-1]} {extra['unit']}" if parts else extra["unit"]]
+    if extra.get("allowed"):
+        parts.append(extra["allowed"])
+    if extra.get("auto"):
+        parts.append("or auto")
+    return "; ".join(parts)
+
+
+@functools.cache
+def _record_schema(record: type[Record]) -> Mapping[str, Any]:
+    schema = msgspec.json.schema(record)
+    return schema["$defs"][record.__name__]
+
+
+def field_schema(record: type[Record], name: str) -> dict[str, Any]:
+    """The JSON Schema of one declared field (a nested record's schema inlined)."""
+    schema = dict(_record_schema(record)["properties"][name])
+    options = schema.get("anyOf")
+    if options:  # `X | None`: the key may be left out, not written as null
+        kept = [o for o in options if o.get("type") != "null"]
+        schema.pop("anyOf")
+        schema.update(kept[0] if len(kept) == 1 else {"anyOf": kept})
+    if schema.get("default") is None:
+        schema.pop("default", None)
+    field = next(f for f in fields_of(record) if f.name == name)
+    if field.extra.get("auto"):
+        described = {k: schema.pop(k) for k in ("description",) if k in schema}
+        schema = {"anyOf": [schema, {"const": "auto"}], **described}
+    return schema
