@@ -24,12 +24,13 @@ benchmarks/RESULTS.md. Both give JSON Schema; msgspec's structs are also what `p
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -47,7 +48,7 @@ from skygreen.task.readers import (
     read_str,
 )
 
-__all__ = ["FieldProblem", "Record", "field_schema", "fields_of", "meaning", "read_record"]
+__all__ = ["FieldProblem", "Record", "declared", "field_schema", "fields_of", "meaning", "read_fields", "read_record"]
 
 
 def meaning(
@@ -57,6 +58,8 @@ def meaning(
     allowed: str = "",
     example: str = "",
     auto: bool = False,
+    choices: tuple[str, ...] = (),
+    keys: tuple[str, ...] = (),
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
@@ -69,9 +72,12 @@ def meaning(
         allowed: more allowed-value text where the type and bounds do not say it all.
         example: a value to suggest in the fix line when a required key is missing.
         auto: the word `auto` may be written for the default (None: decided at run time).
+        choices: the names a `str` field allows (any case; read in this spelling).
+        keys: the names a mapping's keys may take.
         ge, gt, le: bounds of a number.
     """
-    extra = {k: v for k, v in (("unit", unit), ("allowed", allowed), ("example", example), ("auto", auto)) if v}
+    given = {"unit": unit, "allowed": allowed, "example": example, "auto": auto, "choices": choices, "keys": keys}
+    extra = {k: v for k, v in given.items() if v}
     bounds = {name: bound for name, bound in (("ge", ge), ("gt", gt), ("le", le)) if bound is not None}
     return msgspec.Meta(description=text, extra=extra or None, **bounds)  # type: ignore[call-overload]  # the stubs allow two bounds at most; `gt` and `le` are only given together
 
@@ -126,19 +132,37 @@ class Field:
 
 
 @functools.cache
-def fields_of(record: type[Record]) -> tuple[Field, ...]:
-    """The declared fields of `record`, in order."""
+def fields_of(record: type) -> tuple[Field, ...]:
+    """The fields of `record` (a `Record`, or a dataclass whose fields are declared with
+    `meaning` one by one), in order; `meta` is None for a field declared some other way."""
     hints = typing.get_type_hints(record, include_extras=True)
     out = []
-    for info in msgspec.structs.fields(record):
-        inner, optional = _without_none(hints[info.name])
+    for name, default, required in _attributes(record):
+        inner, optional = _without_none(hints[name])
         meta = None
         if typing.get_origin(inner) is typing.Annotated:
             inner, *extras = typing.get_args(inner)
             meta = next((m for m in extras if isinstance(m, msgspec.Meta)), None)
-        default = info.default_factory() if info.default_factory is not msgspec.NODEFAULT else info.default
-        out.append(Field(info.name, inner, meta, default, info.required, optional))
+        out.append(Field(name, inner, meta, default, required, optional))
     return tuple(out)
+
+
+def _attributes(record: type) -> Iterator[tuple[str, Any, bool]]:
+    """(name, default, required) of each field of a `Record` or a dataclass."""
+    if issubclass(record, msgspec.Struct):
+        for info in msgspec.structs.fields(record):
+            made = info.default_factory
+            yield info.name, made() if made is not msgspec.NODEFAULT else info.default, info.required
+        return
+    for f in dataclasses.fields(typing.cast(Any, record)):
+        factory: Any = f.default_factory
+        default = factory() if factory is not dataclasses.MISSING else f.default
+        yield f.name, default, default is dataclasses.MISSING
+
+
+def declared(record: type) -> tuple[Field, ...]:
+    """The fields of `record` declared with `meaning`: read, listed and checked from it."""
+    return tuple(f for f in fields_of(record) if f.meta is not None and f.meta.description)
 
 
 def _without_none(hint: Any) -> tuple[Any, bool]:
@@ -157,18 +181,8 @@ def read_record(record: type[Record], raw: Any, path: str) -> Any:
     if shorthand and not isinstance(raw, Mapping):
         raw = {shorthand: raw}
     raw = read_mapping(raw, path)
-    fields = fields_of(record)
-    check_keys(raw, [f.name for f in fields], path)
-    values: dict[str, Any] = {}
-    for field in fields:
-        where = f"{path}.{field.name}"
-        if raw.get(field.name) is None or (raw[field.name] == "auto" and field.extra.get("auto")):
-            if field.required:
-                example = field.extra.get("example")
-                hint = f"add e.g. {field.name}: {example}" if example else f"add {field.name}:"
-                raise SpecError(where, "is required", hint=hint + _doc_clause(field))
-            continue
-        values[field.name] = read_value(field.hint, raw[field.name], where, field.meta)
+    check_keys(raw, [f.name for f in fields_of(record)], path)
+    values = read_fields(record, raw, path)
     try:
         return record(**values)
     except FieldProblem as e:
@@ -181,6 +195,22 @@ def choices_of(record: type[Record], name: str) -> tuple[str, ...]:
     return tuple(typing.get_args(field.hint))
 
 
+def read_fields(record: type, raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The declared fields of `record` that `raw` gives (not null), each read by its declaration;
+    a required one missing is a `SpecError` with an example. The caller checks the keys."""
+    values: dict[str, Any] = {}
+    for field in declared(record):
+        where = f"{path}.{field.name}"
+        if raw.get(field.name) is None or (raw[field.name] == "auto" and field.extra.get("auto")):
+            if field.required:
+                example = field.extra.get("example")
+                hint = f"add e.g. {field.name}: {example}" if example else f"add {field.name}:"
+                raise SpecError(where, "is required", hint=hint + _doc_clause(field))
+            continue
+        values[field.name] = read_value(field.hint, raw[field.name], where, field.meta)
+    return values
+
+
 def _doc_clause(field: Field) -> str:
     doc = field.meta.description if field.meta else None
     return f" ({doc[0].lower()}{doc[1:].rstrip('.')})" if doc else ""
@@ -188,6 +218,7 @@ def _doc_clause(field: Field) -> str:
 
 def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = None) -> Any:
     """One value of type `hint` within `meta`'s bounds, read as the typed readers read it."""
+    hint, meta = _unwrap(hint, meta)
     origin = typing.get_origin(hint)
     if origin is Literal:
         return read_choice(value, path, typing.get_args(hint))
@@ -208,13 +239,31 @@ def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = Non
         low = getattr(meta, "ge", None) if not positive else None
         return read_number(value, path, minimum=low, maximum=_upper(meta), positive=positive)
     if hint is str:
-        return read_str(value, path)
+        choices = (meta.extra or {}).get("choices") if meta is not None else None
+        return read_choice(value, path, choices) if choices else read_str(value, path)
     if origin is tuple:
         item = typing.get_args(hint)[0]
         return tuple(read_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(read_list(value, path)))
+    if origin in (Mapping, dict):
+        key_hint, item = typing.get_args(hint)
+        mapping = read_mapping(value, path)
+        names = (meta.extra or {}).get("keys") if meta is not None else None
+        keys = {
+            k: read_choice(k, f"{path}.{k}", names) if names else read_value(key_hint, k, f"{path}.{k}")
+            for k in mapping
+        }
+        return {keys[k]: read_value(item, v, f"{path}.{k}", meta) for k, v in mapping.items()}
     if isinstance(hint, type) and issubclass(hint, Record):
         return value if isinstance(value, hint) else read_record(hint, value, path)
     raise TypeError(f"{path}: no reader for the declared type {hint!r}")
+
+
+def _unwrap(hint: Any, meta: msgspec.Meta | None) -> tuple[Any, msgspec.Meta | None]:
+    """`Annotated[X, Meta(...)]` -> (X, that Meta), else (hint, meta) as given."""
+    if typing.get_origin(hint) is typing.Annotated:
+        hint, *extras = typing.get_args(hint)
+        meta = next((m for m in extras if isinstance(m, msgspec.Meta)), meta)
+    return hint, meta
 
 
 def _bound(meta: msgspec.Meta | None, inclusive: str, exclusive: str, step: int) -> float | None:
@@ -235,18 +284,29 @@ def _upper(meta: msgspec.Meta | None) -> float | None:
 
 def type_text(hint: Any) -> str:
     """What a user writes, as the reference page names it."""
+    hint = _unwrap(hint, None)[0]
     if typing.get_origin(hint) is Literal or hint is str:
         return "string"
+    if typing.get_origin(hint) in (Mapping, dict):
+        return f"mapping of name to {type_text(typing.get_args(hint)[1])}"
     if typing.get_origin(hint) is tuple:
         return f"list of {type_text(typing.get_args(hint)[0])}s"
+    if typing.get_origin(hint) in (Mapping, dict):
+        key, item = typing.get_args(hint)
+        keys = "cloud" if typing.get_origin(key) is Literal else type_text(key)
+        return f"mapping of {keys} to {type_text(item)}"
     return {bool: "boolean", int: "integer", float: "number"}.get(hint, "mapping")
 
 
 def allowed_text(field: Field) -> str:
     """Allowed values, bounds and unit, as the reference page lists them."""
-    meta, parts = field.meta, []
-    if typing.get_origin(field.hint) is Literal:
-        parts.append(" | ".join(typing.get_args(field.hint)))
+    meta, parts, hint = field.meta, [], field.hint
+    if field.extra.get("keys"):
+        parts.append("keys: " + " | ".join(field.extra["keys"]))
+    if typing.get_origin(hint) in (Mapping, dict):  # the bounds are the values'
+        meta = _unwrap(typing.get_args(hint)[1], None)[1] or meta
+    if typing.get_origin(hint) is Literal or field.extra.get("choices"):
+        parts.append(" | ".join(typing.get_args(hint) or field.extra["choices"]))
     elif meta is not None:
         low, high = getattr(meta, "ge", None), getattr(meta, "le", None)
         if getattr(meta, "gt", None) is not None:
@@ -257,7 +317,7 @@ def allowed_text(field: Field) -> str:
             parts.append(f"{low:g} or more")
         elif high is not None:
             parts.append(f"at most {high:g}")
-    extra = (meta.extra or {}) if meta is not None else {}
+    extra = field.extra
     if extra.get("unit"):
         parts[-1:] = [f"{parts[-1]} {extra['unit']}" if parts else extra["unit"]]
     if extra.get("allowed"):
@@ -267,24 +327,22 @@ def allowed_text(field: Field) -> str:
     return "; ".join(parts)
 
 
-@functools.cache
-def _record_schema(record: type[Record]) -> Mapping[str, Any]:
-    schema = msgspec.json.schema(record)
-    return schema["$defs"][record.__name__]
-
-
-def field_schema(record: type[Record], name: str) -> dict[str, Any]:
-    """The JSON Schema of one declared field (a nested record's schema inlined)."""
-    schema = dict(_record_schema(record)["properties"][name])
-    options = schema.get("anyOf")
-    if options:  # `X | None`: the key may be left out, not written as null
-        kept = [o for o in options if o.get("type") != "null"]
-        schema.pop("anyOf")
-        schema.update(kept[0] if len(kept) == 1 else {"anyOf": kept})
-    if schema.get("default") is None:
-        schema.pop("default", None)
+def field_schema(record: type, name: str) -> dict[str, Any]:
+    """The JSON Schema of one declared field of `record`, from msgspec, with its default."""
     field = next(f for f in fields_of(record) if f.name == name)
+    schema = dict(msgspec.json.schema(typing.Annotated[field.hint, field.meta]))
+    schema.pop("$defs", None)
+    if schema.get("type") == "array":  # one item alone stands for a one-item list (`regions: us-east-1`)
+        described = {k: schema.pop(k) for k in ("description",) if k in schema}
+        schema = {"anyOf": [schema["items"], schema], **described}
+    if field.extra.get("choices"):
+        schema.pop("type", None)
+        schema["enum"] = list(field.extra["choices"])
+    if field.extra.get("keys"):
+        schema["propertyNames"] = {"enum": list(field.extra["keys"])}
     if field.extra.get("auto"):
         described = {k: schema.pop(k) for k in ("description",) if k in schema}
         schema = {"anyOf": [schema, {"const": "auto"}], **described}
+    if not field.required and field.default is not None and isinstance(field.default, (bool, int, float, str)):
+        schema["default"] = field.default
     return schema

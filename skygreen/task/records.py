@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
+import msgspec
+
 from skygreen.memory.method import Method
 from skygreen.memory.shape import ModelShape
 from skygreen.task.declare import FieldProblem, Record, choices_of, meaning
@@ -27,9 +29,7 @@ DEFAULT_MAX_NODES = 4
 DEFAULT_SEQ_LEN = 2048
 """`model.seq_len` left out: the context most 7B fine-tuning recipes train at (Llama-2's length)."""
 TRAINERS: tuple[str, ...] = ("runtime", "transformers", "lightning", "folder")
-"""What owns the training loop: `runtime` (the script trains through `sg.Run`), `transformers`
-or `lightning` (the script's Trainer carries skygreen's callback), `folder` (any script that saves
-checkpoint folders into `checkpoint.dir`; skygreen wraps the command)."""
+"""What owns the training loop (`GreenSpec.trainer`)."""
 DEFAULT_QUIET_S = 30.0
 """Folder mode without a marker file: a checkpoint folder counts as complete once no file in it
 changed for this long."""
@@ -181,10 +181,26 @@ class PowerSpec:
     """auto | off | watts | fraction."""
     cap_w: float | None = None
     cap_fraction: float | None = None
-    required: bool = False
-    """True: an error before training when the cap cannot be applied (no permission, no GPU)."""
-    eta: float | None = None
-    """The `auto` chooser's energy weight (0 = time only, 1 = energy only); None: skygreen.power's default."""
+    required: Annotated[
+        bool,
+        meaning(
+            "Fail before training when the cap cannot be applied (no permission, no GPU); otherwise the run "
+            "trains uncapped and says so."
+        ),
+    ] = False
+    eta: (
+        Annotated[
+            float,
+            meaning(
+                "The `auto` chooser's weight on energy against time.",
+                ge=0,
+                le=1,
+                allowed="0 is time only, 1 energy only",
+            ),
+        ]
+        | None
+    ) = None
+    """None: skygreen.power's default."""
 
 
 class EarlyStopConfig(Record, frozen=True, kw_only=True):
@@ -226,8 +242,17 @@ RECOVERY_STRATEGIES: tuple[str, ...] = choices_of(RecoverySpec, "strategy")
 class PreemptionSpec:
     """Overrides of the planner's spot model; None keeps the built-in assumption."""
 
-    rate_per_hour: Mapping[str, float] = field(default_factory=dict)
-    restart_minutes: float | None = None
+    rate_per_hour: Annotated[
+        Mapping[str, Annotated[float, msgspec.Meta(ge=0, le=60)]],
+        meaning("Expected preemptions per hour of a spot VM, per cloud.", keys=CLOUDS, unit="preemptions per hour"),
+    ] = field(default_factory=dict)
+    restart_minutes: (
+        Annotated[
+            float,
+            meaning("Minutes lost per preemption: a new VM, setup and the restore.", ge=0, le=1440, unit="minutes"),
+        ]
+        | None
+    ) = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -246,23 +271,62 @@ class GreenSpec:
     """The `skygreen:` section, validated, with defaults filled in."""
 
     gpus: GpuChoice = GpuChoice()
-    gpu_count: int = 1
+    gpu_count: Annotated[
+        int,
+        meaning("GPUs per node. Without it, a task with `model` may get any count that holds the model.", ge=1, le=64),
+    ] = 1
     gpu_count_given: bool = False
     """The task names `gpu_count`; without it a task with a `model` may get any count that holds it."""
     clouds: tuple[str, ...] = CLOUDS
-    regions: tuple[str, ...] | None = None
-    spot: bool = True
-    on_demand_fallback: bool = False
-    objective: str = "cost"
+    regions: (
+        Annotated[
+            tuple[str, ...], meaning("Keep only offers in these regions (cloud region names such as `us-east-1`).")
+        ]
+        | None
+    ) = None
+    spot: Annotated[
+        bool,
+        meaning(
+            "true: rank spot offers (checkpoints and exact resume carry a run through preemptions); false: on-demand only."
+        ),
+    ] = True
+    on_demand_fallback: Annotated[
+        bool, meaning("Also rank on-demand offers, as fallbacks behind the spot ones. Only with `spot: true`.")
+    ] = False
+    objective: Annotated[
+        str,
+        meaning("What the plan minimises: the run's cost, its time, its energy, or its CO2e.", choices=OBJECTIVES),
+    ] = "cost"
     work: Work = Work()
-    max_price_per_hour: float | None = None
-    budget_usd: float | None = None
+    max_price_per_hour: (
+        Annotated[float, meaning("Drop offers that cost more per node-hour.", gt=0, unit="USD per node-hour")] | None
+    ) = None
+    budget_usd: (
+        Annotated[
+            float,
+            meaning(
+                "The run's budget. The plan drops offers whose estimated run cost exceeds it, and the runtime commits a "
+                "checkpoint and stops the run when its spend reaches it (`skygreen resume --budget-usd` raises it).",
+                gt=0,
+                unit="USD",
+            ),
+        ]
+        | None
+    ) = None
     budget_alerts: BudgetAlertSpec = BudgetAlertSpec()
     speed: Mapping[str, float] = field(default_factory=dict)
     """Relative training speed overrides, GPU name -> speed relative to one A100."""
     preemption: PreemptionSpec = PreemptionSpec()
-    max_candidates: int = 8
-    precision: str = "auto"
+    max_candidates: Annotated[
+        int, meaning("How many of the best offers go to SkyPilot, in order, as fallbacks for one another.", ge=1, le=64)
+    ] = 8
+    precision: Annotated[
+        str,
+        meaning(
+            "Mixed precision: `auto` is bf16 where the GPU has it and fp16 elsewhere; `bf16` refuses GPUs without it.",
+            choices=PRECISIONS,
+        ),
+    ] = "auto"
     batch: Batch = field(default_factory=Batch)
     checkpoint: CheckpointSpec = CheckpointSpec()
     power: PowerSpec = PowerSpec()
@@ -272,8 +336,17 @@ class GreenSpec:
     """Hours from launch by which the run must be done (`deadline: 36h`); None: no deadline."""
     model: ModelSpec | None = None
     """None: the plan does not know the model's size and ranks every GPU."""
-    trainer: str = "runtime"
-    """One of `TRAINERS`; `folder` when `checkpoint.dir` is set and the task names no trainer."""
+    trainer: Annotated[
+        str,
+        meaning(
+            "What owns the training loop: `runtime` (the script trains through `sg.Run`), `transformers` or "
+            "`lightning` (the script's Trainer carries skygreen's callback), `folder` (any script that saves checkpoint "
+            "folders into `checkpoint.dir`; skygreen wraps the command). `checkpoint.dir` alone implies `folder`; "
+            "without the key, the script's imports decide (`skygreen.integrations.transformers`, `.lightning`, `Run`).",
+            choices=TRAINERS,
+        ),
+    ] = "runtime"
+    """`folder` when `checkpoint.dir` is set and the task names no trainer."""
     trainer_given: bool = False
     """The task names `trainer`; without it `task.checks.load_task` infers it from the script's imports."""
 

@@ -27,7 +27,7 @@ from skygreen.gpus import GPU_NAMES
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
 from skygreen.memory.method import ALL_LINEAR, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS, LORA_TARGETS, METHODS, OPTIMIZERS
 from skygreen.power.policy import DEFAULT_ETA
-from skygreen.task.declare import Record, allowed_text, field_schema, fields_of, type_text
+from skygreen.task.declare import Record, allowed_text, declared, field_schema, fields_of, type_text
 from skygreen.task.readers import DURATION_UNITS_S
 from skygreen.task.records import (
     CLOUDS,
@@ -35,10 +35,7 @@ from skygreen.task.records import (
     DEFAULT_SEQ_LEN,
     FSDP_FROM_PARAMS,
     HALF_PRECISIONS,
-    OBJECTIVES,
-    PRECISIONS,
     SHARDINGS,
-    TRAINERS,
     Batch,
     BudgetAlertSpec,
     CheckpointSpec,
@@ -155,19 +152,18 @@ def default_text(field: TaskField) -> str:
     return "required"
 
 
-def declared_rows(record: type[Record], **default_text: str) -> tuple[TaskField, ...]:
-    """The reference page's rows of a declared section (`skygreen.task.declare`), each with its
-    JSON Schema (`TaskField.schema`); `default_text` gives a default as text where the value
-    alone would mislead (`micro="auto"` for None)."""
-    section, rows = record.SECTION, []
-    for field in fields_of(record):
-        if field.meta is None or not field.meta.description:
-            raise ValueError(f"{section}.{field.name}: declare it with meaning(...): no description")
+def declared_rows(section: str, **default_text: str) -> tuple[TaskField, ...]:
+    """The rows of the fields declared in the record of `section` (`RECORDS`, `skygreen.task.declare`),
+    each with its JSON Schema (`TaskField.schema`); `default_text` gives a default as text where
+    the value alone would mislead (`micro="auto"` for None)."""
+    record, rows = RECORDS[section], []
+    for field in declared(record):
+        assert field.meta is not None  # declared() keeps only fields with a meaning
         rows.append(
             TaskField(
                 path=f"{section}.{field.name}",
                 type=type_text(field.hint) + (" or auto" if field.extra.get("auto") else ""),
-                doc=field.meta.description,
+                doc=str(field.meta.description),
                 allowed=allowed_text(field),
                 default=default_text.get(field.name),
                 schema=field_schema(record, field.name),
@@ -271,45 +267,12 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         allowed="above 0, GB per GPU",
         doc="Keep only GPUs with at least this much memory each.",
     ),
-    TaskField(
-        path="skygreen.gpu_count",
-        type="integer",
-        allowed="1 to 64",
-        doc="GPUs per node. Without it, a task with `model` may get any count that holds the model.",
-    ),
+    *declared_rows("skygreen", regions="every region"),
     TaskField(
         path="skygreen.clouds",
         type="cloud or list of clouds",
         allowed=one_of(CLOUDS),
         doc="The clouds whose offers the plan ranks.",
-    ),
-    TaskField(
-        path="skygreen.regions",
-        type="list of strings",
-        default="every region",
-        doc="Keep only offers in these regions (cloud region names such as `us-east-1`).",
-    ),
-    TaskField(
-        path="skygreen.spot",
-        type="boolean",
-        doc="true: rank spot offers (checkpoints and exact resume carry a run through preemptions); false: on-demand only.",
-    ),
-    TaskField(
-        path="skygreen.on_demand_fallback",
-        type="boolean",
-        doc="Also rank on-demand offers, as fallbacks behind the spot ones. Only with `spot: true`.",
-    ),
-    TaskField(
-        path="skygreen.objective",
-        type="string",
-        allowed=one_of(OBJECTIVES),
-        doc="What the plan minimises: the run's cost, its time, its energy, or its CO2e.",
-    ),
-    TaskField(
-        path="skygreen.max_candidates",
-        type="integer",
-        allowed="1 to 64",
-        doc="How many of the best offers go to SkyPilot, in order, as fallbacks for one another.",
     ),
     TaskField(
         path="skygreen.speed",
@@ -324,19 +287,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         default="the built-in spot model",
         doc="Overrides of the planner's spot model, for a task whose preemptions you have measured.",
     ),
-    TaskField(
-        path="skygreen.preemption.rate_per_hour",
-        type="mapping of cloud to number",
-        allowed=f"clouds: {one_of(CLOUDS)}; 0 to 60 preemptions per hour",
-        default="the built-in rates",
-        doc="Expected preemptions per hour of a spot VM, per cloud.",
-    ),
-    TaskField(
-        path="skygreen.preemption.restart_minutes",
-        type="number",
-        allowed="0 to 1440 minutes",
-        default="the built-in restart time",
-        doc="Minutes lost per preemption: a new VM, setup and the restore.",
+    *declared_rows(
+        "skygreen.preemption", rate_per_hour="the built-in rates", restart_minutes="the built-in restart time"
     ),
     # ------------------------------------------------------------ skygreen: size, money, time
     TaskField(
@@ -357,19 +309,6 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         type="GPU name",
         allowed=_GPUS,
         doc="The reference GPU that `gpu_hours` is measured on.",
-    ),
-    TaskField(
-        path="skygreen.max_price_per_hour",
-        type="number",
-        allowed="above 0, USD per node-hour",
-        doc="Drop offers that cost more per node-hour.",
-    ),
-    TaskField(
-        path="skygreen.budget_usd",
-        type="number",
-        allowed="above 0, USD",
-        doc="The run's budget. The plan drops offers whose estimated run cost exceeds it, and the runtime "
-        "commits a checkpoint and stops the run when its spend reaches it (`skygreen resume --budget-usd` raises it).",
     ),
     TaskField(
         path="skygreen.budget_alerts",
@@ -410,37 +349,22 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         "skygreen adds the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on.",
         default=_value_text(msgspec.structs.asdict(RecoverySpec())),
     ),
-    *declared_rows(RecoverySpec),
+    *declared_rows("skygreen.recovery"),
     # ------------------------------------------------------------ skygreen: the training loop
-    TaskField(
-        path="skygreen.trainer",
-        type="string",
-        allowed=one_of(TRAINERS),
-        doc="What owns the training loop: `runtime` (the script trains through `sg.Run`), `transformers` or "
-        "`lightning` (the script's Trainer carries skygreen's callback), `folder` (any script that saves checkpoint "
-        "folders into `checkpoint.dir`; skygreen wraps the command). `checkpoint.dir` alone implies `folder`; "
-        "without the key, the script's imports decide (`skygreen.integrations.transformers`, `.lightning`, `Run`).",
-    ),
-    TaskField(
-        path="skygreen.precision",
-        type="string",
-        allowed=one_of(PRECISIONS),
-        doc="Mixed precision: `auto` is bf16 where the GPU has it and fp16 elsewhere; `bf16` refuses GPUs without it.",
-    ),
     TaskField(
         path="skygreen.batch",
         type="mapping",
         default="the script's own",
         doc="The effective batch and the micro-batch each rank runs at once; the runtime accumulates gradients between them.",
     ),
-    *declared_rows(Batch, effective="the script's `effective_batch=`", micro="auto"),
+    *declared_rows("skygreen.batch", effective="the script's `effective_batch=`", micro="auto"),
     TaskField(
         path="skygreen.early_stopping",
         type="mapping or false",
         default="off",
         doc="Stop the run when the metric the script reports (`run.report(val_loss=...)`) stops improving; the run ends as done.",
     ),
-    *declared_rows(EarlyStopConfig),
+    *declared_rows("skygreen.early_stopping"),
     TaskField(
         path="skygreen.model",
         type="mapping",
@@ -626,18 +550,6 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="`auto` measures steps at a few caps and keeps the one that best trades time for energy; "
         "`off` leaves the limit alone.",
     ),
-    TaskField(
-        path="skygreen.power.required",
-        type="boolean",
-        doc="Fail before training when the cap cannot be applied (no permission, no GPU); otherwise the run "
-        "trains uncapped and says so.",
-    ),
-    TaskField(
-        path="skygreen.power.eta",
-        type="number",
-        allowed="0 (time only) to 1 (energy only)",
-        default=f"{DEFAULT_ETA:g}",
-        doc="The `auto` chooser's weight on energy against time.",
-    ),
+    *declared_rows("skygreen.power", eta=f"{DEFAULT_ETA:g}"),
 )
 """Every key of the task file, in the order the reference lists them."""

@@ -38,13 +38,12 @@ from typing import Any
 from skygreen.checkpoint.bucket_url import BUCKET_SCHEMES, canonical_url
 from skygreen.checkpoint.keep import check_keep
 from skygreen.errors import InputError, SpecError
-from skygreen.task.declare import read_record
+from skygreen.task.declare import read_fields, read_record
 from skygreen.task.gpu_fields import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
 from skygreen.task.model_fields import parse_model
 from skygreen.task.readers import (
     check_keys,
     parse_duration_s,
-    read_bool,
     read_choice,
     read_duration_h,
     read_int,
@@ -172,22 +171,14 @@ def _parse_green(raw: Any, path: str, *, base_dir: Path) -> GreenSpec:
     values: dict[str, Any] = {
         "gpu_count_given": raw.get("gpu_count") is not None,
         "trainer_given": raw.get("trainer") is not None,
+        **read_fields(GreenSpec, raw, path),  # the declared fields; below, those read their own way
     }
     get(values, "gpus", parse_gpus)
-    get(values, "gpu_count", lambda v, p: read_int(v, p, minimum=1, maximum=64))
     get(values, "clouds", parse_clouds)
-    get(values, "regions", lambda v, p: tuple(read_str(r, f"{p}[{i}]") for i, r in enumerate(read_list(v, p))))
-    get(values, "spot", read_bool)
-    get(values, "on_demand_fallback", read_bool)
-    get(values, "objective", lambda v, p: read_choice(v, p, OBJECTIVES))
     get(values, "work", parse_work)
-    get(values, "max_price_per_hour", lambda v, p: read_number(v, p, positive=True))
-    get(values, "budget_usd", lambda v, p: read_number(v, p, positive=True))
     get(values, "budget_alerts", _parse_budget_alerts)
     get(values, "speed", parse_speed)
     get(values, "preemption", _parse_preemption)
-    get(values, "max_candidates", lambda v, p: read_int(v, p, minimum=1, maximum=64))
-    get(values, "precision", lambda v, p: read_choice(v, p, PRECISIONS))
     get(values, "batch", lambda v, p: read_record(Batch, v, p))
     get(values, "checkpoint", _parse_checkpoint)
     get(values, "power", _parse_power)
@@ -195,7 +186,6 @@ def _parse_green(raw: Any, path: str, *, base_dir: Path) -> GreenSpec:
     get(values, "recovery", lambda v, p: read_record(RecoverySpec, v, p))
     get(values, "deadline", read_duration_h)
     get(values, "model", lambda v, p: parse_model(v, p, base_dir=base_dir))
-    get(values, "trainer", lambda v, p: read_choice(v, p, TRAINERS))
     _check_trainer(values, path)
     spec = GreenSpec(**values)
     if not spec.spot and spec.on_demand_fallback:
@@ -257,16 +247,7 @@ def _parse_budget_alerts(raw: Any, path: str) -> BudgetAlertSpec:
 def _parse_preemption(raw: Any, path: str) -> PreemptionSpec:
     raw = read_mapping(raw, path)
     check_keys(raw, ("rate_per_hour", "restart_minutes"), path)
-    rates: dict[str, float] = {}
-    if raw.get("rate_per_hour") is not None:
-        rate_path = f"{path}.rate_per_hour"
-        for cloud, rate in read_mapping(raw["rate_per_hour"], rate_path).items():
-            cloud_name = read_choice(cloud, f"{rate_path}.{cloud}", CLOUDS)
-            rates[cloud_name] = read_number(rate, f"{rate_path}.{cloud}", minimum=0.0, maximum=60.0)
-    restart = None
-    if raw.get("restart_minutes") is not None:
-        restart = read_number(raw["restart_minutes"], f"{path}.restart_minutes", minimum=0.0, maximum=1440.0)
-    return PreemptionSpec(rate_per_hour=rates, restart_minutes=restart)
+    return PreemptionSpec(**read_fields(PreemptionSpec, raw, path))
 
 
 def with_deadline(spec: TaskSpec, raw: Any, path: str) -> TaskSpec:
@@ -378,11 +359,7 @@ def _parse_bucket(raw: Any, path: str) -> str:
 def _parse_power(raw: Any, path: str) -> PowerSpec:
     raw = read_mapping(raw, path)
     check_keys(raw, ("cap", "required", "eta"), path)
-    extra: dict[str, Any] = {}
-    if "required" in raw:
-        extra["required"] = read_bool(raw["required"], f"{path}.required")
-    if raw.get("eta") is not None:
-        extra["eta"] = read_number(raw["eta"], f"{path}.eta", minimum=0.0, maximum=1.0)
+    extra = read_fields(PowerSpec, raw, path)  # required, eta; the cap is read below
     cap = raw.get("cap", "auto")
     cap_path = f"{path}.cap"
     if cap is False or cap == "off":
