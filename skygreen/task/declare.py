@@ -243,7 +243,8 @@ def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = Non
         return read_choice(value, path, choices) if choices else read_str(value, path)
     if origin is tuple:
         item = typing.get_args(hint)[0]
-        return tuple(read_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(read_list(value, path)))
+        items = list(value) if isinstance(value, tuple) else read_list(value, path)  # a tuple: built in code
+        return tuple(read_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(items))
     if origin in (Mapping, dict):
         key_hint, item = typing.get_args(hint)
         mapping = read_mapping(value, path)
@@ -303,8 +304,8 @@ def allowed_text(field: Field) -> str:
     meta, parts, hint = field.meta, [], field.hint
     if field.extra.get("keys"):
         parts.append("keys: " + " | ".join(field.extra["keys"]))
-    if typing.get_origin(hint) in (Mapping, dict):  # the bounds are the values'
-        meta = _unwrap(typing.get_args(hint)[1], None)[1] or meta
+    if typing.get_origin(hint) in (Mapping, dict, tuple):  # the bounds are the items'
+        meta = _unwrap(typing.get_args(hint)[-1 if typing.get_origin(hint) is not tuple else 0], None)[1] or meta
     if typing.get_origin(hint) is Literal or field.extra.get("choices"):
         parts.append(" | ".join(typing.get_args(hint) or field.extra["choices"]))
     elif meta is not None:

@@ -7,6 +7,7 @@ them from `skygreen.task.spec`, the task file's one public face.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
@@ -255,15 +256,62 @@ class PreemptionSpec:
     ) = None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BudgetAlertSpec:
+class BudgetAlertSpec(Record, frozen=True, kw_only=True):
     """When the runtime warns about spend (`budget_usd` itself stops the run at 100%)."""
 
-    at: tuple[float, ...] = ()
-    """Fractions of budget_usd; empty means the default 0.5, 0.8, 1.0."""
-    webhook_env: str | None = None
-    """An environment variable (declare it in `secrets:`) holding the webhook URL to POST alerts to."""
-    burn_usd_per_hour: float | None = None
+    SECTION: ClassVar[str] = "skygreen.budget_alerts"
+    at: Annotated[
+        tuple[Annotated[float, msgspec.Meta(gt=0)], ...],
+        meaning(
+            "Warn once as spend crosses each fraction of `budget_usd` (0.5 for 50%).",
+            allowed="fractions of `budget_usd`, at most 1",
+        ),
+    ] = ()
+    """Sorted, each once; empty means the default 0.5, 0.8, 1.0."""
+    webhook_env: (
+        Annotated[
+            str,
+            meaning(
+                "The environment variable (declare it in `secrets:`) that holds the URL each alert is POSTed to as JSON.",
+                allowed="an environment variable name, not the URL",
+            ),
+        ]
+        | None
+    ) = None
+    burn_usd_per_hour: (
+        Annotated[
+            float,
+            meaning(
+                "Warn once per segment when the run spends faster than this (controller included).",
+                gt=0,
+                unit="USD per hour",
+            ),
+        ]
+        | None
+    ) = None
+
+    def rules(self) -> None:
+        """Fractions of the budget, at most 1 (100%); a variable's name, never the URL it holds."""
+        for i, fraction in enumerate(self.at):
+            if fraction > 1:
+                raise FieldProblem(
+                    f"at[{i}]",
+                    "is a fraction of budget_usd and must be at most 1",
+                    value=fraction,
+                    hint=f"write {fraction / 100:g} for {fraction:g}%" if fraction <= 100 else "use a number in (0, 1]",
+                )
+        if self.webhook_env is not None and not _ENV_NAME.match(self.webhook_env):
+            raise FieldProblem(
+                "webhook_env",
+                "is not an environment variable name",
+                value=self.webhook_env if "://" not in self.webhook_env else "<a URL>",
+                hint="name the environment variable that holds the URL (e.g. BUDGET_WEBHOOK, declared "
+                "in secrets:), not the URL itself",
+            )
+        msgspec.structs.force_setattr(self, "at", tuple(sorted(set(self.at))))
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -313,7 +361,7 @@ class GreenSpec:
         ]
         | None
     ) = None
-    budget_alerts: BudgetAlertSpec = BudgetAlertSpec()
+    budget_alerts: BudgetAlertSpec = field(default_factory=BudgetAlertSpec)
     speed: Mapping[str, float] = field(default_factory=dict)
     """Relative training speed overrides, GPU name -> speed relative to one A100."""
     preemption: PreemptionSpec = PreemptionSpec()

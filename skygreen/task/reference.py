@@ -316,25 +316,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         default="alerts at " + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS),
         doc="When the runtime warns about spend, in the log and optionally to a webhook.",
     ),
-    TaskField(
-        path="skygreen.budget_alerts.at",
-        type="list of numbers",
-        allowed="fractions of `budget_usd`, above 0, at most 1",
-        default="[" + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS) + "]",
-        doc="Warn once as spend crosses each fraction of `budget_usd` (0.5 for 50%).",
-    ),
-    TaskField(
-        path="skygreen.budget_alerts.webhook_env",
-        type="string",
-        allowed="an environment variable name, not the URL",
-        doc="The environment variable (declare it in `secrets:`) that holds the URL each alert is POSTed to as JSON.",
-    ),
-    TaskField(
-        path="skygreen.budget_alerts.burn_usd_per_hour",
-        type="number",
-        allowed="above 0, USD per hour",
-        doc="Warn once per segment when the run spends faster than this (controller included).",
-    ),
+    *declared_rows("skygreen.budget_alerts", at="[" + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS) + "]"),
     TaskField(
         path="skygreen.deadline",
         type="duration or number of hours",

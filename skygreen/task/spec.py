@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,6 @@ from skygreen.task.readers import (
     read_choice,
     read_duration_h,
     read_int,
-    read_list,
     read_mapping,
     read_number,
     read_str,
@@ -176,7 +174,7 @@ def _parse_green(raw: Any, path: str, *, base_dir: Path) -> GreenSpec:
     get(values, "gpus", parse_gpus)
     get(values, "clouds", parse_clouds)
     get(values, "work", parse_work)
-    get(values, "budget_alerts", _parse_budget_alerts)
+    get(values, "budget_alerts", lambda v, p: read_record(BudgetAlertSpec, v, p))
     get(values, "speed", parse_speed)
     get(values, "preemption", _parse_preemption)
     get(values, "batch", lambda v, p: read_record(Batch, v, p))
@@ -206,42 +204,6 @@ def _getter(raw: Mapping[str, Any], path: str):
             values[key] = reader(raw[key], f"{path}.{key}")
 
     return get
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def _parse_budget_alerts(raw: Any, path: str) -> BudgetAlertSpec:
-    raw = read_mapping(raw, path)
-    check_keys(raw, BudgetAlertSpec.__dataclass_fields__, path)
-    values: dict[str, Any] = {}
-    if raw.get("at") is not None:
-        fractions = [
-            read_number(v, f"{path}.at[{i}]", positive=True) for i, v in enumerate(read_list(raw["at"], f"{path}.at"))
-        ]
-        for i, f in enumerate(fractions):
-            if f > 1:
-                raise SpecError(
-                    f"{path}.at[{i}]",
-                    "is a fraction of budget_usd and must be at most 1",
-                    value=f,
-                    hint=f"write {f / 100:g} for {f:g}%" if f <= 100 else "use a number in (0, 1]",
-                )
-        values["at"] = tuple(sorted(set(fractions)))
-    if raw.get("webhook_env") is not None:
-        name = read_str(raw["webhook_env"], f"{path}.webhook_env")
-        if not _ENV_NAME.match(name):
-            hint = "name the environment variable that holds the URL (e.g. BUDGET_WEBHOOK, declared in secrets:), not the URL itself"
-            raise SpecError(
-                f"{path}.webhook_env",
-                "is not an environment variable name",
-                value=name if "://" not in name else "<a URL>",
-                hint=hint,
-            )
-        values["webhook_env"] = name
-    if raw.get("burn_usd_per_hour") is not None:
-        values["burn_usd_per_hour"] = read_number(raw["burn_usd_per_hour"], f"{path}.burn_usd_per_hour", positive=True)
-    return BudgetAlertSpec(**values)
 
 
 def _parse_preemption(raw: Any, path: str) -> PreemptionSpec:
