@@ -48,7 +48,17 @@ from skygreen.task.readers import (
     read_str,
 )
 
-__all__ = ["FieldProblem", "Record", "declared", "field_schema", "fields_of", "meaning", "read_fields", "read_record"]
+__all__ = [
+    "FieldProblem",
+    "Record",
+    "check_declared",
+    "declared",
+    "field_schema",
+    "fields_of",
+    "meaning",
+    "read_fields",
+    "read_record",
+]
 
 
 def meaning(
@@ -101,17 +111,23 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Its path in the task file (`skygreen.recovery`), for the reference page and errors."""
 
     def __post_init__(self) -> None:
-        for field in fields_of(type(self)):
-            value = getattr(self, field.name)
-            if value is not None or field.required:
-                try:
-                    read_value(field.hint, value, field.name, field.meta)
-                except SpecError as e:
-                    raise FieldProblem(field.name, e.problem, value=value, allowed=e.allowed, hint=e.hint) from None
+        check_declared(self)
         self.rules()
 
     def rules(self) -> None:
         """Checks that relate several fields of this section; raise `FieldProblem`."""
+
+
+def check_declared(record: Any) -> None:
+    """Check each declared field of a record built in code against its declaration; a
+    `FieldProblem` (a ValueError) names the first that fails."""
+    for field in declared(type(record)):
+        value = getattr(record, field.name)
+        if value is not None or field.required:
+            try:
+                read_value(field.hint, value, field.name, field.meta)
+            except SpecError as e:
+                raise FieldProblem(field.name, e.problem, value=value, allowed=e.allowed, hint=e.hint) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,15 +325,15 @@ def allowed_text(field: Field) -> str:
     if typing.get_origin(hint) is Literal or field.extra.get("choices"):
         parts.append(" | ".join(typing.get_args(hint) or field.extra["choices"]))
     elif meta is not None:
-        low, high = getattr(meta, "ge", None), getattr(meta, "le", None)
-        if getattr(meta, "gt", None) is not None:
-            parts.append(f"above {meta.gt:g}" + (f", at most {high:g}" if high is not None else ""))
+        low, above, high = getattr(meta, "ge", None), getattr(meta, "gt", None), getattr(meta, "le", None)
+        if above is not None:
+            parts.append(f"above {_num(above)}" + (f", at most {_num(high)}" if high is not None else ""))
         elif low is not None and high is not None:
-            parts.append(f"{low:g} to {high:g}")
+            parts.append(f"{_num(low)} to {_num(high)}")
         elif low is not None:
-            parts.append(f"{low:g} or more")
+            parts.append(f"{_num(low)} or more")
         elif high is not None:
-            parts.append(f"at most {high:g}")
+            parts.append(f"at most {_num(high)}")
     extra = field.extra
     if extra.get("unit"):
         parts[-1:] = [f"{parts[-1]} {extra['unit']}" if parts else extra["unit"]]
@@ -326,6 +342,10 @@ def allowed_text(field: Field) -> str:
     if extra.get("auto"):
         parts.append("or auto")
     return "; ".join(parts)
+
+
+def _num(value: float) -> str:
+    return f"{value:g}" if value < 1e5 else f"{value:,.0f}"
 
 
 def field_schema(record: type, name: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import msgspec
 
 from skygreen.memory.method import Method
 from skygreen.memory.shape import ModelShape
-from skygreen.task.declare import FieldProblem, Record, choices_of, meaning
+from skygreen.task.declare import FieldProblem, Record, check_declared, choices_of, meaning
 
 CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
 OBJECTIVES: tuple[str, ...] = ("cost", "time", "energy", "carbon")
@@ -70,14 +70,30 @@ class ModelSpec:
 
     params: float
     """All parameters (7e9 for a 7B model); from the shape when the task gives `config` or `hf`."""
-    activation_gb: float | None = None
-    """Activation memory per GPU at the micro-batch, in GB (1e9 bytes); None: from the shape
-    when known, else 0."""
-    sharding: str = "ddp"
-    """fsdp: weights, gradients and optimizer states sharded over every GPU of the run (ZeRO
-    stage 3); ddp: every GPU holds them whole."""
-    max_nodes: int = DEFAULT_MAX_NODES
-    """The most nodes the plan may give a run whose task does not fix `num_nodes`."""
+    activation_gb: (
+        Annotated[
+            float,
+            meaning(
+                "Activation memory per GPU at the micro-batch, measured or guessed: replaces the estimate.",
+                ge=0,
+                le=10_000,
+                unit="GB (1e9 bytes) per GPU",
+            ),
+        ]
+        | None
+    ) = None
+    """None: from the shape when known, else 0."""
+    sharding: Annotated[
+        str,
+        meaning(
+            "`fsdp` shards weights, gradients and optimizer states over every GPU of the run (ZeRO stage 3); "
+            "with `ddp` every GPU holds them whole.",
+            choices=SHARDINGS,
+        ),
+    ] = "ddp"
+    max_nodes: Annotated[
+        int, meaning("The most nodes the plan may give a run whose task does not fix `num_nodes`.", ge=1, le=64)
+    ] = DEFAULT_MAX_NODES
     shape: ModelShape | None = None
     """Read from `config` or fetched through `hf`; None for a bare `params:`."""
     config: str | None = None
@@ -85,21 +101,30 @@ class ModelSpec:
     hf: str | None = None
     """The Hugging Face repo id as the task gives it."""
     method: Method = field(default_factory=Method)
-    seq_len: int = DEFAULT_SEQ_LEN
-    micro_batch: int = 1
-    activation_checkpointing: bool = True
+    seq_len: Annotated[
+        int,
+        meaning(
+            "Tokens per sample: the longest sample sets the peak, so give the length you pad or pack to.",
+            ge=1,
+            le=10_000_000,
+            unit="tokens",
+        ),
+    ] = DEFAULT_SEQ_LEN
+    micro_batch: Annotated[
+        int, meaning("Samples per forward pass per GPU, for the activation and logit memory.", ge=1, le=65_536)
+    ] = 1
+    activation_checkpointing: Annotated[
+        bool,
+        meaning(
+            "Whether the trainer recomputes activations in the backward pass (HF `gradient_checkpointing`): "
+            "only each layer's input is kept. Set false if your script does not turn it on."
+        ),
+    ] = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.params) and self.params >= 1):
             raise ValueError(f"ModelSpec.params must be a finite number >= 1, got {self.params}")
-        if self.activation_gb is not None and not (math.isfinite(self.activation_gb) and self.activation_gb >= 0):
-            raise ValueError(f"ModelSpec.activation_gb must be a finite number >= 0, got {self.activation_gb}")
-        if self.sharding not in SHARDINGS:
-            raise ValueError(f"ModelSpec.sharding must be one of {SHARDINGS}, got {self.sharding!r}")
-        if self.max_nodes < 1:
-            raise ValueError(f"ModelSpec.max_nodes must be >= 1, got {self.max_nodes}")
-        if self.seq_len < 1 or self.micro_batch < 1:
-            raise ValueError(f"ModelSpec.seq_len and micro_batch must be >= 1, got {self.seq_len}, {self.micro_batch}")
+        check_declared(self)
 
 
 class Batch(Record, frozen=True, kw_only=True):

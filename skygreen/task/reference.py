@@ -32,10 +32,8 @@ from skygreen.task.readers import DURATION_UNITS_S
 from skygreen.task.records import (
     CLOUDS,
     DEFAULT_QUIET_S,
-    DEFAULT_SEQ_LEN,
     FSDP_FROM_PARAMS,
     HALF_PRECISIONS,
-    SHARDINGS,
     Batch,
     BudgetAlertSpec,
     CheckpointSpec,
@@ -410,47 +408,11 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="The optimizer's state per trainable parameter: adamw 8 bytes (fp32 moments), adamw8bit 2, sgd "
         "(with momentum) 4, adafactor about 0; mixed precision adds a 4-byte fp32 master copy.",
     ),
-    TaskField(
-        path="skygreen.model.seq_len",
-        type="integer",
-        allowed="1 or more tokens",
-        default=str(DEFAULT_SEQ_LEN),
-        doc="Tokens per sample: the longest sample sets the peak, so give the length you pad or pack to.",
-    ),
-    TaskField(
-        path="skygreen.model.micro_batch",
-        type="integer",
-        allowed="1 or more",
-        default="1",
-        doc="Samples per forward pass per GPU, for the activation and logit memory.",
-    ),
-    TaskField(
-        path="skygreen.model.activation_checkpointing",
-        type="boolean",
-        default="true (as the QLoRA, torchtune and Unsloth recipes run)",
-        doc="Whether the trainer recomputes activations in the backward pass (HF `gradient_checkpointing`): "
-        "only each layer's input is kept. Set false if your script does not turn it on.",
-    ),
-    TaskField(
-        path="skygreen.model.activation_gb",
-        type="number",
-        allowed="0 to 10000 GB (1e9 bytes) per GPU",
-        default="from the shape with `config` or `hf`, else 0",
-        doc="Activation memory per GPU at the micro-batch, measured or guessed: replaces the estimate.",
-    ),
-    TaskField(
-        path="skygreen.model.sharding",
-        type="string",
-        allowed=one_of(SHARDINGS),
-        default=f"fsdp for a full fine-tune from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below and for lora and qlora",
-        doc="`fsdp` shards weights, gradients and optimizer states over every GPU of the run (ZeRO stage 3); "
-        "with `ddp` every GPU holds them whole.",
-    ),
-    TaskField(
-        path="skygreen.model.max_nodes",
-        type="integer",
-        allowed="1 to 64",
-        doc="The most nodes the plan may give a run whose task does not fix `num_nodes`.",
+    *declared_rows(
+        "skygreen.model",
+        activation_checkpointing="true (as the QLoRA, torchtune and Unsloth recipes run)",
+        activation_gb="from the shape with `config` or `hf`, else 0",
+        sharding=f"fsdp for a full fine-tune from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below and for lora and qlora",
     ),
     # ------------------------------------------------------------ skygreen: checkpoints
     TaskField(
