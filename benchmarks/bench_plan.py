@@ -143,15 +143,23 @@ def simple(hint):
     if origin in (Mapping, dict):
         return dict[str, args[1]]
     return hint if hint in (int, float, str, bool) else typing.Any
+def attributes(record):
+    if hasattr(record, "__struct_fields__"):  # a section already declared as a msgspec record
+        import msgspec as m
+        for f in m.structs.fields(record):
+            yield f, (f.default if f.default is not m.NODEFAULT else
+                      f.default_factory() if f.default_factory is not m.NODEFAULT else dataclasses.MISSING)
+        return
+    for f in dataclasses.fields(record):
+        yield f, (f.default if f.default is not dataclasses.MISSING else
+                  f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
 for name in ORDER:
     record = getattr(R, name)
     hints = typing.get_type_hints(record)
     fields = []
-    for f in dataclasses.fields(record):
+    for f, default in attributes(record):
         hint = simple(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
-        if isinstance(default, (dict, tuple)) or dataclasses.is_dataclass(default):
+        if isinstance(default, (dict, tuple)) or dataclasses.is_dataclass(default) or hasattr(default, "__struct_fields__"):
             default = None
             hint = typing.Optional[hint]
         if LIB == "pydantic":

@@ -89,7 +89,7 @@ def meaning(
     given = {"unit": unit, "allowed": allowed, "example": example, "auto": auto, "choices": choices, "keys": keys}
     extra = {k: v for k, v in given.items() if v}
     bounds = {name: bound for name, bound in (("ge", ge), ("gt", gt), ("le", le)) if bound is not None}
-    return msgspec.Meta(description=text, extra=extra or None, **bounds)  # type: ignore[call-overload]  # the stubs allow two bounds at most; `gt` and `le` are only given together
+    return msgspec.Meta(description=text, extra=extra or None, **bounds)  # type: ignore[call-overload]  # a dict of bounds matches no single overload
 
 
 class FieldProblem(ValueError):

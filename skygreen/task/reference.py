@@ -7,10 +7,13 @@ tests/test_docs_reference.py holds it to the parser: every key the parser accept
 row here, and every row must name a key the parser accepts. A field added to the parser without
 a row, or a row without a description, fails that test.
 
-Defaults are read from the records themselves wherever a key names a record's attribute
-(`skygreen.checkpoint.keep` is `CheckpointSpec.keep`), so a changed default changes the page;
-`default=` text is only for keys the parser turns into something else (`every`, `power.cap`).
-Allowed values come from the same constants the parser checks against.
+A field declared on its record with `meaning(...)` (`skygreen.task.declare`) gets its row from
+that declaration (`declared_rows`): type, allowed values, bounds, unit, meaning and its JSON
+Schema; only the keys still read their own way (the GPUs, `work`, `checkpoint`, `power.cap`,
+the model's size and method) keep a hand-written `TaskField` here. Defaults are read from the
+records themselves wherever a key names a record's attribute (`skygreen.checkpoint.keep` is
+`CheckpointSpec.keep`), so a changed default changes the page; `default=` text is only for keys
+the parser turns into something else (`every`, `power.cap`).
 """
 
 from __future__ import annotations

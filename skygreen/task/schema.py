@@ -45,47 +45,32 @@ def _list_or_one(item: Schema) -> Schema:
     return {"anyOf": [item, {"type": "array", "items": item, "minItems": 1}]}
 
 
-_CLOUD_NAMES = re.compile(r"clouds: ([a-z| ]+);")
-
-
-def _cloud_mapping(field: TaskField) -> Schema:
-    match = _CLOUD_NAMES.search(field.allowed)
-    names = match.group(1).split(" | ") if match else None
-    schema: Schema = {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}}
-    return {**schema, "propertyNames": {"enum": names}} if names else schema
-
-
 _OBJECT: Schema = {"type": "object"}
-_AUTO: Schema = {"const": "auto"}
 _FALSE: Schema = {"const": False}
 
 TYPES: dict[str, Callable[[TaskField], Schema]] = {
     "integer": lambda f: {"type": "integer"},
     "number": lambda f: {"type": "number"},
-    "boolean": lambda f: {"type": "boolean"},
     "string": _string,
     "mapping": lambda f: dict(_OBJECT),
     "GPU name": lambda f: {"type": "string"},
     "list of GPU names": lambda f: _list_or_one({"type": "string"}),
-    "list of strings": lambda f: _list_or_one({"type": "string"}),
-    "list of numbers": lambda f: _list_or_one({"type": "number"}),
     "list or string": lambda f: _list_or_one({"type": "string"}),
     "GPU name, list of GPU names, or mapping": lambda f: {
         "anyOf": [*_list_or_one({"type": "string"})["anyOf"], dict(_OBJECT)]
     },
     "cloud or list of clouds": lambda f: _list_or_one(_string(f)),
     "mapping of GPU name to number": lambda f: {"type": "object", "additionalProperties": {"type": "number"}},
-    "mapping of cloud to number": _cloud_mapping,
     "duration or number of hours": lambda f: {"type": ["string", "number"]},
     "mapping or strategy name": lambda f: {"anyOf": [{"type": "string"}, dict(_OBJECT)]},
     "mapping or false": lambda f: {"anyOf": [dict(_OBJECT), _FALSE]},
-    "integer or auto": lambda f: {"anyOf": [{"type": "integer"}, _AUTO]},
     "number or string": lambda f: {"type": ["number", "string"]},
     "auto, integer or duration": lambda f: {"type": ["integer", "string"]},
     "string or false": lambda f: {"anyOf": [_string(f), _FALSE]},
     "auto, off, watts or fraction": lambda f: {"anyOf": [{"type": "number"}, {"enum": ["auto", "off"]}, _FALSE]},
 }
-"""The JSON Schema of each kind of value the reference names (`TaskField.type`)."""
+"""The JSON Schema of each kind of value the reference names (`TaskField.type`), for the keys
+not yet declared in `skygreen.task.declare` (whose declaration gives their schema)."""
 
 
 def field_schema(field: TaskField, fields: Iterable[TaskField] = TASK_FIELDS) -> Schema:
