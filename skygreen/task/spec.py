@@ -53,26 +53,28 @@ from skygreen.task.readers import (
 )
 from skygreen.task.records import (
     CLOUDS,
-    EARLY_STOP_MODES,
     HALF_PRECISIONS,
     OBJECTIVES,
     PRECISIONS,
-    RECOVERY_STRATEGIES,
     SECTION,
     SKYPILOT_TASK_KEYS,
     TRAINERS,
-    Batch,
-    BudgetAlertSpec,
     CheckpointSpec,
-    EarlyStopConfig,
     GpuChoice,
     GreenSpec,
     ModelSpec,
     PowerSpec,
     PreemptionSpec,
-    RecoverySpec,
     TaskSpec,
     Work,
+)
+from skygreen.task.sections import (
+    EARLY_STOP_MODES,
+    RECOVERY_STRATEGIES,
+    Batch,
+    BudgetAlertSpec,
+    EarlyStopConfig,
+    RecoverySpec,
 )
 from skygreen.task.yaml_lines import line_of, read_yaml
 
