@@ -52,14 +52,24 @@ class GpuChoice:
 
     names: tuple[str, ...] | None = None
     """None means every GPU skygreen knows (`skygreen.gpus.GPUS`)."""
-    min_memory_gb: float | None = None
+    min_memory_gb: (
+        Annotated[float, meaning("Keep only GPUs with at least this much memory each.", gt=0, unit="GB per GPU")] | None
+    ) = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Work:
     """The size of the job: `gpu_hours` of training on one `gpu`."""
 
-    gpu_hours: float = 1.0
+    gpu_hours: Annotated[
+        float,
+        meaning(
+            "Hours the whole job takes on one reference GPU; `plan` warns above 100,000.",
+            gt=0,
+            le=1e7,
+            unit="hours on ONE `gpu`",
+        ),
+    ] = 1.0
     gpu: str = "A100"
 
 

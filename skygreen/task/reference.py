@@ -262,12 +262,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         default="every GPU skygreen knows",
         doc="Candidate GPU models, in the mapping form of `gpus`.",
     ),
-    TaskField(
-        path="skygreen.gpus.min_memory_gb",
-        type="number",
-        allowed="above 0, GB per GPU",
-        doc="Keep only GPUs with at least this much memory each.",
-    ),
+    *declared_rows("skygreen.gpus"),
     *declared_rows("skygreen", regions="every region"),
     TaskField(
         path="skygreen.clouds",
@@ -299,12 +294,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="The size of the job: `gpu_hours` of training on one `gpu`. Every estimate (hours, cost, energy) "
         "scales from it. The old key `on:` (and the `true:` a YAML 1.1 tool makes of it) is still read as `gpu:`, with a note.",
     ),
-    TaskField(
-        path="skygreen.work.gpu_hours",
-        type="number",
-        allowed="above 0, at most 1e7 hours on ONE `gpu`",
-        doc="Hours the whole job takes on one reference GPU; `plan` warns above 100,000.",
-    ),
+    *declared_rows("skygreen.work"),
     TaskField(
         path="skygreen.work.gpu",
         type="GPU name",
