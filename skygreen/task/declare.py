@@ -6,14 +6,17 @@ everything about each key in their annotation:
     class RecoverySpec(Record, frozen=True, kw_only=True):
         strategy: Annotated[Literal["EAGER_NEXT_REGION", "FAILOVER"], meaning("Where ...")] = "EAGER_NEXT_REGION"
         max_restarts_on_errors: Annotated[int, meaning("Relaunches ...", ge=0, le=100)] = 3
-        deadline_h: Annotated[float, meaning("Hours ...", gt=0)] | None = None   # optional: None outside
+
+A dataclass record declares its fields the same way, one by one (`GreenSpec.gpu_count`); a field
+without `meaning` is read its own way (`skygreen.task.spec`) and listed by hand.
 
 From that one declaration come: the reader (`read_record`, which walks the annotations with
 the typed readers of `skygreen.task.readers`, so every error names the field path, the value,
 the allowed values, a near-miss suggestion and a fix, exactly as for the hand-read sections),
-the check when code builds a record (`Record.__post_init__`), the rows of the reference page
-(`skygreen.task.reference.declared_rows`), the section's JSON Schema (`msgspec.json.schema`) and the runtime settings
-codec (`skygreen.task.settings` spreads a record's fields into `SKYGREEN_*` variables).
+the check when code builds a record (`check_declared`), the rows of the reference page
+(`skygreen.task.reference.declared_rows`), each field's JSON Schema (`msgspec.json.schema`) and
+the runtime settings codec (`skygreen.task.settings` spreads a record's fields into
+`SKYGREEN_*` variables).
 Rules that relate several fields of one section sit in the record as `rules()`, beside them.
 
 Why msgspec and not pydantic: declaring the task file's records in pydantic and validating one
@@ -220,8 +223,8 @@ def read_fields(record: type, raw: Mapping[str, Any], path: str) -> dict[str, An
         if raw.get(field.name) is None or (raw[field.name] == "auto" and field.extra.get("auto")):
             if field.required:
                 example = field.extra.get("example")
-                hint = f"add e.g. {field.name}: {example}" if example else f"add {field.name}:"
-                raise SpecError(where, "is required", hint=hint + _doc_clause(field))
+                hint = f"add e.g. {field.name}: {example}" if example else f"add {field.name}:" + _doc_clause(field)
+                raise SpecError(where, "is required", hint=hint)
             continue
         values[field.name] = read_value(field.hint, raw[field.name], where, field.meta)
     return values
@@ -250,9 +253,9 @@ def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = Non
             maximum=None if high is None else math.floor(high),
         )
     if hint is float:
-        gt = getattr(meta, "gt", None)
-        positive = gt == 0
-        low = getattr(meta, "ge", None) if not positive else None
+        above, low = getattr(meta, "gt", None), getattr(meta, "ge", None)
+        positive = above == 0  # any other exclusive bound is read as inclusive
+        low = low if low is not None else (None if positive else above)
         return read_number(value, path, minimum=low, maximum=_upper(meta), positive=positive)
     if hint is str:
         choices = (meta.extra or {}).get("choices") if meta is not None else None
