@@ -90,7 +90,8 @@ def test_every_declared_field_of_every_section_has_its_row_and_schema() -> None:
     for section, record in RECORDS.items():
         for field in declared(record):
             row = rows[f"{section}.{field.name}"]
-            assert field.meta is not None and row.schema is not None and row.doc == field.meta.description
+            assert field.meta is not None and row.doc == field.meta.description
+            assert row.schema is not None or row.path in RECORDS  # a section's schema is built from its rows
     assert {"skygreen.gpu_count", "skygreen.precision", "skygreen.batch.micro"} <= rows.keys()
     assert len(declared(GreenSpec)) >= 10
 

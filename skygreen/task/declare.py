@@ -192,7 +192,16 @@ def _without_none(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-def read_record(record: type[Record], raw: Any, path: str) -> Any:
+def _is_record(hint: Any) -> bool:
+    """A section read whole from its declaration: a `Record`, or a dataclass whose fields are all declared."""
+    if not isinstance(hint, type):
+        return False
+    if issubclass(hint, Record):
+        return True
+    return dataclasses.is_dataclass(hint) and len(declared(hint)) == len(fields_of(hint))
+
+
+def read_record(record: type, raw: Any, path: str) -> Any:
     """A `record` read from the task file's `raw` mapping at `path`; a `SpecError` naming the
     field, the value, what is allowed and a fix otherwise. A record with a `SHORTHAND` field
     also reads a bare value as that field alone (`recovery: FAILOVER`)."""
@@ -220,6 +229,9 @@ def read_fields(record: type, raw: Mapping[str, Any], path: str) -> dict[str, An
     values: dict[str, Any] = {}
     for field in declared(record):
         where = f"{path}.{field.name}"
+        if field.optional and raw.get(field.name) is False and _is_record(field.hint):
+            values[field.name] = None  # `early_stopping: false`: the section is off
+            continue
         if raw.get(field.name) is None or (raw[field.name] == "auto" and field.extra.get("auto")):
             if field.required:
                 example = field.extra.get("example")
@@ -273,7 +285,7 @@ def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = Non
             for k in mapping
         }
         return {keys[k]: read_value(item, v, f"{path}.{k}", meta) for k, v in mapping.items()}
-    if isinstance(hint, type) and issubclass(hint, Record):
+    if _is_record(hint):
         return value if isinstance(value, hint) else read_record(hint, value, path)
     raise TypeError(f"{path}: no reader for the declared type {hint!r}")
 
@@ -309,6 +321,8 @@ def type_text(hint: Any) -> str:
         return "string"
     if typing.get_origin(hint) in (Mapping, dict):
         return f"mapping of name to {type_text(typing.get_args(hint)[1])}"
+    if getattr(hint, "SHORTHAND", None):
+        return f"mapping or {hint.SHORTHAND} name"
     if typing.get_origin(hint) is tuple:
         return f"list of {type_text(typing.get_args(hint)[0])}s"
     if typing.get_origin(hint) in (Mapping, dict):

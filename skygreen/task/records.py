@@ -260,10 +260,15 @@ class GreenSpec:
         ]
         | None
     ) = None
-    budget_alerts: BudgetAlertSpec = field(default_factory=BudgetAlertSpec)
+    budget_alerts: Annotated[
+        BudgetAlertSpec, meaning("When the runtime warns about spend, in the log and optionally to a webhook.")
+    ] = field(default_factory=BudgetAlertSpec)
     speed: Mapping[str, float] = field(default_factory=dict)
     """Relative training speed overrides, GPU name -> speed relative to one A100."""
-    preemption: PreemptionSpec = PreemptionSpec()
+    preemption: Annotated[
+        PreemptionSpec,
+        meaning("Overrides of the planner's spot model, for a task whose preemptions you have measured."),
+    ] = PreemptionSpec()
     max_candidates: Annotated[
         int, meaning("How many of the best offers go to SkyPilot, in order, as fallbacks for one another.", ge=1, le=64)
     ] = 8
@@ -274,11 +279,33 @@ class GreenSpec:
             choices=PRECISIONS,
         ),
     ] = "auto"
-    batch: Batch = field(default_factory=Batch)
+    batch: Annotated[
+        Batch,
+        meaning(
+            "The effective batch and the micro-batch each rank runs at once; the runtime accumulates gradients "
+            "between them."
+        ),
+    ] = field(default_factory=Batch)
     checkpoint: CheckpointSpec = CheckpointSpec()
     power: PowerSpec = PowerSpec()
-    early_stopping: EarlyStopConfig | None = None
-    recovery: RecoverySpec = field(default_factory=RecoverySpec)
+    early_stopping: (
+        Annotated[
+            EarlyStopConfig,
+            meaning(
+                "Stop the run when the metric the script reports (`run.report(val_loss=...)`) stops improving; the run "
+                "ends as done."
+            ),
+        ]
+        | None
+    ) = None
+    """None (or `false` in the file): no early stopping."""
+    recovery: Annotated[
+        RecoverySpec,
+        meaning(
+            "SkyPilot's job recovery for the managed job (`recovery: FAILOVER` sets the strategy alone). skygreen adds "
+            "the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on.",
+        ),
+    ] = field(default_factory=RecoverySpec)
     deadline: float | None = None
     """Hours from launch by which the run must be done (`deadline: 36h`); None: no deadline."""
     model: ModelSpec | None = None

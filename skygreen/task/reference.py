@@ -160,14 +160,16 @@ def declared_rows(section: str, **default_text: str) -> tuple[TaskField, ...]:
     record, rows = RECORDS[section], []
     for field in declared(record):
         assert field.meta is not None  # declared() keeps only fields with a meaning
+        is_section = f"{section}.{field.name}" in RECORDS
+        off = is_section and field.optional
         rows.append(
             TaskField(
                 path=f"{section}.{field.name}",
-                type=type_text(field.hint) + (" or auto" if field.extra.get("auto") else ""),
+                type=type_text(field.hint) + (" or auto" if field.extra.get("auto") else " or false" if off else ""),
                 doc=str(field.meta.description),
                 allowed=allowed_text(field),
                 default=default_text.get(field.name),
-                schema=field_schema(record, field.name),
+                schema=None if is_section else field_schema(record, field.name),  # a section: from its rows
             )
         )
     return tuple(rows)
@@ -263,7 +265,15 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="Candidate GPU models, in the mapping form of `gpus`.",
     ),
     *declared_rows("skygreen.gpus"),
-    *declared_rows("skygreen", regions="every region"),
+    *declared_rows(
+        "skygreen",
+        regions="every region",
+        preemption="the built-in spot model",
+        budget_alerts="alerts at " + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS),
+        batch="the script's own",
+        early_stopping="off",
+        recovery=_value_text(msgspec.structs.asdict(RecoverySpec())),
+    ),
     TaskField(
         path="skygreen.clouds",
         type="cloud or list of clouds",
@@ -276,12 +286,6 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         allowed="above 0, at most 1000; relative to one A100 (1.0)",
         default="skygreen's speed table",
         doc="Relative training speeds that override the built-in table for this task, e.g. `{L4: 0.35}`.",
-    ),
-    TaskField(
-        path="skygreen.preemption",
-        type="mapping",
-        default="the built-in spot model",
-        doc="Overrides of the planner's spot model, for a task whose preemptions you have measured.",
     ),
     *declared_rows(
         "skygreen.preemption", rate_per_hour="the built-in rates", restart_minutes="the built-in restart time"
@@ -301,12 +305,6 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         allowed=_GPUS,
         doc="The reference GPU that `gpu_hours` is measured on.",
     ),
-    TaskField(
-        path="skygreen.budget_alerts",
-        type="mapping",
-        default="alerts at " + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS),
-        doc="When the runtime warns about spend, in the log and optionally to a webhook.",
-    ),
     *declared_rows("skygreen.budget_alerts", at="[" + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS) + "]"),
     TaskField(
         path="skygreen.deadline",
@@ -315,28 +313,9 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="Finish within this long after launch. The plan prefers spot while there is slack and falls back to "
         "on-demand when the deadline needs it; `skygreen up --deadline` and `watch` hold a run to it.",
     ),
-    TaskField(
-        path="skygreen.recovery",
-        type="mapping or strategy name",
-        doc="SkyPilot's job recovery for the managed job (`recovery: FAILOVER` sets the strategy alone). "
-        "skygreen adds the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on.",
-        default=_value_text(msgspec.structs.asdict(RecoverySpec())),
-    ),
     *declared_rows("skygreen.recovery"),
     # ------------------------------------------------------------ skygreen: the training loop
-    TaskField(
-        path="skygreen.batch",
-        type="mapping",
-        default="the script's own",
-        doc="The effective batch and the micro-batch each rank runs at once; the runtime accumulates gradients between them.",
-    ),
     *declared_rows("skygreen.batch", effective="the script's `effective_batch=`", micro="auto"),
-    TaskField(
-        path="skygreen.early_stopping",
-        type="mapping or false",
-        default="off",
-        doc="Stop the run when the metric the script reports (`run.report(val_loss=...)`) stops improving; the run ends as done.",
-    ),
     *declared_rows("skygreen.early_stopping"),
     TaskField(
         path="skygreen.model",

@@ -37,7 +37,7 @@ from typing import Any
 from skygreen.checkpoint.bucket_url import BUCKET_SCHEMES, canonical_url
 from skygreen.checkpoint.keep import check_keep
 from skygreen.errors import InputError, SpecError
-from skygreen.task.declare import read_fields, read_record
+from skygreen.task.declare import read_fields
 from skygreen.task.gpu_fields import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
 from skygreen.task.model_fields import parse_model
 from skygreen.task.readers import (
@@ -176,14 +176,9 @@ def _parse_green(raw: Any, path: str, *, base_dir: Path) -> GreenSpec:
     get(values, "gpus", parse_gpus)
     get(values, "clouds", parse_clouds)
     get(values, "work", parse_work)
-    get(values, "budget_alerts", lambda v, p: read_record(BudgetAlertSpec, v, p))
     get(values, "speed", parse_speed)
-    get(values, "preemption", _parse_preemption)
-    get(values, "batch", lambda v, p: read_record(Batch, v, p))
     get(values, "checkpoint", _parse_checkpoint)
     get(values, "power", _parse_power)
-    get(values, "early_stopping", lambda v, p: None if v is False else read_record(EarlyStopConfig, v, p))
-    get(values, "recovery", lambda v, p: read_record(RecoverySpec, v, p))
     get(values, "deadline", read_duration_h)
     get(values, "model", lambda v, p: parse_model(v, p, base_dir=base_dir))
     _check_trainer(values, path)
@@ -206,12 +201,6 @@ def _getter(raw: Mapping[str, Any], path: str):
             values[key] = reader(raw[key], f"{path}.{key}")
 
     return get
-
-
-def _parse_preemption(raw: Any, path: str) -> PreemptionSpec:
-    raw = read_mapping(raw, path)
-    check_keys(raw, ("rate_per_hour", "restart_minutes"), path)
-    return PreemptionSpec(**read_fields(PreemptionSpec, raw, path))
 
 
 def with_deadline(spec: TaskSpec, raw: Any, path: str) -> TaskSpec:
