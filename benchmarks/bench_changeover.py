@@ -115,8 +115,8 @@ def rendered_setup(run_id: str, bucket: str, requirement: str | None = None) -> 
     (default `skygreen==VERSION`)."""
     from skygreen.launch.render import RuntimeInstall, render_task
     from skygreen.plan.rank import Candidate, Plan
-    from skygreen.settings import RuntimeSettings
-    from skygreen.spec import parse_spec
+    from skygreen.task.settings import RuntimeSettings
+    from skygreen.task.spec import parse_spec
 
     spec = parse_spec({"name": "bench", "skygreen": {}, "run": "python train.py"})
     offer = Candidate(cloud="aws", region="us-east-1", zone=None, instance_type="g6.xlarge", accelerator="L4",

@@ -14,7 +14,14 @@ Target: skygreen plan <= 1.0 s wall on a 2-core machine.
 `--against COMMIT`: this tree's `skygreen plan` side by side with the same command at COMMIT
 (checked out with `git worktree add` into a temporary folder and removed after), one task,
 fresh processes alternating, the median wall time of each and their ratio. Target: at most
-1.05x of 3f65a0b, the plan of the first round.
+1.05x of 3f65a0b, the plan of the first round (`--target` sets another: 1.5 for the task
+file declared once, against 3051ad0, the tree before it).
+
+`--libraries`: `skygreen plan` as it is, side by side with the same command after declaring
+the task file's records (`skygreen.task.records`, every field with its type, default and
+description) in pydantic v2 (frozen pydantic dataclasses, a `TypeAdapter`) or in msgspec
+(frozen `Struct`s, `msgspec.convert`) and validating the task's section with them: what each
+library would add to every `plan`, fresh processes alternating, medians and ratios.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ SKYGREEN_QUERY = """
 import json, sys, time
 from skygreen.plan.catalog import load_catalog
 from skygreen.plan.rank import make_plan
-from skygreen.spec import parse_spec_text
+from skygreen.task.spec import parse_spec_text
 spec = parse_spec_text(sys.stdin.read())
 t0 = time.perf_counter()
 plan = make_plan(spec, load_catalog(%r, env={}))
@@ -86,7 +93,7 @@ def time_in(argv: list[str], env: dict[str, str], tree: Path) -> tuple[float, fl
     return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def against(commit: str, runs: int, catalog: Path) -> None:
+def against(commit: str, runs: int, catalog: Path, target: float = 1.05) -> None:
     """`skygreen plan` here and at `commit`, alternating fresh processes; prints both medians and the ratio."""
     home = seeded_home(catalog)
     task = Path(tempfile.mkdtemp()) / "task.yaml"
@@ -112,8 +119,97 @@ def against(commit: str, runs: int, catalog: Path) -> None:
     wall = statistics.median(w for w, _ in ours) / statistics.median(w for w, _ in theirs)
     cpu = statistics.median(c for _, c in ours) / statistics.median(c for _, c in theirs)
     print(
-        f"ratio this/{commit}: wall {wall:.3f}x, CPU {cpu:.3f}x (target <= 1.05x: {'met' if wall <= 1.05 else 'MISSED'})"
+        f"ratio this/{commit}: wall {wall:.3f}x, CPU {cpu:.3f}x (target <= {target}x: {'met' if wall <= target else 'MISSED'})"
     )
+
+
+DECLARE = """
+import dataclasses, sys, typing
+from collections.abc import Mapping
+from skygreen.task import records as R
+LIB = %r
+ORDER = ("GpuChoice", "Work", "ModelSpec", "Batch", "CheckpointSpec", "PowerSpec", "EarlyStopConfig",
+         "RecoverySpec", "PreemptionSpec", "BudgetAlertSpec", "GreenSpec")
+made = {}
+def simple(hint):
+    args = [simple(a) for a in typing.get_args(hint)]
+    origin = typing.get_origin(hint)
+    if isinstance(hint, type) and hint.__name__ in made:
+        return made[hint.__name__]
+    if origin in (typing.Union, __import__("types").UnionType):
+        return typing.Optional[args[0]] if len(args) == 2 else typing.Any
+    if origin is tuple:
+        return tuple[args[0], ...]
+    if origin in (Mapping, dict):
+        return dict[str, args[1]]
+    return hint if hint in (int, float, str, bool) else typing.Any
+def attributes(record):
+    if hasattr(record, "__struct_fields__"):  # a section already declared as a msgspec record
+        import msgspec as m
+        for f in m.structs.fields(record):
+            yield f, (f.default if f.default is not m.NODEFAULT else
+                      f.default_factory() if f.default_factory is not m.NODEFAULT else dataclasses.MISSING)
+        return
+    for f in dataclasses.fields(record):
+        yield f, (f.default if f.default is not dataclasses.MISSING else
+                  f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+for name in ORDER:
+    record = getattr(R, name)
+    hints = typing.get_type_hints(record)
+    fields = []
+    for f, default in attributes(record):
+        hint = simple(hints[f.name])
+        if isinstance(default, (dict, tuple)) or dataclasses.is_dataclass(default) or hasattr(default, "__struct_fields__"):
+            default = None
+            hint = typing.Optional[hint]
+        if LIB == "pydantic":
+            import pydantic
+            hint = typing.Annotated[hint, pydantic.Field(description=f"the {f.name} of {name}")]
+        elif LIB == "msgspec":
+            import msgspec
+            hint = typing.Annotated[hint, msgspec.Meta(description=f"the {f.name} of {name}")]
+        fields.append((f.name, hint) if default is dataclasses.MISSING else (f.name, hint, default))
+    fields.sort(key=len)
+    if LIB == "pydantic":
+        import pydantic
+        made[name] = pydantic.dataclasses.dataclass(dataclasses.make_dataclass(name, fields, frozen=True), frozen=True,
+                                                    config=pydantic.ConfigDict(extra="forbid"))
+    else:
+        made[name] = msgspec.defstruct(name, fields, frozen=True, forbid_unknown_fields=True)
+section = {"work": {"gpu_hours": 24.0, "gpu": "A100"}}
+if LIB == "pydantic":
+    spec = pydantic.TypeAdapter(made["GreenSpec"]).validate_python(section)
+else:
+    spec = msgspec.convert(section, made["GreenSpec"])
+assert spec.work.gpu_hours == 24.0
+from skygreen.cli import main
+main()
+"""
+
+
+def libraries(runs: int, catalog: Path) -> None:
+    """`skygreen plan` as it is, and after declaring and validating its records in pydantic or msgspec."""
+    home = seeded_home(catalog)
+    task = Path(tempfile.mkdtemp()) / "task.yaml"
+    task.write_text(TASK)
+    env = clean_env(home)
+    plan = ["plan", str(task), "--catalog", str(catalog), "--json"]
+    commands = {
+        "plan as is": [sys.executable, "-m", "skygreen.cli", *plan],
+        "+ pydantic declaration": [sys.executable, "-c", DECLARE % "pydantic", *plan],
+        "+ msgspec declaration": [sys.executable, "-c", DECLARE % "msgspec", *plan],
+    }
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for argv in commands.values():  # warm the page cache and .pyc files of all three
+        time_in(argv, env, REPO)
+    for _ in range(runs):
+        for name, argv in commands.items():
+            times[name].append(time_in(argv, env, REPO)[0])
+    base = statistics.median(times["plan as is"])
+    print(f"skygreen plan TASK --catalog {catalog} --json: {runs} runs each, alternating, fresh processes")
+    print(f"{'':26} {'wall median':>12} {'wall min':>9} {'ratio':>7}")
+    for name, walls in times.items():
+        print(f"{name:26} {statistics.median(walls):12.3f} {min(walls):9.3f} {statistics.median(walls) / base:6.2f}x")
 
 
 def main() -> None:
@@ -121,10 +217,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--catalog", type=Path, default=SHARED_CATALOG)
     parser.add_argument("--against", default=None, help="Compare with `skygreen plan` at this commit instead.")
+    parser.add_argument("--target", type=float, default=1.05, help="With --against: the ratio to meet.")
+    parser.add_argument("--libraries", action="store_true", help="Compare the cost of pydantic and msgspec instead.")
     args = parser.parse_args()
     catalog = args.catalog.resolve()
+    if args.libraries:
+        libraries(args.runs, catalog)
+        return
     if args.against:
-        against(args.against, args.runs, catalog)
+        against(args.against, args.runs, catalog, args.target)
         return
     home = seeded_home(catalog)
     task = Path(tempfile.mkdtemp()) / "task.yaml"

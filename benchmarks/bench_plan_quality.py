@@ -27,7 +27,7 @@ from _sky import SHARED_CATALOG, run_python, seeded_home
 from skygreen.plan.catalog import Catalog, load_catalog
 from skygreen.plan.cost import estimate
 from skygreen.plan.rank import make_candidate, make_plan, run_model
-from skygreen.spec import TaskSpec, parse_spec_text
+from skygreen.task.spec import TaskSpec, parse_spec_text
 
 JOBS: dict[str, str] = {
     "fine-tune, 2 GPU-h": "{work: {gpu_hours: 2, gpu: A100}}",

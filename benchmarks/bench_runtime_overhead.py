@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 import tiny  # noqa: E402
 from skygreen.runtime.run import Run  # noqa: E402
-from skygreen.settings import RuntimeSettings  # noqa: E402
+from skygreen.task.settings import RuntimeSettings  # noqa: E402
 
 MICRO = 8
 ACCUM = 4

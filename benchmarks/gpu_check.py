@@ -39,7 +39,7 @@ import torch.nn.functional as F  # noqa: E402
 from skygreen.power.policy import CapRequest  # noqa: E402
 from skygreen.runtime.precision import choose_precision, cpu_facts, cuda_facts  # noqa: E402
 from skygreen.runtime.run import Run  # noqa: E402
-from skygreen.settings import RuntimeSettings  # noqa: E402
+from skygreen.task.settings import RuntimeSettings  # noqa: E402
 
 GPU_SHAPE = dict(vocab=8192, d_model=768, layers=8, heads=12, seq_len=512, micro=16, accum=2)
 CPU_SHAPE = dict(vocab=256, d_model=64, layers=2, heads=4, seq_len=64, micro=4, accum=2)

@@ -8,6 +8,7 @@ level; each function imports what it needs when called.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -15,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from skygreen.spec import TaskSpec
-from skygreen.task_checks import load_task
+from skygreen.task.checks import load_task
+from skygreen.task.spec import TaskSpec
 
 if TYPE_CHECKING:
     from skygreen.checkpoint.gc import GcResult
@@ -37,15 +38,14 @@ if TYPE_CHECKING:
 
 
 _REQUESTS = {"UpRequest": "skygreen.launch.runs", "SimulationRequest": "skygreen.deadline.compare"}
+_LAZY = {**_REQUESTS, "task_schema": "skygreen.task.schema"}  # the task file's JSON Schema
 """The request records the commands take, importable from here (`api.UpRequest`) without
 loading their modules until one is used: `plan` never does."""
 
 
 def __getattr__(name: str) -> Any:
-    if name in _REQUESTS:
-        import importlib
-
-        return getattr(importlib.import_module(_REQUESTS[name]), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'skygreen.api' has no attribute {name!r}")
 
 
@@ -120,7 +120,7 @@ def plan_task(task_path: str | Path, *, catalog_dir: Path | None = None, deadlin
     """
     spec = load_task(task_path)
     if deadline is not None:
-        from skygreen.spec import with_deadline
+        from skygreen.task.spec import with_deadline
 
         spec = with_deadline(spec, deadline, "--deadline")
     return plan_learned(spec, catalog_dir=catalog_dir)
@@ -174,9 +174,9 @@ def update_catalog(clouds: Iterable[str] = (), *, catalog_dir: Path | None = Non
     Raises:
         SpecError: an unknown cloud.
     """
-    from skygreen.fields import read_choice
     from skygreen.plan.catalog import CLOUDS, resolve_catalog_dir
     from skygreen.plan.catalog_update import update_catalog as download
+    from skygreen.task.readers import read_choice
 
     chosen = tuple(read_choice(c, "--cloud", CLOUDS) for c in clouds) or CLOUDS
     target, explicit = resolve_catalog_dir(catalog_dir)
@@ -305,7 +305,7 @@ def watch(
     """
     from skygreen.deadline.clock import now_s
     from skygreen.deadline.watch import Watch
-    from skygreen.fields import read_duration_s
+    from skygreen.task.readers import read_duration_s
 
     poll_s = read_duration_s(poll, "--poll")
     env = os.environ

@@ -220,7 +220,7 @@ def _environment(env: Mapping[str, str]) -> Iterator[None]:
 
 
 def _show_plan(view: DemoView, api: Any, task: Path, catalog_dir: Path | None) -> None:
-    from skygreen.task_checks import load_task
+    from skygreen.task.checks import load_task
 
     view.stage("plan")
     plan = api.plan(load_task(task), catalog_dir=catalog_dir)
@@ -257,7 +257,7 @@ def catalog_label(source: str) -> str:
 
 def plan_gpus(task: Path) -> tuple[str, ...]:
     """The GPUs the task names, or `("any GPU",)` when it names none, for the plan's "no offer" line."""
-    from skygreen.task_checks import load_task
+    from skygreen.task.checks import load_task
 
     return load_task(task).green.gpus.names or ("any GPU",)
 

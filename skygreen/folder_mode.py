@@ -57,8 +57,8 @@ from skygreen.ledger.records import BUDGET as BUDGET_END
 from skygreen.ledger.records import COMPLETED as COMPLETED_END
 from skygreen.ledger.records import FAILED as FAILED_END
 from skygreen.ledger.records import PREEMPTED as PREEMPTED_END
-from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
-from skygreen.spec_model import DEFAULT_QUIET_S
+from skygreen.task.records import DEFAULT_QUIET_S
+from skygreen.task.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
 
 if TYPE_CHECKING:
     from skygreen.runtime import RunBook

@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Any
 
-from skygreen.settings import TASK_SIZE_ENV  # `full` (default) or `small`; `skygreen smoke` sets small
+from skygreen.task.settings import TASK_SIZE_ENV  # `full` (default) or `small`; `skygreen smoke` sets small
 
 
 def task_size() -> str:

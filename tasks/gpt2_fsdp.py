@@ -27,7 +27,7 @@ from common import task_size
 from gpt2 import SIZES as GPT2_SIZES
 from gpt2 import build_model, evaluate, load_text, make_optimizer, make_scheduler, parse_args
 from skygreen.runtime.fsdp import shard, task_precision
-from skygreen.settings import SMOKE_ENV
+from skygreen.task.settings import SMOKE_ENV
 
 SIZES: dict[str, dict[str, Any]] = {
     # GPT-2 medium; GPT-3 medium's learning rate (3e-4) and the 10B-token schedule of gpt2.py.

@@ -29,7 +29,7 @@ import numpy as np
 
 from skygreen.data.shards import ShardedDataset, ShardSpec, ShardWriter, prepare
 from skygreen.data.text import DEDUP_WARNING, near_duplicates, pack_blocks, token_dtype
-from skygreen.settings import TASK_SIZE_ENV
+from skygreen.task.settings import TASK_SIZE_ENV
 
 _OFFLINE_ENVS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _TEXT_BATCH = 1000

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from skygreen.runtime.run import Run
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 DATASET_LEN = 42
 FEATURES = 6

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 from skygreen.runtime import run as run_module
 from skygreen.runtime.fsdp import shard
 from skygreen.runtime.run import Run
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 from skygreen.testing import FakeDeviceMemory
 
 DATASET_LEN = 44

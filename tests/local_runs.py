@@ -16,7 +16,7 @@ from pathlib import Path
 from helpers import user_env, wait_for
 from skygreen.checkpoint.folders import committed_folder_steps
 from skygreen.checkpoint.store import Store
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 TASKS = Path(__file__).resolve().parents[1] / "tasks"

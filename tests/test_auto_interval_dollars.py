@@ -17,7 +17,7 @@ from skygreen.bill.rates import Place, internet_egress_usd
 from skygreen.bill.traffic import HOURS_PER_MONTH
 from skygreen.checkpoint.interval import IntervalPolicy, optimal_interval_s
 from skygreen.plan.cost import PROVISION_S, _auto_interval_s
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 AZURE_VM = Place(cloud="azure", region="westus3")
 S3_BUCKET = Place(cloud="aws", region="us-east-1")

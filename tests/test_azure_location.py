@@ -48,7 +48,7 @@ def arm() -> Iterator[tuple[str, list[str]]]:
                 return self._answer(
                     200, {"value": [{"name": "myckpts", "location": "westeurope", "kind": "StorageV2"}]}
                 )
-            host = f"http://127.0.0.1:{self.server.server_address[1]}"
+            host = f"http://{self.headers['Host']}"
             first = {"value": [{"name": "other", "location": "eastus"}], "nextLink": f"{host}{base}?page=2"}
             return self._answer(200, first)
 
@@ -67,7 +67,7 @@ def arm() -> Iterator[tuple[str, list[str]]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+        yield "http://{}:{}".format(*server.server_address[:2]), seen
     finally:
         server.shutdown()
         server.server_close()

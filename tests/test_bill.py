@@ -30,7 +30,7 @@ from skygreen.errors import SpecError
 from skygreen.plan.catalog import load_catalog
 from skygreen.plan.data_cost import price_offer
 from skygreen.plan.rank import make_plan, run_model
-from skygreen.spec import parse_spec_text
+from skygreen.task.spec import parse_spec_text
 
 US_EAST = Place(cloud="aws", region="us-east-1")
 SKYPILOT_CLOUD = {"aws": "AWS", "gcp": "GCP", "azure": "Azure"}

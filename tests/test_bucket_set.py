@@ -26,7 +26,7 @@ from skygreen.plan.catalog import load_catalog
 from skygreen.plan.memory import checkpoint_gb
 from skygreen.plan.rank import make_plan
 from skygreen.runtime.checkpointer import Checkpointer
-from skygreen.spec import parse_spec_text
+from skygreen.task.spec import parse_spec_text
 
 ROOT = Path(__file__).resolve().parents[1]
 VMS_HEADER = (
@@ -165,7 +165,9 @@ def test_each_offer_is_priced_against_its_nearest_bucket_plus_its_copies(tmp_pat
     places = set_places(the_set(keyed))
     launches = [Place(cloud=c.cloud, region=c.region) for c in failover.candidates]
     assert len(launches) == 3
-    one_gb = checkpoint_gb(parse_spec_text(task("{bucket: s3://a}")).green.model)  # type: ignore[arg-type]
+    model = parse_spec_text(task("{bucket: s3://a}")).green.model
+    assert model is not None
+    one_gb = checkpoint_gb(model)
     for c in spread.candidates:
         vm = Place(cloud=c.cloud, region=c.region)
         landing = recovery_landing(vm, launches)

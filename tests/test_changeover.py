@@ -35,8 +35,8 @@ from skygreen.plan.cost import DEFAULT_RESTART_S, PROVISION_S
 from skygreen.plan.rank import Candidate, Plan, make_plan
 from skygreen.runtime.hold import HOLD_ENV, HOLD_UNCOMMITTED_ENV, RELEASE_ENV
 from skygreen.runtime.peak_memory import CPU_MEASURE
-from skygreen.settings import RuntimeSettings
-from skygreen.spec import parse_spec, parse_spec_text
+from skygreen.task.settings import RuntimeSettings
+from skygreen.task.spec import parse_spec, parse_spec_text
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tasks" / "tiny.yaml"

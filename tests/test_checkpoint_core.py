@@ -26,7 +26,7 @@ from skygreen.checkpoint.manifest import (
 from skygreen.checkpoint.retention import apply_retention, deletable_steps, retained_steps
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import CheckpointError, InputError
-from skygreen.fields import read_duration_s
+from skygreen.task.readers import read_duration_s
 from skygreen.timestamps import utc_now_iso
 
 

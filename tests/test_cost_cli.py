@@ -246,8 +246,8 @@ def test_budget_fields_are_validated(tmp_path, private_home, section, field, wor
 
 
 def test_budget_settings_reach_the_runtime_environment(tmp_path):
-    from skygreen.settings import RuntimeSettings
-    from skygreen.spec import parse_spec_text
+    from skygreen.task.settings import RuntimeSettings
+    from skygreen.task.spec import parse_spec_text
 
     spec = parse_spec_text(
         "skygreen:\n  budget_usd: 25\n  budget_alerts: {at: [0.9, 0.5], webhook_env: HOOK, burn_usd_per_hour: 3}\nrun: x\n"

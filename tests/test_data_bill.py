@@ -174,8 +174,8 @@ def test_the_budget_prices_transfer_to_the_region_the_task_states():
     """The same bytes from AWS us-west-2: free to a bucket the task says is in us-west-2, at the
     inter-region rate to one taken to be in us-east-1 (S3's default)."""
     from skygreen.ledger.budget import BudgetPolicy, BudgetTracker
-    from skygreen.settings import RuntimeSettings
-    from skygreen.spec import parse_spec
+    from skygreen.task.settings import RuntimeSettings
+    from skygreen.task.spec import parse_spec
 
     live = Segment(run_id="r-1", key=new_segment_key(T0, token="0000abcd"), place=AWS_WEST, started_at=T0,
                    updated_at=T0, bytes_uploaded={BUCKET: 100 * GB}, checkpoint_bytes=10 * GB)  # fmt: skip

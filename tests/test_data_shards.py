@@ -22,7 +22,7 @@ from skygreen.errors import InputError, RuntimeSetupError
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.run import Run
 from skygreen.runtime.tensors import first_difference
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 ROWS, WIDTH, VOCAB = 45, 8, 50
 IGNORE = frozenset({"state['training']['counters']['wall_s']", "state['training']['counters']['restarts']"})

@@ -22,9 +22,9 @@ import pytest
 
 from skygreen import exit_codes
 from skygreen.errors import SpecError
-from skygreen.spec import parse_spec, parse_spec_text
-from skygreen.spec_fields import TASK_FIELDS, TaskField, default_text
-from skygreen.spec_model import SKYPILOT_TASK_KEYS, CheckpointSpec, EarlyStopConfig, GreenSpec
+from skygreen.task.records import SKYPILOT_TASK_KEYS, CheckpointSpec, EarlyStopConfig, GreenSpec
+from skygreen.task.reference import TASK_FIELDS, TaskField, default_text
+from skygreen.task.spec import parse_spec, parse_spec_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = "zz_not_a_key"
@@ -100,8 +100,8 @@ def test_the_probe_finds_nested_sections() -> None:
 def test_every_skygreen_key_the_parser_accepts_is_in_the_reference_and_no_other() -> None:
     accepted = {k for k in accepted_keys() if k == "skygreen" or k.startswith("skygreen.")}
     documented = {f.path for f in TASK_FIELDS if f.path == "skygreen" or f.path.startswith("skygreen.")}
-    assert accepted - documented == set(), "accepted by the parser, missing from skygreen/spec_fields.py"
-    assert documented - accepted == set(), "documented in skygreen/spec_fields.py, refused by the parser"
+    assert accepted - documented == set(), "accepted by the parser, missing from skygreen/task/reference.py"
+    assert documented - accepted == set(), "documented in skygreen/task/reference.py, refused by the parser"
     listed = generated_keys(hooks.task_fields_markdown())
     assert accepted - listed == set()
 

@@ -26,8 +26,8 @@ from skygreen.errors import SpecError
 from skygreen.folder_mode import RUN_MARKER, Completeness
 from skygreen.launch.render import render_task
 from skygreen.ledger.io import read_ledger
-from skygreen.settings import SMOKE_LINE, RuntimeSettings
-from skygreen.spec import parse_spec, parse_spec_text
+from skygreen.task.settings import SMOKE_LINE, RuntimeSettings
+from skygreen.task.spec import parse_spec, parse_spec_text
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).with_name("folder_train.py")

@@ -26,7 +26,7 @@ from skygreen.checkpoint.store_factory import open_store
 from skygreen.ledger.io import read_ledger
 from skygreen.runtime.frozen_base import FROZEN_BASE_META, base_identity
 from skygreen.runtime.hold import HOLD_ENV
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 SCRIPT = Path(__file__).with_name("hf_lora_train.py")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tasks"))

@@ -26,7 +26,7 @@ from helpers import user_env, wait_for
 from skygreen.checkpoint.folders import committed_folder_steps, folder_manifests
 from skygreen.checkpoint.store import join_url
 from skygreen.checkpoint.store_factory import open_store
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ID = "hf-ranks-20260101-000000-abcd"

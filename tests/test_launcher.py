@@ -35,8 +35,8 @@ from skygreen.launch.skypilot_launcher import (
     status_from_record,
 )
 from skygreen.plan.rank import Candidate, Plan
-from skygreen.settings import RuntimeSettings
-from skygreen.spec import parse_spec
+from skygreen.task.settings import RuntimeSettings
+from skygreen.task.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_CATALOG = REPO / "tests" / "data" / "catalog" / "v8"

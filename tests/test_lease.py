@@ -32,7 +32,7 @@ from skygreen.errors import RuntimeSetupError
 from skygreen.exit_codes import SUPERSEDED
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.sharded import ShardedCheckpointer
-from skygreen.settings import env_names
+from skygreen.task.settings import env_names
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -31,7 +31,7 @@ from local_runs import (
 from skygreen.checkpoint.folders import committed_folder_steps
 from skygreen.checkpoint.store import join_url
 from skygreen.checkpoint.store_factory import open_store
-from skygreen.settings import SMOKE_LINE
+from skygreen.task.settings import SMOKE_LINE
 
 RUN_ID = LIGHTNING_TASK.run_id
 FINAL = LIGHTNING_TASK.final

@@ -29,7 +29,7 @@ from skygreen.runtime.frozen_base import (
     peft_model,
 )
 from skygreen.runtime.hold import HOLD_ENV
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 pytest.importorskip("peft")
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
@@ -137,7 +137,7 @@ def test_plan_learns_the_checkpoint_size_earlier_runs_committed(tmp_path):
     from skygreen.launch.registry import Registry, RunRecord
     from skygreen.ledger.records import Place, Segment
     from skygreen.plan.rank import run_model
-    from skygreen.task_checks import load_task
+    from skygreen.task.checks import load_task
 
     task = TASKS / "lora.yaml"
     registry = Registry(root=tmp_path / "runs")
@@ -162,7 +162,7 @@ def test_up_plans_with_the_checkpoint_size_the_plan_command_learned(tmp_path, mo
     from skygreen.costs.speeds import save_measured
     from skygreen.launch.registry import Registry, RunRecord
     from skygreen.ledger.records import Place, Segment
-    from skygreen.task_checks import load_task
+    from skygreen.task.checks import load_task
 
     monkeypatch.setenv("SKYGREEN_DATA_DIR", str(tmp_path / "data"))
     catalog = tmp_path / "catalog"

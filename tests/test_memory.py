@@ -22,7 +22,7 @@ from skygreen.plan.catalog import Catalog, Offer, load_catalog
 from skygreen.plan.cost import scaling_efficiency
 from skygreen.plan.memory import checkpoint_gb
 from skygreen.plan.rank import make_plan
-from skygreen.spec import ModelSpec, parse_spec_text
+from skygreen.task.spec import ModelSpec, parse_spec_text
 
 FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
 
@@ -137,7 +137,7 @@ def spec_in(tmp_path: Path, model: str):
     (tmp_path / "llama2.json").write_text(json.dumps(LLAMA2_7B))
     task = tmp_path / "task.yaml"
     task.write_text(f"skygreen:\n  model: {model}\nrun: python train.py\n")
-    from skygreen.spec import load_spec
+    from skygreen.task.spec import load_spec
 
     return load_spec(task)
 
@@ -186,7 +186,7 @@ def test_a_7b_qlora_plan_ranks_a_single_24_gb_gpu_first(tmp_path, catalog):
     (tmp_path / "llama2.json").write_text(json.dumps(LLAMA2_7B))
     task = tmp_path / "task.yaml"
     task.write_text(f"skygreen:\n  gpus: [A100, H100, L4, A10G]\n  model: {section}\nrun: x\n")
-    from skygreen.spec import load_spec
+    from skygreen.task.spec import load_spec
 
     plan = make_plan(load_spec(task), catalog)
     best = plan.best
@@ -277,7 +277,7 @@ def test_a_lora_checkpoint_is_its_adapters_and_their_state_under_1_percent_of_th
     (tmp_path / "llama2.json").write_text(json.dumps(LLAMA2_7B))
     task = tmp_path / "task.yaml"
     task.write_text("skygreen:\n  gpus: [L4, A10G]\n  model: {config: llama2.json, method: lora}\nrun: x\n")
-    from skygreen.spec import load_spec
+    from skygreen.task.spec import load_spec
 
     spec = load_spec(task)
     assert spec.green.model is not None

@@ -20,8 +20,8 @@ from skygreen.plan.catalog import load_catalog
 from skygreen.plan.memory import planned_memory
 from skygreen.plan.rank import make_plan
 from skygreen.runtime.peak_memory import CPU_MEASURE, HostPeak, PeakWindow, resident_tensor_bytes
-from skygreen.settings import RuntimeSettings
-from skygreen.spec import parse_spec_text
+from skygreen.task.settings import RuntimeSettings
+from skygreen.task.spec import parse_spec_text
 
 FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
 LORA_7B = "{params: 7e9, method: lora, seq_len: 2048}"

@@ -124,7 +124,7 @@ def test_the_launch_token_comes_from_torchrun_only():
 
 def test_services_restore_on_a_torchrun_rank_waits_for_local_rank_0(tmp_path, store):
     from skygreen.integrations.services import TrainerServices
-    from skygreen.settings import RuntimeSettings
+    from skygreen.task.settings import RuntimeSettings
 
     settings = RuntimeSettings(run_id=RUN_ID, bucket=str(tmp_path / "bucket"), trainer="transformers")
     base = {**settings.to_env(), "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "t", "TORCHELASTIC_RESTART_COUNT": "0"}

@@ -20,7 +20,7 @@ from skygreen.plan.catalog import Catalog, Offer, load_catalog
 from skygreen.plan.cost import RunModel, compute_hours, estimate
 from skygreen.plan.explain import objective_value
 from skygreen.plan.rank import Candidate, Plan, make_plan, run_model
-from skygreen.spec import OBJECTIVES, TaskSpec, parse_spec_text
+from skygreen.task.spec import OBJECTIVES, TaskSpec, parse_spec_text
 
 FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
 REQUIRED_JSON_KEYS = {

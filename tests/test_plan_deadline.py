@@ -13,7 +13,7 @@ import pytest
 
 from skygreen.deadline.cost import DeadlineCost, Share, share_at, trace_shares, under_deadline
 from skygreen.errors import SpecError
-from skygreen.spec import parse_spec_text
+from skygreen.task.spec import parse_spec_text
 
 FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
 TASK = "skygreen:\n  gpus: [V100, L4, H100]\n  work: {gpu_hours: 20, gpu: A100}\n{extra}run: python train.py\n"

@@ -22,7 +22,7 @@ from skygreen.plan.catalog import Catalog, load_catalog
 from skygreen.plan.cost import DEFAULT_RESTART_S, HOST_COPY_GB_PER_S, RunModel, checkpoint_cost, estimate
 from skygreen.plan.memory import bytes_per_param, checkpoint_gb, fits, memory_need, smallest_nodes
 from skygreen.plan.rank import Plan, make_plan
-from skygreen.spec import PRECISIONS, ModelSpec, TaskSpec, parse_spec_text
+from skygreen.task.spec import PRECISIONS, ModelSpec, TaskSpec, parse_spec_text
 
 FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
 SEVEN_B = "{params: 7e9, sharding: fsdp}"

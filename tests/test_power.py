@@ -485,8 +485,8 @@ def test_energy_report_applies_the_clouds_pue_and_the_regions_carbon():
 
 def test_power_section_of_the_task_file_reaches_the_runtime_settings():
     from skygreen.errors import SpecError
-    from skygreen.settings import RuntimeSettings
-    from skygreen.spec import parse_spec_text
+    from skygreen.task.settings import RuntimeSettings
+    from skygreen.task.spec import parse_spec_text
 
     spec = parse_spec_text("skygreen: {power: {cap: 0.6, required: true, eta: 0.3}}\nrun: python train.py\n")
     power = spec.green.power

@@ -19,7 +19,7 @@ import yaml
 from skygreen.checkpoint.interval import PREEMPTION_RATE_PER_HOUR
 from skygreen.errors import RuntimeSetupError
 from skygreen.runtime.preemption import landed_cloud
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
 SKY_NAME = {"aws": "AWS", "gcp": "GCP", "azure": "Azure"}

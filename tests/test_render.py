@@ -39,8 +39,8 @@ from skygreen.launch.render import (
     to_yaml,
 )
 from skygreen.plan.rank import Candidate, Plan
-from skygreen.settings import RuntimeSettings
-from skygreen.spec import PRECISIONS, RECOVERY_STRATEGIES, TaskSpec, parse_spec
+from skygreen.task.settings import RuntimeSettings
+from skygreen.task.spec import PRECISIONS, RECOVERY_STRATEGIES, TaskSpec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = sorted((REPO / "tasks").glob("*.yaml"))
@@ -77,7 +77,7 @@ def spec_of(**task) -> TaskSpec:
 @pytest.mark.parametrize("path", TASKS, ids=lambda p: p.name)
 def test_every_shipped_task_renders_to_yaml_skypilot_accepts(path, sky, private_home):
     from skygreen.api import plan as make_plan
-    from skygreen.spec import load_spec
+    from skygreen.task.spec import load_spec
 
     assert TASKS, "tasks/ holds no task files"
     spec = load_spec(path)
@@ -337,7 +337,7 @@ def test_the_runtime_imports_nothing_the_vm_does_not_install():
     code = (
         "import sys, skygreen.runtime.run, skygreen.runtime.checkpointer, skygreen.runtime.smoke_mode, "
         "skygreen.checkpoint.s3_store, skygreen.checkpoint.gcs_store, skygreen.checkpoint.local_store, "
-        "skygreen.settings\n"
+        "skygreen.task.settings\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     loaded = set(

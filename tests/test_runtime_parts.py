@@ -28,8 +28,8 @@ from skygreen.runtime.services import open_services
 from skygreen.runtime.state import BatchShape, StateGroup, TrainingState, upgrade_layout
 from skygreen.runtime.step import Step, StepParts
 from skygreen.runtime.tensors import first_difference
-from skygreen.settings import RuntimeSettings
-from skygreen.spec import EarlyStopConfig
+from skygreen.task.settings import RuntimeSettings
+from skygreen.task.spec import EarlyStopConfig
 
 PUBLIC = [
     "PREEMPTED_EXIT_CODE", "BatchShape", "Checkpointer", "EarlyStopper", "Loaded", "PowerGovernor",

@@ -91,7 +91,7 @@ def test_cluster_default_precision_reaches_the_runtime(tmp_path):
 
     import ddp_train as job
     from skygreen.runtime.run import Run
-    from skygreen.settings import RuntimeSettings
+    from skygreen.task.settings import RuntimeSettings
 
     def run_with(environ, **kw):
         net = job.model()

@@ -26,7 +26,7 @@ from skygreen.power.simulated import SimulatedNvml
 from skygreen.runtime import PREEMPTED_EXIT_CODE
 from skygreen.runtime.checkpointer import Checkpointer
 from skygreen.runtime.tensors import first_difference
-from skygreen.spec import EarlyStopConfig
+from skygreen.task.spec import EarlyStopConfig
 from test_runtime_preemption import start_tiny, tiny_env, wait_for_commit
 
 TOTAL_STEPS = 20

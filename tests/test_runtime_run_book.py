@@ -185,7 +185,7 @@ class HeldLedgerWrites(LocalStore):
 
 def test_a_slow_heartbeat_write_never_holds_a_training_step(tmp_path):
     from skygreen.runtime.run_book import RunBook
-    from skygreen.settings import RuntimeSettings
+    from skygreen.task.settings import RuntimeSettings
 
     store = HeldLedgerWrites(str(tmp_path / "r"))
     settings = RuntimeSettings(run_id="r", bucket=str(tmp_path), ledger_heartbeat_s=1e-9)  # a beat after every step

@@ -11,8 +11,8 @@ from skygreen.errors import RuntimeSetupError
 from skygreen.memory.planned import PlannedMemory
 from skygreen.power.policy import CapRequest
 from skygreen.runtime.hold import hold_steps
-from skygreen.settings import RuntimeSettings, decode, encode, env_names
-from skygreen.spec import EarlyStopConfig
+from skygreen.task.settings import RuntimeSettings, decode, encode, env_names
+from skygreen.task.spec import EarlyStopConfig
 
 BASE = {"SKYGREEN_RUN_ID": "r1", "SKYGREEN_BUCKET": "s3://b/runs"}
 
@@ -145,7 +145,7 @@ def test_a_bad_variable_stops_the_real_runtime_with_exit_2_and_no_traceback(tmp_
     """The user's script under `skygreen up`: a bad override is a clear error, not a traceback."""
     script = tmp_path / "train.py"
     script.write_text(
-        "import sys\nfrom skygreen.errors import RuntimeSetupError\nfrom skygreen.settings import RuntimeSettings\n"
+        "import sys\nfrom skygreen.errors import RuntimeSetupError\nfrom skygreen.task.settings import RuntimeSettings\n"
         "try:\n    RuntimeSettings.from_env()\nexcept RuntimeSetupError as e:\n    print(e, file=sys.stderr)\n"
         "    sys.exit(2)\n"
     )

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from helpers import user_env
 from skygreen.errors import InputError, SpecError
-from skygreen.spec import CLOUDS, TaskSpec, load_spec, parse_spec, parse_spec_text
+from skygreen.task.spec import CLOUDS, TaskSpec, load_spec, parse_spec, parse_spec_text
 
 
 def spec_of(text: str) -> TaskSpec:

@@ -27,8 +27,8 @@ def test_help_imports_neither_sky_nor_torch():
 
 
 CORE = (
-    "errors", "files", "settings", "api",
-    "fields", "spec", "gpus", "plan.catalog", "plan.cost", "plan.carbon", "plan.rank",
+    "errors", "files", "task.settings", "api",
+    "task.readers", "task.spec", "gpus", "plan.catalog", "plan.cost", "plan.carbon", "plan.rank",
     "launch.render", "launch.registry", "launch.launcher", "launch.runs",
     "checkpoint.keep", "checkpoint.manifest", "checkpoint.interval", "checkpoint.gc", "checkpoint.store",
     "runtime.precision", "runtime.early_stop", "deadline.status", "places.journey",
@@ -62,7 +62,7 @@ def test_plan_imports_neither_sky_nor_torch(tmp_path):
 
 OFF_THE_PLAN_PATH = (
     "skygreen.costs.costing", "skygreen.ledger.pricing", "skygreen.ledger.records", "skygreen.launch.registry",
-    "skygreen.checkpoint.store", "skygreen.settings", "secrets", "rich",
+    "skygreen.checkpoint.store", "skygreen.task.settings", "secrets", "rich",
 )  # fmt: skip
 """What `skygreen plan` has no use for: pricing ledgers, run records, buckets, runtime settings,
 and rich (the plan draws its tables itself, as rich would: tests/test_plan_report.py)."""
@@ -114,7 +114,7 @@ ADAPTERS = {
     },
     "skygreen.checkpoint.local_store": {"skygreen.checkpoint.store", "skygreen.errors", "skygreen.files"},
     "skygreen.launch.skypilot_launcher": {"skygreen.launch.launcher", "skygreen.errors"},
-    "skygreen.launch.local_launcher": {"skygreen.launch.launcher", "skygreen.errors", "skygreen.settings"},
+    "skygreen.launch.local_launcher": {"skygreen.launch.launcher", "skygreen.errors", "skygreen.task.settings"},
     "skygreen.plan.catalog_update": {"skygreen.plan.catalog", "skygreen.errors"},
     "skygreen.power.nvml": {"skygreen.errors", "skygreen.power.simulated"},  # the stand-in library
 }
@@ -243,7 +243,7 @@ def test_the_core_imports_no_adapter_and_adapters_import_only_their_seam():
             assert not reached, f"core module {module} imports {sorted(reached)}: pass a store or launcher in"
 
 
-CLI = ("skygreen.cli", "skygreen.cli_options", "skygreen.cli_costs")
+CLI = ("skygreen.cli", "skygreen.cli.commands", "skygreen.cli.options", "skygreen.cli.costs")
 PRINTERS = (
     "skygreen.plan.report", "skygreen.launch.report", "skygreen.costs.report", "skygreen.deadline.report",
     "skygreen.power.report", "skygreen.demo_view", "skygreen.places.simulate",

@@ -21,7 +21,7 @@ from helpers import user_env
 from skygreen.api import plan
 from skygreen.gpus import GPUS
 from skygreen.launch.local_launcher import failure_line
-from skygreen.spec import load_spec
+from skygreen.task.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = REPO / "tests" / "data" / "catalog" / "v8"
@@ -141,8 +141,8 @@ def test_a_micro_batch_error_names_what_would_divide():
     from skygreen.errors import SpecError
 
     with pytest.raises(SpecError) as info:
-        from skygreen.spec import parse_spec
-        from skygreen.task_checks import check_task
+        from skygreen.task.checks import check_task
+        from skygreen.task.spec import parse_spec
 
         check_task(parse_spec({"skygreen": {"batch": {"effective": 64, "micro": 7}}, "run": "python t.py"}))
     assert "allowed: 1, 2, 4, 8, 16, 32, 64 or auto" in str(info.value) and "micro: 4" in str(info.value)

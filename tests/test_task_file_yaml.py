@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skygreen.errors import SpecError
-from skygreen.spec import load_spec, parse_spec_text
+from skygreen.task.spec import load_spec, parse_spec_text
 
 FIXTURE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog" / "v8"
 

@@ -86,8 +86,8 @@ def test_plan_prices_each_task_believably(name, low_usd, high_usd):
 def test_rendered_setup_installs_the_tasks_packages_and_is_valid_shell(name, tmp_path):
     from skygreen.api import plan
     from skygreen.launch.render import RuntimeInstall, render_task
-    from skygreen.settings import RuntimeSettings
-    from skygreen.spec import load_spec
+    from skygreen.task.settings import RuntimeSettings
+    from skygreen.task.spec import load_spec
 
     spec = load_spec(TASKS / f"{name}.yaml")
     settings = RuntimeSettings.from_spec(spec.green, run_id="demo-20260101-000000-abcd", bucket="s3://bucket/runs")

@@ -14,7 +14,7 @@ import yaml
 
 from helpers import user_env
 from skygreen.errors import SpecError
-from skygreen.task_checks import load_task
+from skygreen.task.checks import load_task
 from skygreen.training_script import ScriptUse, read_script_use
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,9 +3,9 @@
 A page asks for a generated part with a marker line, replaced by `on_page_markdown` before
 the page is converted:
 
-- `<!-- generated: task-fields -->`: every key of the task file, from `skygreen.spec_fields`;
+- `<!-- generated: task-fields -->`: every key of the task file, from `skygreen.task.reference`;
 - `<!-- generated: owned-resources -->`: the `resources:` keys skygreen sets itself, from
-  `skygreen.task_checks.OWNED_RESOURCE_KEYS`;
+  `skygreen.task.checks.OWNED_RESOURCE_KEYS`;
 - `<!-- generated: exit-codes -->`: every exit code and its meaning, from `skygreen.exit_codes`;
 - `<!-- generated: api MODULE -->`: one mkdocstrings block per name in `MODULE.__all__`, each
   pointing at the module that defines it, so names a package loads lazily (`skygreen.runtime`,
@@ -62,8 +62,8 @@ def task_fields_markdown(fields: Iterable[Any] | None = None) -> str:
     Raises:
         ValueError: a field has no description, or no default to show.
     """
-    from skygreen.spec_fields import TASK_FIELDS, default_text
-    from skygreen.spec_model import SKYPILOT_TASK_KEYS
+    from skygreen.task.records import SKYPILOT_TASK_KEYS
+    from skygreen.task.reference import TASK_FIELDS, default_text
 
     fields = TASK_FIELDS if fields is None else tuple(fields)
     sections: dict[str, list[Any]] = {}
@@ -96,7 +96,7 @@ def task_fields_markdown(fields: Iterable[Any] | None = None) -> str:
 
 def owned_resources_markdown(_: str | None = None) -> str:
     """The `resources:` keys skygreen chooses from the plan, and the field to set instead."""
-    from skygreen.task_checks import OWNED_RESOURCE_KEYS
+    from skygreen.task.checks import OWNED_RESOURCE_KEYS
 
     rows = [f"| `resources.{key}` | {_cell(owner)} |" for key, owner in OWNED_RESOURCE_KEYS.items()]
     return "\n".join(["| refused key | set instead |", "|---|---|", *rows, ""])

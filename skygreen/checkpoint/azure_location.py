@@ -44,9 +44,7 @@ class TokenCredential(Protocol):
         ...
 
 
-def account_location(
-    account: str, env: Mapping[str, str], *, credential: TokenCredential | None = None
-) -> str | None:
+def account_location(account: str, env: Mapping[str, str], *, credential: TokenCredential | None = None) -> str | None:
     """The storage account's location (`eastus`), or None when it cannot be read.
 
     Args:
@@ -66,8 +64,7 @@ def account_location(
         token = credential.get_token(f"{MANAGEMENT_URL}/.default").token
         quoted = urllib.parse.quote(subscription, safe="")
         url: str | None = (
-            f"{management}/subscriptions/{quoted}/providers/Microsoft.Storage/storageAccounts"
-            f"?api-version={API_VERSION}"
+            f"{management}/subscriptions/{quoted}/providers/Microsoft.Storage/storageAccounts?api-version={API_VERSION}"
         )
         for _ in range(MAX_PAGES):
             if url is None:

@@ -15,7 +15,7 @@ from skygreen.checkpoint.manifest import CKPT_DIR, Manifest, blob_key, iter_mani
 from skygreen.checkpoint.retention import best_step
 from skygreen.checkpoint.store import OpenStore, Store, join_url, parse_url
 from skygreen.errors import InputError
-from skygreen.fields import read_duration_s
+from skygreen.task.readers import read_duration_s
 
 COLD_CLASSES = {
     "s3": ("GLACIER", "DEEP_ARCHIVE", "GLACIER_IR"),

@@ -81,7 +81,7 @@ def launch_number(environ: Mapping[str, str]) -> int | None:
     Raises:
         RuntimeSetupError: a value that is not a whole number >= 1, naming the variable.
     """
-    from skygreen.settings import field_from_env
+    from skygreen.task.settings import field_from_env
 
     launch: int | None = field_from_env("launch", environ)
     return launch

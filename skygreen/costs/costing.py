@@ -250,7 +250,7 @@ def estimate_task(
     from skygreen.errors import NoOfferError
     from skygreen.plan.catalog import load_catalog
     from skygreen.plan.rank import make_plan
-    from skygreen.task_checks import load_task
+    from skygreen.task.checks import load_task
 
     spec = load_task(task_path)
     catalog = load_catalog(catalog_dir)

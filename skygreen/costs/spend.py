@@ -61,7 +61,7 @@ def read_since_s(value: str | None) -> float | None:
     """
     if value is None:
         return None
-    from skygreen.fields import read_duration_s
+    from skygreen.task.readers import read_duration_s
 
     try:
         return read_duration_s(value, "--since")

@@ -51,7 +51,7 @@ class SimulationRequest:
 
     def __post_init__(self) -> None:
         from skygreen.errors import suggestion
-        from skygreen.fields import read_duration_h
+        from skygreen.task.readers import read_duration_h
 
         if self.policy not in CHOICES:
             raise SpecError(

@@ -19,7 +19,7 @@ from skygreen.deadline.live import DeadlineTerms
 from skygreen.deadline.policy import POLICIES
 from skygreen.errors import InputError
 from skygreen.plan.cost import DEFAULT_RESTART_S
-from skygreen.spec import TaskSpec
+from skygreen.task.spec import TaskSpec
 
 if TYPE_CHECKING:
     from skygreen.plan.rank import Plan

@@ -45,7 +45,7 @@ from skygreen.checkpoint.traffic import committed_bytes
 from skygreen.errors import RuntimeSetupError, SkygreenError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.ledger.records import BUDGET, COMPLETED, EARLY_STOPPED, FAILED, PREEMPTED
-from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
+from skygreen.task.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
 
 if TYPE_CHECKING:
     from skygreen.checkpoint.interval import CheckpointSchedule

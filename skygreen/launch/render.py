@@ -39,13 +39,13 @@ from skygreen import __version__
 from skygreen.checkpoint.bucket_set import bucket_first, is_set_url, member_schemes, members
 from skygreen.errors import NoOfferError, SkygreenError, SpecError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from skygreen.plan.rank import Plan
 
-from skygreen.spec import RECOVERY_STRATEGIES, TaskSpec
-from skygreen.task_checks import OWNED_RESOURCE_KEYS, check_envs, torchrun_program
+from skygreen.task.checks import OWNED_RESOURCE_KEYS, check_envs, torchrun_program
+from skygreen.task.spec import RECOVERY_STRATEGIES, TaskSpec
 
 TORCHRUN_MASTER_PORT = 29500
 SOURCE_MOUNT = "~/.skygreen/src"
@@ -385,7 +385,7 @@ def _run(spec: TaskSpec, settings: RuntimeSettings, *, distributed: bool, ranks:
 
 def torchrun_command(command: str, spec: TaskSpec) -> str:
     """`python train.py ARGS` -> `torchrun <SkyPilot's node layout> train.py ARGS`; a command
-    that already calls torchrun is left alone (`task_checks.torchrun_program` says which)."""
+    that already calls torchrun is left alone (`task.checks.torchrun_program` says which)."""
     program = torchrun_program(command, spec)
     if program is None:
         return command

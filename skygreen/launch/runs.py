@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import msgspec
 import yaml
 
 from skygreen.checkpoint.bucket_set import SET_SCHEME
@@ -59,9 +60,10 @@ from skygreen.launch.status import (
     unknown_jobs,
 )
 from skygreen.launch.wiring import CLOUD, LOCAL, Wiring, launcher_for
-from skygreen.settings import RuntimeSettings
-from skygreen.spec import TaskSpec, with_deadline
-from skygreen.task_checks import load_task
+from skygreen.task.checks import load_task
+from skygreen.task.declare import Record
+from skygreen.task.settings import RuntimeSettings
+from skygreen.task.spec import TaskSpec, with_deadline
 from skygreen.timestamps import utc_now_iso
 
 if TYPE_CHECKING:
@@ -96,7 +98,7 @@ class UpRequest:
     compute_h: float | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        from skygreen.fields import read_duration_h
+        from skygreen.task.readers import read_duration_h
 
         object.__setattr__(self, "task_path", Path(self.task_path))
         if self.output is not None:
@@ -533,6 +535,8 @@ def _snapshot(spec: TaskSpec) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Record):  # a section declared once (`skygreen.task.declare`)
+        return _plain(msgspec.structs.asdict(value))
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skygreen.errors import SmokeTestError
-from skygreen.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, TASK_SIZE_ENV, RuntimeSettings
-from skygreen.spec import TaskSpec
-from skygreen.task_checks import load_task
+from skygreen.task.checks import load_task
+from skygreen.task.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, TASK_SIZE_ENV, RuntimeSettings
+from skygreen.task.spec import TaskSpec
 
 DEFAULT_TIMEOUT_S = 600.0
 # What SkyPilot sets on a one-node, one-GPU cluster, so `torchrun --nproc-per-node

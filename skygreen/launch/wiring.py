@@ -17,7 +17,7 @@ from skygreen.checkpoint.store import Store
 from skygreen.errors import InputError
 from skygreen.launch.launcher import Launcher
 from skygreen.launch.registry import Registry, RunRecord
-from skygreen.spec import TaskSpec
+from skygreen.task.spec import TaskSpec
 
 if TYPE_CHECKING:
     from skygreen.launch.smoke import SmokeResult

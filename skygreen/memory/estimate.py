@@ -67,7 +67,7 @@ class Workload:
     activation_checkpointing: bool = True
     flash_attention: bool = True
     precision: str = "auto"
-    """auto | bf16 | fp16 | fp32 (`skygreen.spec.PRECISIONS`); all but fp32 train in mixed precision."""
+    """auto | bf16 | fp16 | fp32 (`skygreen.task.spec.PRECISIONS`); all but fp32 train in mixed precision."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

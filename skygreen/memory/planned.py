@@ -1,7 +1,7 @@
 """The plan's memory estimate as it travels to the runtime, to meet what the runtime measures.
 
 `skygreen up` sends the estimate for the run's GPUs (`skygreen.plan.memory.planned_memory`) in
-`SKYGREEN_MEMORY_PLANNED_GB` (`skygreen.settings.RuntimeSettings.memory_planned_gb`, as
+`SKYGREEN_MEMORY_PLANNED_GB` (`skygreen.task.settings.RuntimeSettings.memory_planned_gb`, as
 `low=..,high=..,tensors=..,gpus=N`); the runtime writes it into its ledger segment beside the
 peak it measured (`skygreen.runtime.peak_memory`), and `skygreen status` shows the two side by
 side. Why the tensors term travels too: the range's ends add the CUDA context and the

@@ -18,7 +18,7 @@ from skygreen.ledger.place import PLACE_ENV
 from skygreen.places.place import Place
 
 BUCKET_ENV = "SKYGREEN_BUCKET"
-"""The runtime's checkpoint bucket (`skygreen.settings.RuntimeSettings.bucket`)."""
+"""The runtime's checkpoint bucket (`skygreen.task.settings.RuntimeSettings.bucket`)."""
 
 
 def bucket_for(place: Place, run_bucket: str) -> str:

@@ -93,8 +93,8 @@ def from_flags(trace: Path, **flags: Any) -> dict | None:
     drawn when `plot` names a file. Raises InputError for a bad duration, an unreadable trace, an
     unknown zone, or windows past the trace's end."""
     from skygreen.errors import InputError
-    from skygreen.fields import read_duration_h
     from skygreen.places.traces import is_market
+    from skygreen.task.readers import read_duration_h
 
     if not is_market(trace):
         return None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from skygreen.plan.catalog import CLOUDS
 from skygreen.plan.cost import DEFAULT_CHECKPOINT_COST_S, DEFAULT_RESTART_S
-from skygreen.spec import OBJECTIVES
+from skygreen.task.spec import OBJECTIVES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

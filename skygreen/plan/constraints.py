@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from skygreen.gpus import GPUS
 from skygreen.plan.catalog import Offer
-from skygreen.spec import GreenSpec, ModelSpec
+from skygreen.task.spec import GreenSpec, ModelSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -96,7 +96,7 @@ class RunModel:
     checkpoint_interval_s: float | None = None
     """None: Daly's optimum per offer (`every: auto`)."""
     power_cap_mode: str = "off"
-    """The task's `power.cap`: off | auto | watts | fraction (`skygreen.spec.PowerSpec.mode`)."""
+    """The task's `power.cap`: off | auto | watts | fraction (`skygreen.task.spec.PowerSpec.mode`)."""
     power_cap_value: float | None = None
     power_eta: float = 0.5
     checkpoint_gb: float | None = None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from skygreen.figures import amount, duration_h, usd, usd_per_hour
 from skygreen.plan.cost import RunModel
-from skygreen.spec import GreenSpec
+from skygreen.task.spec import GreenSpec
 
 if TYPE_CHECKING:
     from skygreen.plan.candidate import Candidate

@@ -16,7 +16,7 @@ from skygreen.plan.memory import fits, memory_need, smallest_nodes
 if TYPE_CHECKING:
     from skygreen.plan.candidate import Candidate
     from skygreen.plan.constraints import Constraints
-    from skygreen.spec import TaskSpec
+    from skygreen.task.spec import TaskSpec
 
 
 def task_nodes(spec: TaskSpec) -> int | None:

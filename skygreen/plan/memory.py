@@ -1,6 +1,6 @@
 """How much GPU memory a task's model needs per GPU, and how big its checkpoint is.
 
-The plan's face of `skygreen.memory`: the task's `model:` section (`skygreen.spec.ModelSpec`) turned
+The plan's face of `skygreen.memory`: the task's `model:` section (`skygreen.task.spec.ModelSpec`) turned
 into one GPU's memory by term (model states, activations, logits, overhead) with a low-high range.
 A GPU holds the model when the high end fits its nominal memory; the rest is the headroom. The
 terms and their sources are in `skygreen.memory.estimate`: AdamW in mixed precision holds 16 bytes
@@ -18,7 +18,7 @@ from __future__ import annotations
 from skygreen.memory.estimate import MemoryEstimate, Workload, estimate_memory
 from skygreen.memory.method import OPTIMIZER_STATE_BYTES, trainable_params
 from skygreen.memory.planned import PlannedMemory
-from skygreen.spec import ModelSpec
+from skygreen.task.spec import ModelSpec
 
 GB = 1e9
 WEIGHT_BYTES = {"fp16": 2, "bf16": 2, "auto": 2, "fp32": 4}

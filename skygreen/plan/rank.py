@@ -36,7 +36,7 @@ from skygreen.plan.memory import checkpoint_gb
 from skygreen.plan.set_copies import with_copies
 from skygreen.plan.speed import communication_notice, offer_step, step_json
 from skygreen.power.policy import DEFAULT_ETA
-from skygreen.spec import TaskSpec
+from skygreen.task.spec import TaskSpec
 
 
 def run_model(

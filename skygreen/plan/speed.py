@@ -17,7 +17,7 @@ from skygreen.memory.method import trainable_params
 from skygreen.memory.step import StepTime, step_time
 from skygreen.plan.candidate import Candidate
 from skygreen.plan.catalog import Offer
-from skygreen.spec import ModelSpec
+from skygreen.task.spec import ModelSpec
 
 
 def offer_step(

@@ -1,7 +1,7 @@
 """Power-cap decisions, pure: what limit to ask for, and which limit `auto` picks from a profile.
 
 Caps are written as watts (`150`), a fraction of the GPU's default limit (`0.6`), `auto` or
-`off` (the task file's `power.cap`; `skygreen.spec` validates it). A wanted limit outside the
+`off` (the task file's `power.cap`; `skygreen.task.spec` validates it). A wanted limit outside the
 board's range is clamped to it, with one line saying so; a limit equal to the current one is
 not set again (every set is a privileged NVML call, and Zeus's PR #143 shows what an
 out-of-range one does).

@@ -298,7 +298,7 @@ def library(environ: Mapping[str, str] | None = None) -> SimulatedNvml:
     """The simulated library `SKYGREEN_SIMULATED_GPU` asks for (see the module docstring)."""
     environ = os.environ if environ is None else environ
     name, count = parse_env(environ[SIMULATED_GPU_ENV])
-    from skygreen.settings import decode
+    from skygreen.task.settings import decode
 
     faults = decode(environ.get(FAULTS_ENV, ""), tuple[str, ...], FAULTS_ENV)
     return SimulatedNvml(name, count=count, state_dir=state_dir(environ), faults=faults)

@@ -60,7 +60,7 @@ _LAZY = {
     "RunBook": "skygreen.runtime.run_book",
     "EarlyStopper": "skygreen.runtime.early_stop",
     "PreemptionWatch": "skygreen.runtime.preemption",
-    "RuntimeSettings": "skygreen.settings",
+    "RuntimeSettings": "skygreen.task.settings",
     "shard": "skygreen.runtime.fsdp",
     "task_precision": "skygreen.runtime.fsdp",
     "sharded_states": "skygreen.runtime.fsdp",

@@ -64,7 +64,7 @@ from skygreen.runtime.commits import (
 from skygreen.runtime.ranks import all_reduce
 from skygreen.runtime.state import Stateful, capture
 from skygreen.runtime.tensors import model_sha256, to_host
-from skygreen.spec import HALF_PRECISIONS
+from skygreen.task.spec import HALF_PRECISIONS
 from skygreen.timestamps import utc_now_iso
 
 log = logging.getLogger("skygreen.checkpoint")

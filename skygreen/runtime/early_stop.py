@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from skygreen.spec import EarlyStopConfig
+from skygreen.task.spec import EarlyStopConfig
 
 __all__ = ["EarlyStopConfig", "EarlyStopper"]
 

@@ -19,8 +19,8 @@ import torch
 from skygreen.errors import RuntimeSetupError, SkygreenError
 from skygreen.runtime.precision import DeviceFacts, PrecisionChoice, choose_precision, cpu_facts, cuda_facts
 from skygreen.runtime.smoke_mode import SMOKE_ACCUM_STEPS, SMOKE_MICRO_BATCH
-from skygreen.settings import DEFAULT_PRECISION_ENV, RuntimeSettings
-from skygreen.spec import PRECISIONS
+from skygreen.task.settings import DEFAULT_PRECISION_ENV, RuntimeSettings
+from skygreen.task.spec import PRECISIONS
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

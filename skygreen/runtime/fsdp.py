@@ -82,7 +82,7 @@ def task_precision(device: torch.device, environ: Mapping[str, str] | None = Non
     import os
 
     from skygreen.runtime.environment import device_facts, pick_precision
-    from skygreen.settings import SMOKE_ENV, RuntimeSettings
+    from skygreen.task.settings import SMOKE_ENV, RuntimeSettings
 
     env = os.environ if environ is None else environ
     if env.get(SMOKE_ENV) == "1":

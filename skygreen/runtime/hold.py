@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from skygreen.settings import decode
+from skygreen.task.settings import decode
 
 HOLD_ENV = "SKYGREEN_TEST_HOLD_AT_STEPS"
 HOLD_UNCOMMITTED_ENV = "SKYGREEN_TEST_HOLD_UNCOMMITTED_AT_STEPS"

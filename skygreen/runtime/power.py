@@ -22,7 +22,7 @@ from skygreen.power.nvml import Gpu
 from skygreen.power.originals import OriginalLimits
 from skygreen.power.policy import DEFAULT_ETA, MEASURE_STEPS, SETTLE_STEPS, WARMUP_STEPS
 from skygreen.runtime.ranks import World, all_reduce
-from skygreen.settings import RuntimeSettings, decode
+from skygreen.task.settings import RuntimeSettings, decode
 
 PROFILE_STEPS_ENV = "SKYGREEN_POWER_PROFILE_STEPS"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from skygreen.errors import RuntimeSetupError
 from skygreen.gpus import GPUS, canonical_gpu_name
-from skygreen.spec import PRECISIONS
+from skygreen.task.spec import PRECISIONS
 
 DEVICE_KINDS = ("cpu", "cuda")
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skygreen.errors import RuntimeSetupError
-from skygreen.settings import decode
+from skygreen.task.settings import decode
 
 log = logging.getLogger("skygreen.runtime")
 

@@ -73,7 +73,7 @@ from skygreen.runtime.services import open_schedule, open_services
 from skygreen.runtime.smoke_mode import SMOKE_STEPS, round_trip
 from skygreen.runtime.state import TRAINING, BatchShape, Stateful, StateGroup, TrainingState
 from skygreen.runtime.step import Step, StepParts
-from skygreen.settings import SMOKE_ENV, SMOKE_LINE, RuntimeSettings
+from skygreen.task.settings import SMOKE_ENV, SMOKE_LINE, RuntimeSettings
 
 if TYPE_CHECKING:
     from skygreen.runtime.sharded import ShardedCheckpointer

@@ -31,7 +31,7 @@ from skygreen.ledger.io import LedgerWriter
 from skygreen.ledger.place import current_place, gpu_catalog_name
 from skygreen.ledger.records import KILLED, PREEMPTED
 from skygreen.runtime.state import TrainingState
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from skygreen.runtime.ranks import World  # torch; the book needs none

@@ -34,7 +34,7 @@ from skygreen.runtime.power import open_governor
 from skygreen.runtime.preemption import PreemptionWatch, landed_cloud
 from skygreen.runtime.ranks import World
 from skygreen.runtime.run_book import RunBook
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from skygreen.bill.interval import SaveBill

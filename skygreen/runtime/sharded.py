@@ -118,7 +118,7 @@ from skygreen.runtime.dcp_files import (
 from skygreen.runtime.ranks import World, all_reduce, distributed
 from skygreen.runtime.state import Stateful, capture
 from skygreen.runtime.tensors import to_host
-from skygreen.settings import RuntimeSettings
+from skygreen.task.settings import RuntimeSettings
 from skygreen.timestamps import utc_now_iso
 
 log = logging.getLogger("skygreen.checkpoint")

@@ -15,7 +15,7 @@ import torch
 
 from skygreen.errors import CheckpointError
 from skygreen.runtime.ranks import all_reduce
-from skygreen.settings import SMOKE_FAILED
+from skygreen.task.settings import SMOKE_FAILED
 
 if TYPE_CHECKING:
     from skygreen.runtime.checkpointer import Checkpointer

@@ -1,6 +1,6 @@
 """Checks on the whole task that no single field can make, run when a task file is loaded.
 
-`skygreen.spec` reads each field on its own; these rules look at several at once (the
+`skygreen.task.spec` reads each field on its own; these rules look at several at once (the
 micro-batch against the batch and the number of ranks, the precision against the GPUs, the
 run command against the node layout) and at the SkyPilot keys skygreen owns. They used to
 fire in the renderer or, worse, inside the training process after the VM was paid for.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from skygreen.errors import SpecError
 from skygreen.gpus import GPUS
-from skygreen.spec import TaskSpec, load_spec
+from skygreen.task.spec import TaskSpec, load_spec
 from skygreen.training_script import ScriptUse, read_script_use
 
 _PYTHON = ("python", "python3")
@@ -55,7 +55,7 @@ def load_task(path: str | os.PathLike[str]) -> TaskSpec:
 
 def _line_of(path: str | os.PathLike[str], field: str) -> int | None:
     """The line the field sits on, for the message; None when the file cannot be read again."""
-    from skygreen.task_yaml import line_of
+    from skygreen.task.yaml_lines import line_of
 
     try:
         return line_of(Path(path).read_text(encoding="utf-8"), field)
@@ -136,7 +136,7 @@ def check_envs(spec: TaskSpec) -> None:
     if not isinstance(envs, Mapping):
         raise SpecError("envs", "expected a mapping of names to values", value=envs)
 
-    from skygreen.settings import env_names  # only for a task that sets envs: off the plan path
+    from skygreen.task.settings import env_names  # only for a task that sets envs: off the plan path
 
     ours = env_names()  # the runtime's contract
     for key, value in envs.items():

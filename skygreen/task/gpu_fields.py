@@ -1,5 +1,5 @@
 """The task file's hardware fields: which GPUs and clouds may run the job, how big the job is
-(`work:`), and relative speeds. Read by `skygreen.spec` into the records of `skygreen.spec_model`."""
+(`work:`), and relative speeds. Read by `skygreen.task.spec` into the records of `skygreen.task.records`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from skygreen.errors import SpecError, suggestion
-from skygreen.fields import check_keys, read_choice, read_list, read_mapping, read_number, read_str
 from skygreen.gpus import GPU_NAMES, canonical_gpu_name
-from skygreen.spec_model import CLOUDS, GpuChoice, Work
+from skygreen.task.declare import read_fields
+from skygreen.task.readers import check_keys, read_choice, read_list, read_mapping, read_number, read_str
+from skygreen.task.records import CLOUDS, GpuChoice, Work
 
 
 def gpu_name(value: Any, path: str) -> str:
@@ -48,10 +49,7 @@ def parse_gpus(raw: Any, path: str) -> GpuChoice:
         names = None
         if raw.get("names") is not None:
             names = _gpu_names(raw["names"], f"{path}.names")
-        floor = None
-        if raw.get("min_memory_gb") is not None:
-            floor = read_number(raw["min_memory_gb"], f"{path}.min_memory_gb", positive=True)
-        return GpuChoice(names=names, min_memory_gb=floor)
+        return GpuChoice(names=names, **read_fields(GpuChoice, raw, path))
     return GpuChoice(names=_gpu_names(raw, path))
 
 
@@ -99,9 +97,7 @@ def parse_work(raw: Any, path: str) -> Work:
     )
     raw = _work_with_gpu_key(raw, path)
     check_keys(raw, WORK_KEYS, path)
-    values: dict[str, Any] = {}
-    if raw.get("gpu_hours") is not None:
-        values["gpu_hours"] = read_number(raw["gpu_hours"], f"{path}.gpu_hours", positive=True, maximum=1e7)
+    values = read_fields(Work, raw, path)  # gpu_hours; the GPU below, named as the file spells it
     if raw.get("gpu") is not None:  # errors name the key as the file spells it
         values["gpu"] = gpu_name(raw["gpu"], f"{path}.{written_as}")
     return Work(**values)

@@ -1,16 +1,19 @@
 """Every field of the task file as a user writes it: type, default, allowed values and meaning.
 
-`skygreen.spec` reads the task file into the records of `skygreen.spec_model`; this table says
+`skygreen.task.spec` reads the task file into the records of `skygreen.task.records`; this table says
 what each key a user may write means. It is the one source of the task file reference
 (docs/reference/task-file.md is generated from it when the site builds), and
 tests/test_docs_reference.py holds it to the parser: every key the parser accepts must have a
 row here, and every row must name a key the parser accepts. A field added to the parser without
 a row, or a row without a description, fails that test.
 
-Defaults are read from the records themselves wherever a key names a record's attribute
-(`skygreen.checkpoint.keep` is `CheckpointSpec.keep`), so a changed default changes the page;
-`default=` text is only for keys the parser turns into something else (`every`, `power.cap`).
-Allowed values come from the same constants the parser checks against.
+A field declared on its record with `meaning(...)` (`skygreen.task.declare`) gets its row from
+that declaration (`declared_rows`): type, allowed values, bounds, unit, meaning and its JSON
+Schema; only the keys still read their own way (the GPUs, `work`, `checkpoint`, `power.cap`,
+the model's size and method) keep a hand-written `TaskField` here. Defaults are read from the
+records themselves wherever a key names a record's attribute (`skygreen.checkpoint.keep` is
+`CheckpointSpec.keep`), so a changed default changes the page; `default=` text is only for keys
+the parser turns into something else (`every`, `power.cap`).
 """
 
 from __future__ import annotations
@@ -19,25 +22,21 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from skygreen.checkpoint.bucket_url import URL_FORMS
 from skygreen.checkpoint.keep import MIN_KEEP
-from skygreen.fields import DURATION_UNITS_S
 from skygreen.gpus import GPU_NAMES
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
 from skygreen.memory.method import ALL_LINEAR, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS, LORA_TARGETS, METHODS, OPTIMIZERS
 from skygreen.power.policy import DEFAULT_ETA
-from skygreen.spec_model import (
+from skygreen.task.declare import Record, allowed_text, declared, field_schema, fields_of, type_text
+from skygreen.task.readers import DURATION_UNITS_S
+from skygreen.task.records import (
     CLOUDS,
     DEFAULT_QUIET_S,
-    DEFAULT_SEQ_LEN,
-    EARLY_STOP_MODES,
     FSDP_FROM_PARAMS,
     HALF_PRECISIONS,
-    OBJECTIVES,
-    PRECISIONS,
-    RECOVERY_STRATEGIES,
-    SHARDINGS,
-    TRAINERS,
     Batch,
     BudgetAlertSpec,
     CheckpointSpec,
@@ -71,6 +70,9 @@ class TaskField:
     """Allowed values, ranges and units; empty when the type says it all."""
     default: str | None = None
     """The default as text; None reads it from the record the key lands in (`RECORDS`)."""
+    schema: Mapping[str, Any] | None = None
+    """The key's JSON Schema where its declaration gives it (`skygreen.task.declare`); None:
+    built from `type` and `allowed` (`skygreen.task.schema.TYPES`)."""
 
     def __post_init__(self) -> None:
         if not self.path or self.path != self.path.strip() or " " in self.path:
@@ -136,7 +138,11 @@ def default_text(field: TaskField) -> str:
     if field.default is not None:
         return field.default
     record = RECORDS.get(field.section)
-    attributes = {f.name: f for f in dataclasses.fields(record)} if record is not None else {}
+    if record is not None and issubclass(record, Record):
+        declared = {f.name: f for f in fields_of(record)}.get(field.key)
+        if declared is not None:
+            return "required" if declared.required else _value_text(declared.default)
+    attributes = {f.name: f for f in dataclasses.fields(record)} if dataclasses.is_dataclass(record) else {}
     attribute = attributes.get(field.key)
     if attribute is None:
         raise ValueError(f"TaskField {field.path}: no record attribute to read its default from; give default= text")
@@ -145,6 +151,28 @@ def default_text(field: TaskField) -> str:
     if attribute.default_factory is not dataclasses.MISSING:
         return _value_text(attribute.default_factory())
     return "required"
+
+
+def declared_rows(section: str, **default_text: str) -> tuple[TaskField, ...]:
+    """The rows of the fields declared in the record of `section` (`RECORDS`, `skygreen.task.declare`),
+    each with its JSON Schema (`TaskField.schema`); `default_text` gives a default as text where
+    the value alone would mislead (`micro="auto"` for None)."""
+    record, rows = RECORDS[section], []
+    for field in declared(record):
+        assert field.meta is not None  # declared() keeps only fields with a meaning
+        is_section = f"{section}.{field.name}" in RECORDS
+        off = is_section and field.optional
+        rows.append(
+            TaskField(
+                path=f"{section}.{field.name}",
+                type=type_text(field.hint) + (" or auto" if field.extra.get("auto") else " or false" if off else ""),
+                doc=str(field.meta.description),
+                allowed=allowed_text(field),
+                default=default_text.get(field.name),
+                schema=None if is_section else field_schema(record, field.name),  # a section: from its rows
+            )
+        )
+    return tuple(rows)
 
 
 _GPUS = ", ".join(GPU_NAMES)
@@ -236,17 +264,15 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         default="every GPU skygreen knows",
         doc="Candidate GPU models, in the mapping form of `gpus`.",
     ),
-    TaskField(
-        path="skygreen.gpus.min_memory_gb",
-        type="number",
-        allowed="above 0, GB per GPU",
-        doc="Keep only GPUs with at least this much memory each.",
-    ),
-    TaskField(
-        path="skygreen.gpu_count",
-        type="integer",
-        allowed="1 to 64",
-        doc="GPUs per node. Without it, a task with `model` may get any count that holds the model.",
+    *declared_rows("skygreen.gpus"),
+    *declared_rows(
+        "skygreen",
+        regions="every region",
+        preemption="the built-in spot model",
+        budget_alerts="alerts at " + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS),
+        batch="the script's own",
+        early_stopping="off",
+        recovery=_value_text(msgspec.structs.asdict(RecoverySpec())),
     ),
     TaskField(
         path="skygreen.clouds",
@@ -255,60 +281,14 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="The clouds whose offers the plan ranks.",
     ),
     TaskField(
-        path="skygreen.regions",
-        type="list of strings",
-        default="every region",
-        doc="Keep only offers in these regions (cloud region names such as `us-east-1`). With two or more "
-        "and a deadline, the watcher moves the run between them (docs/multi-region.md).",
-    ),
-    TaskField(
-        path="skygreen.spot",
-        type="boolean",
-        doc="true: rank spot offers (checkpoints and exact resume carry a run through preemptions); false: on-demand only.",
-    ),
-    TaskField(
-        path="skygreen.on_demand_fallback",
-        type="boolean",
-        doc="Also rank on-demand offers, as fallbacks behind the spot ones. Only with `spot: true`.",
-    ),
-    TaskField(
-        path="skygreen.objective",
-        type="string",
-        allowed=one_of(OBJECTIVES),
-        doc="What the plan minimises: the run's cost, its time, its energy, or its CO2e.",
-    ),
-    TaskField(
-        path="skygreen.max_candidates",
-        type="integer",
-        allowed="1 to 64",
-        doc="How many of the best offers go to SkyPilot, in order, as fallbacks for one another.",
-    ),
-    TaskField(
         path="skygreen.speed",
         type="mapping of GPU name to number",
         allowed="above 0, at most 1000; relative to one A100 (1.0)",
         default="skygreen's speed table",
         doc="Relative training speeds that override the built-in table for this task, e.g. `{L4: 0.35}`.",
     ),
-    TaskField(
-        path="skygreen.preemption",
-        type="mapping",
-        default="the built-in spot model",
-        doc="Overrides of the planner's spot model, for a task whose preemptions you have measured.",
-    ),
-    TaskField(
-        path="skygreen.preemption.rate_per_hour",
-        type="mapping of cloud to number",
-        allowed=f"clouds: {one_of(CLOUDS)}; 0 to 60 preemptions per hour",
-        default="the built-in rates",
-        doc="Expected preemptions per hour of a spot VM, per cloud.",
-    ),
-    TaskField(
-        path="skygreen.preemption.restart_minutes",
-        type="number",
-        allowed="0 to 1440 minutes",
-        default="the built-in restart time",
-        doc="Minutes lost per preemption: a new VM, setup and the restore.",
+    *declared_rows(
+        "skygreen.preemption", rate_per_hour="the built-in rates", restart_minutes="the built-in restart time"
     ),
     # ------------------------------------------------------------ skygreen: size, money, time
     TaskField(
@@ -318,56 +298,14 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="The size of the job: `gpu_hours` of training on one `gpu`. Every estimate (hours, cost, energy) "
         "scales from it. The old key `on:` (and the `true:` a YAML 1.1 tool makes of it) is still read as `gpu:`, with a note.",
     ),
-    TaskField(
-        path="skygreen.work.gpu_hours",
-        type="number",
-        allowed="above 0, at most 1e7 hours on ONE `gpu`",
-        doc="Hours the whole job takes on one reference GPU; `plan` warns above 100,000.",
-    ),
+    *declared_rows("skygreen.work"),
     TaskField(
         path="skygreen.work.gpu",
         type="GPU name",
         allowed=_GPUS,
         doc="The reference GPU that `gpu_hours` is measured on.",
     ),
-    TaskField(
-        path="skygreen.max_price_per_hour",
-        type="number",
-        allowed="above 0, USD per node-hour",
-        doc="Drop offers that cost more per node-hour.",
-    ),
-    TaskField(
-        path="skygreen.budget_usd",
-        type="number",
-        allowed="above 0, USD",
-        doc="The run's budget. The plan drops offers whose estimated run cost exceeds it, and the runtime "
-        "commits a checkpoint and stops the run when its spend reaches it (`skygreen resume --budget-usd` raises it).",
-    ),
-    TaskField(
-        path="skygreen.budget_alerts",
-        type="mapping",
-        default="alerts at " + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS),
-        doc="When the runtime warns about spend, in the log and optionally to a webhook.",
-    ),
-    TaskField(
-        path="skygreen.budget_alerts.at",
-        type="list of numbers",
-        allowed="fractions of `budget_usd`, above 0, at most 1",
-        default="[" + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS) + "]",
-        doc="Warn once as spend crosses each fraction of `budget_usd` (0.5 for 50%).",
-    ),
-    TaskField(
-        path="skygreen.budget_alerts.webhook_env",
-        type="string",
-        allowed="an environment variable name, not the URL",
-        doc="The environment variable (declare it in `secrets:`) that holds the URL each alert is POSTed to as JSON.",
-    ),
-    TaskField(
-        path="skygreen.budget_alerts.burn_usd_per_hour",
-        type="number",
-        allowed="above 0, USD per hour",
-        doc="Warn once per segment when the run spends faster than this (controller included).",
-    ),
+    *declared_rows("skygreen.budget_alerts", at="[" + ", ".join(f"{f:g}" for f in DEFAULT_ALERT_FRACTIONS) + "]"),
     TaskField(
         path="skygreen.deadline",
         type="duration or number of hours",
@@ -375,97 +313,10 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="Finish within this long after launch. The plan prefers spot while there is slack and falls back to "
         "on-demand when the deadline needs it; `skygreen up --deadline` and `watch` hold a run to it.",
     ),
-    TaskField(
-        path="skygreen.recovery",
-        type="mapping or strategy name",
-        doc="SkyPilot's job recovery for the managed job (`recovery: FAILOVER` sets the strategy alone). "
-        "skygreen adds the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on.",
-        default=_value_text(dataclasses.asdict(RecoverySpec())),
-    ),
-    TaskField(
-        path="skygreen.recovery.strategy",
-        type="string",
-        allowed=one_of(RECOVERY_STRATEGIES),
-        doc="Where SkyPilot relaunches a preempted job: the next region at once, or first the same region.",
-    ),
-    TaskField(
-        path="skygreen.recovery.max_restarts_on_errors",
-        type="integer",
-        allowed="0 to 100",
-        doc="Relaunches after a failure that is not a preemption, before the job counts as failed.",
-    ),
+    *declared_rows("skygreen.recovery"),
     # ------------------------------------------------------------ skygreen: the training loop
-    TaskField(
-        path="skygreen.trainer",
-        type="string",
-        allowed=one_of(TRAINERS),
-        doc="What owns the training loop: `runtime` (the script trains through `sg.Run`), `transformers` or "
-        "`lightning` (the script's Trainer carries skygreen's callback), `folder` (any script that saves checkpoint "
-        "folders into `checkpoint.dir`; skygreen wraps the command). `checkpoint.dir` alone implies `folder`; "
-        "without the key, the script's imports decide (`skygreen.integrations.transformers`, `.lightning`, `Run`).",
-    ),
-    TaskField(
-        path="skygreen.precision",
-        type="string",
-        allowed=one_of(PRECISIONS),
-        doc="Mixed precision: `auto` is bf16 where the GPU has it and fp16 elsewhere; `bf16` refuses GPUs without it.",
-    ),
-    TaskField(
-        path="skygreen.batch",
-        type="mapping",
-        default="the script's own",
-        doc="The effective batch and the micro-batch each rank runs at once; the runtime accumulates gradients between them.",
-    ),
-    TaskField(
-        path="skygreen.batch.effective",
-        type="integer",
-        allowed="1 or more; a multiple of gpu_count x num_nodes",
-        default="the script's `effective_batch=`",
-        doc="Samples per optimizer step over all ranks. It stays the same on any GPU and any number of them, so a "
-        "resumed run trains the same steps.",
-    ),
-    TaskField(
-        path="skygreen.batch.micro",
-        type="integer or auto",
-        allowed="1 or more, dividing the per-rank batch; or auto",
-        default="auto",
-        doc="Samples per forward pass on each rank; `auto` probes the largest that fits the GPU.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping",
-        type="mapping or false",
-        default="off",
-        doc="Stop the run when the metric the script reports (`run.report(val_loss=...)`) stops improving; the run ends as done.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping.metric",
-        type="string",
-        doc="The name of the reported metric, e.g. `val_loss`.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping.mode",
-        type="string",
-        allowed=one_of(EARLY_STOP_MODES),
-        doc="Whether lower (`min`) or higher (`max`) is better.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping.patience",
-        type="integer",
-        allowed="1 or more",
-        doc="Evaluations without improvement before the run stops.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping.min_delta",
-        type="number",
-        allowed="0 or more",
-        doc="The smallest change that counts as an improvement.",
-    ),
-    TaskField(
-        path="skygreen.early_stopping.grace",
-        type="integer",
-        allowed="0 or more",
-        doc="Evaluations at the start that never count against patience (curricula, warm-up).",
-    ),
+    *declared_rows("skygreen.batch", effective="the script's `effective_batch=`", micro="auto"),
+    *declared_rows("skygreen.early_stopping"),
     TaskField(
         path="skygreen.model",
         type="mapping",
@@ -529,47 +380,11 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="The optimizer's state per trainable parameter: adamw 8 bytes (fp32 moments), adamw8bit 2, sgd "
         "(with momentum) 4, adafactor about 0; mixed precision adds a 4-byte fp32 master copy.",
     ),
-    TaskField(
-        path="skygreen.model.seq_len",
-        type="integer",
-        allowed="1 or more tokens",
-        default=str(DEFAULT_SEQ_LEN),
-        doc="Tokens per sample: the longest sample sets the peak, so give the length you pad or pack to.",
-    ),
-    TaskField(
-        path="skygreen.model.micro_batch",
-        type="integer",
-        allowed="1 or more",
-        default="1",
-        doc="Samples per forward pass per GPU, for the activation and logit memory.",
-    ),
-    TaskField(
-        path="skygreen.model.activation_checkpointing",
-        type="boolean",
-        default="true (as the QLoRA, torchtune and Unsloth recipes run)",
-        doc="Whether the trainer recomputes activations in the backward pass (HF `gradient_checkpointing`): "
-        "only each layer's input is kept. Set false if your script does not turn it on.",
-    ),
-    TaskField(
-        path="skygreen.model.activation_gb",
-        type="number",
-        allowed="0 to 10000 GB (1e9 bytes) per GPU",
-        default="from the shape with `config` or `hf`, else 0",
-        doc="Activation memory per GPU at the micro-batch, measured or guessed: replaces the estimate.",
-    ),
-    TaskField(
-        path="skygreen.model.sharding",
-        type="string",
-        allowed=one_of(SHARDINGS),
-        default=f"fsdp for a full fine-tune from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below and for lora and qlora",
-        doc="`fsdp` shards weights, gradients and optimizer states over every GPU of the run (ZeRO stage 3); "
-        "with `ddp` every GPU holds them whole.",
-    ),
-    TaskField(
-        path="skygreen.model.max_nodes",
-        type="integer",
-        allowed="1 to 64",
-        doc="The most nodes the plan may give a run whose task does not fix `num_nodes`.",
+    *declared_rows(
+        "skygreen.model",
+        activation_checkpointing="true (as the QLoRA, torchtune and Unsloth recipes run)",
+        activation_gb="from the shape with `config` or `hf`, else 0",
+        sharding=f"fsdp for a full fine-tune from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below and for lora and qlora",
     ),
     # ------------------------------------------------------------ skygreen: checkpoints
     TaskField(
@@ -660,18 +475,6 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="`auto` measures steps at a few caps and keeps the one that best trades time for energy; "
         "`off` leaves the limit alone.",
     ),
-    TaskField(
-        path="skygreen.power.required",
-        type="boolean",
-        doc="Fail before training when the cap cannot be applied (no permission, no GPU); otherwise the run "
-        "trains uncapped and says so.",
-    ),
-    TaskField(
-        path="skygreen.power.eta",
-        type="number",
-        allowed="0 (time only) to 1 (energy only)",
-        default=f"{DEFAULT_ETA:g}",
-        doc="The `auto` chooser's weight on energy against time.",
-    ),
+    *declared_rows("skygreen.power", eta=f"{DEFAULT_ETA:g}"),
 )
 """Every key of the task file, in the order the reference lists them."""

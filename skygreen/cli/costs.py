@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from skygreen.cli_options import catalog_option, json_option, plot_option, print_json, print_notice, run_argument
+from skygreen.cli.options import catalog_option, json_option, plot_option, print_json, print_notice, run_argument
 
 
 @click.command()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,45 +37,46 @@ from typing import Any
 from skygreen.checkpoint.bucket_url import BUCKET_SCHEMES, canonical_url
 from skygreen.checkpoint.keep import check_keep
 from skygreen.errors import InputError, SpecError
-from skygreen.fields import (
+from skygreen.task.declare import read_fields
+from skygreen.task.gpu_fields import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
+from skygreen.task.model_fields import parse_model
+from skygreen.task.readers import (
     check_keys,
     parse_duration_s,
-    read_bool,
     read_choice,
     read_duration_h,
     read_int,
-    read_list,
     read_mapping,
     read_number,
     read_str,
     type_name,
 )
-from skygreen.spec_gpus import parse_clouds, parse_gpus, parse_speed, parse_work, work_notices
-from skygreen.spec_memory import parse_model
-from skygreen.spec_model import (
+from skygreen.task.records import (
     CLOUDS,
-    EARLY_STOP_MODES,
     HALF_PRECISIONS,
     OBJECTIVES,
     PRECISIONS,
-    RECOVERY_STRATEGIES,
     SECTION,
     SKYPILOT_TASK_KEYS,
     TRAINERS,
-    Batch,
-    BudgetAlertSpec,
     CheckpointSpec,
-    EarlyStopConfig,
     GpuChoice,
     GreenSpec,
     ModelSpec,
     PowerSpec,
     PreemptionSpec,
-    RecoverySpec,
     TaskSpec,
     Work,
 )
-from skygreen.task_yaml import line_of, read_yaml
+from skygreen.task.sections import (
+    EARLY_STOP_MODES,
+    RECOVERY_STRATEGIES,
+    Batch,
+    BudgetAlertSpec,
+    EarlyStopConfig,
+    RecoverySpec,
+)
+from skygreen.task.yaml_lines import line_of, read_yaml
 
 __all__ = [
     "BUCKET_SCHEMES",
@@ -132,7 +132,7 @@ def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
 
 
 def parse_spec_text(text: str, *, source: str | None = None) -> TaskSpec:
-    """Parse YAML 1.2 text into a `TaskSpec` (see `skygreen.task_yaml` for why 1.2 and how)."""
+    """Parse YAML 1.2 text into a `TaskSpec` (see `skygreen.task.yaml_lines` for why 1.2 and how)."""
     return parse_spec(read_yaml(text), source=source)
 
 
@@ -171,30 +171,16 @@ def _parse_green(raw: Any, path: str, *, base_dir: Path) -> GreenSpec:
     values: dict[str, Any] = {
         "gpu_count_given": raw.get("gpu_count") is not None,
         "trainer_given": raw.get("trainer") is not None,
+        **read_fields(GreenSpec, raw, path),  # the declared fields; below, those read their own way
     }
     get(values, "gpus", parse_gpus)
-    get(values, "gpu_count", lambda v, p: read_int(v, p, minimum=1, maximum=64))
     get(values, "clouds", parse_clouds)
-    get(values, "regions", lambda v, p: tuple(read_str(r, f"{p}[{i}]") for i, r in enumerate(read_list(v, p))))
-    get(values, "spot", read_bool)
-    get(values, "on_demand_fallback", read_bool)
-    get(values, "objective", lambda v, p: read_choice(v, p, OBJECTIVES))
     get(values, "work", parse_work)
-    get(values, "max_price_per_hour", lambda v, p: read_number(v, p, positive=True))
-    get(values, "budget_usd", lambda v, p: read_number(v, p, positive=True))
-    get(values, "budget_alerts", _parse_budget_alerts)
     get(values, "speed", parse_speed)
-    get(values, "preemption", _parse_preemption)
-    get(values, "max_candidates", lambda v, p: read_int(v, p, minimum=1, maximum=64))
-    get(values, "precision", lambda v, p: read_choice(v, p, PRECISIONS))
-    get(values, "batch", _parse_batch)
     get(values, "checkpoint", _parse_checkpoint)
     get(values, "power", _parse_power)
-    get(values, "early_stopping", _parse_early_stopping)
-    get(values, "recovery", _parse_recovery)
     get(values, "deadline", read_duration_h)
     get(values, "model", lambda v, p: parse_model(v, p, base_dir=base_dir))
-    get(values, "trainer", lambda v, p: read_choice(v, p, TRAINERS))
     _check_trainer(values, path)
     spec = GreenSpec(**values)
     if not spec.spot and spec.on_demand_fallback:
@@ -215,76 +201,6 @@ def _getter(raw: Mapping[str, Any], path: str):
             values[key] = reader(raw[key], f"{path}.{key}")
 
     return get
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def _parse_budget_alerts(raw: Any, path: str) -> BudgetAlertSpec:
-    raw = read_mapping(raw, path)
-    check_keys(raw, BudgetAlertSpec.__dataclass_fields__, path)
-    values: dict[str, Any] = {}
-    if raw.get("at") is not None:
-        fractions = [
-            read_number(v, f"{path}.at[{i}]", positive=True) for i, v in enumerate(read_list(raw["at"], f"{path}.at"))
-        ]
-        for i, f in enumerate(fractions):
-            if f > 1:
-                raise SpecError(
-                    f"{path}.at[{i}]",
-                    "is a fraction of budget_usd and must be at most 1",
-                    value=f,
-                    hint=f"write {f / 100:g} for {f:g}%" if f <= 100 else "use a number in (0, 1]",
-                )
-        values["at"] = tuple(sorted(set(fractions)))
-    if raw.get("webhook_env") is not None:
-        name = read_str(raw["webhook_env"], f"{path}.webhook_env")
-        if not _ENV_NAME.match(name):
-            hint = "name the environment variable that holds the URL (e.g. BUDGET_WEBHOOK, declared in secrets:), not the URL itself"
-            raise SpecError(
-                f"{path}.webhook_env",
-                "is not an environment variable name",
-                value=name if "://" not in name else "<a URL>",
-                hint=hint,
-            )
-        values["webhook_env"] = name
-    if raw.get("burn_usd_per_hour") is not None:
-        values["burn_usd_per_hour"] = read_number(raw["burn_usd_per_hour"], f"{path}.burn_usd_per_hour", positive=True)
-    return BudgetAlertSpec(**values)
-
-
-def _parse_preemption(raw: Any, path: str) -> PreemptionSpec:
-    raw = read_mapping(raw, path)
-    check_keys(raw, ("rate_per_hour", "restart_minutes"), path)
-    rates: dict[str, float] = {}
-    if raw.get("rate_per_hour") is not None:
-        rate_path = f"{path}.rate_per_hour"
-        for cloud, rate in read_mapping(raw["rate_per_hour"], rate_path).items():
-            cloud_name = read_choice(cloud, f"{rate_path}.{cloud}", CLOUDS)
-            rates[cloud_name] = read_number(rate, f"{rate_path}.{cloud}", minimum=0.0, maximum=60.0)
-    restart = None
-    if raw.get("restart_minutes") is not None:
-        restart = read_number(raw["restart_minutes"], f"{path}.restart_minutes", minimum=0.0, maximum=1440.0)
-    return PreemptionSpec(rate_per_hour=rates, restart_minutes=restart)
-
-
-def _parse_batch(raw: Any, path: str) -> Batch:
-    raw = read_mapping(raw, path)
-    check_keys(raw, ("effective", "micro"), path)
-    effective = None
-    if raw.get("effective") is not None:
-        effective = read_int(raw["effective"], f"{path}.effective", minimum=1)
-    micro = None
-    if raw.get("micro") is not None and raw["micro"] != "auto":
-        micro = read_int(raw["micro"], f"{path}.micro", minimum=1)
-    if effective is not None and micro is not None and micro > effective:
-        raise SpecError(
-            f"{path}.micro",
-            f"is larger than the effective batch {effective}",
-            value=micro,
-            hint="set micro to at most the effective batch, or to auto",
-        )
-    return Batch(effective=effective, micro=micro)
 
 
 def with_deadline(spec: TaskSpec, raw: Any, path: str) -> TaskSpec:
@@ -402,11 +318,7 @@ def _parse_bucket(raw: Any, path: str) -> str:
 def _parse_power(raw: Any, path: str) -> PowerSpec:
     raw = read_mapping(raw, path)
     check_keys(raw, ("cap", "required", "eta"), path)
-    extra: dict[str, Any] = {}
-    if "required" in raw:
-        extra["required"] = read_bool(raw["required"], f"{path}.required")
-    if raw.get("eta") is not None:
-        extra["eta"] = read_number(raw["eta"], f"{path}.eta", minimum=0.0, maximum=1.0)
+    extra = read_fields(PowerSpec, raw, path)  # required, eta; the cap is read below
     cap = raw.get("cap", "auto")
     cap_path = f"{path}.cap"
     if cap is False or cap == "off":
@@ -431,33 +343,3 @@ def _parse_power(raw: Any, path: str) -> PowerSpec:
             allowed="auto | off | watts (50-1500) | fraction (0.3-1.0)",
         )
     return PowerSpec(mode="watts", cap_w=value, **extra)
-
-
-def _parse_early_stopping(raw: Any, path: str) -> EarlyStopConfig | None:
-    if raw is False:
-        return None
-    raw = read_mapping(raw, path)
-    check_keys(raw, EarlyStopConfig.__dataclass_fields__, path)
-    if raw.get("metric") is None:
-        raise SpecError(
-            f"{path}.metric", "is required", hint="name the metric your script reports, e.g. metric: val_loss"
-        )
-    values: dict[str, Any] = {"metric": read_str(raw["metric"], f"{path}.metric")}
-    get = _getter(raw, path)
-    get(values, "mode", lambda v, p: read_choice(v, p, EARLY_STOP_MODES))
-    get(values, "patience", lambda v, p: read_int(v, p, minimum=1))
-    get(values, "min_delta", lambda v, p: read_number(v, p, minimum=0.0))
-    get(values, "grace", lambda v, p: read_int(v, p, minimum=0))
-    return EarlyStopConfig(**values)
-
-
-def _parse_recovery(raw: Any, path: str) -> RecoverySpec:
-    if isinstance(raw, str):
-        raw = {"strategy": raw}
-    raw = read_mapping(raw, path)
-    check_keys(raw, ("strategy", "max_restarts_on_errors"), path)
-    values: dict[str, Any] = {}
-    get = _getter(raw, path)
-    get(values, "strategy", lambda v, p: read_choice(v, p, RECOVERY_STRATEGIES))
-    get(values, "max_restarts_on_errors", lambda v, p: read_int(v, p, minimum=0, maximum=100))
-    return RecoverySpec(**values)

@@ -42,7 +42,8 @@ from typing import Any
 from skygreen.errors import RuntimeSetupError, SpecError
 from skygreen.memory.planned import PlannedMemory
 from skygreen.power.policy import CapRequest
-from skygreen.spec import HALF_PRECISIONS, PRECISIONS, TRAINERS, EarlyStopConfig, GreenSpec
+from skygreen.task.declare import Record, fields_of
+from skygreen.task.spec import HALF_PRECISIONS, PRECISIONS, TRAINERS, EarlyStopConfig, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
 SMOKE_ENV = "SKYGREEN_SMOKE"
@@ -86,7 +87,7 @@ class RuntimeSettings:
     """The bucket's region as the task states it (`checkpoint.region`), so the budget prices the
     checkpoints' transfer from where the bucket is; None: its cloud's default region."""
     trainer: str | None = None
-    """What owns the loop (`skygreen.spec.TRAINERS`) where it is not `sg.Run` (None); the smoke
+    """What owns the loop (`skygreen.task.spec.TRAINERS`) where it is not `sg.Run` (None); the smoke
     test and the integrations read it."""
     power_cap: CapRequest = field(default_factory=CapRequest)
     """auto | off | <watts> | <fraction of the default limit>; travels as that text (`0.6`)."""
@@ -400,7 +401,12 @@ def _strip_none(hint: Any) -> Any:
 def _is_spread(hint: Any) -> bool:
     """A nested record whose fields travel as variables of their own (not one with a text form)."""
     hint = _strip_none(hint)
-    return dataclasses.is_dataclass(hint) and not hasattr(hint, "parse")
+    return isinstance(hint, type) and issubclass(hint, Record) and not hasattr(hint, "parse")
+
+
+def _record_fields(record: type[Record]) -> list[tuple[str, bool]]:
+    """(name, required) of each field of a spread record, from its declaration."""
+    return [(f.name, f.required) for f in fields_of(record)]
 
 
 def _flat_fields() -> list[tuple[tuple[str, ...], Any]]:
@@ -411,7 +417,7 @@ def _flat_fields() -> list[tuple[tuple[str, ...], Any]]:
         if _is_spread(hint):
             record = _strip_none(hint)
             inner = typing.get_type_hints(record)
-            out.extend(((f.name, g.name), inner[g.name]) for g in dataclasses.fields(record))
+            out.extend(((f.name, name), inner[name]) for name, _ in _record_fields(record))
         else:
             out.append(((f.name,), hint))
     return out
@@ -420,8 +426,7 @@ def _flat_fields() -> list[tuple[tuple[str, ...], Any]]:
 def _build_record(outer: str, values: dict[str, Any]) -> Any:
     """A spread record from the variables given; one missing a required field names it."""
     record = _strip_none(_HINTS[outer])
-    required = [g.name for g in dataclasses.fields(record)
-                if g.default is dataclasses.MISSING and g.default_factory is dataclasses.MISSING]  # fmt: skip
+    required = [name for name, needed in _record_fields(record) if needed]
     missing = [name for name in required if name not in values]
     given = ", ".join(_env_name((outer, name)) for name in values)
     if missing:

@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 
 from skygreen import exit_codes
-from skygreen.cli_costs import compare, cost, power, report, simulate
-from skygreen.cli_options import (
+from skygreen.cli.costs import compare, cost, power, report, simulate
+from skygreen.cli.options import (
     CONTEXT,
     catalog_option,
     json_option,
@@ -84,6 +84,14 @@ def plan(task: Path, catalog: Path | None, json_output: bool, top: int, deadline
     from skygreen.plan.report import print_plan
 
     print_plan(result, top=top)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of a task file (SkyPilot's, with the skygreen: section), for editors."""
+    from skygreen import api
+
+    print_json(api.task_schema())
 
 
 @catalog_app.command("update")

@@ -15,10 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from skygreen.errors import SpecError
-from skygreen.fields import check_keys, read_bool, read_choice, read_int, read_list, read_mapping, read_number, read_str
 from skygreen.memory.method import ALL_LINEAR, LORA_TARGETS, METHODS, OPTIMIZERS, Method
 from skygreen.memory.shape import ConfigError, ModelShape, shape_from_config
-from skygreen.spec_model import FSDP_FROM_PARAMS, SHARDINGS, ModelSpec
+from skygreen.task.declare import read_fields
+from skygreen.task.readers import (
+    check_keys,
+    read_choice,
+    read_int,
+    read_list,
+    read_mapping,
+    read_number,
+    read_str,
+)
+from skygreen.task.records import FSDP_FROM_PARAMS, ModelSpec
 
 MODEL_KEYS: tuple[str, ...] = (
     "params", "config", "hf", "method", "lora", "optimizer", "seq_len", "micro_batch",
@@ -136,15 +145,4 @@ def parse_model(raw: Any, path: str, *, base_dir: Path) -> ModelSpec:
     # Adapters keep the states small: LoRA and QLoRA run data-parallel unless the task says otherwise.
     big = params >= FSDP_FROM_PARAMS and not values["method"].adapters
     values.update(params=params, sharding="fsdp" if big else "ddp")
-    readers = {
-        "activation_gb": lambda v, p: read_number(v, p, minimum=0.0, maximum=10_000.0),
-        "sharding": lambda v, p: read_choice(v, p, SHARDINGS),
-        "max_nodes": lambda v, p: read_int(v, p, minimum=1, maximum=64),
-        "seq_len": lambda v, p: read_int(v, p, minimum=1, maximum=10_000_000),
-        "micro_batch": lambda v, p: read_int(v, p, minimum=1, maximum=65_536),
-        "activation_checkpointing": read_bool,
-    }
-    for key, reader in readers.items():
-        if raw.get(key) is not None:
-            values[key] = reader(raw[key], f"{path}.{key}")
-    return ModelSpec(**values)
+    return ModelSpec(**{**values, **read_fields(ModelSpec, raw, path)})

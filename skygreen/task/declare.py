@@ -1,0 +1,386 @@
+"""A field of the task file declared once: its type, default, bounds, unit and meaning.
+
+A section of the task file is a `Record` (a frozen `msgspec.Struct`) whose attributes carry
+everything about each key in their annotation:
+
+    class RecoverySpec(Record, frozen=True, kw_only=True):
+        strategy: Annotated[Literal["EAGER_NEXT_REGION", "FAILOVER"], meaning("Where ...")] = "EAGER_NEXT_REGION"
+        max_restarts_on_errors: Annotated[int, meaning("Relaunches ...", ge=0, le=100)] = 3
+
+A dataclass record declares its fields the same way, one by one (`GreenSpec.gpu_count`); a field
+without `meaning` is read its own way (`skygreen.task.spec`) and listed by hand.
+
+From that one declaration come: the reader (`read_record`, which walks the annotations with
+the typed readers of `skygreen.task.readers`, so every error names the field path, the value,
+the allowed values, a near-miss suggestion and a fix, exactly as for the hand-read sections),
+the check when code builds a record (`check_declared`), the rows of the reference page
+(`skygreen.task.reference.declared_rows`), each field's JSON Schema (`msgspec.json.schema`) and
+the runtime settings codec (`skygreen.task.settings` spreads a record's fields into
+`SKYGREEN_*` variables).
+Rules that relate several fields of one section sit in the record as `rules()`, beside them.
+
+Why msgspec and not pydantic: declaring the task file's records in pydantic and validating one
+task added about 0.3 s to every `skygreen plan` (1.9x; importing pydantic alone is about 0.13 s),
+in msgspec about 0.01 s (1.0x): `benchmarks/bench_plan.py --libraries`, figures in
+benchmarks/RESULTS.md. Both give JSON Schema; msgspec's structs are also what `plan` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import operator
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from skygreen.errors import SpecError
+from skygreen.task.readers import (
+    check_keys,
+    read_bool,
+    read_choice,
+    read_int,
+    read_list,
+    read_mapping,
+    read_number,
+    read_str,
+)
+
+__all__ = [
+    "FieldProblem",
+    "Record",
+    "check_declared",
+    "declared",
+    "field_schema",
+    "fields_of",
+    "meaning",
+    "read_fields",
+    "read_record",
+]
+
+
+def meaning(
+    text: str,
+    *,
+    unit: str = "",
+    allowed: str = "",
+    example: str = "",
+    auto: bool = False,
+    choices: tuple[str, ...] = (),
+    keys: tuple[str, ...] = (),
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+) -> msgspec.Meta:
+    """A field's one-line meaning, its bounds and unit, for `Annotated[type, meaning(...)]`.
+
+    Args:
+        text: what the key does, in full sentences (the reference page and the schema show it).
+        unit: the unit of a number (`USD`, `evaluations`); shown with the allowed range.
+        allowed: more allowed-value text where the type and bounds do not say it all.
+        example: a value to suggest in the fix line when a required key is missing.
+        auto: the word `auto` may be written for the default (None: decided at run time).
+        choices: the names a `str` field allows (any case; read in this spelling).
+        keys: the names a mapping's keys may take.
+        ge, gt, le: bounds of a number.
+    """
+    given = {"unit": unit, "allowed": allowed, "example": example, "auto": auto, "choices": choices, "keys": keys}
+    extra = {k: v for k, v in given.items() if v}
+    bounds = {name: bound for name, bound in (("ge", ge), ("gt", gt), ("le", le)) if bound is not None}
+    return msgspec.Meta(description=text, extra=extra or None, **bounds)  # type: ignore[call-overload]  # a dict of bounds matches no single overload
+
+
+class FieldProblem(ValueError):
+    """A record's field is wrong: raised by `Record.rules` and the construction check, turned
+    into a `SpecError` naming the field's full path when the record is read from a task file."""
+
+    def __init__(
+        self, field: str, problem: str, *, value: Any = None, allowed: str | None = None, hint: str | None = None
+    ):
+        self.field, self.problem, self.value, self.allowed, self.hint = field, problem, value, allowed, hint
+        super().__init__(f"{field}: {problem}" + (f", got {value!r}" if value is not None else ""))
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A section of the task file declared once. Built from a task file by `read_record`, or in
+    code; either way its fields are checked against their declaration, then its `rules()`."""
+
+    SECTION: ClassVar[str] = ""
+    """Its path in the task file (`skygreen.recovery`), for the reference page and errors."""
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+        self.rules()
+
+    def rules(self) -> None:
+        """Checks that relate several fields of this section; raise `FieldProblem`."""
+
+
+def check_declared(record: Any) -> None:
+    """Check each declared field of a record built in code against its declaration; a
+    `FieldProblem` (a ValueError) names the first that fails."""
+    for field in declared(type(record)):
+        value = getattr(record, field.name)
+        if value is not None or field.required:
+            try:
+                read_value(field.hint, value, field.name, field.meta)
+            except SpecError as e:
+                raise FieldProblem(field.name, e.problem, value=value, allowed=e.allowed, hint=e.hint) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One declared field: its name, type (without `None`), declaration and default."""
+
+    name: str
+    hint: Any
+    meta: msgspec.Meta | None
+    default: Any
+    required: bool
+    optional: bool
+
+    @property
+    def extra(self) -> Mapping[str, Any]:
+        """What `meaning` keeps beside the bounds: unit, allowed text, example, auto."""
+        return (self.meta.extra or {}) if self.meta is not None else {}
+
+
+@functools.cache
+def fields_of(record: type) -> tuple[Field, ...]:
+    """The fields of `record` (a `Record`, or a dataclass whose fields are declared with
+    `meaning` one by one), in order; `meta` is None for a field declared some other way."""
+    hints = typing.get_type_hints(record, include_extras=True)
+    out = []
+    for name, default, required in _attributes(record):
+        inner, optional = _without_none(hints[name])
+        meta = None
+        if typing.get_origin(inner) is typing.Annotated:
+            inner, *extras = typing.get_args(inner)
+            meta = next((m for m in extras if isinstance(m, msgspec.Meta)), None)
+        out.append(Field(name, inner, meta, default, required, optional))
+    return tuple(out)
+
+
+def _attributes(record: type) -> Iterator[tuple[str, Any, bool]]:
+    """(name, default, required) of each field of a `Record` or a dataclass."""
+    if issubclass(record, msgspec.Struct):
+        for info in msgspec.structs.fields(record):
+            made = info.default_factory
+            yield info.name, made() if made is not msgspec.NODEFAULT else info.default, info.required
+        return
+    for f in dataclasses.fields(typing.cast(Any, record)):
+        factory: Any = f.default_factory
+        default = factory() if factory is not dataclasses.MISSING else f.default
+        yield f.name, default, default is dataclasses.MISSING
+
+
+def declared(record: type) -> tuple[Field, ...]:
+    """The fields of `record` declared with `meaning`: read, listed and checked from it."""
+    return tuple(f for f in fields_of(record) if f.meta is not None and f.meta.description)
+
+
+def _without_none(hint: Any) -> tuple[Any, bool]:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) < len(typing.get_args(hint)):
+            return (args[0] if len(args) == 1 else functools.reduce(operator.or_, args)), True
+    return hint, False
+
+
+def _is_record(hint: Any) -> bool:
+    """A section read whole from its declaration: a `Record`, or a dataclass whose fields are all declared."""
+    if not isinstance(hint, type):
+        return False
+    if issubclass(hint, Record):
+        return True
+    return dataclasses.is_dataclass(hint) and len(declared(hint)) == len(fields_of(hint))
+
+
+def read_record(record: type, raw: Any, path: str) -> Any:
+    """A `record` read from the task file's `raw` mapping at `path`; a `SpecError` naming the
+    field, the value, what is allowed and a fix otherwise. A record with a `SHORTHAND` field
+    also reads a bare value as that field alone (`recovery: FAILOVER`)."""
+    shorthand = getattr(record, "SHORTHAND", None)
+    if shorthand and not isinstance(raw, Mapping):
+        raw = {shorthand: raw}
+    raw = read_mapping(raw, path)
+    check_keys(raw, [f.name for f in fields_of(record)], path)
+    values = read_fields(record, raw, path)
+    try:
+        return record(**values)
+    except FieldProblem as e:
+        raise SpecError(f"{path}.{e.field}", e.problem, value=e.value, allowed=e.allowed, hint=e.hint) from None
+
+
+def choices_of(record: type[Record], name: str) -> tuple[str, ...]:
+    """The names a `Literal` field of `record` allows, in the declared order."""
+    field = next(f for f in fields_of(record) if f.name == name)
+    return tuple(typing.get_args(field.hint))
+
+
+def read_fields(record: type, raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The declared fields of `record` that `raw` gives (not null), each read by its declaration;
+    a required one missing is a `SpecError` with an example. The caller checks the keys."""
+    values: dict[str, Any] = {}
+    for field in declared(record):
+        where = f"{path}.{field.name}"
+        if field.optional and raw.get(field.name) is False and _is_record(field.hint):
+            values[field.name] = None  # `early_stopping: false`: the section is off
+            continue
+        if raw.get(field.name) is None or (raw[field.name] == "auto" and field.extra.get("auto")):
+            if field.required:
+                example = field.extra.get("example")
+                hint = f"add e.g. {field.name}: {example}" if example else f"add {field.name}:" + _doc_clause(field)
+                raise SpecError(where, "is required", hint=hint)
+            continue
+        values[field.name] = read_value(field.hint, raw[field.name], where, field.meta)
+    return values
+
+
+def _doc_clause(field: Field) -> str:
+    doc = field.meta.description if field.meta else None
+    return f" ({doc[0].lower()}{doc[1:].rstrip('.')})" if doc else ""
+
+
+def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = None) -> Any:
+    """One value of type `hint` within `meta`'s bounds, read as the typed readers read it."""
+    hint, meta = _unwrap(hint, meta)
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return read_choice(value, path, typing.get_args(hint))
+    if hint is bool:
+        return read_bool(value, path)
+    if hint is int:
+        low = _bound(meta, "ge", "gt", 1)
+        high = _upper(meta)
+        return read_int(
+            value,
+            path,
+            minimum=None if low is None else math.ceil(low),
+            maximum=None if high is None else math.floor(high),
+        )
+    if hint is float:
+        above, low = getattr(meta, "gt", None), getattr(meta, "ge", None)
+        positive = above == 0  # any other exclusive bound is read as inclusive
+        low = low if low is not None else (None if positive else above)
+        return read_number(value, path, minimum=low, maximum=_upper(meta), positive=positive)
+    if hint is str:
+        choices = (meta.extra or {}).get("choices") if meta is not None else None
+        return read_choice(value, path, choices) if choices else read_str(value, path)
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        items = list(value) if isinstance(value, tuple) else read_list(value, path)  # a tuple: built in code
+        return tuple(read_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(items))
+    if origin in (Mapping, dict):
+        key_hint, item = typing.get_args(hint)
+        mapping = read_mapping(value, path)
+        names = (meta.extra or {}).get("keys") if meta is not None else None
+        keys = {
+            k: read_choice(k, f"{path}.{k}", names) if names else read_value(key_hint, k, f"{path}.{k}")
+            for k in mapping
+        }
+        return {keys[k]: read_value(item, v, f"{path}.{k}", meta) for k, v in mapping.items()}
+    if _is_record(hint):
+        return value if isinstance(value, hint) else read_record(hint, value, path)
+    raise TypeError(f"{path}: no reader for the declared type {hint!r}")
+
+
+def _unwrap(hint: Any, meta: msgspec.Meta | None) -> tuple[Any, msgspec.Meta | None]:
+    """`Annotated[X, Meta(...)]` -> (X, that Meta), else (hint, meta) as given."""
+    if typing.get_origin(hint) is typing.Annotated:
+        hint, *extras = typing.get_args(hint)
+        meta = next((m for m in extras if isinstance(m, msgspec.Meta)), meta)
+    return hint, meta
+
+
+def _bound(meta: msgspec.Meta | None, inclusive: str, exclusive: str, step: int) -> float | None:
+    if meta is None:
+        return None
+    if getattr(meta, inclusive, None) is not None:
+        return getattr(meta, inclusive)
+    gt = getattr(meta, exclusive, None)
+    return None if gt is None else gt + step
+
+
+def _upper(meta: msgspec.Meta | None) -> float | None:
+    return None if meta is None else getattr(meta, "le", None)
+
+
+# ---------------------------------------------------------------- the reference and the schema
+
+
+def type_text(hint: Any) -> str:
+    """What a user writes, as the reference page names it."""
+    hint = _unwrap(hint, None)[0]
+    if typing.get_origin(hint) is Literal or hint is str:
+        return "string"
+    if typing.get_origin(hint) in (Mapping, dict):
+        return f"mapping of name to {type_text(typing.get_args(hint)[1])}"
+    if getattr(hint, "SHORTHAND", None):
+        return f"mapping or {hint.SHORTHAND} name"
+    if typing.get_origin(hint) is tuple:
+        return f"list of {type_text(typing.get_args(hint)[0])}s"
+    if typing.get_origin(hint) in (Mapping, dict):
+        key, item = typing.get_args(hint)
+        keys = "cloud" if typing.get_origin(key) is Literal else type_text(key)
+        return f"mapping of {keys} to {type_text(item)}"
+    return {bool: "boolean", int: "integer", float: "number"}.get(hint, "mapping")
+
+
+def allowed_text(field: Field) -> str:
+    """Allowed values, bounds and unit, as the reference page lists them."""
+    meta, parts, hint = field.meta, [], field.hint
+    if field.extra.get("keys"):
+        parts.append("keys: " + " | ".join(field.extra["keys"]))
+    if typing.get_origin(hint) in (Mapping, dict, tuple):  # the bounds are the items'
+        meta = _unwrap(typing.get_args(hint)[-1 if typing.get_origin(hint) is not tuple else 0], None)[1] or meta
+    if typing.get_origin(hint) is Literal or field.extra.get("choices"):
+        parts.append(" | ".join(typing.get_args(hint) or field.extra["choices"]))
+    elif meta is not None:
+        low, above, high = getattr(meta, "ge", None), getattr(meta, "gt", None), getattr(meta, "le", None)
+        if above is not None:
+            parts.append(f"above {_num(above)}" + (f", at most {_num(high)}" if high is not None else ""))
+        elif low is not None and high is not None:
+            parts.append(f"{_num(low)} to {_num(high)}")
+        elif low is not None:
+            parts.append(f"{_num(low)} or more")
+        elif high is not None:
+            parts.append(f"at most {_num(high)}")
+    extra = field.extra
+    if extra.get("unit"):
+        parts[-1:] = [f"{parts[-1]} {extra['unit']}" if parts else extra["unit"]]
+    if extra.get("allowed"):
+        parts.append(extra["allowed"])
+    if extra.get("auto"):
+        parts.append("or auto")
+    return "; ".join(parts)
+
+
+def _num(value: float) -> str:
+    return f"{value:g}" if value < 1e5 else f"{value:,.0f}"
+
+
+def field_schema(record: type, name: str) -> dict[str, Any]:
+    """The JSON Schema of one declared field of `record`, from msgspec, with its default."""
+    field = next(f for f in fields_of(record) if f.name == name)
+    schema = dict(msgspec.json.schema(typing.Annotated[field.hint, field.meta]))
+    schema.pop("$defs", None)
+    if schema.get("type") == "array":  # one item alone stands for a one-item list (`regions: us-east-1`)
+        described = {k: schema.pop(k) for k in ("description",) if k in schema}
+        schema = {"anyOf": [schema["items"], schema], **described}
+    if field.extra.get("choices"):
+        schema.pop("type", None)
+        schema["enum"] = list(field.extra["choices"])
+    if field.extra.get("keys"):
+        schema["propertyNames"] = {"enum": list(field.extra["keys"])}
+    if field.extra.get("auto"):
+        described = {k: schema.pop(k) for k in ("description",) if k in schema}
+        schema = {"anyOf": [schema, {"const": "auto"}], **described}
+    if not field.required and field.default is not None and isinstance(field.default, (bool, int, float, str)):
+        schema["default"] = field.default
+    return schema
