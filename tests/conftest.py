@@ -75,6 +75,11 @@ def sky(tmp_path_factory):
 
 def pytest_configure(config) -> None:
     leftovers.mark_session(os.environ)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # xdist's workers are started with COLUMNS=80 and LINES=24; the commands the tests run
+        # must see the environment a plain run gives them (no terminal, no width), as in CI.
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
