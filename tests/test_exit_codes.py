@@ -107,6 +107,19 @@ def test_bad_input_exits_2_and_launches_nothing(env, tmp_path):
     assert json.loads(skygreen(env, "status", "--json").stdout) == []
 
 
+AS_A_SHELL_STARTS_IT = [
+    sys.executable,
+    "-c",
+    (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "signal.pthread_sigmask(signal.SIG_SETMASK, set()); os.execv(sys.argv[1], sys.argv[1:])"
+    ),
+]
+"""Runs a command with the signal state a shell gives a foreground command: SIGINT at its
+default and no signal blocked, whatever this test process inherited or a library run in it
+changed (a disposition or mask is inherited across exec)."""
+
+
 def test_ctrl_c_while_following_exits_130_and_the_run_goes_on(env, tmp_path):
     release = tmp_path / "release"
     script = tmp_path / "hold.py"
@@ -120,8 +133,9 @@ def test_ctrl_c_while_following_exits_130_and_the_run_goes_on(env, tmp_path):
     """)
     )
     held = task(tmp_path, f"python {script}")
-    foreground = subprocess.Popen([*SKYGREEN, "up", str(held), "--local", "--no-smoke"], env=env, cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    foreground = subprocess.Popen([*AS_A_SHELL_STARTS_IT, *SKYGREEN, "up", str(held), "--local", "--no-smoke"],
+                                  env={**env, "PYTHONFAULTHANDLER": "1"}, cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         # Gate on progress: the command has printed the run's own output, so it is following it.
         assert foreground.stdout is not None
@@ -134,7 +148,13 @@ def test_ctrl_c_while_following_exits_130_and_the_run_goes_on(env, tmp_path):
 
         wait_for(ready, "the run's first line", proc=foreground)
         foreground.send_signal(signal.SIGINT)
-        rest = foreground.communicate(timeout=300)[0]
+        try:
+            rest = foreground.communicate(timeout=300)[0]
+        except subprocess.TimeoutExpired:
+            state = Path(f"/proc/{foreground.pid}/status").read_text()
+            foreground.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            stacks = foreground.communicate(timeout=60)[0]
+            pytest.fail(f"up did not end after Ctrl-C:\n{state}\n{stacks[-6000:]}")
     finally:
         if foreground.poll() is None:
             foreground.kill()
