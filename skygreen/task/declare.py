@@ -33,7 +33,7 @@ import math
 import operator
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -53,6 +53,7 @@ from skygreen.task.readers import (
 
 __all__ = [
     "FieldProblem",
+    "ReadWith",
     "Record",
     "check_declared",
     "declared",
@@ -76,6 +77,7 @@ def meaning(
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
+    default: str = "",
 ) -> msgspec.Meta:
     """A field's one-line meaning, its bounds and unit, for `Annotated[type, meaning(...)]`.
 
@@ -88,11 +90,36 @@ def meaning(
         choices: the names a `str` field allows (any case; read in this spelling).
         keys: the names a mapping's keys may take.
         ge, gt, le: bounds of a number.
+        default: the default as the reference page says it, where the value alone would mislead
+            (`micro`'s None is `auto`).
     """
-    given = {"unit": unit, "allowed": allowed, "example": example, "auto": auto, "choices": choices, "keys": keys}
+    given = {
+        "unit": unit,
+        "allowed": allowed,
+        "example": example,
+        "auto": auto,
+        "choices": choices,
+        "keys": keys,
+        "default_text": default,
+    }
     extra = {k: v for k, v in given.items() if v}
     bounds = {name: bound for name, bound in (("ge", ge), ("gt", gt), ("le", le)) if bound is not None}
     return msgspec.Meta(description=text, extra=extra or None, **bounds)  # type: ignore[call-overload]  # a dict of bounds matches no single overload
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # compared and hashed as itself: its schema is a dict
+class ReadWith:
+    """A field whose value is read by a function of its own (a bucket URL, a duration, a GPU
+    name): `Annotated[str, meaning(...), ReadWith(read_bucket, "string", {"type": "string"})]`.
+
+    `read(value, path)` returns the value or raises a `SpecError` naming `path`; it must take
+    back what it returns, since a record built in code is checked by the same call."""
+
+    read: Callable[[Any, str], Any]
+    type: str
+    """What a user writes, as the reference page names it (`duration or number of hours`)."""
+    schema: Mapping[str, Any]
+    """The value's JSON Schema (the field's meaning is added as its description)."""
 
 
 class FieldProblem(ValueError):
@@ -128,7 +155,7 @@ def check_declared(record: Any) -> None:
         value = getattr(record, field.name)
         if value is not None or field.required:
             try:
-                read_value(field.hint, value, field.name, field.meta)
+                _read(field, value, field.name)
             except SpecError as e:
                 raise FieldProblem(field.name, e.problem, value=value, allowed=e.allowed, hint=e.hint) from None
 
@@ -143,6 +170,7 @@ class Field:
     default: Any
     required: bool
     optional: bool
+    reader: ReadWith | None = None
 
     @property
     def extra(self) -> Mapping[str, Any]:
@@ -158,11 +186,14 @@ def fields_of(record: type) -> tuple[Field, ...]:
     out = []
     for name, default, required in _attributes(record):
         inner, optional = _without_none(hints[name])
-        meta = None
+        meta, reader = None, None
         if typing.get_origin(inner) is typing.Annotated:
             inner, *extras = typing.get_args(inner)
+            inner, none_inside = _without_none(inner)  # `Annotated[int | None, ...]`
+            optional = optional or none_inside
             meta = next((m for m in extras if isinstance(m, msgspec.Meta)), None)
-        out.append(Field(name, inner, meta, default, required, optional))
+            reader = next((m for m in extras if isinstance(m, ReadWith)), None)
+        out.append(Field(name, inner, meta, default, required, optional, reader))
     return tuple(out)
 
 
@@ -238,8 +269,15 @@ def read_fields(record: type, raw: Mapping[str, Any], path: str) -> dict[str, An
                 hint = f"add e.g. {field.name}: {example}" if example else f"add {field.name}:" + _doc_clause(field)
                 raise SpecError(where, "is required", hint=hint)
             continue
-        values[field.name] = read_value(field.hint, raw[field.name], where, field.meta)
+        values[field.name] = _read(field, raw[field.name], where)
     return values
+
+
+def _read(field: Field, value: Any, path: str) -> Any:
+    """One field's value, read by its own function (`ReadWith`) or by its type."""
+    if field.reader is not None:
+        return field.reader.read(value, path)
+    return read_value(field.hint, value, path, field.meta)
 
 
 def _doc_clause(field: Field) -> str:
@@ -275,7 +313,7 @@ def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = Non
     if origin is tuple:
         item = typing.get_args(hint)[0]
         items = list(value) if isinstance(value, tuple) else read_list(value, path)  # a tuple: built in code
-        return tuple(read_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(items))
+        return tuple(dict.fromkeys(read_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(items)))
     if origin in (Mapping, dict):
         key_hint, item = typing.get_args(hint)
         mapping = read_mapping(value, path)
@@ -323,8 +361,9 @@ def type_text(hint: Any) -> str:
         return f"mapping of name to {type_text(typing.get_args(hint)[1])}"
     if getattr(hint, "SHORTHAND", None):
         return f"mapping or {hint.SHORTHAND} name"
-    if typing.get_origin(hint) is tuple:
-        return f"list of {type_text(typing.get_args(hint)[0])}s"
+    if typing.get_origin(hint) is tuple:  # one item alone stands for a one-item list
+        item = type_text(typing.get_args(hint)[0])
+        return f"{item} or list of {item}s"
     if typing.get_origin(hint) in (Mapping, dict):
         key, item = typing.get_args(hint)
         keys = "cloud" if typing.get_origin(key) is Literal else type_text(key)
@@ -339,6 +378,8 @@ def allowed_text(field: Field) -> str:
         parts.append("keys: " + " | ".join(field.extra["keys"]))
     if typing.get_origin(hint) in (Mapping, dict, tuple):  # the bounds are the items'
         meta = _unwrap(typing.get_args(hint)[-1 if typing.get_origin(hint) is not tuple else 0], None)[1] or meta
+    if typing.get_origin(hint) is tuple and typing.get_origin(typing.get_args(hint)[0]) is Literal:
+        hint = typing.get_args(hint)[0]  # a list of names: the names
     if typing.get_origin(hint) is Literal or field.extra.get("choices"):
         parts.append(" | ".join(typing.get_args(hint) or field.extra["choices"]))
     elif meta is not None:
@@ -368,6 +409,8 @@ def _num(value: float) -> str:
 def field_schema(record: type, name: str) -> dict[str, Any]:
     """The JSON Schema of one declared field of `record`, from msgspec, with its default."""
     field = next(f for f in fields_of(record) if f.name == name)
+    if field.reader is not None:
+        return {**field.reader.schema, "description": field.meta.description if field.meta else ""}
     schema = dict(msgspec.json.schema(typing.Annotated[field.hint, field.meta]))
     schema.pop("$defs", None)
     if schema.get("type") == "array":  # one item alone stands for a one-item list (`regions: us-east-1`)

@@ -1,16 +1,26 @@
 """The task file's hardware fields: which GPUs and clouds may run the job, how big the job is
-(`work:`), and relative speeds. Read by `skygreen.task.spec` into the records of `skygreen.task.records`."""
+(`work:`), and relative speeds: their records, declared field by field
+(`skygreen.task.declare`), and the readers of the values that are more than a type (a GPU
+name in any case, one name for a list, the old `work.on:`)."""
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from skygreen.errors import SpecError, suggestion
 from skygreen.gpus import GPU_NAMES, canonical_gpu_name
-from skygreen.task.declare import read_fields
-from skygreen.task.readers import check_keys, read_choice, read_list, read_mapping, read_number, read_str
-from skygreen.task.records import CLOUDS, GpuChoice, Work
+from skygreen.task.declare import ReadWith, meaning, read_record
+from skygreen.task.readers import read_list, read_mapping, read_number, read_str
+
+Cloud = Literal["aws", "gcp", "azure"]
+CLOUDS: tuple[str, ...] = typing.get_args(Cloud)
+_GPUS = ", ".join(GPU_NAMES)
+_GPU_NAMES_SCHEMA: Mapping[str, Any] = {
+    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]
+}
 
 
 def gpu_name(value: Any, path: str) -> str:
@@ -39,29 +49,38 @@ def _gpu_hint(name: str) -> str:
     return suggestion(name, GPU_NAMES) or "use one of the allowed names, or a constraint such as {min_memory_gb: 24}"
 
 
-def parse_gpus(raw: Any, path: str) -> GpuChoice:
-    """`gpus:` as a GPU name or a list of them, or as a mapping with `names` and/or `min_memory_gb`.
-    Names are made canonical (`a100` -> `A100`) and repeats dropped; a `SpecError` on an unknown
-    name or key."""
-    if isinstance(raw, Mapping):
-        raw = read_mapping(raw, path)
-        check_keys(raw, ("names", "min_memory_gb"), path)
-        names = None
-        if raw.get("names") is not None:
-            names = _gpu_names(raw["names"], f"{path}.names")
-        return GpuChoice(names=names, **read_fields(GpuChoice, raw, path))
-    return GpuChoice(names=_gpu_names(raw, path))
-
-
-def _gpu_names(raw: Any, path: str) -> tuple[str, ...]:
+def gpu_names(raw: Any, path: str) -> tuple[str, ...]:
+    """A GPU name or a list of them, canonical, repeats dropped."""
     names = [gpu_name(v, f"{path}[{i}]") for i, v in enumerate(read_list(raw, path))]
     return tuple(dict.fromkeys(names))
 
 
-def parse_clouds(raw: Any, path: str) -> tuple[str, ...]:
-    """`clouds:` as one cloud or a list of them, each one of `CLOUDS` in any case, repeats dropped."""
-    clouds = [read_choice(v, f"{path}[{i}]", CLOUDS) for i, v in enumerate(read_list(raw, path))]
-    return tuple(dict.fromkeys(clouds))
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuChoice:
+    """Which GPUs may run the job: named models, a memory floor, or both (all must hold)."""
+
+    names: Annotated[
+        tuple[str, ...] | None,
+        meaning(
+            "Candidate GPU models, in the mapping form of `gpus`.",
+            allowed=_GPUS,
+            default="every GPU skygreen knows",
+        ),
+        ReadWith(gpu_names, "list of GPU names", _GPU_NAMES_SCHEMA),
+    ] = None
+    """None means every GPU skygreen knows (`skygreen.gpus.GPUS`)."""
+    min_memory_gb: Annotated[
+        float | None, meaning("Keep only GPUs with at least this much memory each.", gt=0, unit="GB per GPU")
+    ] = None
+
+
+def parse_gpus(raw: Any, path: str) -> GpuChoice:
+    """`gpus:` as a GPU name or a list of them, or as a mapping with `names` and/or `min_memory_gb`."""
+    if isinstance(raw, GpuChoice):
+        return raw
+    if isinstance(raw, Mapping):
+        return typing.cast(GpuChoice, read_record(GpuChoice, raw, path))
+    return GpuChoice(names=gpu_names(raw, path))
 
 
 def parse_speed(raw: Any, path: str) -> dict[str, float]:
@@ -74,9 +93,28 @@ def parse_speed(raw: Any, path: str) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Work:
+    """The size of the job: `gpu_hours` of training on one `gpu`."""
+
+    gpu_hours: Annotated[
+        float,
+        meaning(
+            "Hours the whole job takes on one reference GPU; `plan` warns above 100,000.",
+            gt=0,
+            le=1e7,
+            unit="hours on ONE `gpu`",
+        ),
+    ] = 1.0
+    gpu: Annotated[
+        str,
+        meaning("The reference GPU that `gpu_hours` is measured on.", allowed=_GPUS),
+        ReadWith(gpu_name, "GPU name", {"type": "string"}),
+    ] = "A100"
+
+
 # ---------------------------------------------------------------- work
 
-WORK_KEYS: tuple[str, ...] = ("gpu_hours", "gpu")
 _WORK_OLD_KEY = "on"
 """The reference GPU's key until 0.1: `on` is a boolean in YAML 1.1, which PyYAML and
 SkyPilot's own loader speak, so any tool that loads and re-dumps the task file with PyYAML
@@ -95,12 +133,14 @@ def parse_work(raw: Any, path: str) -> Work:
         if isinstance(raw, Mapping) and any(k is True for k in raw)
         else "gpu"
     )
-    raw = _work_with_gpu_key(raw, path)
-    check_keys(raw, WORK_KEYS, path)
-    values = read_fields(Work, raw, path)  # gpu_hours; the GPU below, named as the file spells it
-    if raw.get("gpu") is not None:  # errors name the key as the file spells it
-        values["gpu"] = gpu_name(raw["gpu"], f"{path}.{written_as}")
-    return Work(**values)
+    if isinstance(raw, Work):
+        return raw
+    try:
+        return typing.cast(Work, read_record(Work, _work_with_gpu_key(raw, path), path))
+    except SpecError as e:  # name the GPU's key as the file spells it
+        if e.field != f"{path}.gpu" or written_as == "gpu":
+            raise
+        raise SpecError(f"{path}.{written_as}", e.problem, value=e.value, allowed=e.allowed, hint=e.hint) from None
 
 
 def _work_with_gpu_key(raw: Any, path: str) -> Mapping[str, Any]:

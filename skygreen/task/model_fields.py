@@ -10,14 +10,17 @@ one GPU runs.
 from __future__ import annotations
 
 import json
+import math
 import re
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from skygreen.errors import SpecError
 from skygreen.memory.method import ALL_LINEAR, LORA_TARGETS, METHODS, OPTIMIZERS, Method
 from skygreen.memory.shape import ConfigError, ModelShape, shape_from_config
-from skygreen.task.declare import read_fields
+from skygreen.task.declare import check_declared, meaning, read_fields
 from skygreen.task.readers import (
     check_keys,
     read_choice,
@@ -27,7 +30,83 @@ from skygreen.task.readers import (
     read_number,
     read_str,
 )
-from skygreen.task.records import FSDP_FROM_PARAMS, ModelSpec
+
+SHARDINGS: tuple[str, ...] = ("fsdp", "ddp")
+FSDP_FROM_PARAMS = 1e9
+"""`model.sharding` left out: FSDP from a billion parameters (16 GB of weights, gradients and
+AdamW states, more than most single GPUs hold beside activations), DDP below."""
+DEFAULT_MAX_NODES = 4
+DEFAULT_SEQ_LEN = 2048
+"""`model.seq_len` left out: the context most 7B fine-tuning recipes train at (Llama-2's length)."""
+TASK_FOLDER: ContextVar[Path | None] = ContextVar("task_folder", default=None)
+"""The folder of the task file being read, which `config:` is relative to (the current
+directory when None); `skygreen.task.spec.parse_spec` sets it."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """`model:` of the task: the model and how it is trained, so the plan keeps only GPUs that
+    can hold it (`skygreen.memory` does the arithmetic)."""
+
+    params: float
+    """All parameters (7e9 for a 7B model); from the shape when the task gives `config` or `hf`."""
+    activation_gb: Annotated[
+        float | None,
+        meaning(
+            "Activation memory per GPU at the micro-batch, measured or guessed: replaces the estimate.",
+            ge=0,
+            le=10_000,
+            unit="GB (1e9 bytes) per GPU",
+            default="from the shape with `config` or `hf`, else 0",
+        ),
+    ] = None
+    """None: from the shape when known, else 0."""
+    sharding: Annotated[
+        str,
+        meaning(
+            "`fsdp` shards weights, gradients and optimizer states over every GPU of the run (ZeRO stage 3); "
+            "with `ddp` every GPU holds them whole.",
+            choices=SHARDINGS,
+            default=f"fsdp for a full fine-tune from {FSDP_FROM_PARAMS / 1e9:g}B parameters, ddp below and for lora "
+            "and qlora",
+        ),
+    ] = "ddp"
+    max_nodes: Annotated[
+        int, meaning("The most nodes the plan may give a run whose task does not fix `num_nodes`.", ge=1, le=64)
+    ] = DEFAULT_MAX_NODES
+    shape: ModelShape | None = None
+    """Read from `config` or fetched through `hf`; None for a bare `params:`."""
+    config: str | None = None
+    """The `config.json` path as the task gives it."""
+    hf: str | None = None
+    """The Hugging Face repo id as the task gives it."""
+    method: Method = field(default_factory=Method)
+    seq_len: Annotated[
+        int,
+        meaning(
+            "Tokens per sample: the longest sample sets the peak, so give the length you pad or pack to.",
+            ge=1,
+            le=10_000_000,
+            unit="tokens",
+        ),
+    ] = DEFAULT_SEQ_LEN
+    micro_batch: Annotated[
+        int, meaning("Samples per forward pass per GPU, for the activation and logit memory.", ge=1, le=65_536)
+    ] = 1
+    activation_checkpointing: Annotated[
+        bool,
+        meaning(
+            "Whether the trainer recomputes activations in the backward pass (HF `gradient_checkpointing`): "
+            "only each layer's input is kept. Set false if your script does not turn it on.",
+            default="true (as the QLoRA, torchtune and Unsloth recipes run)",
+        ),
+    ] = True
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.params) and self.params >= 1):
+            raise ValueError(f"ModelSpec.params must be a finite number >= 1, got {self.params}")
+        check_declared(self)
+
 
 MODEL_KEYS: tuple[str, ...] = (
     "params", "config", "hf", "method", "lora", "optimizer", "seq_len", "micro_batch",
@@ -120,8 +199,11 @@ def _read_method(raw: Any, path: str) -> Method:
     return Method(**values)
 
 
-def parse_model(raw: Any, path: str, *, base_dir: Path) -> ModelSpec:
-    """The `model:` section; `base_dir` is the task file's folder, which `config:` is relative to."""
+def parse_model(raw: Any, path: str) -> ModelSpec:
+    """The `model:` section; `config:` is relative to the task file's folder (`TASK_FOLDER`)."""
+    if isinstance(raw, ModelSpec):
+        return raw
+    base_dir = TASK_FOLDER.get() or Path.cwd()
     raw = read_mapping(raw, path)
     check_keys(raw, MODEL_KEYS, path)
     if isinstance(raw.get("lora"), dict):

@@ -227,7 +227,6 @@ class RuntimeSettings:
             RuntimeSetupError: a value out of range (the spec has checked most already).
         """
         power = spec.power
-        cap_value = {"watts": power.cap_w, "fraction": power.cap_fraction}.get(power.mode)
         return cls(
             run_id=run_id,
             bucket=bucket,
@@ -243,7 +242,7 @@ class RuntimeSettings:
             checkpoint_quiet_s=spec.checkpoint.quiet_s,
             checkpoint_region=spec.checkpoint.region,
             trainer=None if spec.trainer == "runtime" else spec.trainer,
-            power_cap=CapRequest(mode=power.mode, value=cap_value),
+            power_cap=power.cap,
             power_required=power.required,
             power_eta=power.eta,
             early_stop=spec.early_stopping,
