@@ -7,14 +7,15 @@ everything about each key in their annotation:
         strategy: Annotated[Literal["EAGER_NEXT_REGION", "FAILOVER"], meaning("Where ...")] = "EAGER_NEXT_REGION"
         max_restarts_on_errors: Annotated[int, meaning("Relaunches ...", ge=0, le=100)] = 3
 
-A dataclass record declares its fields the same way, one by one (`GreenSpec.gpu_count`); a field
-without `meaning` is read its own way (`skygreen.task.spec`) and listed by hand.
+A dataclass record declares its fields the same way, one by one (`GreenSpec.gpu_count`); a
+field without `meaning` is not a key of the file (`ModelSpec.shape`). A value that is more than
+its type (a bucket URL, a duration, a GPU name) names its own reader with `ReadWith`.
 
 From that one declaration come: the reader (`read_record`, which walks the annotations with
 the typed readers of `skygreen.task.readers`, so every error names the field path, the value,
-the allowed values, a near-miss suggestion and a fix, exactly as for the hand-read sections),
+the allowed values, a near-miss suggestion and a fix),
 the check when code builds a record (`check_declared`), the rows of the reference page
-(`skygreen.task.reference.declared_rows`), each field's JSON Schema (`msgspec.json.schema`) and
+(`skygreen.task.reference.record_rows`), each field's JSON Schema (`msgspec.json.schema`) and
 the runtime settings codec (`skygreen.task.settings` spreads a record's fields into
 `SKYGREEN_*` variables).
 Rules that relate several fields of one section sit in the record as `rules()`, beside them.
@@ -364,10 +365,6 @@ def type_text(hint: Any) -> str:
     if typing.get_origin(hint) is tuple:  # one item alone stands for a one-item list
         item = type_text(typing.get_args(hint)[0])
         return f"{item} or list of {item}s"
-    if typing.get_origin(hint) in (Mapping, dict):
-        key, item = typing.get_args(hint)
-        keys = "cloud" if typing.get_origin(key) is Literal else type_text(key)
-        return f"mapping of {keys} to {type_text(item)}"
     return {bool: "boolean", int: "integer", float: "number"}.get(hint, "mapping")
 
 

@@ -22,7 +22,7 @@ import msgspec
 
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
 from skygreen.memory.method import ALL_LINEAR, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS, LORA_TARGETS, METHODS, OPTIMIZERS
-from skygreen.task.declare import Record, allowed_text, declared, field_schema, fields_of, type_text
+from skygreen.task.declare import allowed_text, declared, field_schema, fields_of, type_text
 from skygreen.task.records import GreenSpec
 
 __all__ = ["RECORDS", "TASK_FIELDS", "TaskField", "default_text", "one_of", "record_rows"]
@@ -119,19 +119,10 @@ def default_text(field: TaskField) -> str:
     if field.default is not None:
         return field.default
     record = RECORDS.get(field.section)
-    if record is not None and issubclass(record, Record):
-        declared = {f.name: f for f in fields_of(record)}.get(field.key)
-        if declared is not None:
-            return "required" if declared.required else _value_text(declared.default)
-    attributes = {f.name: f for f in dataclasses.fields(record)} if dataclasses.is_dataclass(record) else {}
-    attribute = attributes.get(field.key)
+    attribute = {f.name: f for f in fields_of(record)}.get(field.key) if record is not None else None
     if attribute is None:
         raise ValueError(f"TaskField {field.path}: no record attribute to read its default from; give default= text")
-    if attribute.default is not dataclasses.MISSING:
-        return _value_text(attribute.default)
-    if attribute.default_factory is not dataclasses.MISSING:
-        return _value_text(attribute.default_factory())
-    return "required"
+    return "required" if attribute.required else _value_text(attribute.default)
 
 
 _COMPUTED_DEFAULTS: Mapping[str, str] = {

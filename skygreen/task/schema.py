@@ -46,31 +46,19 @@ def _list_or_one(item: Schema) -> Schema:
 
 
 _OBJECT: Schema = {"type": "object"}
-_FALSE: Schema = {"const": False}
 
 TYPES: dict[str, Callable[[TaskField], Schema]] = {
     "integer": lambda f: {"type": "integer"},
-    "number": lambda f: {"type": "number"},
     "string": _string,
     "mapping": lambda f: dict(_OBJECT),
-    "GPU name": lambda f: {"type": "string"},
-    "list of GPU names": lambda f: _list_or_one({"type": "string"}),
     "list or string": lambda f: _list_or_one({"type": "string"}),
-    "GPU name, list of GPU names, or mapping": lambda f: {
-        "anyOf": [*_list_or_one({"type": "string"})["anyOf"], dict(_OBJECT)]
-    },
-    "cloud or list of clouds": lambda f: _list_or_one(_string(f)),
-    "mapping of GPU name to number": lambda f: {"type": "object", "additionalProperties": {"type": "number"}},
-    "duration or number of hours": lambda f: {"type": ["string", "number"]},
     "mapping or strategy name": lambda f: {"anyOf": [{"type": "string"}, dict(_OBJECT)]},
-    "mapping or false": lambda f: {"anyOf": [dict(_OBJECT), _FALSE]},
+    "mapping or false": lambda f: {"anyOf": [dict(_OBJECT), {"const": False}]},
     "number or string": lambda f: {"type": ["number", "string"]},
-    "auto, integer or duration": lambda f: {"type": ["integer", "string"]},
-    "string or false": lambda f: {"anyOf": [_string(f), _FALSE]},
-    "auto, off, watts or fraction": lambda f: {"anyOf": [{"type": "number"}, {"enum": ["auto", "off"]}, _FALSE]},
 }
-"""The JSON Schema of each kind of value the reference names (`TaskField.type`), for the keys
-not yet declared in `skygreen.task.declare` (whose declaration gives their schema)."""
+"""The JSON Schema of each kind of value the reference names (`TaskField.type`), for the rows
+without a declaration of their own: a section (its keys' schemas are added from their rows)
+and the model's size and method (`skygreen.task.reference.MODEL_ROWS`)."""
 
 
 def field_schema(field: TaskField, fields: Iterable[TaskField] = TASK_FIELDS) -> Schema:
