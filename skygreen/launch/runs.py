@@ -537,6 +537,8 @@ def _snapshot(spec: TaskSpec) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     if isinstance(value, Record):  # a section declared once (`skygreen.task.declare`)
         return _plain(msgspec.structs.asdict(value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a value such as `power.cap`
+        return _plain(dataclasses.asdict(value))
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
