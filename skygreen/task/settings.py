@@ -35,7 +35,7 @@ import math
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,30 @@ shipped tasks do). The smoke test sets `small` unless it is already set; users s
 to try a task on a laptop."""
 
 
+def task_field(path: str, convert: Callable[[Any], Any] = lambda value: value) -> Any:
+    """A setting that carries the task file's field at `path` (`checkpoint.keep`, read from the
+    `skygreen:` section's records by `RuntimeSettings.from_spec`, through `convert`), with that
+    field's declared default: the declaration (`skygreen.task.declare`) says it once."""
+    default = convert(_declared_default(GreenSpec, path.split(".")))
+    return field(default=default, metadata={"task": path, "convert": convert})
+
+
+def _declared_default(record: type, path: list[str]) -> Any:
+    """The declared default of the field at `path` under `record`; None for a value a record
+    derives (`checkpoint.every_steps`) rather than declares."""
+    found = {f.name: f for f in fields_of(record)}.get(path[0])
+    if found is None:
+        return None
+    return found.default if len(path) == 1 else _declared_default(found.hint, path[1:])
+
+
+def _task_value(spec: GreenSpec, path: str) -> Any:
+    value: Any = spec
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RuntimeSettings:
     """Everything the in-container runtime needs to know about its run, validated on construction.
@@ -69,33 +93,33 @@ class RuntimeSettings:
     run_id: str
     bucket: str
     """Base checkpoint URL; the run's checkpoints live under `<bucket>/<run_id>/`."""
-    precision: str = "auto"
-    effective_batch: int | None = None
-    micro_batch: int | None = None
+    precision: str = task_field("precision")
+    effective_batch: int | None = task_field("batch.effective")
+    micro_batch: int | None = task_field("batch.micro")
     """None means auto: probe the largest micro-batch that fits."""
-    checkpoint_every_steps: int | None = None
-    checkpoint_every_s: float | None = None
-    checkpoint_keep: int = 3
-    checkpoint_half_precision: str | None = None
-    checkpoint_dir: str | None = None
+    checkpoint_every_steps: int | None = task_field("checkpoint.every_steps")
+    checkpoint_every_s: float | None = task_field("checkpoint.every_s")
+    checkpoint_keep: int = task_field("checkpoint.keep")
+    checkpoint_half_precision: str | None = task_field("checkpoint.half_precision")
+    checkpoint_dir: str | None = task_field("checkpoint.dir")
     """Folder mode: the folder the script saves checkpoint folders into (`skygreen.folder_mode`)."""
-    checkpoint_marker: str | None = None
+    checkpoint_marker: str | None = task_field("checkpoint.marker")
     """Folder mode: the file whose presence makes a checkpoint folder complete."""
-    checkpoint_quiet_s: float | None = None
+    checkpoint_quiet_s: float | None = task_field("checkpoint.quiet_s")
     """Folder mode: seconds without a write after which a folder counts as complete."""
-    checkpoint_region: str | None = None
+    checkpoint_region: str | None = task_field("checkpoint.region")
     """The bucket's region as the task states it (`checkpoint.region`), so the budget prices the
     checkpoints' transfer from where the bucket is; None: its cloud's default region."""
-    trainer: str | None = None
+    trainer: str | None = task_field("trainer", lambda name: None if name == "runtime" else name)
     """What owns the loop (`skygreen.task.spec.TRAINERS`) where it is not `sg.Run` (None); the smoke
     test and the integrations read it."""
-    power_cap: CapRequest = field(default_factory=CapRequest)
+    power_cap: CapRequest = task_field("power.cap")
     """auto | off | <watts> | <fraction of the default limit>; travels as that text (`0.6`)."""
-    power_required: bool = False
+    power_required: bool = task_field("power.required")
     """True: stop before training when the cap cannot be applied."""
-    power_eta: float | None = None
+    power_eta: float | None = task_field("power.eta")
     """The `auto` chooser's energy weight; None: `skygreen.power.policy.DEFAULT_ETA`."""
-    early_stop: EarlyStopConfig | None = None
+    early_stop: EarlyStopConfig | None = task_field("early_stopping")
     """Travels as `SKYGREEN_EARLY_STOP_METRIC`, `_MODE`, `_PATIENCE`, `_MIN_DELTA`, `_GRACE`."""
     preemptions_per_hour: float | None = None
     """A fixed spot preemption rate for the `auto` checkpoint interval; when set it wins over
@@ -106,13 +130,13 @@ class RuntimeSettings:
     span clouds, so `up` cannot know the rate; the runtime picks its cloud's row once it
     knows where it landed (`SKYPILOT_CLUSTER_INFO`). Travels as `aws=0.47,gcp=0.24`."""
     cloud: str | None = None
-    budget_usd: float | None = None
+    budget_usd: float | None = task_field("budget_usd")
     """Stop cleanly (checkpoint, state `budget`) when the run's spend reaches it."""
-    budget_alerts: tuple[float, ...] | None = None
+    budget_alerts: tuple[float, ...] | None = task_field("budget_alerts.at", lambda at: tuple(at) or None)
     """Fractions of the budget that raise an alert, sorted, each once (None: 0.5, 0.8, 1)."""
-    budget_webhook_env: str | None = None
+    budget_webhook_env: str | None = task_field("budget_alerts.webhook_env")
     """Name of the environment variable holding the alert webhook URL (the URL is a secret)."""
-    burn_alert_usd_per_hour: float | None = None
+    burn_alert_usd_per_hour: float | None = task_field("budget_alerts.burn_usd_per_hour")
     offers: str | None = None
     """The plan's offers with prices (`skygreen.ledger.place.offers_env`), for the ledger."""
     user: str | None = None
@@ -226,38 +250,23 @@ class RuntimeSettings:
         Raises:
             RuntimeSetupError: a value out of range (the spec has checked most already).
         """
-        power = spec.power
+        from_task = {
+            f.name: f.metadata["convert"](_task_value(spec, f.metadata["task"]))
+            for f in dataclasses.fields(cls)
+            if "task" in f.metadata
+        }
         return cls(
             run_id=run_id,
             bucket=bucket,
-            precision=spec.precision,
-            effective_batch=spec.batch.effective,
-            micro_batch=spec.batch.micro,
-            checkpoint_every_steps=spec.checkpoint.every_steps,
-            checkpoint_every_s=spec.checkpoint.every_s,
-            checkpoint_keep=spec.checkpoint.keep,
-            checkpoint_half_precision=spec.checkpoint.half_precision,
-            checkpoint_dir=spec.checkpoint.dir,
-            checkpoint_marker=spec.checkpoint.marker,
-            checkpoint_quiet_s=spec.checkpoint.quiet_s,
-            checkpoint_region=spec.checkpoint.region,
-            trainer=None if spec.trainer == "runtime" else spec.trainer,
-            power_cap=power.cap,
-            power_required=power.required,
-            power_eta=power.eta,
-            early_stop=spec.early_stopping,
             preemptions_per_hour=preemptions_per_hour,
             preemptions_per_hour_by_cloud=dict(preemptions_per_hour_by_cloud)
             if preemptions_per_hour_by_cloud
             else None,
             cloud=cloud,
-            budget_usd=spec.budget_usd,
-            budget_alerts=tuple(spec.budget_alerts.at) if spec.budget_alerts.at else None,
-            budget_webhook_env=spec.budget_alerts.webhook_env,
-            burn_alert_usd_per_hour=spec.budget_alerts.burn_usd_per_hour,
             offers=offers,
             user=user,
             memory_planned_gb=memory_planned_gb,
+            **from_task,
         )
 
     def to_env(self) -> dict[str, str]:
