@@ -114,7 +114,9 @@ class ReadWith:
     name): `Annotated[str, meaning(...), ReadWith(read_bucket, "string", {"type": "string"})]`.
 
     `read(value, path)` returns the value or raises a `SpecError` naming `path`; it must take
-    back what it returns, since a record built in code is checked by the same call."""
+    back what it returns, since a record built in code is checked by the same call. Name a
+    module-level function, not a lambda: `typing.get_type_hints` evaluates the annotation with
+    the class's namespace as a lambda's globals, where the module's names are not found."""
 
     read: Callable[[Any, str], Any]
     type: str

@@ -10,7 +10,6 @@ one GPU runs.
 from __future__ import annotations
 
 import json
-import math
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Annotated, Any
 from skygreen.errors import SpecError
 from skygreen.memory.method import ALL_LINEAR, LORA_TARGETS, METHODS, OPTIMIZERS, Method
 from skygreen.memory.shape import ConfigError, ModelShape, shape_from_config
-from skygreen.task.declare import check_declared, meaning, read_fields
+from skygreen.task.declare import ReadWith, check_declared, meaning, read_fields
 from skygreen.task.readers import (
     check_keys,
     read_choice,
@@ -48,7 +47,15 @@ class ModelSpec:
     """`model:` of the task: the model and how it is trained, so the plan keeps only GPUs that
     can hold it (`skygreen.memory` does the arithmetic)."""
 
-    params: float
+    params: Annotated[
+        float,
+        meaning(
+            "All parameters of the model. Give this, `config` or `hf`: with a count alone the plan counts model "
+            "states and `activation_gb`, no logits.",
+            allowed="7e9, 350000000, or with a suffix: 7B, 350M, 1.5B (K, M, B, T)",
+        ),
+        ReadWith(read_params, "number or string", {"type": ["number", "string"]}),
+    ]
     """All parameters (7e9 for a 7B model); from the shape when the task gives `config` or `hf`."""
     activation_gb: Annotated[
         float | None,
@@ -76,9 +83,23 @@ class ModelSpec:
     ] = DEFAULT_MAX_NODES
     shape: ModelShape | None = None
     """Read from `config` or fetched through `hf`; None for a bare `params:`."""
-    config: str | None = None
+    config: Annotated[
+        str | None,
+        meaning(
+            "The model's shape (hidden size, layers, heads, key-value heads, intermediate size, vocabulary, tied "
+            "embeddings): the plan counts its parameters, activations and logits from it.",
+            allowed="a path to a Hugging Face config.json, relative to the task file",
+        ),
+    ] = None
     """The `config.json` path as the task gives it."""
-    hf: str | None = None
+    hf: Annotated[
+        str | None,
+        meaning(
+            "Fetch only the repo's config.json through huggingface_hub (cached) and read the shape from it. "
+            "Offline or gated: download config.json yourself and give `config`.",
+            allowed="a Hugging Face repo id, e.g. meta-llama/Llama-2-7b-hf",
+        ),
+    ] = None
     """The Hugging Face repo id as the task gives it."""
     method: Method = field(default_factory=Method)
     seq_len: Annotated[
@@ -103,8 +124,6 @@ class ModelSpec:
     ] = True
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.params) and self.params >= 1):
-            raise ValueError(f"ModelSpec.params must be a finite number >= 1, got {self.params}")
         check_declared(self)
 
 
@@ -218,13 +237,11 @@ def parse_model(raw: Any, path: str) -> ModelSpec:
     values: dict[str, Any] = {}
     if raw.get("config") is not None:
         values["shape"] = read_config_file(raw["config"], f"{path}.config", base_dir)
-        values["config"] = raw["config"]
     elif raw.get("hf") is not None:
         values["shape"] = fetch_hub_config(raw["hf"], f"{path}.hf")
-        values["hf"] = raw["hf"]
     params = float(values["shape"].params) if "shape" in values else read_params(raw["params"], f"{path}.params")
     values["method"] = _read_method(raw, path)
     # Adapters keep the states small: LoRA and QLoRA run data-parallel unless the task says otherwise.
     big = params >= FSDP_FROM_PARAMS and not values["method"].adapters
-    values.update(params=params, sharding="fsdp" if big else "ddp")
-    return ModelSpec(**{**values, **read_fields(ModelSpec, raw, path)})
+    values.update(sharding="fsdp" if big else "ddp")
+    return ModelSpec(**{**values, **read_fields(ModelSpec, {**raw, "params": params}, path)})

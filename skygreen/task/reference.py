@@ -155,27 +155,6 @@ def record_rows(record: type, section: str) -> Iterator[TaskField]:
 
 MODEL_ROWS: tuple[TaskField, ...] = (
     TaskField(
-        path="skygreen.model.params",
-        type="number or string",
-        allowed="7e9, 350000000, or with a suffix: 7B, 350M, 1.5B (K, M, B, T)",
-        doc="All parameters of the model. Give this, `config` or `hf`: with a count alone the plan counts "
-        "model states and `activation_gb`, no logits.",
-    ),
-    TaskField(
-        path="skygreen.model.config",
-        type="string",
-        allowed="a path to a Hugging Face config.json, relative to the task file",
-        doc="The model's shape (hidden size, layers, heads, key-value heads, intermediate size, vocabulary, tied "
-        "embeddings): the plan counts its parameters, activations and logits from it.",
-    ),
-    TaskField(
-        path="skygreen.model.hf",
-        type="string",
-        allowed="a Hugging Face repo id, e.g. meta-llama/Llama-2-7b-hf",
-        doc="Fetch only the repo's config.json through huggingface_hub (cached) and read the shape from it. "
-        "Offline or gated: download config.json yourself and give `config`.",
-    ),
-    TaskField(
         path="skygreen.model.method",
         type="string",
         allowed=one_of(METHODS),
@@ -212,13 +191,13 @@ MODEL_ROWS: tuple[TaskField, ...] = (
         "(with momentum) 4, adafactor about 0; mixed precision adds a 4-byte fp32 master copy.",
     ),
 )
-"""The model's size and method: read into `ModelSpec.params`, `shape` and `method`, not field by field."""
+"""The model's method, read into one `ModelSpec.method`, not field by field."""
 
 
 def _with_model_rows(rows: Iterator[TaskField]) -> Iterator[TaskField]:
     for row in rows:
         yield row
-        if row.path == "skygreen.model":
+        if row.path == "skygreen.model.hf":
             yield from MODEL_ROWS
 
 
