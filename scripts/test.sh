@@ -12,5 +12,6 @@ SOURCES=(skygreen tasks benchmarks tests scripts docs/hooks)
 .venv/bin/mypy
 # The documentation site: a broken link, a missing page or a docstring mkdocstrings cannot read fails.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
-# The 25 slowest tests close the report, to keep an eye on the suite's time.
-exec .venv/bin/python -m pytest -q --durations=25 "$@"
+# Two workers (pytest-xdist): most tests wait on subprocesses, so two halve the wall time on
+# two cores; `bash scripts/test.sh -n 0` runs the suite in one process.
+exec .venv/bin/python -m pytest -q -n 2 --durations=25 "$@"

@@ -116,8 +116,10 @@ AS_A_SHELL_STARTS_IT = [
     ),
 ]
 """Runs a command with the signal state a shell gives a foreground command: SIGINT at its
-default and no signal blocked, whatever this test process inherited or a library run in it
-changed (a disposition or mask is inherited across exec)."""
+default and no signal blocked. The test process may not have it: a POSIX shell without job
+control starts a background command (`bash scripts/test.sh &` in a CI script) with SIGINT and
+SIGQUIT ignored, Python then installs no KeyboardInterrupt handler, and an ignored disposition
+is inherited across exec, so `skygreen up` would never see the Ctrl-C this test sends."""
 
 
 def test_ctrl_c_while_following_exits_130_and_the_run_goes_on(env, tmp_path):
