@@ -180,28 +180,3 @@ def _check_key(key: str, cloud: str, url: str, field: str, source: str | None) -
         field, problem, value=key, allowed=f"{', '.join(CLOUDS)}, or a region of the bucket's cloud",
         hint=f"key the bucket by its cloud ({cloud}) or the {cloud} region it was created in", source=source,
     )  # fmt: skip
-
-
-def parse_buckets(checkpoint: Mapping[str, Any], path: str) -> str:
-    """`checkpoint.buckets:` of a task's `checkpoint:` mapping as the set's URL, which the task
-    record keeps as its `checkpoint.bucket` (`check_buckets`).
-
-    Raises:
-        SpecError: `buckets` beside `bucket` or `region` (a set names its places in its keys),
-            or a malformed set.
-    """
-    for other in ("bucket", "region"):
-        if checkpoint.get(other) is not None:
-            raise SpecError(
-                f"{path}.buckets",
-                f"and {path}.{other} cannot both be set: `bucket` names one bucket, `buckets` one per cloud or region",
-                value=checkpoint.get(other),
-                hint=f"remove {other}: (key each bucket of `buckets` by its cloud or region)",
-            )
-    raw = checkpoint["buckets"]
-    if not isinstance(raw, Mapping):
-        raise SpecError(
-            f"{path}.buckets", "must be a mapping of cloud or region to bucket", value=raw,
-            hint="e.g. {aws: s3://team-ckpt, gcp: gs://team-ckpt, azure: az://account/team-ckpt}",
-        )  # fmt: skip
-    return check_buckets(raw, f"{path}.buckets")
