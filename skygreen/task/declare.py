@@ -111,7 +111,7 @@ def meaning(
 @dataclass(frozen=True, slots=True, eq=False)  # compared and hashed as itself: its schema is a dict
 class ReadWith:
     """A field whose value is read by a function of its own (a bucket URL, a duration, a GPU
-    name): `Annotated[str, meaning(...), ReadWith(read_bucket, "string", {"type": "string"})]`.
+    name): `Annotated[str, meaning(...), ReadWith(read_bucket)]`.
 
     `read(value, path)` returns the value or raises a `SpecError` naming `path`; it must take
     back what it returns, since a record built in code is checked by the same call. Name a
@@ -119,10 +119,12 @@ class ReadWith:
     the class's namespace as a lambda's globals, where the module's names are not found."""
 
     read: Callable[[Any, str], Any]
-    type: str
-    """What a user writes, as the reference page names it (`duration or number of hours`)."""
-    schema: Mapping[str, Any]
-    """The value's JSON Schema (the field's meaning is added as its description)."""
+    type: str = ""
+    """What a user writes, as the reference page names it (`duration or number of hours`);
+    empty: named from the field's type, as any field is."""
+    schema: Mapping[str, Any] | None = None
+    """The value's JSON Schema (the field's meaning is added as its description); None: from
+    the field's type, as any field's."""
 
 
 class FieldProblem(ValueError):
@@ -408,7 +410,7 @@ def _num(value: float) -> str:
 def field_schema(record: type, name: str) -> dict[str, Any]:
     """The JSON Schema of one declared field of `record`, from msgspec, with its default."""
     field = next(f for f in fields_of(record) if f.name == name)
-    if field.reader is not None:
+    if field.reader is not None and field.reader.schema is not None:
         return {**field.reader.schema, "description": field.meta.description if field.meta else ""}
     schema = dict(msgspec.json.schema(typing.Annotated[field.hint, field.meta]))
     schema.pop("$defs", None)

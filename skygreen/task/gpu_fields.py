@@ -109,7 +109,7 @@ class Work:
     gpu: Annotated[
         str,
         meaning("The reference GPU that `gpu_hours` is measured on.", allowed=_GPUS),
-        ReadWith(gpu_name, "GPU name", {"type": "string"}),
+        ReadWith(gpu_name, "GPU name"),
     ] = "A100"
 
 

@@ -139,7 +139,7 @@ def record_rows(record: type, section: str) -> Iterator[TaskField]:
         assert field.meta is not None  # declared() keeps only fields with a meaning
         path, nested = f"{section}.{field.name}", _is_section(field.hint)
         off = nested and field.optional and field.reader is None
-        kind = field.reader.type if field.reader else type_text(field.hint)
+        kind = (field.reader and field.reader.type) or type_text(field.hint)
         default = field.extra.get("default_text") or _COMPUTED_DEFAULTS.get(path)
         yield TaskField(
             path=path,

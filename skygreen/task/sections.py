@@ -233,7 +233,7 @@ class CheckpointSpec(Record, frozen=True, kw_only=True):
             allowed=URL_FORMS,
             default="the local default bucket",
         ),
-        ReadWith(read_bucket, "string", _STRING),
+        ReadWith(read_bucket),
     ] = None
     """A canonical bucket URL (a set's `buckets://` URL with `buckets`); None: the local default bucket."""
     buckets: Annotated[
@@ -274,7 +274,7 @@ class CheckpointSpec(Record, frozen=True, kw_only=True):
             f"the rest are deleted. At least {MIN_KEEP}: the newest may be the broken one.",
             allowed=f"{MIN_KEEP} to 1000",
         ),
-        ReadWith(read_keep, "integer", {"type": "integer"}),
+        ReadWith(read_keep),
     ] = 3
     half_precision: Annotated[
         str | None,
@@ -294,7 +294,7 @@ class CheckpointSpec(Record, frozen=True, kw_only=True):
             "complete one to the bucket and restores the latest before the script starts.",
             allowed="a path inside the workdir (no `..`)",
         ),
-        ReadWith(read_folder, "string", _STRING),
+        ReadWith(read_folder),
     ] = None
     marker: Annotated[
         str | None,
@@ -303,7 +303,7 @@ class CheckpointSpec(Record, frozen=True, kw_only=True):
             "`quiet_s`.",
             allowed="a file name, e.g. trainer_state.json or .metadata",
         ),
-        ReadWith(read_marker, "string", _STRING),
+        ReadWith(read_marker),
     ] = None
     quiet_s: Annotated[
         float | None,
