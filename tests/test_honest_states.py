@@ -50,7 +50,9 @@ def test_cancel_and_resume_of_a_run_without_a_checkpoint_say_so(env, tmp_path):
     shown = skygreen(env, "status", run_id)
     no_checkpoint = exit_codes.for_outcome("CANCELLED", has_checkpoint=False)
     assert no_checkpoint == exit_codes.FAILED
-    assert f"CANCELLED - exit code {no_checkpoint}: stopped with no checkpoint to resume from" in shown.stdout
+    assert f"CANCELLED - exit code {no_checkpoint}: stopped with no checkpoint to resume from" in shown.stdout, (
+        shown.stdout + shown.stderr
+    )
     assert "exit code 75" not in shown.stdout
 
     resumed = skygreen(env, "resume", run_id, "--detach")
