@@ -79,6 +79,7 @@ def meaning(
     gt: float | None = None,
     le: float | None = None,
     default: str = "",
+    off: bool = False,
 ) -> msgspec.Meta:
     """A field's one-line meaning, its bounds and unit, for `Annotated[type, meaning(...)]`.
 
@@ -93,6 +94,7 @@ def meaning(
         ge, gt, le: bounds of a number.
         default: the default as the reference page says it, where the value alone would mislead
             (`micro`'s None is `auto`).
+        off: `false` may be written for None: an optional section turned off (`early_stopping`).
     """
     given = {
         "unit": unit,
@@ -102,6 +104,7 @@ def meaning(
         "choices": choices,
         "keys": keys,
         "default_text": default,
+        "off": off,
     }
     extra = {k: v for k, v in given.items() if v}
     bounds = {name: bound for name, bound in (("ge", ge), ("gt", gt), ("le", le)) if bound is not None}
@@ -265,7 +268,7 @@ def read_fields(record: type, raw: Mapping[str, Any], path: str) -> dict[str, An
     values: dict[str, Any] = {}
     for field in declared(record):
         where = f"{path}.{field.name}"
-        if field.optional and raw.get(field.name) is False and _is_record(field.hint):
+        if field.extra.get("off") and raw.get(field.name) is False:
             values[field.name] = None  # `early_stopping: false`: the section is off
             continue
         if raw.get(field.name) is None or (raw[field.name] == "auto" and field.extra.get("auto")):

@@ -11,19 +11,27 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from skygreen.errors import SpecError
-from skygreen.memory.method import ALL_LINEAR, LORA_TARGETS, METHODS, OPTIMIZERS, Method
+from skygreen.memory.method import (
+    ALL_LINEAR,
+    DEFAULT_LORA_R,
+    DEFAULT_LORA_TARGETS,
+    LORA_TARGETS,
+    METHODS,
+    OPTIMIZERS,
+    Method,
+)
 from skygreen.memory.shape import ConfigError, ModelShape, shape_from_config
-from skygreen.task.declare import ReadWith, check_declared, meaning, read_fields
+from skygreen.task.declare import ReadWith, Record, check_declared, declared, meaning, read_fields
 from skygreen.task.readers import (
     check_keys,
     read_choice,
-    read_int,
     read_list,
     read_mapping,
     read_number,
@@ -40,6 +48,42 @@ DEFAULT_SEQ_LEN = 2048
 TASK_FOLDER: ContextVar[Path | None] = ContextVar("task_folder", default=None)
 """The folder of the task file being read, which `config:` is relative to (the current
 directory when None); `skygreen.task.spec.parse_spec` sets it."""
+
+
+def read_targets(raw: Any, path: str) -> tuple[str, ...]:
+    """The linears that get adapters: PEFT's names, or `all-linear` (also spelt `all_linear`)."""
+    if raw in (ALL_LINEAR, "all_linear"):
+        return (ALL_LINEAR,)
+    items = list(raw) if isinstance(raw, tuple) else read_list(raw, path)
+    return tuple(read_choice(t, f"{path}[{i}]", (*LORA_TARGETS, ALL_LINEAR)) for i, t in enumerate(items))
+
+
+def read_method(raw: Any, path: str) -> Method:
+    """`full`, `lora` or `qlora`, as the method's kind; `parse_model` adds the adapters and
+    the optimizer the section gives."""
+    return raw if isinstance(raw, Method) else Method(kind=read_choice(raw, path, METHODS))
+
+
+class LoraSpec(Record, frozen=True, kw_only=True):
+    """`model.lora:` of the task: the adapters of `lora` and `qlora`."""
+
+    SECTION: ClassVar[str] = "skygreen.model.lora"
+    r: Annotated[
+        int, meaning("The adapters' rank: r x (d_in + d_out) trainable parameters per adapted matrix.", ge=1, le=4096)
+    ] = DEFAULT_LORA_R
+    targets: Annotated[
+        tuple[str, ...],
+        meaning(
+            "The linears that get adapters, as PEFT names them; `all-linear` adapts every one.",
+            allowed=" | ".join((*LORA_TARGETS, ALL_LINEAR)),
+            default=", ".join(DEFAULT_LORA_TARGETS),
+        ),
+        ReadWith(
+            read_targets,
+            "list or string",
+            {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        ),
+    ] = DEFAULT_LORA_TARGETS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,7 +145,35 @@ class ModelSpec:
         ),
     ] = None
     """The Hugging Face repo id as the task gives it."""
-    method: Method = field(default_factory=Method)
+    method: Annotated[
+        Method,
+        meaning(
+            "`full` trains every weight; `lora` freezes the base in 16-bit and trains adapters; `qlora` also stores "
+            "the base's linears in 4-bit NF4 (about 0.52 bytes per parameter with its constants).",
+            allowed=" | ".join(METHODS),
+            default="full",
+        ),
+        ReadWith(read_method, "string", {"enum": list(METHODS)}),
+    ] = field(default_factory=Method)
+    """What is trained, with the adapters of `lora` and the optimizer folded in."""
+    lora: Annotated[
+        LoraSpec | None,
+        meaning(
+            "The adapters of `lora` and `qlora`.",
+            default=f"{{r: {DEFAULT_LORA_R}, targets: [{', '.join(DEFAULT_LORA_TARGETS)}]}} (PEFT's Llama default)",
+        ),
+    ] = None
+    """As the task gives it; `method` holds what it sets."""
+    optimizer: Annotated[
+        str | None,
+        meaning(
+            "The optimizer's state per trainable parameter: adamw 8 bytes (fp32 moments), adamw8bit 2, sgd (with "
+            "momentum) 4, adafactor about 0; mixed precision adds a 4-byte fp32 master copy.",
+            choices=OPTIMIZERS,
+            default="adamw",
+        ),
+    ] = None
+    """As the task gives it; `method.optimizer` holds the one in use."""
     seq_len: Annotated[
         int,
         meaning(
@@ -127,10 +199,6 @@ class ModelSpec:
         check_declared(self)
 
 
-MODEL_KEYS: tuple[str, ...] = (
-    "params", "config", "hf", "method", "lora", "optimizer", "seq_len", "micro_batch",
-    "activation_checkpointing", "activation_gb", "sharding", "max_nodes",
-)  # fmt: skip
 _PARAM_SUFFIX = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT])\s*\Z")
 _PARAM_SCALE = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 _CONFIG_HINT = "download the model's config.json and give model: {config: path/to/config.json}"
@@ -193,40 +261,15 @@ def _shape(config: Any, path: str, given: str) -> ModelShape:
                         "or the parameter count as params:") from None  # fmt: skip
 
 
-def _read_targets(raw: Any, path: str) -> tuple[str, ...]:
-    if raw in (ALL_LINEAR, "all_linear"):
-        return (ALL_LINEAR,)
-    items = read_list(raw, path)
-    return tuple(read_choice(t, f"{path}[{i}]", (*LORA_TARGETS, ALL_LINEAR)) for i, t in enumerate(items))
-
-
-def _read_method(raw: Any, path: str) -> Method:
-    kind = read_choice(raw["method"], f"{path}.method", METHODS) if raw.get("method") is not None else "full"
-    values: dict[str, Any] = {"kind": kind}
-    if raw.get("optimizer") is not None:
-        values["optimizer"] = read_choice(raw["optimizer"], f"{path}.optimizer", OPTIMIZERS)
-    if raw.get("lora") is not None:
-        if kind == "full":
-            raise SpecError(f"{path}.lora", "only means something with method: lora or qlora", value=raw["lora"],
-                            hint="set method: lora (or qlora), or remove lora:")  # fmt: skip
-        lora = read_mapping(raw["lora"], f"{path}.lora")
-        check_keys(lora, ("r", "targets"), f"{path}.lora")
-        if lora.get("r") is not None:
-            values["lora_r"] = read_int(lora["r"], f"{path}.lora.r", minimum=1, maximum=4096)
-        if lora.get("targets") is not None:
-            values["lora_targets"] = _read_targets(lora["targets"], f"{path}.lora.targets")
-    return Method(**values)
-
-
 def parse_model(raw: Any, path: str) -> ModelSpec:
     """The `model:` section; `config:` is relative to the task file's folder (`TASK_FOLDER`)."""
     if isinstance(raw, ModelSpec):
         return raw
     base_dir = TASK_FOLDER.get() or Path.cwd()
     raw = read_mapping(raw, path)
-    check_keys(raw, MODEL_KEYS, path)
+    check_keys(raw, [f.name for f in declared(ModelSpec)], path)
     if isinstance(raw.get("lora"), dict):
-        check_keys(raw["lora"], ("r", "targets"), f"{path}.lora")
+        check_keys(raw["lora"], [f.name for f in declared(LoraSpec)], f"{path}.lora")
     given = [k for k in ("params", "config", "hf") if raw.get(k) is not None]
     if not given:
         raise SpecError(f"{path}.params", "is required", hint="give the parameter count, e.g. params: 7e9, "
@@ -234,14 +277,26 @@ def parse_model(raw: Any, path: str) -> ModelSpec:
     if len(given) > 1:
         raise SpecError(f"{path}.{given[1]}", f"give one of params, config and hf, not {' and '.join(given)}",
                         value=raw[given[1]], hint=f"remove {given[1]}: or {given[0]}:")  # fmt: skip
-    values: dict[str, Any] = {}
+    shape = None
     if raw.get("config") is not None:
-        values["shape"] = read_config_file(raw["config"], f"{path}.config", base_dir)
+        shape = read_config_file(raw["config"], f"{path}.config", base_dir)
     elif raw.get("hf") is not None:
-        values["shape"] = fetch_hub_config(raw["hf"], f"{path}.hf")
-    params = float(values["shape"].params) if "shape" in values else read_params(raw["params"], f"{path}.params")
-    values["method"] = _read_method(raw, path)
+        shape = fetch_hub_config(raw["hf"], f"{path}.hf")
+    params = float(shape.params) if shape is not None else read_params(raw["params"], f"{path}.params")
+    values = read_fields(ModelSpec, {**raw, "params": params}, path)
+    values["method"] = _method(values, raw, path)
     # Adapters keep the states small: LoRA and QLoRA run data-parallel unless the task says otherwise.
     big = params >= FSDP_FROM_PARAMS and not values["method"].adapters
-    values.update(sharding="fsdp" if big else "ddp")
-    return ModelSpec(**{**values, **read_fields(ModelSpec, {**raw, "params": params}, path)})
+    return ModelSpec(**{"shape": shape, "sharding": "fsdp" if big else "ddp", **values})
+
+
+def _method(values: dict[str, Any], raw: Mapping[str, Any], path: str) -> Method:
+    """The method's kind with the section's adapters and optimizer folded in."""
+    kind = values.get("method", Method()).kind
+    lora = values.get("lora")
+    if lora is not None and kind == "full":
+        raise SpecError(f"{path}.lora", "only means something with method: lora or qlora", value=raw["lora"],
+                        hint="set method: lora (or qlora), or remove lora:")  # fmt: skip
+    lora = lora or LoraSpec()
+    optimizer = values.get("optimizer") or Method().optimizer
+    return Method(kind=kind, lora_r=lora.r, lora_targets=lora.targets, optimizer=optimizer)

@@ -212,6 +212,7 @@ class GreenSpec:
             "Stop the run when the metric the script reports (`run.report(val_loss=...)`) stops improving; the run "
             "ends as done.",
             default="off",
+            off=True,
         ),
     ] = None
     """None (or `false` in the file): no early stopping."""

@@ -8,8 +8,8 @@ row here, and every row must name a key the parser accepts.
 The rows of the `skygreen:` section come from the records' declarations (`skygreen.task.declare`):
 `record_rows` walks `GreenSpec` and every record under it, so a field declared on a record has
 its row, with its type, default, allowed values, unit, meaning and JSON Schema, and nothing
-else to write. Only SkyPilot's own keys and the model's size and method, read into other
-shapes than the file's (`ModelSpec.method`), keep a hand-written `TaskField` here.
+else to write. Only SkyPilot's own keys, and the `skygreen:` key itself, are hand-written
+`TaskField`s here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 import msgspec
 
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
-from skygreen.memory.method import ALL_LINEAR, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS, LORA_TARGETS, METHODS, OPTIMIZERS
 from skygreen.task.declare import allowed_text, declared, field_schema, fields_of, type_text
 from skygreen.task.records import GreenSpec
 
@@ -138,7 +137,7 @@ def record_rows(record: type, section: str) -> Iterator[TaskField]:
     for field in declared(record):
         assert field.meta is not None  # declared() keeps only fields with a meaning
         path, nested = f"{section}.{field.name}", _is_section(field.hint)
-        off = nested and field.optional and field.reader is None
+        off = field.extra.get("off")
         kind = (field.reader and field.reader.type) or type_text(field.hint)
         default = field.extra.get("default_text") or _COMPUTED_DEFAULTS.get(path)
         yield TaskField(
@@ -151,54 +150,6 @@ def record_rows(record: type, section: str) -> Iterator[TaskField]:
         )
         if nested:
             yield from record_rows(field.hint, path)
-
-
-MODEL_ROWS: tuple[TaskField, ...] = (
-    TaskField(
-        path="skygreen.model.method",
-        type="string",
-        allowed=one_of(METHODS),
-        default="full",
-        doc="`full` trains every weight; `lora` freezes the base in 16-bit and trains adapters; `qlora` also "
-        "stores the base's linears in 4-bit NF4 (about 0.52 bytes per parameter with its constants).",
-    ),
-    TaskField(
-        path="skygreen.model.lora",
-        type="mapping",
-        default=f"{{r: {DEFAULT_LORA_R}, targets: [{', '.join(DEFAULT_LORA_TARGETS)}]}} (PEFT's Llama default)",
-        doc="The adapters of `lora` and `qlora`.",
-    ),
-    TaskField(
-        path="skygreen.model.lora.r",
-        type="integer",
-        allowed="1 to 4096",
-        default=str(DEFAULT_LORA_R),
-        doc="The adapters' rank: r x (d_in + d_out) trainable parameters per adapted matrix.",
-    ),
-    TaskField(
-        path="skygreen.model.lora.targets",
-        type="list or string",
-        allowed=one_of((*LORA_TARGETS, ALL_LINEAR)),
-        default=", ".join(DEFAULT_LORA_TARGETS),
-        doc="The linears that get adapters, as PEFT names them; `all-linear` adapts every one.",
-    ),
-    TaskField(
-        path="skygreen.model.optimizer",
-        type="string",
-        allowed=one_of(OPTIMIZERS),
-        default="adamw",
-        doc="The optimizer's state per trainable parameter: adamw 8 bytes (fp32 moments), adamw8bit 2, sgd "
-        "(with momentum) 4, adafactor about 0; mixed precision adds a 4-byte fp32 master copy.",
-    ),
-)
-"""The model's method, read into one `ModelSpec.method`, not field by field."""
-
-
-def _with_model_rows(rows: Iterator[TaskField]) -> Iterator[TaskField]:
-    for row in rows:
-        yield row
-        if row.path == "skygreen.model.hf":
-            yield from MODEL_ROWS
 
 
 TASK_FIELDS: tuple[TaskField, ...] = (
@@ -271,6 +222,6 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         doc="skygreen's own section. skygreen reads it, removes it and writes the final SkyPilot task; "
         "every other top-level key stays SkyPilot's.",
     ),
-    *_with_model_rows(record_rows(GreenSpec, "skygreen")),
+    *record_rows(GreenSpec, "skygreen"),
 )
 """Every key of the task file, in the order the reference lists them."""
