@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-from skygreen.checkpoint.bucket_url import URL_FORMS
+from skygreen.checkpoint.bucket_url import URL_FORMS, canonical_url
 from skygreen.checkpoint.keep import MIN_KEEP, check_keep
 from skygreen.errors import SpecError
 from skygreen.power.policy import DEFAULT_ETA, CapRequest
@@ -159,8 +159,6 @@ _EVERY_ALLOWED = "auto | 500 | 90s | 5m | 1h"
 def read_bucket(raw: Any, path: str) -> str:
     """The bucket through the one URL parser the stores use, so the task file takes exactly
     the buckets a run can open."""
-    from skygreen.checkpoint.bucket_url import canonical_url
-
     return canonical_url(read_str(raw, path), field=path)
 
 
