@@ -3,7 +3,9 @@ environment of a user with a home of their own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +46,20 @@ def user_env(home: Path, *, drop: tuple[str, ...] = ("SKYGREEN_",), **extra: str
     environ.update(HOME=str(home), XDG_DATA_HOME=str(home / ".local" / "share"), OMP_NUM_THREADS="1")
     environ.update(extra)
     return environ
+
+
+def end_processes_of(home: Path) -> list[int]:
+    """SIGKILL every process a test started in its private `home` (each inherits that HOME from
+    `user_env`); returns their pids. Never a pid read from a run's files: once that process has
+    ended the number may name another test's process (pids wrap at 32768 here, and the suite
+    starts thousands), and two pytest-xdist workers run tests side by side."""
+    from skygreen.launch.local_launcher import marked_pids
+
+    pids = [pid for pid in marked_pids("HOME", str(home)) if pid != os.getpid()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 def fake_cloud_env(home: Path, fake_dir: Path) -> dict[str, str]:

@@ -13,7 +13,6 @@ compute due in 16 h, an even pace of 0.375 h of progress per hour.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import user_env, wait_for
+from helpers import end_processes_of, user_env, wait_for
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.deadline.clock import CLOCK_ENV
 from skygreen.deadline.market import TRACE_ENV
@@ -59,22 +58,12 @@ def env(private_home, tmp_path):
         RELEASE_ENV: str(release),
     }
     yield environ
-    _stop_leftovers(Path(environ["XDG_DATA_HOME"]) / "skygreen" / "runs")
+    _stop_leftovers(private_home)
 
 
-def _stop_leftovers(runs: Path) -> None:
+def _stop_leftovers(home: Path) -> None:
     """A failed test leaves no watcher or held training process behind."""
-    for folder in runs.glob("*"):
-        state = folder / "watch.json"
-        watcher = json.loads(state.read_text()).get("pid") if state.exists() else None
-        launches = json.loads((folder / "run.json").read_text()).get("launches") or []
-        training = launches[-1].get("pid") if launches else None
-        if watcher:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(watcher, signal.SIGKILL)
-        if training:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(training, signal.SIGKILL)
+    end_processes_of(home)
 
 
 def run_dir(env, run_id: str) -> Path:

@@ -74,7 +74,7 @@ def env(private_home, tmp_path):
         RELEASE_ENV: str(release),
     }
     yield environ
-    _stop_leftovers(Path(environ["XDG_DATA_HOME"]) / "skygreen" / "runs")
+    _stop_leftovers(private_home)
 
 
 def journey(env, run_id: str) -> dict:
