@@ -57,7 +57,7 @@ from skygreen.ledger.records import BUDGET as BUDGET_END
 from skygreen.ledger.records import COMPLETED as COMPLETED_END
 from skygreen.ledger.records import FAILED as FAILED_END
 from skygreen.ledger.records import PREEMPTED as PREEMPTED_END
-from skygreen.task.records import DEFAULT_QUIET_S
+from skygreen.task.sections import DEFAULT_QUIET_S
 from skygreen.task.settings import SMOKE_ENV, SMOKE_FAILED, SMOKE_LINE, RuntimeSettings
 
 if TYPE_CHECKING:

@@ -267,7 +267,7 @@ def _render(
         gpus = handed_over[0].accelerator_count * handed_over[0].num_nodes
     memory = planned_memory(spec.green.model, precision=spec.green.precision, total_gpus=gpus)
     settings = RuntimeSettings.from_spec(
-        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour_by_cloud=rates, offers=offers, user=user,
+        spec.green, run_id=run_id, bucket=bucket, preemptions_per_hour_by_cloud=rates or None, offers=offers, user=user,
         memory_planned_gb=memory,
     )  # fmt: skip
     return render_task(spec, plan, settings=settings, task_dir=task_dir, install=runtime_install())

@@ -256,12 +256,6 @@ def read_record(record: type, raw: Any, path: str) -> Any:
         raise SpecError(f"{path}.{e.field}", e.problem, value=e.value, allowed=e.allowed, hint=e.hint) from None
 
 
-def choices_of(record: type[Record], name: str) -> tuple[str, ...]:
-    """The names a `Literal` field of `record` allows, in the declared order."""
-    field = next(f for f in fields_of(record) if f.name == name)
-    return tuple(typing.get_args(field.hint))
-
-
 def read_fields(record: type, raw: Mapping[str, Any], path: str) -> dict[str, Any]:
     """The declared fields of `record` that `raw` gives (not null), each read by its declaration;
     a required one missing is a `SpecError` with an example. The caller checks the keys."""
@@ -413,8 +407,13 @@ def _num(value: float) -> str:
 def field_schema(record: type, name: str) -> dict[str, Any]:
     """The JSON Schema of one declared field of `record`, from msgspec, with its default."""
     field = next(f for f in fields_of(record) if f.name == name)
+    described = {"description": field.meta.description if field.meta else ""}
     if field.reader is not None and field.reader.schema is not None:
-        return {**field.reader.schema, "description": field.meta.description if field.meta else ""}
+        return {**field.reader.schema, **described}
+    if _is_record(field.hint):  # its keys' schemas are nested from their own rows
+        shorthand = getattr(field.hint, "SHORTHAND", None)
+        other = {"type": "string"} if shorthand else {"const": False} if field.extra.get("off") else None
+        return {"anyOf": [{"type": "object"}, other], **described} if other else {"type": "object", **described}
     schema = dict(msgspec.json.schema(typing.Annotated[field.hint, field.meta]))
     schema.pop("$defs", None)
     if schema.get("type") == "array":  # one item alone stands for a one-item list (`regions: us-east-1`)

@@ -1,7 +1,7 @@
 """The task file's records: the typed, frozen values `skygreen.task.spec` reads a task into.
 
-Kept apart from the reading (`skygreen.task.spec`) so the two stay under one screenful each; import
-them from `skygreen.task.spec`, the task file's one public face.
+Kept apart from the reading (`skygreen.task.spec`) so the two stay under one screenful each; the
+sections' own records are in `skygreen.task.sections`, `model_fields` and `gpu_fields`.
 """
 
 from __future__ import annotations
@@ -15,25 +15,9 @@ import msgspec
 from skygreen.gpus import GPU_NAMES
 from skygreen.task.declare import ReadWith, meaning
 from skygreen.task.gpu_fields import CLOUDS, Cloud, GpuChoice, Work, parse_gpus, parse_speed, parse_work
-from skygreen.task.model_fields import (
-    DEFAULT_MAX_NODES,
-    DEFAULT_SEQ_LEN,
-    FSDP_FROM_PARAMS,
-    SHARDINGS,
-    ModelSpec,
-    parse_model,
-)
+from skygreen.task.model_fields import ModelSpec, parse_model
 from skygreen.task.readers import read_duration_h
-from skygreen.task.sections import (
-    DEFAULT_QUIET_S,
-    HALF_PRECISIONS,
-    Batch,
-    BudgetAlertSpec,
-    CheckpointSpec,
-    EarlyStopConfig,
-    PowerSpec,
-    RecoverySpec,
-)
+from skygreen.task.sections import Batch, BudgetAlertSpec, CheckpointSpec, EarlyStopConfig, PowerSpec, RecoverySpec
 
 OBJECTIVES: tuple[str, ...] = ("cost", "time", "energy", "carbon")
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
@@ -49,13 +33,6 @@ SKYPILOT_TASK_KEYS: tuple[str, ...] = (
 )  # fmt: skip
 
 SECTION = "skygreen"
-
-__all__ = [
-    "CLOUDS", "DEFAULT_MAX_NODES", "DEFAULT_QUIET_S", "DEFAULT_SEQ_LEN", "FSDP_FROM_PARAMS", "HALF_PRECISIONS",
-    "OBJECTIVES", "PRECISIONS", "SECTION", "SHARDINGS", "SKYPILOT_TASK_KEYS", "TRAINERS", "Batch", "BudgetAlertSpec",
-    "CheckpointSpec", "EarlyStopConfig", "GpuChoice", "GreenSpec", "ModelSpec", "PowerSpec", "PreemptionSpec",
-    "RecoverySpec", "TaskSpec", "Work",
-]  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -24,10 +24,7 @@ from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
 from skygreen.task.declare import allowed_text, declared, field_schema, fields_of, type_text
 from skygreen.task.records import GreenSpec
 
-__all__ = ["RECORDS", "TASK_FIELDS", "TaskField", "default_text", "one_of", "record_rows"]
-
-SKYPILOT = "skypilot"
-"""`TaskField.owner` of a SkyPilot key that skygreen reads or rewrites."""
+__all__ = ["RECORDS", "TASK_FIELDS", "TaskField", "default_text", "record_rows"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,8 +42,8 @@ class TaskField:
     default: str | None = None
     """The default as text; None reads it from the record the key lands in (`RECORDS`)."""
     schema: Mapping[str, Any] | None = None
-    """The key's JSON Schema where its declaration gives it (`skygreen.task.declare`); None:
-    built from `type` and `allowed` (`skygreen.task.schema.TYPES`)."""
+    """The key's JSON Schema (a declared field's from its declaration, `skygreen.task.declare`);
+    None for SkyPilot's keys, whose schema is SkyPilot's own."""
 
     def __post_init__(self) -> None:
         if not self.path or self.path != self.path.strip() or " " in self.path:
@@ -85,11 +82,6 @@ def _records(record: type, section: str) -> Iterator[tuple[str, type]]:
 
 RECORDS: Mapping[str, type] = dict(_records(GreenSpec, "skygreen"))
 """The record each section of the task file is read into, where defaults are read from."""
-
-
-def one_of(choices: tuple[str, ...]) -> str:
-    """`a | b | c`, the way the reference lists allowed names."""
-    return " | ".join(choices)
 
 
 def _value_text(value: Any) -> str:
@@ -146,7 +138,7 @@ def record_rows(record: type, section: str) -> Iterator[TaskField]:
             doc=str(field.meta.description),
             allowed=allowed_text(field),
             default=default or ("required" if field.required else _value_text(field.default)),
-            schema=field_schema(record, field.name) if field.reader or not nested else None,
+            schema=field_schema(record, field.name),
         )
         if nested:
             yield from record_rows(field.hint, path)
@@ -219,6 +211,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         path="skygreen",
         type="mapping",
         default="{}",
+        schema={"type": "object"},
         doc="skygreen's own section. skygreen reads it, removes it and writes the final SkyPilot task; "
         "every other top-level key stays SkyPilot's.",
     ),

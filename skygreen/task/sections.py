@@ -7,6 +7,7 @@ import them all from `skygreen.task.spec`.
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -17,7 +18,7 @@ from skygreen.checkpoint.bucket_url import URL_FORMS, canonical_url
 from skygreen.checkpoint.keep import MIN_KEEP, check_keep
 from skygreen.errors import SpecError
 from skygreen.power.policy import DEFAULT_ETA, CapRequest
-from skygreen.task.declare import FieldProblem, ReadWith, Record, choices_of, meaning
+from skygreen.task.declare import FieldProblem, ReadWith, Record, meaning
 from skygreen.task.readers import DURATION_UNITS_S, parse_duration_s, read_choice, read_int, read_number, read_str
 
 
@@ -73,6 +74,10 @@ class EarlyStopConfig(Record, frozen=True, kw_only=True):
     ] = 0
 
 
+RecoveryStrategy = Literal["EAGER_NEXT_REGION", "FAILOVER"]
+RECOVERY_STRATEGIES: tuple[str, ...] = typing.get_args(RecoveryStrategy)
+
+
 class RecoverySpec(Record, frozen=True, kw_only=True):
     """`recovery:` of the task: the strategy and restart limit of SkyPilot's `job_recovery` (the
     renderer adds the preempted exit code to recover on); `recovery: FAILOVER` sets the strategy alone."""
@@ -80,7 +85,7 @@ class RecoverySpec(Record, frozen=True, kw_only=True):
     SECTION: ClassVar[str] = "skygreen.recovery"
     SHORTHAND: ClassVar[str] = "strategy"
     strategy: Annotated[
-        Literal["EAGER_NEXT_REGION", "FAILOVER"],
+        RecoveryStrategy,
         meaning(
             "Where SkyPilot relaunches a preempted job: the next region at once, or first the same region.",
         ),
@@ -89,10 +94,6 @@ class RecoverySpec(Record, frozen=True, kw_only=True):
         int,
         meaning("Relaunches after a failure that is not a preemption, before the job counts as failed.", ge=0, le=100),
     ] = 3
-
-
-EARLY_STOP_MODES: tuple[str, ...] = choices_of(EarlyStopConfig, "mode")
-RECOVERY_STRATEGIES: tuple[str, ...] = choices_of(RecoverySpec, "strategy")
 
 
 class BudgetAlertSpec(Record, frozen=True, kw_only=True):

@@ -218,34 +218,16 @@ class RuntimeSettings:
         return max(table.values()) if table else None
 
     @classmethod
-    def from_spec(
-        cls,
-        spec: GreenSpec,
-        *,
-        run_id: str,
-        bucket: str,
-        cloud: str | None = None,
-        preemptions_per_hour: float | None = None,
-        offers: str | None = None,
-        preemptions_per_hour_by_cloud: Mapping[str, float] | None = None,
-        user: str | None = None,
-        memory_planned_gb: PlannedMemory | None = None,
-    ) -> RuntimeSettings:
-        """Build the settings for a run of a task, as `skygreen up` does before `to_env`.
+    def from_spec(cls, spec: GreenSpec, *, run_id: str, bucket: str, **run: Any) -> RuntimeSettings:
+        """Build the settings for a run of a task, as `skygreen up` does before `to_env`: every
+        field that carries a task field (`task_field`) from `spec`, the rest from the keywords.
 
         Args:
             spec: the task's `skygreen:` section.
             run_id: the run's id.
             bucket: the resolved base URL of the checkpoints.
-            cloud: the cloud the run is pinned to, if any.
-            preemptions_per_hour: a fixed preemption rate for the checkpoint interval.
-            offers: the plan's offers with prices, for the ledger.
-            preemptions_per_hour_by_cloud: the assumed rate on each cloud the run may land on.
-            user: who launched the run.
-            memory_planned_gb: the plan's per-GPU memory estimate for the run's GPUs.
-
-        Returns:
-            The settings.
+            **run: what the launch knows beside the task (`cloud`, `offers`, `user`, the
+                preemption rates, `memory_planned_gb`); None leaves a field unset.
 
         Raises:
             RuntimeSetupError: a value out of range (the spec has checked most already).
@@ -255,19 +237,7 @@ class RuntimeSettings:
             for f in dataclasses.fields(cls)
             if "task" in f.metadata
         }
-        return cls(
-            run_id=run_id,
-            bucket=bucket,
-            preemptions_per_hour=preemptions_per_hour,
-            preemptions_per_hour_by_cloud=dict(preemptions_per_hour_by_cloud)
-            if preemptions_per_hour_by_cloud
-            else None,
-            cloud=cloud,
-            offers=offers,
-            user=user,
-            memory_planned_gb=memory_planned_gb,
-            **from_task,
-        )
+        return cls(run_id=run_id, bucket=bucket, **from_task, **run)
 
     def to_env(self) -> dict[str, str]:
         """The `SKYGREEN_*` variables for SkyPilot `envs`, one per field; unset fields are left out."""

@@ -34,67 +34,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from skygreen.checkpoint.bucket_url import BUCKET_SCHEMES
 from skygreen.errors import InputError, SpecError
 from skygreen.task.declare import declared, read_fields
-from skygreen.task.gpu_fields import work_notices
-from skygreen.task.model_fields import TASK_FOLDER
+from skygreen.task.gpu_fields import CLOUDS, work_notices
+from skygreen.task.model_fields import TASK_FOLDER, ModelSpec
 from skygreen.task.readers import check_keys, read_duration_h, read_int, read_mapping, read_str, type_name
-from skygreen.task.records import (
-    CLOUDS,
-    HALF_PRECISIONS,
-    OBJECTIVES,
-    PRECISIONS,
-    SECTION,
-    SKYPILOT_TASK_KEYS,
-    TRAINERS,
-    CheckpointSpec,
-    GpuChoice,
-    GreenSpec,
-    ModelSpec,
-    PowerSpec,
-    PreemptionSpec,
-    TaskSpec,
-    Work,
-)
-from skygreen.task.sections import (
-    EARLY_STOP_MODES,
-    RECOVERY_STRATEGIES,
-    Batch,
-    BudgetAlertSpec,
-    EarlyStopConfig,
-    RecoverySpec,
-)
+from skygreen.task.records import OBJECTIVES, PRECISIONS, SECTION, SKYPILOT_TASK_KEYS, TRAINERS, GreenSpec, TaskSpec
+from skygreen.task.sections import HALF_PRECISIONS, RECOVERY_STRATEGIES, Batch, CheckpointSpec, EarlyStopConfig
 from skygreen.task.yaml_lines import line_of, read_yaml
 
 __all__ = [
-    "BUCKET_SCHEMES",
-    "CLOUDS",
-    "EARLY_STOP_MODES",
-    "HALF_PRECISIONS",
-    "OBJECTIVES",
-    "PRECISIONS",
-    "RECOVERY_STRATEGIES",
-    "SECTION",
-    "SKYPILOT_TASK_KEYS",
-    "TRAINERS",
-    "Batch",
-    "BudgetAlertSpec",
-    "CheckpointSpec",
-    "EarlyStopConfig",
-    "GpuChoice",
-    "GreenSpec",
-    "ModelSpec",
-    "PowerSpec",
-    "PreemptionSpec",
-    "RecoverySpec",
-    "TaskSpec",
-    "Work",
-    "load_spec",
-    "parse_spec",
-    "parse_spec_text",
+    "CLOUDS", "HALF_PRECISIONS", "OBJECTIVES", "PRECISIONS", "RECOVERY_STRATEGIES", "TRAINERS", "Batch",
+    "EarlyStopConfig", "GreenSpec", "ModelSpec", "TaskSpec", "load_spec", "parse_spec", "parse_spec_text",
     "with_deadline",
-]
+]  # fmt: skip
+"""The task file's face: reading it, and the records and names the rest of skygreen reads it by
+(every record is in `skygreen.task.records` and `skygreen.task.sections`)."""
 
 
 # ---------------------------------------------------------------- loading
