@@ -89,11 +89,7 @@ def torchrun_program(command: str, spec: TaskSpec) -> str | None:
     """What follows `python` in a one-line `python SCRIPT|-m MODULE ARGS` command, for the
     renderer to start with torchrun; None when the command calls torchrun itself. Anything
     else cannot be rewritten safely: a `SpecError` on `run`."""
-    lines = [line for line in command.splitlines() if line.strip() and not line.strip().startswith("#")]
-    try:
-        words = shlex.split(lines[0]) if len(lines) == 1 else []
-    except ValueError:
-        words = []
+    words = _one_line_words(command)
     if words and words[0] == "torchrun":
         return None
     if len(words) < 2 or (Path(words[0]).name not in _PYTHON and not Path(words[0]).name.startswith("python3.")):
@@ -105,6 +101,15 @@ def torchrun_program(command: str, spec: TaskSpec) -> str | None:
             hint="write `run: python train.py ...`, or call torchrun yourself",
         )
     return shlex.join(words[1:])
+
+
+def _one_line_words(command: object) -> list[str]:
+    """The words of a one-line command (comment lines aside); none for more lines or bad quoting."""
+    lines = [line for line in str(command or "").splitlines() if line.strip() and not line.strip().startswith("#")]
+    try:
+        return shlex.split(lines[0]) if len(lines) == 1 else []
+    except ValueError:
+        return []
 
 
 def check_resources(spec: TaskSpec) -> None:
@@ -238,12 +243,7 @@ def check_batch_given_in_code(spec: TaskSpec) -> None:
 
 def _run_script(spec: TaskSpec) -> Path | None:
     """The Python file a one-line `python SCRIPT ...` run starts, in the task's workdir; None otherwise."""
-    command = spec.sky.get("run")
-    lines = [ln for ln in str(command or "").splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    try:
-        words = shlex.split(lines[0]) if len(lines) == 1 else []
-    except ValueError:
-        return None
+    words = _one_line_words(spec.sky.get("run"))
     if len(words) < 2 or not Path(words[0]).name.startswith("python") or not words[1].endswith(".py"):
         return None
     base = Path(spec.source).resolve().parent if spec.source else Path.cwd()

@@ -295,20 +295,12 @@ def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = Non
         return read_choice(value, path, typing.get_args(hint))
     if hint is bool:
         return read_bool(value, path)
+    ge, gt, le = (None if meta is None else getattr(meta, bound) for bound in ("ge", "gt", "le"))
     if hint is int:
-        low = _bound(meta, "ge", "gt", 1)
-        high = _upper(meta)
-        return read_int(
-            value,
-            path,
-            minimum=None if low is None else math.ceil(low),
-            maximum=None if high is None else math.floor(high),
-        )
-    if hint is float:
-        above, low = getattr(meta, "gt", None), getattr(meta, "ge", None)
-        positive = above == 0  # any other exclusive bound is read as inclusive
-        low = low if low is not None else (None if positive else above)
-        return read_number(value, path, minimum=low, maximum=_upper(meta), positive=positive)
+        low = math.ceil(ge) if ge is not None else None if gt is None else math.floor(gt) + 1
+        return read_int(value, path, minimum=low, maximum=None if le is None else math.floor(le))
+    if hint is float:  # an exclusive bound other than 0 is read as inclusive
+        return read_number(value, path, minimum=ge if ge is not None or gt == 0 else gt, maximum=le, positive=gt == 0)
     if hint is str:
         choices = (meta.extra or {}).get("choices") if meta is not None else None
         return read_choice(value, path, choices) if choices else read_str(value, path)
@@ -336,19 +328,6 @@ def _unwrap(hint: Any, meta: msgspec.Meta | None) -> tuple[Any, msgspec.Meta | N
         hint, *extras = typing.get_args(hint)
         meta = next((m for m in extras if isinstance(m, msgspec.Meta)), meta)
     return hint, meta
-
-
-def _bound(meta: msgspec.Meta | None, inclusive: str, exclusive: str, step: int) -> float | None:
-    if meta is None:
-        return None
-    if getattr(meta, inclusive, None) is not None:
-        return getattr(meta, inclusive)
-    gt = getattr(meta, exclusive, None)
-    return None if gt is None else gt + step
-
-
-def _upper(meta: msgspec.Meta | None) -> float | None:
-    return None if meta is None else getattr(meta, "le", None)
 
 
 # ---------------------------------------------------------------- the reference and the schema
@@ -405,28 +384,26 @@ def _num(value: float) -> str:
 
 
 def field_schema(record: type, name: str) -> dict[str, Any]:
-    """The JSON Schema of one declared field of `record`, from msgspec, with its default."""
+    """The JSON Schema of one declared field of `record`, from msgspec, with its default; a
+    record's is an object, whose keys' schemas are nested from their own rows."""
     field = next(f for f in fields_of(record) if f.name == name)
-    described = {"description": field.meta.description if field.meta else ""}
     if field.reader is not None and field.reader.schema is not None:
-        return {**field.reader.schema, **described}
-    if _is_record(field.hint):  # its keys' schemas are nested from their own rows
-        shorthand = getattr(field.hint, "SHORTHAND", None)
-        other = {"type": "string"} if shorthand else {"const": False} if field.extra.get("off") else None
-        return {"anyOf": [{"type": "object"}, other], **described} if other else {"type": "object", **described}
-    schema = dict(msgspec.json.schema(typing.Annotated[field.hint, field.meta]))
-    schema.pop("$defs", None)
-    if schema.get("type") == "array":  # one item alone stands for a one-item list (`regions: us-east-1`)
-        described = {k: schema.pop(k) for k in ("description",) if k in schema}
-        schema = {"anyOf": [schema["items"], schema], **described}
-    if field.extra.get("choices"):
-        schema.pop("type", None)
-        schema["enum"] = list(field.extra["choices"])
-    if field.extra.get("keys"):
-        schema["propertyNames"] = {"enum": list(field.extra["keys"])}
-    if field.extra.get("auto"):
-        described = {k: schema.pop(k) for k in ("description",) if k in schema}
-        schema = {"anyOf": [schema, {"const": "auto"}], **described}
+        schema = dict(field.reader.schema)
+    elif _is_record(field.hint):
+        schema = {"type": "object"}
+    else:
+        built = msgspec.json.schema(typing.Annotated[field.hint, field.meta])
+        schema = {k: v for k, v in built.items() if k not in ("$defs", "description")}
+        if schema.get("type") == "array":  # one item alone stands for a one-item list (`regions: us-east-1`)
+            schema = {"anyOf": [schema["items"], schema]}
+        if field.extra.get("choices"):
+            schema = {"enum": list(field.extra["choices"]), **{k: v for k, v in schema.items() if k != "type"}}
+        if field.extra.get("keys"):
+            schema["propertyNames"] = {"enum": list(field.extra["keys"])}
+    others: list[dict[str, Any]] = [{"type": "string"}] if getattr(field.hint, "SHORTHAND", None) else []
+    others += [{"const": word} for word, key in (("auto", "auto"), (False, "off")) if field.extra.get(key)]
+    if others:
+        schema = {"anyOf": [schema, *others]}
     if not field.required and field.default is not None and isinstance(field.default, (bool, int, float, str)):
         schema["default"] = field.default
-    return schema
+    return {"description": field.meta.description if field.meta else "", **schema}

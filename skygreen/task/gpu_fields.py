@@ -68,7 +68,6 @@ class GpuChoice:
         ),
         ReadWith(gpu_names, "list of GPU names", _GPU_NAMES_SCHEMA),
     ] = None
-    """None means every GPU skygreen knows (`skygreen.gpus.GPUS`)."""
     min_memory_gb: Annotated[
         float | None, meaning("Keep only GPUs with at least this much memory each.", gt=0, unit="GB per GPU")
     ] = None
@@ -126,43 +125,32 @@ def parse_work(raw: Any, path: str) -> Work:
     """`work:` as `gpu_hours` (above 0, at most 1e7) on the reference `gpu`; either may be left out
     for `Work`'s default. The old keys `on:` and a lone `true:` are read as `gpu:`
     (`work_notices` says so), and an error in the GPU names the key as the file spells it."""
-    written_as = (
-        _WORK_OLD_KEY
-        if isinstance(raw, Mapping) and _WORK_OLD_KEY in raw
-        else "true"
-        if isinstance(raw, Mapping) and any(k is True for k in raw)
-        else "gpu"
-    )
     if isinstance(raw, Work):
         return raw
+    key = _gpu_key(raw, path) if isinstance(raw, Mapping) else "gpu"
+    if key != "gpu":
+        raw = {"gpu" if (k is True if key is True else k == key) else k: v for k, v in raw.items()}
     try:
-        return typing.cast(Work, read_record(Work, _work_with_gpu_key(raw, path), path))
-    except SpecError as e:  # name the GPU's key as the file spells it
-        if e.field != f"{path}.gpu" or written_as == "gpu":
+        return typing.cast(Work, read_record(Work, raw, path))
+    except SpecError as e:
+        if e.field != f"{path}.gpu" or key == "gpu":
             raise
-        raise SpecError(f"{path}.{written_as}", e.problem, value=e.value, allowed=e.allowed, hint=e.hint) from None
+        where = f"{path}.{str(key).lower()}"
+        raise SpecError(where, e.problem, value=e.value, allowed=e.allowed, hint=e.hint) from None
 
 
-def _work_with_gpu_key(raw: Any, path: str) -> Mapping[str, Any]:
-    """`work:` with its reference GPU under `gpu`, whichever of the old spellings it used."""
-    if isinstance(raw, Mapping) and any(key is True for key in raw):
-        rest = {k: v for k, v in raw.items() if k is not True}
-        if "gpu" in rest or _WORK_OLD_KEY in rest:
-            raise SpecError(
-                f"{path}.true",
-                "a key `true` beside the GPU's key",
-                value=raw[True],
-                hint="keep only `gpu: NAME` (`true:` is what YAML 1.1 tools make of the old `on:`)",
-            )
-        raw = {**rest, "gpu": raw[True]}
-    raw = read_mapping(raw, path)
-    if _WORK_OLD_KEY in raw:
-        if "gpu" in raw:
-            raise SpecError(
-                f"{path}.on", "both `on` and `gpu` name the reference GPU", value=raw["on"], hint="keep only `gpu`"
-            )
-        raw = {("gpu" if k == _WORK_OLD_KEY else k): v for k, v in raw.items()}
-    return raw
+def _gpu_key(raw: Mapping[Any, Any], path: str) -> str | bool:
+    """The key `work:` names its reference GPU by: `gpu`, the old `on`, or True (what a YAML 1.1
+    tool makes of `on`, read only alone); two of them are an error."""
+    if any(k is True for k in raw):
+        if "gpu" in raw or _WORK_OLD_KEY in raw:
+            raise SpecError(f"{path}.true", "a key `true` beside the GPU's key", value=raw[True],
+                            hint="keep only `gpu: NAME` (`true:` is what YAML 1.1 tools make of the old `on:`)")  # fmt: skip
+        return True
+    if _WORK_OLD_KEY in raw and "gpu" in raw:
+        raise SpecError(f"{path}.on", "both `on` and `gpu` name the reference GPU", value=raw["on"],
+                        hint="keep only `gpu`")  # fmt: skip
+    return _WORK_OLD_KEY if _WORK_OLD_KEY in raw else "gpu"
 
 
 PLAUSIBLE_GPU_HOURS = 100_000.0

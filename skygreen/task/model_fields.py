@@ -111,7 +111,6 @@ class ModelSpec:
             default="from the shape with `config` or `hf`, else 0",
         ),
     ] = None
-    """None: from the shape when known, else 0."""
     sharding: Annotated[
         str,
         meaning(
@@ -135,7 +134,6 @@ class ModelSpec:
             allowed="a path to a Hugging Face config.json, relative to the task file",
         ),
     ] = None
-    """The `config.json` path as the task gives it."""
     hf: Annotated[
         str | None,
         meaning(
@@ -144,7 +142,6 @@ class ModelSpec:
             allowed="a Hugging Face repo id, e.g. meta-llama/Llama-2-7b-hf",
         ),
     ] = None
-    """The Hugging Face repo id as the task gives it."""
     method: Annotated[
         Method,
         meaning(
@@ -268,7 +265,7 @@ def parse_model(raw: Any, path: str) -> ModelSpec:
     base_dir = TASK_FOLDER.get() or Path.cwd()
     raw = read_mapping(raw, path)
     check_keys(raw, [f.name for f in declared(ModelSpec)], path)
-    if isinstance(raw.get("lora"), dict):
+    if isinstance(raw.get("lora"), dict):  # before `params` is required: a misspelt key is named first
         check_keys(raw["lora"], [f.name for f in declared(LoraSpec)], f"{path}.lora")
     given = [k for k in ("params", "config", "hf") if raw.get(k) is not None]
     if not given:

@@ -196,7 +196,10 @@ def read_duration_h(raw: Any, path: str) -> float:
     """A duration in hours: a number of hours (`36`, `1.5`) or a string with a unit (`36h`,
     `90m`, `45min`, `3600s`, read by `parse_duration_s`); used for deadlines and by
     `skygreen simulate`."""
-    allowed = "36h | 90m | 1.5 (hours)"
+
+    def refuse(problem: str, hint: str) -> SpecError:
+        return SpecError(path, problem, value=raw, allowed="36h | 90m | 1.5 (hours)", hint=hint)
+
     seconds = parse_duration_s(raw) if isinstance(raw, str) else None
     if seconds is not None:
         hours = seconds / 3600.0
@@ -204,35 +207,15 @@ def read_duration_h(raw: Any, path: str) -> float:
         try:
             hours = float(raw)  # hours without a unit
         except ValueError:
-            raise SpecError(
-                path,
-                "expected a duration",
-                value=raw,
-                allowed=allowed,
-                hint="write hours with h or minutes with m, e.g. 36h",
-            ) from None
+            raise refuse("expected a duration", "write hours with h or minutes with m, e.g. 36h") from None
     elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
         hours = float(raw)
     else:
-        raise SpecError(
-            path, f"expected a duration, got a {type_name(raw)}", value=raw, allowed=allowed, hint="e.g. 36h"
-        )
+        raise refuse(f"expected a duration, got a {type_name(raw)}", "e.g. 36h")
     if not hours > 0:
-        raise SpecError(
-            path,
-            "the duration must be greater than 0",
-            value=raw,
-            allowed=allowed,
-            hint="give a positive duration, e.g. 36h",
-        )
+        raise refuse("the duration must be greater than 0", "give a positive duration, e.g. 36h")
     if not hours < MAX_DURATION_H:
-        raise SpecError(
-            path,
-            f"the duration must be less than {MAX_DURATION_H:.0f} h",
-            value=raw,
-            allowed=allowed,
-            hint="a shorter duration, e.g. 36h",
-        )
+        raise refuse(f"the duration must be less than {MAX_DURATION_H:.0f} h", "a shorter duration, e.g. 36h")
     return hours
 
 

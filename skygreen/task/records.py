@@ -142,7 +142,6 @@ class GreenSpec:
             parse_speed, "mapping of GPU name to number", {"type": "object", "additionalProperties": {"type": "number"}}
         ),
     ] = field(default_factory=dict)
-    """Relative training speed overrides, GPU name -> speed relative to one A100."""
     preemption: Annotated[
         PreemptionSpec,
         meaning(
@@ -192,7 +191,6 @@ class GreenSpec:
             off=True,
         ),
     ] = None
-    """None (or `false` in the file): no early stopping."""
     recovery: Annotated[
         RecoverySpec,
         meaning(
@@ -209,7 +207,6 @@ class GreenSpec:
         ),
         ReadWith(read_duration_h, "duration or number of hours", {"type": ["string", "number"]}),
     ] = None
-    """Hours from launch by which the run must be done (`deadline: 36h`); None: no deadline."""
     model: Annotated[
         ModelSpec | None,
         meaning(
@@ -218,7 +215,6 @@ class GreenSpec:
         ),
         ReadWith(parse_model, "mapping", {"type": "object"}),
     ] = None
-    """None: the plan does not know the model's size and ranks every GPU."""
     trainer: Annotated[
         str,
         meaning(

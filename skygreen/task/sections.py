@@ -19,7 +19,7 @@ from skygreen.checkpoint.keep import MIN_KEEP, check_keep
 from skygreen.errors import SpecError
 from skygreen.power.policy import DEFAULT_ETA, CapRequest
 from skygreen.task.declare import FieldProblem, ReadWith, Record, meaning
-from skygreen.task.readers import DURATION_UNITS_S, parse_duration_s, read_choice, read_int, read_number, read_str
+from skygreen.task.readers import DURATION_UNITS_S, parse_duration_s, read_int, read_number, read_str
 
 
 class Batch(Record, frozen=True, kw_only=True):
@@ -37,7 +37,6 @@ class Batch(Record, frozen=True, kw_only=True):
             default="the script's `effective_batch=`",
         ),
     ] = None
-    """None keeps the training script's own (`effective_batch=`)."""
     micro: Annotated[
         int | None,
         meaning(
@@ -48,7 +47,6 @@ class Batch(Record, frozen=True, kw_only=True):
             default="auto",
         ),
     ] = None
-    """None means `auto` (probe the largest that fits)."""
 
     def rules(self) -> None:
         """The micro-batch is part of the effective batch, so it cannot be larger."""
@@ -196,11 +194,6 @@ def read_keep(raw: Any, path: str) -> int:
     return check_keep(read_int(raw, path, maximum=1000), path)
 
 
-def read_half_precision(raw: Any, path: str) -> str | None:
-    """fp16 or bf16; `false` stores weights as trained (None)."""
-    return None if raw is False else read_choice(raw, path, HALF_PRECISIONS)
-
-
 def read_folder(raw: Any, path: str) -> str:
     """A folder inside the workdir (relative paths stay relative to it)."""
     folder = read_str(raw, path).strip()
@@ -279,11 +272,9 @@ class CheckpointSpec(Record, frozen=True, kw_only=True):
         str | None,
         meaning(
             "Store weights as fp16 or bf16: smaller checkpoints, not bit-exact on resume.",
-            allowed=" | ".join(HALF_PRECISIONS),
+            choices=HALF_PRECISIONS,
             default="false (weights stored as trained)",
-        ),
-        ReadWith(
-            read_half_precision, "string or false", {"anyOf": [{"enum": list(HALF_PRECISIONS)}, {"const": False}]}
+            off=True,
         ),
     ] = None
     dir: Annotated[
@@ -412,7 +403,6 @@ class PowerSpec(Record, frozen=True, kw_only=True):
             default=f"{DEFAULT_ETA:g}",
         ),
     ] = None
-    """None: skygreen.power's default."""
 
     @property
     def mode(self) -> str:
