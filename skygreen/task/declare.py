@@ -14,7 +14,7 @@ its type (a bucket URL, a duration, a GPU name) names its own reader with `ReadW
 From that one declaration come: the reader (`read_record`, which walks the annotations with
 the typed readers of `skygreen.task.readers`, so every error names the field path, the value,
 the allowed values, a near-miss suggestion and a fix),
-the check when code builds a record (`check_declared`), the rows of the reference page
+the check when code builds a record (`Record.__post_init__`), the rows of the reference page
 (`skygreen.task.reference.record_rows`), each field's JSON Schema (`msgspec.json.schema`) and
 the runtime settings codec (`skygreen.task.settings` spreads a record's fields into
 `SKYGREEN_*` variables).
@@ -51,19 +51,6 @@ from skygreen.task.readers import (
     read_number,
     read_str,
 )
-
-__all__ = [
-    "FieldProblem",
-    "ReadWith",
-    "Record",
-    "check_declared",
-    "declared",
-    "field_schema",
-    "fields_of",
-    "meaning",
-    "read_fields",
-    "read_record",
-]
 
 
 def meaning(
@@ -149,23 +136,17 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Its path in the task file (`skygreen.recovery`), for the reference page and errors."""
 
     def __post_init__(self) -> None:
-        check_declared(self)
+        for field in declared(type(self)):  # a record built in code is checked as one read from a file
+            value = getattr(self, field.name)
+            if value is not None or field.required:
+                try:
+                    _read(field, value, field.name)
+                except SpecError as e:
+                    raise FieldProblem(field.name, e.problem, value=value, allowed=e.allowed, hint=e.hint) from None
         self.rules()
 
     def rules(self) -> None:
         """Checks that relate several fields of this section; raise `FieldProblem`."""
-
-
-def check_declared(record: Any) -> None:
-    """Check each declared field of a record built in code against its declaration; a
-    `FieldProblem` (a ValueError) names the first that fails."""
-    for field in declared(type(record)):
-        value = getattr(record, field.name)
-        if value is not None or field.required:
-            try:
-                _read(field, value, field.name)
-            except SpecError as e:
-                raise FieldProblem(field.name, e.problem, value=value, allowed=e.allowed, hint=e.hint) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +158,6 @@ class Field:
     meta: msgspec.Meta | None
     default: Any
     required: bool
-    optional: bool
     reader: ReadWith | None = None
 
     @property
@@ -193,15 +173,13 @@ def fields_of(record: type) -> tuple[Field, ...]:
     hints = typing.get_type_hints(record, include_extras=True)
     out = []
     for name, default, required in _attributes(record):
-        inner, optional = _without_none(hints[name])
-        meta, reader = None, None
-        if typing.get_origin(inner) is typing.Annotated:
-            inner, *extras = typing.get_args(inner)
-            inner, none_inside = _without_none(inner)  # `Annotated[int | None, ...]`
-            optional = optional or none_inside
+        hint, meta, reader = _without_none(hints[name]), None, None
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *extras = typing.get_args(hint)
+            hint = _without_none(hint)  # `Annotated[int | None, ...]`
             meta = next((m for m in extras if isinstance(m, msgspec.Meta)), None)
             reader = next((m for m in extras if isinstance(m, ReadWith)), None)
-        out.append(Field(name, inner, meta, default, required, optional, reader))
+        out.append(Field(name, hint, meta, default, required, reader))
     return tuple(out)
 
 
@@ -223,21 +201,17 @@ def declared(record: type) -> tuple[Field, ...]:
     return tuple(f for f in fields_of(record) if f.meta is not None and f.meta.description)
 
 
-def _without_none(hint: Any) -> tuple[Any, bool]:
+def _without_none(hint: Any) -> Any:
+    """`X | None` -> X (a record's None is its default, never a value to read)."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) < len(typing.get_args(hint)):
-            return (args[0] if len(args) == 1 else functools.reduce(operator.or_, args)), True
-    return hint, False
+        return args[0] if len(args) == 1 else functools.reduce(operator.or_, args)
+    return hint
 
 
-def _is_record(hint: Any) -> bool:
-    """A section read whole from its declaration: a `Record`, or a dataclass whose fields are all declared."""
-    if not isinstance(hint, type):
-        return False
-    if issubclass(hint, Record):
-        return True
-    return dataclasses.is_dataclass(hint) and len(declared(hint)) == len(fields_of(hint))
+def is_record(hint: Any) -> bool:
+    """A section read whole from its declaration."""
+    return isinstance(hint, type) and issubclass(hint, Record)
 
 
 def read_record(record: type, raw: Any, path: str) -> Any:
@@ -317,7 +291,7 @@ def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = Non
             for k in mapping
         }
         return {keys[k]: read_value(item, v, f"{path}.{k}", meta) for k, v in mapping.items()}
-    if _is_record(hint):
+    if is_record(hint):
         return value if isinstance(value, hint) else read_record(hint, value, path)
     raise TypeError(f"{path}: no reader for the declared type {hint!r}")
 
@@ -389,7 +363,7 @@ def field_schema(record: type, name: str) -> dict[str, Any]:
     field = next(f for f in fields_of(record) if f.name == name)
     if field.reader is not None and field.reader.schema is not None:
         schema = dict(field.reader.schema)
-    elif _is_record(field.hint):
+    elif is_record(field.hint):
         schema = {"type": "object"}
     else:
         built = msgspec.json.schema(typing.Annotated[field.hint, field.meta])

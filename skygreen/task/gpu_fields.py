@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from skygreen.errors import SpecError, suggestion
 from skygreen.gpus import GPU_NAMES, canonical_gpu_name
-from skygreen.task.declare import ReadWith, meaning, read_record
+from skygreen.task.declare import ReadWith, Record, meaning, read_record
 from skygreen.task.readers import read_list, read_mapping, read_number, read_str
 
 Cloud = Literal["aws", "gcp", "azure"]
@@ -51,12 +50,12 @@ def _gpu_hint(name: str) -> str:
 
 def gpu_names(raw: Any, path: str) -> tuple[str, ...]:
     """A GPU name or a list of them, canonical, repeats dropped."""
-    names = [gpu_name(v, f"{path}[{i}]") for i, v in enumerate(read_list(raw, path))]
+    items = list(raw) if isinstance(raw, tuple) else read_list(raw, path)  # a tuple: built in code
+    names = [gpu_name(v, f"{path}[{i}]") for i, v in enumerate(items)]
     return tuple(dict.fromkeys(names))
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GpuChoice:
+class GpuChoice(Record, frozen=True, kw_only=True):
     """Which GPUs may run the job: named models, a memory floor, or both (all must hold)."""
 
     names: Annotated[
@@ -92,8 +91,7 @@ def parse_speed(raw: Any, path: str) -> dict[str, float]:
     }
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Work:
+class Work(Record, frozen=True, kw_only=True):
     """The size of the job: `gpu_hours` of training on one `gpu`."""
 
     gpu_hours: Annotated[

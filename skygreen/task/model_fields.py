@@ -13,9 +13,10 @@ import json
 import re
 from collections.abc import Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
+
+import msgspec
 
 from skygreen.errors import SpecError
 from skygreen.memory.method import (
@@ -28,7 +29,7 @@ from skygreen.memory.method import (
     Method,
 )
 from skygreen.memory.shape import ConfigError, ModelShape, shape_from_config
-from skygreen.task.declare import ReadWith, Record, check_declared, declared, meaning, read_fields
+from skygreen.task.declare import ReadWith, Record, declared, meaning, read_fields
 from skygreen.task.readers import (
     check_keys,
     read_choice,
@@ -86,8 +87,7 @@ class LoraSpec(Record, frozen=True, kw_only=True):
     ] = DEFAULT_LORA_TARGETS
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelSpec:
+class ModelSpec(Record, frozen=True, kw_only=True):
     """`model:` of the task: the model and how it is trained, so the plan keeps only GPUs that
     can hold it (`skygreen.memory` does the arithmetic)."""
 
@@ -151,7 +151,7 @@ class ModelSpec:
             default="full",
         ),
         ReadWith(read_method, "string", {"enum": list(METHODS)}),
-    ] = field(default_factory=Method)
+    ] = msgspec.field(default_factory=Method)
     """What is trained, with the adapters of `lora` and the optimizer folded in."""
     lora: Annotated[
         LoraSpec | None,
@@ -191,9 +191,6 @@ class ModelSpec:
             default="true (as the QLoRA, torchtune and Unsloth recipes run)",
         ),
     ] = True
-
-    def __post_init__(self) -> None:
-        check_declared(self)
 
 
 _PARAM_SUFFIX = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT])\s*\Z")

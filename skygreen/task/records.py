@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import msgspec
 
 from skygreen.gpus import GPU_NAMES
-from skygreen.task.declare import ReadWith, meaning
+from skygreen.task.declare import ReadWith, Record, meaning
 from skygreen.task.gpu_fields import CLOUDS, Cloud, GpuChoice, Work, parse_gpus, parse_speed, parse_work
 from skygreen.task.model_fields import ModelSpec, parse_model
 from skygreen.task.readers import read_duration_h
@@ -35,8 +35,7 @@ SKYPILOT_TASK_KEYS: tuple[str, ...] = (
 SECTION = "skygreen"
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PreemptionSpec:
+class PreemptionSpec(Record, frozen=True, kw_only=True):
     """Overrides of the planner's spot model; None keeps the built-in assumption."""
 
     rate_per_hour: Annotated[
@@ -47,7 +46,7 @@ class PreemptionSpec:
             unit="preemptions per hour",
             default="the built-in rates",
         ),
-    ] = field(default_factory=dict)
+    ] = msgspec.field(default_factory=dict)
     restart_minutes: Annotated[
         float | None,
         meaning(
@@ -148,7 +147,7 @@ class GreenSpec:
             "Overrides of the planner's spot model, for a task whose preemptions you have measured.",
             default="the built-in spot model",
         ),
-    ] = PreemptionSpec()
+    ] = field(default_factory=PreemptionSpec)
     max_candidates: Annotated[
         int, meaning("How many of the best offers go to SkyPilot, in order, as fallbacks for one another.", ge=1, le=64)
     ] = 8

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from skygreen.ledger.budget import DEFAULT_ALERT_FRACTIONS
-from skygreen.task.declare import allowed_text, declared, field_schema, fields_of, type_text
+from skygreen.task.declare import allowed_text, declared, field_schema, fields_of, is_record, type_text
 from skygreen.task.records import GreenSpec
 
 __all__ = ["RECORDS", "TASK_FIELDS", "TaskField", "default_text", "record_rows"]
@@ -64,19 +64,10 @@ class TaskField:
         return self.path.rpartition(".")[2]
 
 
-def _is_section(hint: Any) -> bool:
-    """A record with fields of its own declared: its fields get rows, its schema is built from them."""
-    return (
-        isinstance(hint, type)
-        and (dataclasses.is_dataclass(hint) or issubclass(hint, msgspec.Struct))
-        and bool(declared(hint))
-    )
-
-
 def _records(record: type, section: str) -> Iterator[tuple[str, type]]:
     yield section, record
     for field in declared(record):
-        if _is_section(field.hint):
+        if is_record(field.hint):
             yield from _records(field.hint, f"{section}.{field.name}")
 
 
@@ -128,7 +119,7 @@ def record_rows(record: type, section: str) -> Iterator[TaskField]:
     field that is a record itself, its fields' rows; each with its JSON Schema."""
     for field in declared(record):
         assert field.meta is not None  # declared() keeps only fields with a meaning
-        path, nested = f"{section}.{field.name}", _is_section(field.hint)
+        path, nested = f"{section}.{field.name}", is_record(field.hint)
         off = field.extra.get("off")
         kind = (field.reader and field.reader.type) or type_text(field.hint)
         default = field.extra.get("default_text") or _COMPUTED_DEFAULTS.get(path)

@@ -86,6 +86,9 @@ def _task_value(spec: GreenSpec, path: str) -> Any:
 class RuntimeSettings:
     """Everything the in-container runtime needs to know about its run, validated on construction.
 
+    A field declared `task_field("checkpoint.keep")` carries that task file field: its meaning,
+    default and bounds are the declaration's (`skygreen.task.sections`, `skygreen.task.records`).
+
     Raises:
         RuntimeSetupError: a field out of range, naming its variable, the value and the fix.
     """
@@ -102,23 +105,16 @@ class RuntimeSettings:
     checkpoint_keep: int = task_field("checkpoint.keep")
     checkpoint_half_precision: str | None = task_field("checkpoint.half_precision")
     checkpoint_dir: str | None = task_field("checkpoint.dir")
-    """Folder mode: the folder the script saves checkpoint folders into (`skygreen.folder_mode`)."""
     checkpoint_marker: str | None = task_field("checkpoint.marker")
-    """Folder mode: the file whose presence makes a checkpoint folder complete."""
     checkpoint_quiet_s: float | None = task_field("checkpoint.quiet_s")
-    """Folder mode: seconds without a write after which a folder counts as complete."""
     checkpoint_region: str | None = task_field("checkpoint.region")
-    """The bucket's region as the task states it (`checkpoint.region`), so the budget prices the
-    checkpoints' transfer from where the bucket is; None: its cloud's default region."""
     trainer: str | None = task_field("trainer", lambda name: None if name == "runtime" else name)
     """What owns the loop (`skygreen.task.spec.TRAINERS`) where it is not `sg.Run` (None); the smoke
     test and the integrations read it."""
     power_cap: CapRequest = task_field("power.cap")
     """auto | off | <watts> | <fraction of the default limit>; travels as that text (`0.6`)."""
     power_required: bool = task_field("power.required")
-    """True: stop before training when the cap cannot be applied."""
     power_eta: float | None = task_field("power.eta")
-    """The `auto` chooser's energy weight; None: `skygreen.power.policy.DEFAULT_ETA`."""
     early_stop: EarlyStopConfig | None = task_field("early_stopping")
     """Travels as `SKYGREEN_EARLY_STOP_METRIC`, `_MODE`, `_PATIENCE`, `_MIN_DELTA`, `_GRACE`."""
     preemptions_per_hour: float | None = None
@@ -131,11 +127,9 @@ class RuntimeSettings:
     knows where it landed (`SKYPILOT_CLUSTER_INFO`). Travels as `aws=0.47,gcp=0.24`."""
     cloud: str | None = None
     budget_usd: float | None = task_field("budget_usd")
-    """Stop cleanly (checkpoint, state `budget`) when the run's spend reaches it."""
     budget_alerts: tuple[float, ...] | None = task_field("budget_alerts.at", lambda at: tuple(at) or None)
     """Fractions of the budget that raise an alert, sorted, each once (None: 0.5, 0.8, 1)."""
     budget_webhook_env: str | None = task_field("budget_alerts.webhook_env")
-    """Name of the environment variable holding the alert webhook URL (the URL is a secret)."""
     burn_alert_usd_per_hour: float | None = task_field("budget_alerts.burn_usd_per_hour")
     offers: str | None = None
     """The plan's offers with prices (`skygreen.ledger.place.offers_env`), for the ledger."""
