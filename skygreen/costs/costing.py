@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from skygreen.checkpoint.store import OpenStore
 from skygreen.costs.speeds import measured_speeds, save_measured
 from skygreen.errors import CheckpointError, NoLedgerYetError, SkygreenError, StoreError
@@ -261,7 +263,7 @@ def estimate_task(
         pick = make_plan(spec, catalog, measured_speed=speeds, bucket_region=region).best
     except NoOfferError:
         pick = None
-    wide_green = dataclasses.replace(
+    wide_green = msgspec.structs.replace(
         spec.green, spot=True, on_demand_fallback=True, budget_usd=None, max_price_per_hour=None
     )
     wide = make_plan(dataclasses.replace(spec, green=wide_green), catalog, measured_speed=speeds, bucket_region=region)

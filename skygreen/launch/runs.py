@@ -531,7 +531,7 @@ def _snapshot(spec: TaskSpec) -> dict[str, Any]:
     sky = dict(spec.sky)
     if isinstance(sky.get("secrets"), Mapping):
         sky["secrets"] = {str(k): None for k in sky["secrets"]}
-    return {"sky": sky, "skygreen": _plain(dataclasses.asdict(spec.green)), "num_nodes": spec.num_nodes}
+    return {"sky": sky, "skygreen": _plain(spec.green), "num_nodes": spec.num_nodes}
 
 
 def _plain(value: Any) -> Any:

@@ -17,6 +17,8 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
+import msgspec
+
 from skygreen.errors import SpecError
 from skygreen.gpus import GPUS
 from skygreen.task.spec import TaskSpec, load_spec
@@ -207,7 +209,7 @@ def with_script_trainer(spec: TaskSpec) -> TaskSpec:
             value=green.trainer,
             hint=f"set `trainer: {trainer}`, or remove the key (skygreen reads it from the script)",
         )
-    return dataclasses.replace(spec, green=dataclasses.replace(green, trainer=trainer))
+    return dataclasses.replace(spec, green=msgspec.structs.replace(green, trainer=trainer))
 
 
 def script_use(spec: TaskSpec) -> tuple[ScriptUse, Path] | None:

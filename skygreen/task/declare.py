@@ -28,7 +28,6 @@ benchmarks/RESULTS.md. Both give JSON Schema; msgspec's structs are also what `p
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import operator
@@ -184,16 +183,10 @@ def fields_of(record: type) -> tuple[Field, ...]:
 
 
 def _attributes(record: type) -> Iterator[tuple[str, Any, bool]]:
-    """(name, default, required) of each field of a `Record` or a dataclass."""
-    if issubclass(record, msgspec.Struct):
-        for info in msgspec.structs.fields(record):
-            made = info.default_factory
-            yield info.name, made() if made is not msgspec.NODEFAULT else info.default, info.required
-        return
-    for f in dataclasses.fields(typing.cast(Any, record)):
-        factory: Any = f.default_factory
-        default = factory() if factory is not dataclasses.MISSING else f.default
-        yield f.name, default, default is dataclasses.MISSING
+    """(name, default, required) of each field of a `Record`."""
+    for info in msgspec.structs.fields(record):
+        made = info.default_factory
+        yield info.name, made() if made is not msgspec.NODEFAULT else info.default, info.required
 
 
 def declared(record: type) -> tuple[Field, ...]:
@@ -214,18 +207,19 @@ def is_record(hint: Any) -> bool:
     return isinstance(hint, type) and issubclass(hint, Record)
 
 
-def read_record(record: type, raw: Any, path: str) -> Any:
-    """A `record` read from the task file's `raw` mapping at `path`; a `SpecError` naming the
-    field, the value, what is allowed and a fix otherwise. A record with a `SHORTHAND` field
-    also reads a bare value as that field alone (`recovery: FAILOVER`)."""
+def read_record(record: type, raw: Any, path: str, also: Mapping[str, Any] | None = None) -> Any:
+    """A `record` read from the task file's `raw` mapping at `path`, with the undeclared fields
+    in `also` that the caller sets itself; a `SpecError` naming the field, the value, what is
+    allowed and a fix otherwise. A record with a `SHORTHAND` field also reads a bare value as
+    that field alone (`recovery: FAILOVER`)."""
     shorthand = getattr(record, "SHORTHAND", None)
     if shorthand and not isinstance(raw, Mapping):
         raw = {shorthand: raw}
     raw = read_mapping(raw, path)
-    check_keys(raw, [f.name for f in fields_of(record)], path)
+    check_keys(raw, [f.name for f in declared(record)], path)
     values = read_fields(record, raw, path)
     try:
-        return record(**values)
+        return record(**values, **(also or {}))
     except FieldProblem as e:
         raise SpecError(f"{path}.{e.field}", e.problem, value=e.value, allowed=e.allowed, hint=e.hint) from None
 

@@ -7,13 +7,13 @@ sections' own records are in `skygreen.task.sections`, `model_fields` and `gpu_f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
 
 from skygreen.gpus import GPU_NAMES
-from skygreen.task.declare import ReadWith, Record, meaning
+from skygreen.task.declare import FieldProblem, ReadWith, Record, meaning
 from skygreen.task.gpu_fields import CLOUDS, Cloud, GpuChoice, Work, parse_gpus, parse_speed, parse_work
 from skygreen.task.model_fields import ModelSpec, parse_model
 from skygreen.task.readers import read_duration_h
@@ -59,8 +59,7 @@ class PreemptionSpec(Record, frozen=True, kw_only=True):
     ] = None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GreenSpec:
+class GreenSpec(Record, frozen=True, kw_only=True):
     """The `skygreen:` section, validated, with defaults filled in."""
 
     gpus: Annotated[
@@ -76,7 +75,7 @@ class GreenSpec:
             "GPU name, list of GPU names, or mapping",
             {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "object"}]},
         ),
-    ] = field(default_factory=GpuChoice)
+    ] = msgspec.field(default_factory=GpuChoice)
     gpu_count: Annotated[
         int,
         meaning("GPUs per node. Without it, a task with `model` may get any count that holds the model.", ge=1, le=64),
@@ -114,7 +113,7 @@ class GreenSpec:
             default="1 GPU-hour on one A100 (plan says so)",
         ),
         ReadWith(parse_work, "mapping", {"type": "object"}),
-    ] = field(default_factory=Work)
+    ] = msgspec.field(default_factory=Work)
     max_price_per_hour: Annotated[
         float | None, meaning("Drop offers that cost more per node-hour.", gt=0, unit="USD per node-hour")
     ] = None
@@ -129,7 +128,7 @@ class GreenSpec:
     ] = None
     budget_alerts: Annotated[
         BudgetAlertSpec, meaning("When the runtime warns about spend, in the log and optionally to a webhook.")
-    ] = field(default_factory=BudgetAlertSpec)
+    ] = msgspec.field(default_factory=BudgetAlertSpec)
     speed: Annotated[
         Mapping[str, float],
         meaning(
@@ -140,14 +139,14 @@ class GreenSpec:
         ReadWith(
             parse_speed, "mapping of GPU name to number", {"type": "object", "additionalProperties": {"type": "number"}}
         ),
-    ] = field(default_factory=dict)
+    ] = msgspec.field(default_factory=dict)
     preemption: Annotated[
         PreemptionSpec,
         meaning(
             "Overrides of the planner's spot model, for a task whose preemptions you have measured.",
             default="the built-in spot model",
         ),
-    ] = field(default_factory=PreemptionSpec)
+    ] = msgspec.field(default_factory=PreemptionSpec)
     max_candidates: Annotated[
         int, meaning("How many of the best offers go to SkyPilot, in order, as fallbacks for one another.", ge=1, le=64)
     ] = 8
@@ -165,7 +164,7 @@ class GreenSpec:
             "between them.",
             default="the script's own",
         ),
-    ] = field(default_factory=Batch)
+    ] = msgspec.field(default_factory=Batch)
     checkpoint: Annotated[
         CheckpointSpec,
         meaning(
@@ -173,14 +172,14 @@ class GreenSpec:
             "written last after every file is verified, is in the bucket.",
             default="every: auto, keep: 3, in the local default bucket",
         ),
-    ] = field(default_factory=CheckpointSpec)
+    ] = msgspec.field(default_factory=CheckpointSpec)
     power: Annotated[
         PowerSpec,
         meaning(
             "The GPU power cap the runtime sets through NVML while training, and puts back afterwards.",
             default="{cap: auto}",
         ),
-    ] = field(default_factory=PowerSpec)
+    ] = msgspec.field(default_factory=PowerSpec)
     early_stopping: Annotated[
         EarlyStopConfig | None,
         meaning(
@@ -196,7 +195,7 @@ class GreenSpec:
             "SkyPilot's job recovery for the managed job (`recovery: FAILOVER` sets the strategy alone). skygreen adds "
             "the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on.",
         ),
-    ] = field(default_factory=RecoverySpec)
+    ] = msgspec.field(default_factory=RecoverySpec)
     deadline: Annotated[
         float | None,
         meaning(
@@ -227,6 +226,26 @@ class GreenSpec:
     """`folder` when `checkpoint.dir` is set and the task names no trainer."""
     trainer_given: bool = False
     """The task names `trainer`; without it `task.checks.load_task` infers it from the script's imports."""
+
+    def rules(self) -> None:
+        """`checkpoint.dir` is the folder mode, which a loop skygreen drives itself cannot take,
+        and which sets `trainer: folder`; on-demand fallbacks stand only behind spot offers."""
+        folder = self.checkpoint.dir
+        if folder is not None and self.trainer_given and self.trainer != "folder":
+            raise FieldProblem("checkpoint.dir", f"is the folder mode, and this task says `trainer: {self.trainer}`, "
+                               "which checkpoints through skygreen itself", value=folder,
+                               hint="remove checkpoint.dir (sg.Run and the trainer callbacks commit their own "
+                               "checkpoints), or set `trainer: folder` for a script that saves checkpoint folders on "
+                               "its own")  # fmt: skip
+        if self.trainer == "folder" and folder is None:
+            raise FieldProblem("checkpoint.dir", "is required with `trainer: folder`: the folder the script saves "
+                               "its checkpoint folders into",
+                               hint="add e.g. `checkpoint: {dir: out, marker: trainer_state.json}`")  # fmt: skip
+        if folder is not None:
+            msgspec.structs.force_setattr(self, "trainer", "folder")
+        if self.on_demand_fallback and not self.spot:
+            raise FieldProblem("on_demand_fallback", "only means something with spot: true", value=True,
+                               hint="remove on_demand_fallback, or set spot: true")  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

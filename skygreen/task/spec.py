@@ -30,17 +30,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from skygreen.errors import InputError, SpecError
-from skygreen.task.declare import declared, read_fields
+from skygreen.task.declare import read_record
 from skygreen.task.gpu_fields import CLOUDS, work_notices
 from skygreen.task.model_fields import TASK_FOLDER, ModelSpec
 from skygreen.task.readers import check_keys, read_duration_h, read_int, read_mapping, read_str, type_name
 from skygreen.task.records import OBJECTIVES, PRECISIONS, SECTION, SKYPILOT_TASK_KEYS, TRAINERS, GreenSpec, TaskSpec
-from skygreen.task.sections import HALF_PRECISIONS, RECOVERY_STRATEGIES, Batch, CheckpointSpec, EarlyStopConfig
+from skygreen.task.sections import HALF_PRECISIONS, RECOVERY_STRATEGIES, Batch, EarlyStopConfig
 from skygreen.task.yaml_lines import line_of, read_yaml
 
 __all__ = [
@@ -113,47 +116,11 @@ def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
 
 def _parse_green(raw: Any, path: str) -> GreenSpec:
     raw = read_mapping(raw, path)
-    check_keys(raw, [f.name for f in declared(GreenSpec)], path)
-    values: dict[str, Any] = {
-        "gpu_count_given": raw.get("gpu_count") is not None,
-        "trainer_given": raw.get("trainer") is not None,
-        **read_fields(GreenSpec, raw, path),
-    }
-    _check_trainer(values, path)
-    spec = GreenSpec(**values)
-    if not spec.spot and spec.on_demand_fallback:
-        raise SpecError(
-            f"{path}.on_demand_fallback",
-            "only means something with spot: true",
-            value=True,
-            hint="remove on_demand_fallback, or set spot: true",
-        )
-    return spec
+    given = {"gpu_count_given": raw.get("gpu_count") is not None, "trainer_given": raw.get("trainer") is not None}
+    return typing.cast(GreenSpec, read_record(GreenSpec, raw, path, also=given))
 
 
 def with_deadline(spec: TaskSpec, raw: Any, path: str) -> TaskSpec:
     """The task with its deadline set from a flag (`plan --deadline 36h`)."""
-    green = dataclasses.replace(spec.green, deadline=read_duration_h(raw, path))
+    green = msgspec.structs.replace(spec.green, deadline=read_duration_h(raw, path))
     return dataclasses.replace(spec, green=green)
-
-
-def _check_trainer(values: dict[str, Any], path: str) -> None:
-    """`checkpoint.dir` means the folder mode: it cannot go with a loop skygreen drives itself."""
-    folder = values.get("checkpoint", CheckpointSpec()).dir
-    trainer = values.get("trainer")
-    if folder is not None and trainer not in (None, "folder"):
-        raise SpecError(
-            f"{path}.checkpoint.dir",
-            f"is the folder mode, and this task says `trainer: {trainer}`, which checkpoints through skygreen itself",
-            value=folder,
-            hint="remove checkpoint.dir (sg.Run and the trainer callbacks commit their own checkpoints), "
-            "or set `trainer: folder` for a script that saves checkpoint folders on its own",
-        )
-    if trainer == "folder" and folder is None:
-        raise SpecError(
-            f"{path}.checkpoint.dir",
-            "is required with `trainer: folder`: the folder the script saves its checkpoint folders into",
-            hint="add e.g. `checkpoint: {dir: out, marker: trainer_state.json}`",
-        )
-    if folder is not None:
-        values["trainer"] = "folder"
