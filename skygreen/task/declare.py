@@ -172,10 +172,10 @@ def fields_of(record: type) -> tuple[Field, ...]:
     hints = typing.get_type_hints(record, include_extras=True)
     out = []
     for name, default, required in _attributes(record):
-        hint, meta, reader = _without_none(hints[name]), None, None
+        hint, meta, reader = without_none(hints[name]), None, None
         if typing.get_origin(hint) is typing.Annotated:
             hint, *extras = typing.get_args(hint)
-            hint = _without_none(hint)  # `Annotated[int | None, ...]`
+            hint = without_none(hint)  # `Annotated[int | None, ...]`
             meta = next((m for m in extras if isinstance(m, msgspec.Meta)), None)
             reader = next((m for m in extras if isinstance(m, ReadWith)), None)
         out.append(Field(name, hint, meta, default, required, reader))
@@ -194,7 +194,7 @@ def declared(record: type) -> tuple[Field, ...]:
     return tuple(f for f in fields_of(record) if f.meta is not None and f.meta.description)
 
 
-def _without_none(hint: Any) -> Any:
+def without_none(hint: Any) -> Any:
     """`X | None` -> X (a record's None is its default, never a value to read)."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]

@@ -17,21 +17,9 @@ from skygreen.errors import SpecError, suggestion
 
 def type_name(value: Any) -> str:
     """The YAML-ish name of a value's type, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Mapping):
-        return "mapping"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    return type(value).__name__
+    kinds = ((type(None), "null"), (bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+             (Mapping, "mapping"), ((list, tuple), "list"))  # fmt: skip
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 
 def read_mapping(value: Any, path: str) -> Mapping[str, Any]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from typing import Any
 from skygreen.errors import RuntimeSetupError, SpecError
 from skygreen.memory.planned import PlannedMemory
 from skygreen.power.policy import CapRequest
-from skygreen.task.declare import Record, fields_of
+from skygreen.task.declare import Record, fields_of, without_none
 from skygreen.task.spec import HALF_PRECISIONS, PRECISIONS, TRAINERS, EarlyStopConfig, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
@@ -322,7 +321,7 @@ def decode(raw: str, hint: Any, name: str) -> Any:
     Raises:
         RuntimeSetupError: `raw` is not a `hint`, naming the variable, the value and an example.
     """
-    hint = _strip_none(hint)
+    hint = without_none(hint)
     origin = typing.get_origin(hint)
     try:
         if origin is tuple:
@@ -362,23 +361,10 @@ def decode(raw: str, hint: Any, name: str) -> Any:
     return raw
 
 
-def _strip_none(hint: Any) -> Any:
-    """`X | None` -> X."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return args[0] if len(args) == 1 else hint
-    return hint
-
-
 def _is_spread(hint: Any) -> bool:
     """A nested record whose fields travel as variables of their own (not one with a text form)."""
-    hint = _strip_none(hint)
+    hint = without_none(hint)
     return isinstance(hint, type) and issubclass(hint, Record) and not hasattr(hint, "parse")
-
-
-def _record_fields(record: type[Record]) -> list[tuple[str, bool]]:
-    """(name, required) of each field of a spread record, from its declaration."""
-    return [(f.name, f.required) for f in fields_of(record)]
 
 
 def _flat_fields() -> list[tuple[tuple[str, ...], Any]]:
@@ -387,9 +373,7 @@ def _flat_fields() -> list[tuple[tuple[str, ...], Any]]:
     for f in dataclasses.fields(RuntimeSettings):
         hint = _HINTS[f.name]
         if _is_spread(hint):
-            record = _strip_none(hint)
-            inner = typing.get_type_hints(record)
-            out.extend(((f.name, name), inner[name]) for name, _ in _record_fields(record))
+            out.extend(((f.name, inner.name), inner.hint) for inner in fields_of(without_none(hint)))
         else:
             out.append(((f.name,), hint))
     return out
@@ -397,8 +381,8 @@ def _flat_fields() -> list[tuple[tuple[str, ...], Any]]:
 
 def _build_record(outer: str, values: dict[str, Any]) -> Any:
     """A spread record from the variables given; one missing a required field names it."""
-    record = _strip_none(_HINTS[outer])
-    required = [name for name, needed in _record_fields(record) if needed]
+    record = without_none(_HINTS[outer])
+    required = [f.name for f in fields_of(record) if f.required]
     missing = [name for name in required if name not in values]
     given = ", ".join(_env_name((outer, name)) for name in values)
     if missing:
