@@ -7,17 +7,13 @@ everything about each key in their annotation:
         strategy: Annotated[Literal["EAGER_NEXT_REGION", "FAILOVER"], meaning("Where ...")] = "EAGER_NEXT_REGION"
         max_restarts_on_errors: Annotated[int, meaning("Relaunches ...", ge=0, le=100)] = 3
 
-A dataclass record declares its fields the same way, one by one (`GreenSpec.gpu_count`); a
-field without `meaning` is not a key of the file (`ModelSpec.shape`). A value that is more than
-its type (a bucket URL, a duration, a GPU name) names its own reader with `ReadWith`.
+A field without `meaning` is not a key of the file (`ModelSpec.shape`). A value that is more
+than its type (a bucket URL, a duration, a GPU name) names its own reader with `ReadWith`.
 
-From that one declaration come: the reader (`read_record`, which walks the annotations with
-the typed readers of `skygreen.task.readers`, so every error names the field path, the value,
-the allowed values, a near-miss suggestion and a fix),
-the check when code builds a record (`Record.__post_init__`), the rows of the reference page
-(`skygreen.task.reference.record_rows`), each field's JSON Schema (`msgspec.json.schema`) and
-the runtime settings codec (`skygreen.task.settings` spreads a record's fields into
-`SKYGREEN_*` variables).
+From that one declaration come the reader (`read_record`: every error names the field path,
+the value, the allowed values, a near-miss suggestion and a fix), the check when code builds a
+record, the rows of the reference page (`skygreen.task.reference.record_rows`), each field's
+JSON Schema (`field_schema`) and the runtime settings (`skygreen.task.settings.task_field`).
 Rules that relate several fields of one section sit in the record as `rules()`, beside them.
 
 Why msgspec and not pydantic: declaring the task file's records in pydantic and validating one
@@ -167,8 +163,7 @@ class Field:
 
 @functools.cache
 def fields_of(record: type) -> tuple[Field, ...]:
-    """The fields of `record` (a `Record`, or a dataclass whose fields are declared with
-    `meaning` one by one), in order; `meta` is None for a field declared some other way."""
+    """The fields of `record`, in order; `meta` is None for one without `meaning`."""
     hints = typing.get_type_hints(record, include_extras=True)
     out = []
     for name, default, required in _attributes(record):
