@@ -30,14 +30,7 @@ from skygreen.memory.method import (
 )
 from skygreen.memory.shape import ConfigError, ModelShape, shape_from_config
 from skygreen.task.declare import ReadWith, Record, declared, meaning, read_fields
-from skygreen.task.readers import (
-    check_keys,
-    read_choice,
-    read_list,
-    read_mapping,
-    read_number,
-    read_str,
-)
+from skygreen.task.readers import check_keys, read_choice, read_list, read_mapping, read_number, read_str
 
 SHARDINGS: tuple[str, ...] = ("fsdp", "ddp")
 FSDP_FROM_PARAMS = 1e9
