@@ -269,7 +269,7 @@ def read_value(hint: Any, value: Any, path: str, meta: msgspec.Meta | None = Non
         return read_choice(value, path, choices) if choices else read_str(value, path)
     if origin is tuple:
         item = typing.get_args(hint)[0]
-        items = list(value) if isinstance(value, tuple) else read_list(value, path)  # a tuple: built in code
+        items = read_list(value, path)
         return tuple(dict.fromkeys(read_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(items)))
     if origin in (Mapping, dict):
         key_hint, item = typing.get_args(hint)

@@ -50,8 +50,7 @@ def _gpu_hint(name: str) -> str:
 
 def gpu_names(raw: Any, path: str) -> tuple[str, ...]:
     """A GPU name or a list of them, canonical, repeats dropped."""
-    items = list(raw) if isinstance(raw, tuple) else read_list(raw, path)  # a tuple: built in code
-    names = [gpu_name(v, f"{path}[{i}]") for i, v in enumerate(items)]
+    names = [gpu_name(v, f"{path}[{i}]") for i, v in enumerate(read_list(raw, path))]
     return tuple(dict.fromkeys(names))
 
 

@@ -48,8 +48,9 @@ def read_targets(raw: Any, path: str) -> tuple[str, ...]:
     """The linears that get adapters: PEFT's names, or `all-linear` (also spelt `all_linear`)."""
     if raw in (ALL_LINEAR, "all_linear"):
         return (ALL_LINEAR,)
-    items = list(raw) if isinstance(raw, tuple) else read_list(raw, path)
-    return tuple(read_choice(t, f"{path}[{i}]", (*LORA_TARGETS, ALL_LINEAR)) for i, t in enumerate(items))
+    return tuple(
+        read_choice(t, f"{path}[{i}]", (*LORA_TARGETS, ALL_LINEAR)) for i, t in enumerate(read_list(raw, path))
+    )
 
 
 def read_method(raw: Any, path: str) -> Method:

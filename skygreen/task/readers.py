@@ -139,7 +139,10 @@ def read_choice(value: Any, path: str, choices: Iterable[str], *, case_sensitive
 
 
 def read_list(value: Any, path: str, *, nonempty: bool = True) -> list[Any]:
-    """A list; a single scalar is accepted as a one-item list, as users often write `gpus: A100`."""
+    """A list; a single scalar is accepted as a one-item list, as users often write `gpus: A100`.
+    A tuple is a value a record built in code holds, read already: taken as it is."""
+    if isinstance(value, tuple):
+        return list(value)
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list):

@@ -74,13 +74,6 @@ def _declared_default(record: type, path: list[str]) -> Any:
     return found.default if len(path) == 1 else _declared_default(found.hint, path[1:])
 
 
-def _task_value(spec: GreenSpec, path: str) -> Any:
-    value: Any = spec
-    for part in path.split("."):
-        value = getattr(value, part)
-    return value
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RuntimeSettings:
     """Everything the in-container runtime needs to know about its run, validated on construction.
@@ -226,7 +219,7 @@ class RuntimeSettings:
             RuntimeSetupError: a value out of range (the spec has checked most already).
         """
         from_task = {
-            f.name: f.metadata["convert"](_task_value(spec, f.metadata["task"]))
+            f.name: f.metadata["convert"](_get(spec, tuple(f.metadata["task"].split("."))))
             for f in dataclasses.fields(cls)
             if "task" in f.metadata
         }
@@ -396,10 +389,11 @@ def _build_record(outer: str, values: dict[str, Any]) -> Any:
         raise RuntimeSetupError(f"{given}: {e}") from None
 
 
-def _get(settings: RuntimeSettings, path: tuple[str, ...]) -> Any:
-    value: Any = settings
+def _get(record: Any, path: tuple[str, ...]) -> Any:
+    """The value at the dotted `path` under `record`; None where a part on the way is None."""
+    value: Any = record
     for part in path:
-        value = getattr(value, part, None)
+        value = getattr(value, part)
         if value is None:
             return None
     return value
