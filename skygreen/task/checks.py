@@ -1,12 +1,9 @@
 """Checks on the whole task that no single field can make, run when a task file is loaded.
 
-`skygreen.task.spec` reads each field on its own; these rules look at several at once (the
-micro-batch against the batch and the number of ranks, the precision against the GPUs, the
-run command against the node layout) and at the SkyPilot keys skygreen owns. They used to
-fire in the renderer or, worse, inside the training process after the VM was paid for.
-`load_task` (`spec.load_spec`, then these) is how every command reads a task file, so `plan`,
-`up`, `up --dryrun`, `smoke` and `resume` stop on the same errors, each prefixed with the task
-file's name, before anything starts.
+These rules look at several fields at once (the micro-batch against the batch and the ranks,
+the precision against the GPUs, the run command against the node layout) and at the SkyPilot
+keys skygreen owns, so that `plan`, `up`, `smoke` and `resume`, which all read a task through
+`load_task`, stop on the same errors before anything starts, not in the renderer or on a paid VM.
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ OWNED_RESOURCE_KEYS: dict[str, str] = {
 
 
 def load_task(path: str | os.PathLike[str]) -> TaskSpec:
-    """Read a task file and check it whole: every command that takes a task file reads it
-    here, so they all refuse the same tasks, each error prefixed with the file's name."""
+    """Read a task file and check it whole, each error prefixed with the file's name."""
     spec = load_spec(path)
     try:
         spec = with_script_trainer(spec)
@@ -115,9 +111,8 @@ def _one_line_words(command: object) -> list[str]:
 
 
 def check_resources(spec: TaskSpec) -> None:
-    """`resources:`, when given, must be a mapping that sets none of the keys skygreen chooses
-    from the plan (`OWNED_RESOURCE_KEYS`); a `SpecError` otherwise, for an owned key naming the
-    `skygreen:` field to set instead."""
+    """`resources:` may not set a key skygreen chooses from the plan (`OWNED_RESOURCE_KEYS`); the
+    error names the `skygreen:` field to set instead."""
     resources = spec.sky.get("resources")
     if resources is None:
         return
@@ -134,9 +129,8 @@ def check_resources(spec: TaskSpec) -> None:
 
 
 def check_envs(spec: TaskSpec) -> None:
-    """`envs:`, when given, must be a mapping that sets none of the variables skygreen sets for
-    every run (`settings.env_names`) and gives every variable a value (an empty string counts);
-    a `SpecError` otherwise. The renderer runs it again on the task it is about to render."""
+    """`envs:` may not set a variable skygreen sets for every run (`settings.env_names`), and gives
+    each a value (an empty string counts). The renderer runs it again on the task it renders."""
     envs = spec.sky.get("envs")
     if envs is None:
         return
@@ -186,11 +180,9 @@ def check_batch(spec: TaskSpec) -> None:
 
 
 def with_script_trainer(spec: TaskSpec) -> TaskSpec:
-    """The task with `trainer:` read from its script when the task does not name one, so that
-    a trainer's own checks (its callback, its precision) apply with or without the key. A named
-    trainer that the script plainly contradicts (it imports another trainer's callback, or calls
-    `Run` beside a trainer's) is a `SpecError` on `skygreen.trainer`. The folder mode and
-    scripts whose use is unclear are left as they are."""
+    """The task with `trainer:` read from its script when the task names none, so a trainer's
+    checks apply with or without the key; a named trainer the script plainly contradicts is a
+    `SpecError`. The folder mode and scripts whose use is unclear are left as they are."""
     green = spec.green
     if green.trainer == "folder":
         return spec
@@ -225,10 +217,8 @@ def script_use(spec: TaskSpec) -> tuple[ScriptUse, Path] | None:
 
 
 def check_batch_given_in_code(spec: TaskSpec) -> None:
-    """Without `batch.effective` the training script must pass `effective_batch=` to `Run`, or
-    the runtime stops before its first step. A script that calls `Run(...)` and never passes
-    `effective_batch=` fails here, up front. A trainer that owns its loop (`trainer:`
-    transformers, lightning, folder, named or read from the script) sets its own batch; a
+    """Without `batch.effective` a script that calls `Run` must pass `effective_batch=`, or the
+    runtime stops before its first step. A trainer that owns its loop sets its own batch; a
     script whose use is unclear is left to the smoke test."""
     if spec.green.trainer != "runtime":
         return
@@ -275,9 +265,8 @@ def check_precision(spec: TaskSpec) -> None:
 
 
 def check_cadence(spec: TaskSpec) -> None:
-    """The folder mode commits the folders the script saves, when it saves them: it cannot make
-    the script save, so a step or time `checkpoint.every` would be priced by `plan` and never
-    kept. A `SpecError` naming the script's own setting instead."""
+    """The folder mode commits the folders the script saves, when it saves them: a step or time
+    `checkpoint.every` would be priced by `plan` and never kept."""
     checkpoint = spec.green.checkpoint
     if spec.green.trainer != "folder" or checkpoint.every_auto:
         return

@@ -4,22 +4,19 @@ A section of the task file is a `Record` (a frozen `msgspec.Struct`) whose attri
 everything about each key in their annotation:
 
     class RecoverySpec(Record, frozen=True, kw_only=True):
-        strategy: Annotated[Literal["EAGER_NEXT_REGION", "FAILOVER"], meaning("Where ...")] = "EAGER_NEXT_REGION"
         max_restarts_on_errors: Annotated[int, meaning("Relaunches ...", ge=0, le=100)] = 3
 
-A field without `meaning` is not a key of the file (`ModelSpec.shape`). A value that is more
-than its type (a bucket URL, a duration, a GPU name) names its own reader with `ReadWith`.
+A field without `meaning` is not a key of the file (`ModelSpec.shape`); a value that is more
+than its type (a bucket URL, a duration) names its own reader with `ReadWith`. From the one
+declaration come the reader (`read_record`: errors name the field path, the value, the allowed
+values, a near-miss and a fix), the check of a record built in code, the reference page's rows
+(`skygreen.task.reference`), each field's JSON Schema (`field_schema`) and the runtime settings
+(`skygreen.task.settings.task_field`). Rules across one section's fields are its `rules()`.
 
-From that one declaration come the reader (`read_record`: every error names the field path,
-the value, the allowed values, a near-miss suggestion and a fix), the check when code builds a
-record, the rows of the reference page (`skygreen.task.reference.record_rows`), each field's
-JSON Schema (`field_schema`) and the runtime settings (`skygreen.task.settings.task_field`).
-Rules that relate several fields of one section sit in the record as `rules()`, beside them.
-
-Why msgspec and not pydantic: declaring the task file's records in pydantic and validating one
-task added about 0.3 s to every `skygreen plan` (1.9x; importing pydantic alone is about 0.13 s),
-in msgspec about 0.01 s (1.0x): `benchmarks/bench_plan.py --libraries`, figures in
-benchmarks/RESULTS.md. Both give JSON Schema; msgspec's structs are also what `plan` reads.
+Why msgspec and not pydantic: declaring the records in pydantic and validating one task added
+about 0.3 s to every `skygreen plan` (1.9x; the import alone about 0.13 s), msgspec about 0.01 s
+(1.0x): `benchmarks/bench_plan.py --libraries`, figures in benchmarks/RESULTS.md. Both give JSON
+Schema.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ import math
 import operator
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -63,21 +60,12 @@ def meaning(
     default: str = "",
     off: bool = False,
 ) -> msgspec.Meta:
-    """A field's one-line meaning, its bounds and unit, for `Annotated[type, meaning(...)]`.
-
-    Args:
-        text: what the key does, in full sentences (the reference page and the schema show it).
-        unit: the unit of a number (`USD`, `evaluations`); shown with the allowed range.
-        allowed: more allowed-value text where the type and bounds do not say it all.
-        example: a value to suggest in the fix line when a required key is missing.
-        auto: the word `auto` may be written for the default (None: decided at run time).
-        choices: the names a `str` field allows (any case; read in this spelling).
-        keys: the names a mapping's keys may take.
-        ge, gt, le: bounds of a number.
-        default: the default as the reference page says it, where the value alone would mislead
-            (`micro`'s None is `auto`).
-        off: `false` may be written for None: an optional section turned off (`early_stopping`).
-    """
+    """A field's declaration, for `Annotated[type, meaning(...)]`: `text` says what the key does
+    (the reference page and the schema show it); `unit`, `allowed` and the bounds `ge`, `gt`, `le`
+    what it takes; `choices` the names a `str` allows (any case), `keys` those a mapping's keys
+    take; `example` the fix line's value when a required key is missing; `auto` lets `auto` stand
+    for None (decided at run time), `off` lets `false` stand for None (a section turned off);
+    `default` the default as the page says it, where the value alone would mislead."""
     given = {
         "unit": unit,
         "allowed": allowed,
@@ -95,21 +83,17 @@ def meaning(
 
 @dataclass(frozen=True, slots=True, eq=False)  # compared and hashed as itself: its schema is a dict
 class ReadWith:
-    """A field whose value is read by a function of its own (a bucket URL, a duration, a GPU
-    name): `Annotated[str, meaning(...), ReadWith(read_bucket)]`.
+    """A field read by a function of its own: `Annotated[str, meaning(...), ReadWith(read_bucket)]`.
 
     `read(value, path)` returns the value or raises a `SpecError` naming `path`; it must take
     back what it returns, since a record built in code is checked by the same call. Name a
-    module-level function, not a lambda: `typing.get_type_hints` evaluates the annotation with
-    the class's namespace as a lambda's globals, where the module's names are not found."""
+    module-level function: `typing.get_type_hints` would not find a module's names from a lambda."""
 
     read: Callable[[Any, str], Any]
     type: str = ""
-    """What a user writes, as the reference page names it (`duration or number of hours`);
-    empty: named from the field's type, as any field is."""
+    """What a user writes, as the reference page names it; empty: from the field's type."""
     schema: Mapping[str, Any] | None = None
-    """The value's JSON Schema (the field's meaning is added as its description); None: from
-    the field's type, as any field's."""
+    """The value's JSON Schema; None: from the field's type."""
 
 
 class FieldProblem(ValueError):
@@ -166,22 +150,17 @@ def fields_of(record: type) -> tuple[Field, ...]:
     """The fields of `record`, in order; `meta` is None for one without `meaning`."""
     hints = typing.get_type_hints(record, include_extras=True)
     out = []
-    for name, default, required in _attributes(record):
+    for info in msgspec.structs.fields(record):
+        name, made = info.name, info.default_factory
+        default = made() if made is not msgspec.NODEFAULT else info.default
         hint, meta, reader = without_none(hints[name]), None, None
         if typing.get_origin(hint) is typing.Annotated:
             hint, *extras = typing.get_args(hint)
             hint = without_none(hint)  # `Annotated[int | None, ...]`
             meta = next((m for m in extras if isinstance(m, msgspec.Meta)), None)
             reader = next((m for m in extras if isinstance(m, ReadWith)), None)
-        out.append(Field(name, hint, meta, default, required, reader))
+        out.append(Field(name, hint, meta, default, info.required, reader))
     return tuple(out)
-
-
-def _attributes(record: type) -> Iterator[tuple[str, Any, bool]]:
-    """(name, default, required) of each field of a `Record`."""
-    for info in msgspec.structs.fields(record):
-        made = info.default_factory
-        yield info.name, made() if made is not msgspec.NODEFAULT else info.default, info.required
 
 
 def declared(record: type) -> tuple[Field, ...]:

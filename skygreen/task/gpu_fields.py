@@ -28,12 +28,7 @@ def gpu_name(value: Any, path: str) -> str:
     base, _, count = name.partition(":")
     canonical = canonical_gpu_name(base.strip())
     if canonical is None:
-        raise SpecError(
-            path,
-            f"unknown GPU {name!r}",
-            allowed=", ".join(GPU_NAMES),
-            hint=_gpu_hint(base),
-        )
+        raise SpecError(path, f"unknown GPU {name!r}", allowed=", ".join(GPU_NAMES), hint=_gpu_hint(base))
     if count:
         raise SpecError(
             path,
@@ -60,9 +55,7 @@ class GpuChoice(Record, frozen=True, kw_only=True):
     names: Annotated[
         tuple[str, ...] | None,
         meaning(
-            "Candidate GPU models, in the mapping form of `gpus`.",
-            allowed=_GPUS,
-            default="every GPU skygreen knows",
+            "Candidate GPU models, in the mapping form of `gpus`.", allowed=_GPUS, default="every GPU skygreen knows"
         ),
         ReadWith(gpu_names, "list of GPU names", _GPU_NAMES_SCHEMA),
     ] = None

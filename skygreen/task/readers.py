@@ -85,12 +85,7 @@ def _integer_example(value: Any, minimum: int | None) -> int:
 
 
 def read_number(
-    value: Any,
-    path: str,
-    *,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    positive: bool = False,
+    value: Any, path: str, *, minimum: float | None = None, maximum: float | None = None, positive: bool = False
 ) -> float:
     """A finite number within bounds; `positive` excludes zero."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -130,12 +125,7 @@ def read_choice(value: Any, path: str, choices: Iterable[str], *, case_sensitive
     for choice in choices:
         if value == choice or (not case_sensitive and value.lower() == choice.lower()):
             return choice
-    raise SpecError(
-        path,
-        f"unknown value {value!r}",
-        allowed=", ".join(choices),
-        hint=suggestion(value, choices),
-    )
+    raise SpecError(path, f"unknown value {value!r}", allowed=", ".join(choices), hint=suggestion(value, choices))
 
 
 def read_list(value: Any, path: str, *, nonempty: bool = True) -> list[Any]:

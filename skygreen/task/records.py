@@ -101,8 +101,7 @@ class GreenSpec(Record, frozen=True, kw_only=True):
         bool, meaning("Also rank on-demand offers, as fallbacks behind the spot ones. Only with `spot: true`.")
     ] = False
     objective: Annotated[
-        str,
-        meaning("What the plan minimises: the run's cost, its time, its energy, or its CO2e.", choices=OBJECTIVES),
+        str, meaning("What the plan minimises: the run's cost, its time, its energy, or its CO2e.", choices=OBJECTIVES)
     ] = "cost"
     work: Annotated[
         Work,
@@ -193,7 +192,7 @@ class GreenSpec(Record, frozen=True, kw_only=True):
         RecoverySpec,
         meaning(
             "SkyPilot's job recovery for the managed job (`recovery: FAILOVER` sets the strategy alone). skygreen adds "
-            "the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on.",
+            "the exit code its runtime leaves after a preemption checkpoint to the codes SkyPilot recovers on."
         ),
     ] = msgspec.field(default_factory=RecoverySpec)
     deadline: Annotated[

@@ -1,15 +1,10 @@
-"""Every field of the task file as a user writes it: type, default, allowed values and meaning.
+"""Every key of the task file as a user writes it: type, default, allowed values and meaning.
 
-It is the one source of the task file reference (docs/reference/task-file.md is generated from
-it when the site builds) and of the `skygreen:` section's JSON Schema (`skygreen.task.schema`);
-tests/test_docs_reference.py holds it to the parser: every key the parser accepts must have a
-row here, and every row must name a key the parser accepts.
-
-The rows of the `skygreen:` section come from the records' declarations (`skygreen.task.declare`):
-`record_rows` walks `GreenSpec` and every record under it, so a field declared on a record has
-its row, with its type, default, allowed values, unit, meaning and JSON Schema, and nothing
-else to write. Only SkyPilot's own keys, and the `skygreen:` key itself, are hand-written
-`TaskField`s here.
+The one source of docs/reference/task-file.md (generated when the site builds) and of the
+`skygreen:` section's JSON Schema. The `skygreen:` rows come from the records' declarations
+(`record_rows` walks `GreenSpec` and every record under it); only SkyPilot's own keys and the
+`skygreen:` key itself are written here by hand. tests/test_docs_reference.py holds the rows to
+the parser: every key it accepts has a row, and every row names a key it accepts.
 """
 
 from __future__ import annotations
@@ -32,18 +27,16 @@ class TaskField:
     """One key of the task file, as the reference lists it."""
 
     path: str
-    """Where the key sits, dotted from the top of the file: `skygreen.checkpoint.keep`, `run`."""
+    """Dotted from the top of the file: `skygreen.checkpoint.keep`, `run`."""
     type: str
-    """What a user writes: `integer`, `number`, `string`, `boolean`, `list of GPU names`, ..."""
+    """What a user writes: `integer`, `string`, `list of GPU names`, ..."""
     doc: str
-    """What the key does, in full sentences."""
     allowed: str = ""
     """Allowed values, ranges and units; empty when the type says it all."""
     default: str | None = None
     """The default as text; None reads it from the record the key lands in (`RECORDS`)."""
     schema: Mapping[str, Any] | None = None
-    """The key's JSON Schema (a declared field's from its declaration, `skygreen.task.declare`);
-    None for SkyPilot's keys, whose schema is SkyPilot's own."""
+    """The key's JSON Schema; None for SkyPilot's keys, whose schema is SkyPilot's own."""
 
     def __post_init__(self) -> None:
         if not self.path or self.path != self.path.strip() or " " in self.path:

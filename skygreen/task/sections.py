@@ -84,9 +84,7 @@ class RecoverySpec(Record, frozen=True, kw_only=True):
     SHORTHAND: ClassVar[str] = "strategy"
     strategy: Annotated[
         RecoveryStrategy,
-        meaning(
-            "Where SkyPilot relaunches a preempted job: the next region at once, or first the same region.",
-        ),
+        meaning("Where SkyPilot relaunches a preempted job: the next region at once, or first the same region."),
     ] = "EAGER_NEXT_REGION"
     max_restarts_on_errors: Annotated[
         int,

@@ -1,29 +1,19 @@
 """The runtime settings contract between `skygreen up` (laptop) and `skygreen.runtime` (container).
 
-`RuntimeSettings` holds typed records (the power-cap request, budget alert fractions, the
-per-cloud preemption rates, the early-stop config) and validates itself once, in
-`__post_init__`, whoever builds it: `from_spec` on the laptop, `from_env` on the VM, or code.
+`RuntimeSettings` validates itself once, in `__post_init__`, whoever builds it: `from_spec` on
+the laptop, `from_env` on the VM, or code. One codec, driven by the field types, carries it:
+one `SKYGREEN_<FIELD>` variable per field (a nested record such as `early_stop` is spread into
+`SKYGREEN_EARLY_STOP_<FIELD>`; one with a text form, `CapRequest`, travels as that text), read
+by the same `decode` that the runtime's other variables use, so the VM has no second parser.
 
-One codec, driven by the field types, carries it: `to_env` writes and `from_env` reads one
-`SKYGREEN_<FIELD>` variable per field (a nested record such as `early_stop` is spread into
-`SKYGREEN_EARLY_STOP_<FIELD>`; a record with one text form, `CapRequest`, travels as that text).
-Ints, floats, booleans, strings, tuples (`0.5,0.8,1`) and string-keyed mappings
-(`aws=0.47,gcp=0.24`) are read by the same `decode`, which other runtime variables (the
-profile ladder, test holds, simulated faults) use too, so the VM has no second parser.
+Why one variable per field and not one JSON variable: users override one setting at launch
+(`sky jobs launch --env SKYGREEN_BUDGET_USD=40`, or a cluster's defaults), the docs name such
+variables, and a task's `envs:` is checked against these names; one JSON blob would make every
+such override rewrite the whole blob. Code that constructs the runtime passes its own values,
+which win over the environment.
 
-Why one variable per field and not one JSON variable: users override a single setting at
-launch with `sky jobs launch --env SKYGREEN_BUDGET_USD=40` (or in a cluster's defaults), the
-documentation names such variables (`SKYGREEN_RUN_ID`, `SKYGREEN_BUCKET`, `SKYGREEN_CLOUD`,
-`SKYGREEN_PREEMPTIONS_PER_HOUR(_BY_CLOUD)`, `SKYGREEN_OFFERS`, `SKYGREEN_BUDGET_USD`), and a
-task's `envs:` is checked against these names; one JSON blob would make every such override
-rewrite the whole blob. `skygreen up` renders these as `envs` of the SkyPilot task (and
-`--local` sets the same variables for its subprocess). Code that constructs the runtime can
-pass its own values, which win over the environment.
-
-One variable a cluster can set for everybody: `SKYGREEN_DEFAULT_PRECISION`, which stands in for
-`auto` (the default) unless the training code names a precision itself, so nobody forgets the
-cheapest switch. The runtime applies it (`skygreen.runtime.run`), where the code's choice is known.
-
+A cluster may set `SKYGREEN_DEFAULT_PRECISION` for everybody: it stands in for `auto` unless the
+training code names a precision itself (applied in `skygreen.runtime.run`, where that is known).
 Credentials are never part of these settings: buckets are reached with the cloud's own
 credential chain (instance roles, SkyPilot `secrets`).
 """
@@ -113,10 +103,8 @@ class RuntimeSettings:
     """A fixed spot preemption rate for the `auto` checkpoint interval; when set it wins over
     the per-cloud table (a cluster's own measurement, a test)."""
     preemptions_per_hour_by_cloud: Mapping[str, float] | None = None
-    """Assumed spot preemption rate per node-hour on each cloud the run may land on (the
-    planner's table, with the task's `preemption.rate_per_hour`). A managed job's fallbacks
-    span clouds, so `up` cannot know the rate; the runtime picks its cloud's row once it
-    knows where it landed (`SKYPILOT_CLUSTER_INFO`). Travels as `aws=0.47,gcp=0.24`."""
+    """The plan's spot preemption rates per cloud (`aws=0.47,gcp=0.24`): a managed job's fallbacks
+    span clouds, so the runtime picks its row once it knows where it landed."""
     cloud: str | None = None
     budget_usd: float | None = task_field("budget_usd")
     budget_alerts: tuple[float, ...] | None = task_field("budget_alerts.at", lambda at: tuple(at) or None)
@@ -128,15 +116,12 @@ class RuntimeSettings:
     user: str | None = None
     """Who launched the run (`registry.launching_user`); the ledger records it for `cost --all --by user`."""
     launch: int | None = None
-    """This life's launch number (1 for `up`, one more for each `resume` or watcher relaunch), set
-    by the launch itself rather than by the render, for the writer lease
-    (`skygreen.checkpoint.lease`); None outside skygreen's launchers: no lease is taken."""
+    """This life's launch number (1 for `up`, one more per `resume` or relaunch), for the writer
+    lease (`skygreen.checkpoint.lease`); None outside skygreen's launchers: no lease is taken."""
     ledger_heartbeat_s: float | None = None
-    """Seconds between ledger heartbeats between checkpoints (`skygreen.runtime.run_book`); None:
-    every 30 s. Tests shorten it."""
+    """Seconds between ledger heartbeats (`skygreen.runtime.run_book`); None: every 30 s."""
     memory_planned_gb: PlannedMemory | None = None
-    """The plan's per-GPU memory estimate for the run's GPUs (`skygreen.memory.planned`), which the
-    ledger records beside the peak the runtime measures; travels as `low=..,high=..,tensors=..,gpus=N`."""
+    """The plan's per-GPU memory estimate, which the ledger records beside the measured peak."""
 
     def __post_init__(self) -> None:
         for name in ("run_id", "bucket"):
@@ -185,17 +170,8 @@ class RuntimeSettings:
             _bad("ledger_heartbeat_s", self.ledger_heartbeat_s, "must be a number of seconds > 0", "30, or unset it")
 
     def preemption_rate_on(self, cloud: str | None) -> float | None:
-        """The preemption rate to assume on `cloud`.
-
-        The fixed rate, else the cloud's row of the table, else (cloud unknown) the highest row,
-        since too many checkpoints cost less than a lost interval; None when nothing is known.
-
-        Args:
-            cloud: where the run landed (`aws`, `gcp`, `azure`), or None when unknown.
-
-        Returns:
-            Preemptions per node-hour, or None.
-        """
+        """Preemptions per node-hour to assume on `cloud` (None: unknown): the fixed rate, else the
+        cloud's row, else the highest row, since too many checkpoints cost less than a lost interval."""
         if self.preemptions_per_hour is not None:
             return self.preemptions_per_hour
         table = self.preemptions_per_hour_by_cloud or {}
@@ -205,19 +181,9 @@ class RuntimeSettings:
 
     @classmethod
     def from_spec(cls, spec: GreenSpec, *, run_id: str, bucket: str, **run: Any) -> RuntimeSettings:
-        """Build the settings for a run of a task, as `skygreen up` does before `to_env`: every
-        field that carries a task field (`task_field`) from `spec`, the rest from the keywords.
-
-        Args:
-            spec: the task's `skygreen:` section.
-            run_id: the run's id.
-            bucket: the resolved base URL of the checkpoints.
-            **run: what the launch knows beside the task (`cloud`, `offers`, `user`, the
-                preemption rates, `memory_planned_gb`); None leaves a field unset.
-
-        Raises:
-            RuntimeSetupError: a value out of range (the spec has checked most already).
-        """
+        """The settings of a run of a task, as `skygreen up` builds them before `to_env`: each
+        `task_field` from `spec`, the rest from what the launch knows (`**run`: `cloud`, `offers`,
+        `user`, the preemption rates; None leaves a field unset)."""
         from_task = {
             f.name: f.metadata["convert"](_get(spec, tuple(f.metadata["task"].split("."))))
             for f in dataclasses.fields(cls)
@@ -236,19 +202,9 @@ class RuntimeSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RuntimeSettings:
-        """Read the settings from the `SKYGREEN_*` variables, with `overrides` (from code) winning.
-
-        Args:
-            environ: the process environment (default: `os.environ`).
-            **overrides: field values from code; None values are ignored.
-
-        Returns:
-            The settings.
-
-        Raises:
-            RuntimeSetupError: a malformed or out-of-range variable, naming it; RUN_ID or
-                BUCKET not set.
-        """
+        """The settings from the `SKYGREEN_*` variables of `environ` (default `os.environ`), with
+        `overrides` from code winning (None ignored); a `RuntimeSetupError` naming a malformed,
+        out-of-range or missing variable."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         nested: dict[str, dict[str, Any]] = {}
@@ -300,20 +256,9 @@ def encode(value: Any, hint: Any) -> str:
 
 
 def decode(raw: str, hint: Any, name: str) -> Any:
-    """Read the text of variable `name` as type `hint`; the one parser of runtime variables.
-
-    Args:
-        raw: the variable's text.
-        hint: the type to read: int, float, bool, str, `tuple[X, ...]`, `Mapping[str, X]`, a
-            record with a `parse` classmethod, or any of those `| None`.
-        name: the variable, for the error.
-
-    Returns:
-        The value, of type `hint`.
-
-    Raises:
-        RuntimeSetupError: `raw` is not a `hint`, naming the variable, the value and an example.
-    """
+    """The text of variable `name` read as `hint` (int, float, bool, str, `tuple[X, ...]`,
+    `Mapping[str, X]`, a record with a `parse` classmethod, or one of those `| None`): the one
+    parser of runtime variables; a `RuntimeSetupError` naming the variable otherwise."""
     hint = without_none(hint)
     origin = typing.get_origin(hint)
     try:
@@ -400,14 +345,8 @@ def _get(record: Any, path: tuple[str, ...]) -> Any:
 
 
 def field_from_env(name: str, environ: Mapping[str, str]) -> Any:
-    """One setting read from its variable by the codec; None when it is not set.
-
-    For code that needs it without the rest of the settings (a `Checkpointer` built by hand reads
-    `launch`).
-
-    Raises:
-        RuntimeSetupError: a malformed or out-of-range value, naming the variable.
-    """
+    """One setting read from its variable, checked as the settings check it; None when unset.
+    For code that needs it alone (a `Checkpointer` built by hand reads `launch`)."""
     variable = _env_name((name,))
     raw = environ.get(variable, "")
     if raw.strip() == "":
@@ -418,10 +357,7 @@ def field_from_env(name: str, environ: Mapping[str, str]) -> Any:
 
 
 def env_names() -> frozenset[str]:
-    """The `SKYGREEN_*` variables skygreen owns in every run's environment.
-
-    A task's own `envs:` may not set them.
-    """
+    """The `SKYGREEN_*` variables skygreen owns in every run's environment (a task's `envs:` may not set them)."""
     return frozenset(_env_name(path) for path, _ in _flat_fields())
 
 

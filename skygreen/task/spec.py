@@ -3,27 +3,7 @@
 Everything SkyPilot knows stays SkyPilot's (`TaskSpec.sky`); skygreen reads its own section
 into typed, frozen records with the defaults a user would expect, and rejects anything else
 with a `SpecError` naming the field, the value, what is allowed and the likely intended name.
-
-Example:
-
-    name: bert-mlm
-    skygreen:
-      gpus: [A100, H100, L4, A10G]     # or {min_memory_gb: 24}
-      gpu_count: 1
-      clouds: [aws, gcp, azure]
-      spot: true
-      objective: cost                  # cost | time | energy | carbon
-      work: {gpu_hours: 12, gpu: A100} # job size, in hours on one `gpu`
-      max_price_per_hour: 4.0
-      budget_usd: 60
-      precision: auto                  # auto | bf16 | fp16 | fp32
-      batch: {effective: 64, micro: auto}
-      checkpoint: {bucket: s3://my-bucket/runs, every: auto, keep: 3}
-      power: {cap: auto}               # auto | off | watts | fraction of the default limit
-      early_stopping: {metric: val_loss, patience: 3, min_delta: 0.0}
-      deadline: 36h                    # finish by then: spot with on-demand fallback
-      model: {params: 7e9, activation_gb: 6, sharding: fsdp}   # keep only GPUs that hold it
-    run: python train.py
+Every key, with an example task, is in docs/reference/task-file.md.
 """
 
 from __future__ import annotations

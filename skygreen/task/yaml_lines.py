@@ -1,24 +1,16 @@
 """Task files read as YAML 1.2, and the line a field sits on, for error messages.
 
-Why ruamel.yaml rather than PyYAML with its resolvers patched by hand: PyYAML implements YAML
-1.1, whose implicit types differ from 1.2's in more places than booleans (`on`, `yes`, `off`
-are booleans): a float needs a dot (`1e3` and `1e308` are strings), `012` is octal (10),
-`1_000` and `190:20:30` are integers (sexagesimal!), and `<<` merges. Matching 1.2 by hand
-means owning a regex table for int, float, bool and null and keeping it right; ruamel.yaml is
-a maintained YAML 1.2 parser (1.2 is its default) that already rejects duplicate keys,
-reads only true/false as booleans, and marks every node with its line. Its import costs about
-what PyYAML's does (about 10 ms here; `python -X importtime`), and it is imported only when a
-task file is read, never by `skygreen --help` or the training runtime (which reads settings
-from the environment). SkyPilot and the renderer keep PyYAML: the YAML skygreen writes quotes
-every string that YAML 1.1 would read as something else, so SkyPilot reads what we meant.
+Why ruamel.yaml and not PyYAML: PyYAML speaks YAML 1.1, whose implicit types differ from 1.2's
+in more than booleans (`on`, `yes`): `1e3` is a string, `012` is octal, `190:20:30` an integer
+(sexagesimal) and `<<` merges. Matching 1.2 by hand means owning a regex table and keeping it
+right; ruamel is a maintained 1.2 parser that rejects duplicate keys and marks every node with
+its line, for about PyYAML's import time (10 ms), paid only when a task file is read. SkyPilot
+and the renderer keep PyYAML: the YAML skygreen writes quotes every string 1.1 would misread.
 
-ruamel's "safe" loader gives plain dicts, lists, str, int, float and bool, as PyYAML's does;
-the pure-Python parser is used so that what a file means never depends on whether ruamel's
-optional C extension happens to be installed. Where ruamel goes beyond the 1.2 core schema (`1_000` is an integer, dates
-are dates), the field readers reject or accept the value as they always did. Where it falls
-short of the core schema, one resolver closes the gap: ruamel reads `.5e3` and `-.1e0` (a
-float starting with the dot, with an unsigned exponent) as strings, so the core schema's float
-pattern is added (a property test over number spellings found it).
+The pure-Python loader is used, so a file's meaning never depends on ruamel's optional C
+extension. One resolver closes a gap with the core schema: ruamel reads `.5e3` (a float starting
+with the dot, unsigned exponent) as a string, so the core float pattern is added (a property
+test over number spellings found it).
 """
 
 from __future__ import annotations
