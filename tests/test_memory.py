@@ -258,6 +258,32 @@ def test_plan_json_from_the_command_with_an_hf_model_cached_and_offline(tmp_path
     assert "skygreen.model.hf" in err.stderr and "config: path/to/config.json" in err.stderr
 
 
+def test_eager_attention_in_the_task_file_adds_every_layers_scores_to_the_plan(tmp_path):
+    """`model.flash_attention: false`: Korthikanti's 5 bytes per head per token pair, in each of the
+    32 layers without checkpointing: 32 x 2048 x 5 x 32 x 2048 bytes = 21.47 GB more per GPU."""
+    (tmp_path / "llama2.json").write_text(json.dumps(LLAMA2_7B))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKY_", "SKYPILOT_", "SKYGREEN_"))}
+    env.update(HOME=str(tmp_path), COLUMNS="200")
+    argv = [sys.executable, "-m", "skygreen.cli", "plan", "--catalog", str(FIXTURE_CATALOG), "--json"]
+
+    def activations_gb(flash: str) -> float:
+        task = tmp_path / f"task-{flash or 'default'}.yaml"
+        model = f"{{config: llama2.json, method: lora, activation_checkpointing: false{flash}}}"
+        task.write_text(f"skygreen: {{gpus: [H100], gpu_count: 1, model: {model}}}\nrun: x\n")
+        out = subprocess.run([*argv, str(task)], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["candidates"][0]["memory_gb_per_gpu"]["activations"]
+
+    flash, eager = activations_gb(""), activations_gb(", flash_attention: false")
+    assert eager - flash == pytest.approx(32 * 2048 * 5 * 32 * 2048 / 1e9, abs=0.002)
+    assert activations_gb(", flash_attention: true") == flash
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("skygreen: {model: {params: 7B, flash_attention: no}}\nrun: x\n")
+    err = subprocess.run([*argv, str(bad)], capture_output=True, text=True, env=env, timeout=120)
+    assert err.returncode == 2 and "Traceback" not in err.stderr
+    assert "skygreen.model.flash_attention" in err.stderr and "expected true or false" in err.stderr
+
+
 def test_a_lora_checkpoint_is_its_adapters_and_their_state_under_1_percent_of_the_full_one(tmp_path, catalog):
     """16,777,216 adapter parameters (r=16 on q, k, v, o) at fp32 weights and AdamW's two moments:
     0.201 GB against 80.9 GB for the full state of the same 6.74B-parameter model."""

@@ -40,8 +40,8 @@ def bytes_per_param(precision: str) -> int:
 
 def workload(model: ModelSpec, precision: str) -> Workload:
     """What one GPU runs per micro-batch, from the task's `model:` and `precision`."""
-    return Workload(seq_len=model.seq_len, micro_batch=model.micro_batch,
-                    activation_checkpointing=model.activation_checkpointing, precision=precision)  # fmt: skip
+    return Workload(seq_len=model.seq_len, micro_batch=model.micro_batch, precision=precision,
+                    activation_checkpointing=model.activation_checkpointing, flash_attention=model.flash_attention)  # fmt: skip
 
 
 def memory_need(model: ModelSpec, *, precision: str, total_gpus: int) -> MemoryEstimate:

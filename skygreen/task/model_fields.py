@@ -3,8 +3,8 @@
 `params:` alone says how big the model is; `config:` (a Hugging Face `config.json`) or `hf:` (a
 Hub repo id, whose `config.json` alone is fetched and cached) give its shape, from which
 `skygreen.memory` counts the parameters, the activations and the logits. `method:`, `lora:` and
-`optimizer:` say what is trained; `seq_len`, `micro_batch` and `activation_checkpointing` what
-one GPU runs.
+`optimizer:` say what is trained; `seq_len`, `micro_batch`, `activation_checkpointing` and
+`flash_attention` what one GPU runs.
 """
 
 from __future__ import annotations
@@ -183,6 +183,15 @@ class ModelSpec(Record, frozen=True, kw_only=True):
             "Whether the trainer recomputes activations in the backward pass (HF `gradient_checkpointing`): "
             "only each layer's input is kept. Set false if your script does not turn it on.",
             default="true (as the QLoRA, torchtune and Unsloth recipes run)",
+        ),
+    ] = True
+    flash_attention: Annotated[
+        bool,
+        meaning(
+            "Whether attention runs fused (flash attention, PyTorch SDPA), which never stores the attention "
+            'scores. Set false for eager attention (HF `attn_implementation="eager"`): it stores every layer\'s '
+            "scores, 5 to 7 bytes per head for each pair of tokens, at a few thousand tokens more than all the "
+            "other activations."
         ),
     ] = True
 
