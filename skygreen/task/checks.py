@@ -166,16 +166,17 @@ def check_batch(spec: TaskSpec) -> None:
             "skygreen.batch.effective",
             f"does not divide evenly across {ranks} ranks ({layout})",
             value=batch.effective,
-            hint=f"use a multiple of {ranks}, e.g. {nearest_multiple(batch.effective, ranks)}",
+            hint=f"use a multiple of {ranks}, e.g. {max(ranks, round(batch.effective / ranks) * ranks)}",
         )
     per_rank = batch.effective // ranks
     if batch.micro is not None and per_rank % batch.micro:
+        divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
         raise SpecError(
             "skygreen.batch.micro",
             f"does not divide the per-rank batch {per_rank} (effective {batch.effective} / {ranks} ranks, {layout})",
             value=batch.micro,
-            allowed=_divisor_list(per_rank),
-            hint=f"use micro: {largest_divisor_at_most(per_rank, batch.micro)}, or micro: auto",
+            allowed=", ".join(map(str, divisors)) + " or auto" if len(divisors) <= 16 else None,
+            hint=f"use micro: {max(d for d in divisors if d <= batch.micro)}, or micro: auto",
         )
 
 
@@ -280,22 +281,3 @@ def check_cadence(spec: TaskSpec) -> None:
         "or train through sg.Run or a trainer callback",
     )
 
-
-def nearest_multiple(value: int, of: int) -> int:
-    """The multiple of `of` nearest to `value`, and never below `of` itself: the hint's example."""
-    return max(of, round(value / of) * of)
-
-
-def divisors(n: int) -> list[int]:
-    """Every divisor of `n`, smallest first; empty for `n` below 1."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _divisor_list(n: int) -> str | None:
-    found = divisors(n)
-    return ", ".join(map(str, found)) + " or auto" if len(found) <= 16 else None
-
-
-def largest_divisor_at_most(n: int, limit: int) -> int:
-    """The largest divisor of `n` that is no more than `limit` (1 at worst, for any `limit` of 1 or more)."""
-    return max(d for d in divisors(n) if d <= limit)

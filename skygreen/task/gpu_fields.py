@@ -17,6 +17,7 @@ from skygreen.task.readers import read_list, read_mapping, read_number, read_str
 Cloud = Literal["aws", "gcp", "azure"]
 CLOUDS: tuple[str, ...] = typing.get_args(Cloud)
 _GPUS = ", ".join(GPU_NAMES)
+_GPU_FIX = "use one of the allowed names, or a constraint such as {min_memory_gb: 24}"
 _GPU_NAMES_SCHEMA: Mapping[str, Any] = {
     "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]
 }
@@ -28,7 +29,9 @@ def gpu_name(value: Any, path: str) -> str:
     base, _, count = name.partition(":")
     canonical = canonical_gpu_name(base.strip())
     if canonical is None:
-        raise SpecError(path, f"unknown GPU {name!r}", allowed=", ".join(GPU_NAMES), hint=_gpu_hint(base))
+        raise SpecError(
+            path, f"unknown GPU {name!r}", allowed=", ".join(GPU_NAMES), hint=suggestion(base, GPU_NAMES) or _GPU_FIX
+        )
     if count:
         raise SpecError(
             path,
@@ -37,10 +40,6 @@ def gpu_name(value: Any, path: str) -> str:
             hint=f"write {canonical!r} and gpu_count: {count}",
         )
     return canonical
-
-
-def _gpu_hint(name: str) -> str:
-    return suggestion(name, GPU_NAMES) or "use one of the allowed names, or a constraint such as {min_memory_gb: 24}"
 
 
 def gpu_names(raw: Any, path: str) -> tuple[str, ...]:

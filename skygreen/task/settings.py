@@ -279,16 +279,11 @@ def decode(raw: str, hint: Any, name: str) -> Any:
             if raw.strip().lower() not in ("true", "false", "1", "0"):
                 raise SpecError(name, "expected true or false", value=raw)
             return raw.strip().lower() in ("true", "1")
-        if hint is int:
+        if hint in (int, float):
             try:
-                return int(raw)
+                return hint(raw)
             except ValueError:
-                raise SpecError(name, "expected an integer", value=raw) from None
-        if hint is float:
-            try:
-                return float(raw)
-            except ValueError:
-                raise SpecError(name, "expected a number", value=raw) from None
+                raise SpecError(name, "expected " + ("an integer" if hint is int else "a number"), value=raw) from None
         if hasattr(hint, "parse"):
             try:
                 return hint.parse(raw)

@@ -77,27 +77,22 @@ def parse_spec(data: Any, *, source: str | None = None) -> TaskSpec:
     check_keys(data, (SECTION, *SKYPILOT_TASK_KEYS), "")
     name = None if data.get("name") is None else read_str(data["name"], "name")
     num_nodes = 1 if data.get("num_nodes") is None else read_int(data["num_nodes"], "num_nodes", minimum=1)
+    section = read_mapping(data.get(SECTION) or {}, SECTION)
+    given = {
+        "gpu_count_given": section.get("gpu_count") is not None,
+        "trainer_given": section.get("trainer") is not None,
+    }
     folder = TASK_FOLDER.set(Path(source).parent if source else Path.cwd())
     try:
-        green = _parse_green(data.get(SECTION) or {}, SECTION)
+        green = typing.cast(GreenSpec, read_record(GreenSpec, section, SECTION, also=given))
     finally:
         TASK_FOLDER.reset(folder)
-    sky = {k: v for k, v in data.items() if k != SECTION}
-    section = data.get(SECTION) or {}
-    work_given = isinstance(section, Mapping) and section.get("work") is not None
+    work_given = section.get("work") is not None
     notices = work_notices(section["work"], green.work) if work_given else ()
+    sky = {k: v for k, v in data.items() if k != SECTION}
     return TaskSpec(
         name=name, green=green, sky=sky, num_nodes=num_nodes, source=source, work_given=work_given, notices=notices
     )
-
-
-# ---------------------------------------------------------------- sections
-
-
-def _parse_green(raw: Any, path: str) -> GreenSpec:
-    raw = read_mapping(raw, path)
-    given = {"gpu_count_given": raw.get("gpu_count") is not None, "trainer_given": raw.get("trainer") is not None}
-    return typing.cast(GreenSpec, read_record(GreenSpec, raw, path, also=given))
 
 
 def with_deadline(spec: TaskSpec, raw: Any, path: str) -> TaskSpec:
