@@ -280,4 +280,3 @@ def check_cadence(spec: TaskSpec) -> None:
         hint="remove checkpoint.every and set the script's own save interval (e.g. save_steps), "
         "or train through sg.Run or a trainer callback",
     )
-
