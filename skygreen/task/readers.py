@@ -101,9 +101,9 @@ def read_number(
 
 def _check_range(value: float, path: str, minimum: float | None, maximum: float | None) -> None:
     if minimum is not None and value < minimum:
-        raise SpecError(path, f"must be at least {minimum}", value=value)
+        raise SpecError(path, f"must be at least {minimum}", value=value, hint=f"use {minimum} or more")
     if maximum is not None and value > maximum:
-        raise SpecError(path, f"must be at most {maximum}", value=value)
+        raise SpecError(path, f"must be at most {maximum}", value=value, hint=f"use {maximum} or less")
 
 
 def read_str(value: Any, path: str, *, nonempty: bool = True) -> str:

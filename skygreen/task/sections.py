@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 
 from skygreen.checkpoint.bucket_url import URL_FORMS, canonical_url
-from skygreen.checkpoint.keep import MIN_KEEP, check_keep
+from skygreen.checkpoint.keep import MIN_KEEP
 from skygreen.errors import SpecError
 from skygreen.power.policy import DEFAULT_ETA, CapRequest
 from skygreen.task.declare import FieldProblem, ReadWith, Record, meaning
@@ -187,11 +187,6 @@ def read_every(raw: Any, path: str) -> int | str:
     return read_int(raw, path, minimum=1)
 
 
-def read_keep(raw: Any, path: str) -> int:
-    """How many checkpoints to keep: at least `MIN_KEEP`, at most 1000."""
-    return check_keep(read_int(raw, path, maximum=1000), path)
-
-
 def read_folder(raw: Any, path: str) -> str:
     """A folder inside the workdir (relative paths stay relative to it)."""
     folder = read_str(raw, path).strip()
@@ -262,9 +257,9 @@ class CheckpointSpec(Record, frozen=True, kw_only=True):
         meaning(
             "After each commit the bucket keeps the last `keep` checkpoints, the best by metric and every pinned one; "
             f"the rest are deleted. At least {MIN_KEEP}: the newest may be the broken one.",
-            allowed=f"{MIN_KEEP} to 1000",
+            ge=MIN_KEEP,
+            le=1000,
         ),
-        ReadWith(read_keep),
     ] = 3
     half_precision: Annotated[
         str | None,
