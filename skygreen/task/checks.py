@@ -1,8 +1,8 @@
 """Checks on the whole task that no single field can make, run when a task file is loaded.
 
-These rules look at several fields at once (the micro-batch against the batch and the ranks,
-the precision against the GPUs, the run command against the node layout) and at the SkyPilot
-keys skygreen owns, so that `plan`, `up`, `smoke` and `resume`, which all read a task through
+These rules reach past the `skygreen:` section, whose own rules sit on its records (`rules()`):
+the batch against the ranks (`num_nodes` is SkyPilot's), the run command against the node
+layout, the trainer the script implies, and the SkyPilot keys skygreen owns, so that `plan`, `up`, `smoke` and `resume`, which all read a task through
 `load_task`, stop on the same errors before anything starts, not in the renderer or on a paid VM.
 """
 
@@ -17,7 +17,6 @@ from pathlib import Path
 import msgspec
 
 from skygreen.errors import SpecError
-from skygreen.gpus import GPUS
 from skygreen.task.spec import TaskSpec, load_spec
 from skygreen.training_script import ScriptUse, read_script_use
 
@@ -67,8 +66,6 @@ def check_task(spec: TaskSpec) -> None:
     check_resources(spec)
     check_envs(spec)
     check_batch(spec)
-    check_precision(spec)
-    check_cadence(spec)
 
 
 def check_run(spec: TaskSpec) -> None:
@@ -247,36 +244,3 @@ def _run_script(spec: TaskSpec) -> Path | None:
         return None  # a git workdir: not on this machine
     path = base / words[1]
     return path if path.is_file() else None
-
-
-def check_precision(spec: TaskSpec) -> None:
-    """bf16 needs bf16 tensor cores (Ampere and newer); a named GPU without them would fail
-    at start-up on the VM. (Without a list, the planner only ranks GPUs that have them.)"""
-    if spec.green.precision != "bf16" or spec.green.gpus.names is None:
-        return
-
-    lacking = [name for name in spec.green.gpus.names if not GPUS[name].bf16]
-    if lacking:
-        raise SpecError(
-            "skygreen.precision",
-            f"bf16 needs bf16 tensor cores (Ampere and newer), which {', '.join(lacking)} lack",
-            value="bf16",
-            hint=f"remove {', '.join(lacking)} from skygreen.gpus, or use precision: auto (bf16 where the GPU has it, fp16 elsewhere)",
-        )
-
-
-def check_cadence(spec: TaskSpec) -> None:
-    """The folder mode commits the folders the script saves, when it saves them: a step or time
-    `checkpoint.every` would be priced by `plan` and never kept."""
-    checkpoint = spec.green.checkpoint
-    if spec.green.trainer != "folder" or checkpoint.every_auto:
-        return
-    given = f"{checkpoint.every_steps} steps" if checkpoint.every_steps is not None else f"{checkpoint.every_s:g} s"
-    raise SpecError(
-        "skygreen.checkpoint.every",
-        f"cannot be kept in the folder mode: skygreen commits the folders the script saves, on the script's own "
-        f"cadence, and cannot make it save every {given}",
-        value=given,
-        hint="remove checkpoint.every and set the script's own save interval (e.g. save_steps), "
-        "or train through sg.Run or a trainer callback",
-    )
