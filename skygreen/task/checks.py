@@ -1,9 +1,10 @@
 """Checks on the whole task that no single field can make, run when a task file is loaded.
 
-These rules reach past the `skygreen:` section, whose own rules sit on its records (`rules()`):
-the batch against the ranks (`num_nodes` is SkyPilot's), the run command against the node
-layout, the trainer the script implies, and the SkyPilot keys skygreen owns, so that `plan`, `up`, `smoke` and `resume`, which all read a task through
-`load_task`, stop on the same errors before anything starts, not in the renderer or on a paid VM.
+These rules reach past the `skygreen:` section (whose own rules sit on its records, `rules()`)
+or look ahead to the VM: the batch against the ranks (`num_nodes` is SkyPilot's), the run
+command against the node layout, the trainer the script implies, bf16 against the named GPUs,
+and the SkyPilot keys skygreen owns. `plan`, `up`, `smoke` and `resume` all read a task through
+`load_task`, so they stop on the same errors before anything starts, not on a paid VM.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import msgspec
 
 from skygreen.errors import SpecError
+from skygreen.gpus import GPUS
 from skygreen.task.spec import TaskSpec, load_spec
 from skygreen.training_script import ScriptUse, read_script_use
 
@@ -66,6 +68,7 @@ def check_task(spec: TaskSpec) -> None:
     check_resources(spec)
     check_envs(spec)
     check_batch(spec)
+    check_precision(spec)
 
 
 def check_run(spec: TaskSpec) -> None:
@@ -244,3 +247,16 @@ def _run_script(spec: TaskSpec) -> Path | None:
         return None  # a git workdir: not on this machine
     path = base / words[1]
     return path if path.is_file() else None
+
+
+def check_precision(spec: TaskSpec) -> None:
+    """bf16 needs bf16 tensor cores (Ampere and newer); a named GPU without them would fail
+    at start-up on the VM. (Without a list, the planner only ranks GPUs that have them.)"""
+    lacking = [name for name in spec.green.gpus.names or () if spec.green.precision == "bf16" and not GPUS[name].bf16]
+    if lacking:
+        raise SpecError(
+            "skygreen.precision",
+            f"bf16 needs bf16 tensor cores (Ampere and newer), which {', '.join(lacking)} lack",
+            value="bf16",
+            hint=f"remove {', '.join(lacking)} from skygreen.gpus, or use precision: auto (bf16 where the GPU has it, fp16 elsewhere)",
+        )

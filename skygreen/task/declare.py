@@ -109,19 +109,20 @@ class FieldProblem(ValueError):
 
 class Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A section of the task file declared once. Built from a task file by `read_record`, or in
-    code; either way its fields are checked against their declaration, then its `rules()`."""
+    code; either way each field is read by its declaration (`a100` is kept as `A100`), then its
+    `rules()` run."""
 
     SECTION: ClassVar[str] = ""
     """Its path in the task file (`skygreen.recovery`), for the reference page and errors."""
 
     def __post_init__(self) -> None:
-        for field in declared(type(self)):  # a record built in code is checked as one read from a file
+        for field in declared(type(self)):
             value = getattr(self, field.name)
             if value is not None or field.required:
                 try:
-                    _read(field, value, field.name)
-                except SpecError as e:
-                    raise FieldProblem(field.name, e.problem, value=value, allowed=e.allowed, hint=e.hint) from None
+                    msgspec.structs.force_setattr(self, field.name, _read(field, value, field.name))
+                except SpecError as e:  # its field is the path under this record (`names[0]`)
+                    raise FieldProblem(e.field, e.problem, value=e.value, allowed=e.allowed, hint=e.hint) from None
         self.rules()
 
     def rules(self) -> None:
@@ -191,30 +192,20 @@ def read_record(record: type, raw: Any, path: str, also: Mapping[str, Any] | Non
         raw = {shorthand: raw}
     raw = read_mapping(raw, path)
     check_keys(raw, [f.name for f in declared(record)], path)
-    values = read_fields(record, raw, path)
+    values: dict[str, Any] = {}
+    for field in declared(record):  # the values given; each is read as the record is built
+        if field.extra.get("off") and raw.get(field.name) is False:
+            values[field.name] = None  # `early_stopping: false`: the section is off
+        elif raw.get(field.name) is not None and not (raw[field.name] == "auto" and field.extra.get("auto")):
+            values[field.name] = raw[field.name]
+        elif field.required:
+            example = field.extra.get("example")
+            hint = f"add e.g. {field.name}: {example}" if example else f"add {field.name}:" + _doc_clause(field)
+            raise SpecError(f"{path}.{field.name}", "is required", hint=hint)
     try:
         return record(**values, **(also or {}))
     except FieldProblem as e:
         raise SpecError(f"{path}.{e.field}", e.problem, value=e.value, allowed=e.allowed, hint=e.hint) from None
-
-
-def read_fields(record: type, raw: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """The declared fields of `record` that `raw` gives (not null), each read by its declaration;
-    a required one missing is a `SpecError` with an example. The caller checks the keys."""
-    values: dict[str, Any] = {}
-    for field in declared(record):
-        where = f"{path}.{field.name}"
-        if field.extra.get("off") and raw.get(field.name) is False:
-            values[field.name] = None  # `early_stopping: false`: the section is off
-            continue
-        if raw.get(field.name) is None or (raw[field.name] == "auto" and field.extra.get("auto")):
-            if field.required:
-                example = field.extra.get("example")
-                hint = f"add e.g. {field.name}: {example}" if example else f"add {field.name}:" + _doc_clause(field)
-                raise SpecError(where, "is required", hint=hint)
-            continue
-        values[field.name] = _read(field, raw[field.name], where)
-    return values
 
 
 def _read(field: Field, value: Any, path: str) -> Any:

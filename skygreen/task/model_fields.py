@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -29,7 +30,7 @@ from skygreen.memory.method import (
     Method,
 )
 from skygreen.memory.shape import ConfigError, ModelShape, shape_from_config
-from skygreen.task.declare import ReadWith, Record, declared, meaning, read_fields
+from skygreen.task.declare import ReadWith, Record, declared, meaning, read_record
 from skygreen.task.readers import check_keys, read_choice, read_list, read_mapping, read_number, read_str
 
 SHARDINGS: tuple[str, ...] = ("fsdp", "ddp")
@@ -280,20 +281,19 @@ def parse_model(raw: Any, path: str) -> ModelSpec:
     elif raw.get("hf") is not None:
         shape = fetch_hub_config(raw["hf"], f"{path}.hf")
     params = float(shape.params) if shape is not None else read_params(raw["params"], f"{path}.params")
-    values = read_fields(ModelSpec, {**raw, "params": params}, path)
-    values["method"] = _method(values, raw, path)
+    spec = typing.cast(ModelSpec, read_record(ModelSpec, {**raw, "params": params}, path, also={"shape": shape}))
+    method = _method(spec, raw, path)
     # Adapters keep the states small: LoRA and QLoRA run data-parallel unless the task says otherwise.
-    big = params >= FSDP_FROM_PARAMS and not values["method"].adapters
-    return ModelSpec(**{"shape": shape, "sharding": "fsdp" if big else "ddp", **values})
+    big = params >= FSDP_FROM_PARAMS and not method.adapters
+    sharding = spec.sharding if raw.get("sharding") is not None else "fsdp" if big else "ddp"
+    return msgspec.structs.replace(spec, method=method, sharding=sharding)
 
 
-def _method(values: dict[str, Any], raw: Mapping[str, Any], path: str) -> Method:
+def _method(spec: ModelSpec, raw: Mapping[str, Any], path: str) -> Method:
     """The method's kind with the section's adapters and optimizer folded in."""
-    kind = values.get("method", Method()).kind
-    lora = values.get("lora")
-    if lora is not None and kind == "full":
+    if spec.lora is not None and spec.method.kind == "full":
         raise SpecError(f"{path}.lora", "only means something with method: lora or qlora", value=raw["lora"],
                         hint="set method: lora (or qlora), or remove lora:")  # fmt: skip
-    lora = lora or LoraSpec()
-    optimizer = values.get("optimizer") or Method().optimizer
-    return Method(kind=kind, lora_r=lora.r, lora_targets=lora.targets, optimizer=optimizer)
+    lora = spec.lora or LoraSpec()
+    optimizer = spec.optimizer or Method().optimizer
+    return Method(kind=spec.method.kind, lora_r=lora.r, lora_targets=lora.targets, optimizer=optimizer)

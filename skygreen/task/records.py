@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from skygreen.gpus import GPU_NAMES, GPUS
+from skygreen.gpus import GPU_NAMES
 from skygreen.task.declare import FieldProblem, ReadWith, Record, meaning
 from skygreen.task.gpu_fields import CLOUDS, Cloud, GpuChoice, Work, parse_gpus, parse_speed, parse_work
 from skygreen.task.model_fields import ModelSpec, parse_model
@@ -228,8 +228,8 @@ class GreenSpec(Record, frozen=True, kw_only=True):
 
     def rules(self) -> None:
         """`checkpoint.dir` is the folder mode, which a loop skygreen drives itself cannot take,
-        and which sets `trainer: folder`; on-demand fallbacks stand only behind spot offers; bf16
-        only on GPUs that have it; the folder mode keeps the script's own checkpoint cadence."""
+        and which sets `trainer: folder`; on-demand fallbacks stand only behind spot offers; the
+        folder mode keeps the script's own checkpoint cadence."""
         folder = self.checkpoint.dir
         if folder is not None and self.trainer_given and self.trainer != "folder":
             raise FieldProblem("checkpoint.dir", f"is the folder mode, and this task says `trainer: {self.trainer}`, "
@@ -246,17 +246,7 @@ class GreenSpec(Record, frozen=True, kw_only=True):
         if self.on_demand_fallback and not self.spot:
             raise FieldProblem("on_demand_fallback", "only means something with spot: true", value=True,
                                hint="remove on_demand_fallback, or set spot: true")  # fmt: skip
-        self._precision_rule()
         self._cadence_rule()
-
-    def _precision_rule(self) -> None:
-        """bf16 needs bf16 tensor cores (Ampere and newer): a named GPU without them would fail at
-        start-up on the VM. (Without a list, the planner only ranks GPUs that have them.)"""
-        lacking = [name for name in self.gpus.names or () if self.precision == "bf16" and not GPUS[name].bf16]
-        if lacking:
-            raise FieldProblem("precision", f"bf16 needs bf16 tensor cores (Ampere and newer), which "
-                               f"{', '.join(lacking)} lack", value="bf16", hint=f"remove {', '.join(lacking)} from "
-                               "skygreen.gpus, or use precision: auto (bf16 where the GPU has it, fp16 elsewhere)")  # fmt: skip
 
     def _cadence_rule(self) -> None:
         """The folder mode commits the folders the script saves, when it saves them: a step or time
