@@ -8,10 +8,11 @@ everything about each key in their annotation:
 
 A field without `meaning` is not a key of the file (`ModelSpec.shape`); a value that is more
 than its type (a bucket URL, a duration) names its own reader with `ReadWith`. From the one
-declaration come the reader (`read_record`: errors name the field path, the value, the allowed
-values, a near-miss and a fix), the check of a record built in code, the reference page's rows
-(`skygreen.task.reference`), each field's JSON Schema (`field_schema`) and the runtime settings
-(`skygreen.task.settings.task_field`). Rules across one section's fields are its `rules()`.
+declaration come the reader (a record reads each field as it is built, from a task file by
+`read_record` or in code; errors name the field path, the value, the allowed values, a near-miss
+and a fix), the reference page's rows (`skygreen.task.reference`), each field's JSON Schema
+(`field_schema`) and the runtime settings (`skygreen.task.settings.task_field`). Rules across
+one section's fields are its `rules()`.
 
 Why msgspec and not pydantic: declaring the records in pydantic and validating one task added
 about 0.3 s to every `skygreen plan` (1.9x; the import alone about 0.13 s), msgspec about 0.01 s
@@ -86,7 +87,7 @@ class ReadWith:
     """A field read by a function of its own: `Annotated[str, meaning(...), ReadWith(read_bucket)]`.
 
     `read(value, path)` returns the value or raises a `SpecError` naming `path`; it must take
-    back what it returns, since a record built in code is checked by the same call. Name a
+    back what it returns, since a copy (`msgspec.structs.replace`) reads its values again. Name a
     module-level function: `typing.get_type_hints` would not find a module's names from a lambda."""
 
     read: Callable[[Any, str], Any]

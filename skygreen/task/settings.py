@@ -170,8 +170,17 @@ class RuntimeSettings:
             _bad("ledger_heartbeat_s", self.ledger_heartbeat_s, "must be a number of seconds > 0", "30, or unset it")
 
     def preemption_rate_on(self, cloud: str | None) -> float | None:
-        """Preemptions per node-hour to assume on `cloud` (None: unknown): the fixed rate, else the
-        cloud's row, else the highest row, since too many checkpoints cost less than a lost interval."""
+        """The preemption rate to assume on `cloud`.
+
+        The fixed rate, else the cloud's row of the table, else (cloud unknown) the highest row,
+        since too many checkpoints cost less than a lost interval; None when nothing is known.
+
+        Args:
+            cloud: where the run landed (`aws`, `gcp`, `azure`), or None when unknown.
+
+        Returns:
+            Preemptions per node-hour, or None.
+        """
         if self.preemptions_per_hour is not None:
             return self.preemptions_per_hour
         table = self.preemptions_per_hour_by_cloud or {}
