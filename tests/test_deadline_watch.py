@@ -8,11 +8,9 @@ poll: read the record, the job, the ledger; decide; take one step.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import cli, wait_for
+from helpers import cli, end_processes_of, wait_for
 from skygreen.checkpoint.cancellation import CANCEL_KEY
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.deadline.clock import CLOCK_ENV
@@ -47,7 +45,12 @@ def env(private_home, tmp_path, monkeypatch):
     monkeypatch.setenv(CLOCK_ENV, str(clock))
     for name in ("SKYGREEN_FAKE_LAUNCHER_FAIL", "SKYGREEN_DATA_DIR", "SKYGREEN_TEST_SPOT_TRACE"):
         monkeypatch.delenv(name, raising=False)
-    return {"data": private_home / ".local" / "share" / "skygreen", "fake": fake_dir, "clock": clock}
+    return {
+        "data": private_home / ".local" / "share" / "skygreen",
+        "fake": fake_dir,
+        "clock": clock,
+        "home": private_home,
+    }
 
 
 def write_task(tmp_path: Path, bucket: str, **green_extra) -> Path:
@@ -204,11 +207,8 @@ def test_the_watcher_moves_a_recovering_spot_run_to_on_demand_and_stops_for_the_
         watcher = wait_for(started, "the resumed run's watcher")
         assert not (run_dir / "cancelled-by-user").exists()
         assert record_of(env, run_id)["launches"][-1]["spot"] is False  # as the watcher had left it
-    finally:
-        pid = load_state(run_dir).pid
-        if pid and pid != os.getpid() and watcher_running(run_dir):  # a pid of an ended watcher may be reused
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    finally:  # the state's pid may name an ended watcher whose number is reused: end ours by their HOME
+        end_processes_of(env["home"])
     assert watcher
 
 
@@ -458,11 +458,7 @@ def test_the_users_resume_while_the_watcher_relaunches_launches_one_job(env, tmp
         for process in (watcher, user):
             if process is not None and process.poll() is None:
                 process.kill()
-        run_dir = env["data"] / "runs" / run_id
-        leftover = load_state(run_dir).pid  # a resume that went through started a background watcher
-        if watcher_running(run_dir) and leftover and leftover != os.getpid():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(leftover, signal.SIGKILL)
+        end_processes_of(env["home"])  # a resume that went through started a background watcher
     assert watcher.returncode == 0, said
     assert user.returncode == 2 and "is being relaunched right now" in user_err, (user_out, user_err)
     assert "Traceback" not in user_err
