@@ -133,6 +133,7 @@ def test_plan_ends_every_mutant_with_a_plan_or_one_clear_error(
         if code == 2:
             first, *details = err.splitlines()
             assert first.startswith(f"error: {path}: ") and all(d.startswith("  ") for d in details), err
+            assert any(d.startswith("  fix: ") for d in details), f"{path.name}: no fix line\n{err}"
         codes[code] = codes.get(code, 0) + 1
     assert codes.get(2, 0) > MUTANTS // 2 and codes.get(0, 0) > 10, codes  # both outcomes are exercised
     print("exit codes:", codes)

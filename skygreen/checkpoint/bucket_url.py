@@ -70,7 +70,9 @@ def parse_url(url: str, *, field: str = "checkpoint.bucket") -> StoreUrl:
             the message names `field`, the value, the forms allowed and the fix.
     """
     if not isinstance(url, str) or not url.strip():
-        raise SpecError(field, "the bucket is empty", value=url, allowed=URL_FORMS)
+        raise SpecError(
+            field, "the bucket is empty", value=url, allowed=URL_FORMS, hint="name a bucket, e.g. s3://team/ckpt"
+        )
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep:
@@ -84,7 +86,8 @@ def parse_url(url: str, *, field: str = "checkpoint.bucket") -> StoreUrl:
         host, _, path = rest.partition("/")
         scheme, rest = "az", f"{host[: -len(AZURE_BLOB_HOST_SUFFIX)]}/{path}"
     if scheme not in BUCKET_SCHEMES:
-        raise SpecError(field, f"unsupported bucket scheme {scheme + '://'!r}", value=url, allowed=URL_FORMS)
+        raise SpecError(field, f"unsupported bucket scheme {scheme + '://'!r}", value=url, allowed=URL_FORMS,
+                        hint="use an s3://, gs:// or az:// bucket, or a local folder")  # fmt: skip
     if not rest.strip("/"):
         what, form = ("directory", "file:///DIR") if scheme == "file" else ("bucket", f"{scheme}://BUCKET/PREFIX")
         raise SpecError(field, f"the bucket URL names no {what}", value=url, hint=f"write {form}")

@@ -117,7 +117,8 @@ def check_resources(spec: TaskSpec) -> None:
     if resources is None:
         return
     if not isinstance(resources, Mapping):
-        raise SpecError("resources", "expected a mapping (SkyPilot's resources section)", value=resources)
+        raise SpecError("resources", "expected a mapping (SkyPilot's resources section)", value=resources,
+                        hint="write its keys indented under resources:, e.g. disk_size: 256")  # fmt: skip
     for key, owner in OWNED_RESOURCE_KEYS.items():
         if key in resources:
             raise SpecError(
@@ -135,7 +136,8 @@ def check_envs(spec: TaskSpec) -> None:
     if envs is None:
         return
     if not isinstance(envs, Mapping):
-        raise SpecError("envs", "expected a mapping of names to values", value=envs)
+        raise SpecError("envs", "expected a mapping of names to values", value=envs,
+                        hint="write one NAME: value per line, indented under envs:")  # fmt: skip
 
     from skygreen.task.settings import env_names  # only for a task that sets envs: off the plan path
 

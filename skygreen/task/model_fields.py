@@ -207,7 +207,8 @@ def read_params(raw: Any, path: str) -> float:
     if isinstance(raw, str):
         match = _PARAM_SUFFIX.match(raw)
         if match is None:
-            raise SpecError(path, "expected a parameter count", value=raw, allowed="7e9 | 7B | 350M | 1.5B")
+            raise SpecError(path, "expected a parameter count", value=raw, allowed="7e9 | 7B | 350M | 1.5B",
+                            hint="write e.g. 7e9 or 7B")  # fmt: skip
         raw = float(match.group(1)) * _PARAM_SCALE[match.group(2).lower()]
     value = read_number(raw, path, positive=True)
     if value < 1:
@@ -230,7 +231,7 @@ def read_config_file(raw: Any, path: str, base_dir: Path) -> ModelShape:
         raise SpecError(path, f"no such file: {file}", value=name, hint="give the path of the model's config.json, "
                         "relative to the task file") from None  # fmt: skip
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise SpecError(path, f"cannot read {file} as JSON: {e}", value=name) from None
+        raise SpecError(path, f"cannot read {file} as JSON: {e}", value=name, hint=_CONFIG_HINT) from None
     return _shape(config, path, name)
 
 
@@ -240,9 +241,8 @@ def fetch_hub_config(raw: Any, path: str) -> ModelShape:
 
     repo = read_str(raw, path)
     if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", repo):
-        raise SpecError(
-            path, "expected a Hugging Face repo id", value=repo, allowed="owner/name, e.g. meta-llama/Llama-2-7b-hf"
-        )
+        raise SpecError(path, "expected a Hugging Face repo id", value=repo,
+                        allowed="owner/name, e.g. meta-llama/Llama-2-7b-hf", hint=_CONFIG_HINT)  # fmt: skip
     try:
         config = fetch_config(repo)
     except HubError as e:

@@ -22,13 +22,20 @@ def type_name(value: Any) -> str:
     return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 
+def _key(path: str) -> str:
+    """The key a path ends in (`keep` for `skygreen.checkpoint.keep`), for a fix line's example."""
+    return path.rpartition(".")[2]
+
+
 def read_mapping(value: Any, path: str) -> Mapping[str, Any]:
     """A mapping whose keys are all strings."""
     if not isinstance(value, Mapping):
-        raise SpecError(path, f"expected a mapping, got a {type_name(value)}", value=value)
+        raise SpecError(path, f"expected a mapping, got a {type_name(value)}", value=value,
+                        hint=f"write its keys on lines of their own, indented under {_key(path)}:")  # fmt: skip
     for key in value:
         if not isinstance(key, str):
-            raise SpecError(f"{path}.{key}", f"keys must be strings, got a {type_name(key)}", value=key)
+            raise SpecError(f"{path}.{key}", f"keys must be strings, got a {type_name(key)}", value=key,
+                            hint=f'quote the key: "{key}"')  # fmt: skip
     return value
 
 
@@ -48,7 +55,9 @@ def check_keys(mapping: Mapping[str, Any], allowed: Iterable[str], path: str) ->
 def read_bool(value: Any, path: str) -> bool:
     """A YAML boolean; a string such as `"true"` or a 0/1 is refused."""
     if not isinstance(value, bool):
-        raise SpecError(path, f"expected true or false, got a {type_name(value)}", value=value)
+        raise SpecError(path, f"expected true or false, got a {type_name(value)}", value=value,
+                        hint=f"write {_key(path)}: true or {_key(path)}: false, without quotes (YAML 1.2 reads "
+                        "yes, no, on and off as strings)")  # fmt: skip
     return value
 
 
@@ -62,7 +71,7 @@ def read_int(value: Any, path: str, *, minimum: int | None = None, maximum: int 
             path,
             f"expected an integer, got a {type_name(value)}",
             value=value,
-            hint=f"write a whole number without quotes, e.g. {path.rpartition('.')[2]}: {example}",
+            hint=f"write a whole number without quotes, e.g. {_key(path)}: {example}",
         )
     _check_range(value, path, minimum, maximum)
     return value
@@ -89,10 +98,11 @@ def read_number(
 ) -> float:
     """A finite number within bounds; `positive` excludes zero."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(path, f"expected a number, got a {type_name(value)}", value=value)
+        raise SpecError(path, f"expected a number, got a {type_name(value)}", value=value,
+                        hint=f"write a number without quotes, e.g. {_key(path)}: {1 if minimum is None else minimum:g}")  # fmt: skip
     value = float(value)
     if not math.isfinite(value):
-        raise SpecError(path, "expected a finite number", value=value)
+        raise SpecError(path, "expected a finite number", value=value, hint="write a number, not inf or nan")
     if positive and value <= 0:
         raise SpecError(path, "must be greater than 0", value=value, hint="use a positive number")
     _check_range(value, path, minimum, maximum)
@@ -109,9 +119,10 @@ def _check_range(value: float, path: str, minimum: float | None, maximum: float 
 def read_str(value: Any, path: str, *, nonempty: bool = True) -> str:
     """A string, returned as written; with `nonempty` one that is not blank."""
     if not isinstance(value, str):
-        raise SpecError(path, f"expected a string, got a {type_name(value)}", value=value)
+        raise SpecError(path, f"expected a string, got a {type_name(value)}", value=value,
+                        hint=f"write text, in quotes where YAML would read it otherwise: {_key(path)}: \"...\"")  # fmt: skip
     if nonempty and not value.strip():
-        raise SpecError(path, "must not be empty", value=value)
+        raise SpecError(path, "must not be empty", value=value, hint=f"give {_key(path)} a value, or remove the key")
     return value
 
 
@@ -119,13 +130,13 @@ def read_choice(value: Any, path: str, choices: Iterable[str], *, case_sensitive
     """One of `choices`, returned in the spelling of `choices`."""
     choices = list(choices)
     if not isinstance(value, str):
-        raise SpecError(
-            path, f"expected one of the names below, got a {type_name(value)}", value=value, allowed=", ".join(choices)
-        )
+        raise SpecError(path, f"expected one of the names below, got a {type_name(value)}", value=value,
+                        allowed=", ".join(choices), hint=f"write one of them, e.g. {_key(path)}: {choices[0]}")  # fmt: skip
     for choice in choices:
         if value == choice or (not case_sensitive and value.lower() == choice.lower()):
             return choice
-    raise SpecError(path, f"unknown value {value!r}", allowed=", ".join(choices), hint=suggestion(value, choices))
+    hint = suggestion(value, choices) or f"use one of the allowed names, e.g. {_key(path)}: {choices[0]}"
+    raise SpecError(path, f"unknown value {value!r}", allowed=", ".join(choices), hint=hint)
 
 
 def read_list(value: Any, path: str, *, nonempty: bool = True) -> list[Any]:
@@ -136,9 +147,10 @@ def read_list(value: Any, path: str, *, nonempty: bool = True) -> list[Any]:
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list):
-        raise SpecError(path, f"expected a list, got a {type_name(value)}", value=value)
+        raise SpecError(path, f"expected a list, got a {type_name(value)}", value=value,
+                        hint=f"write one value, or a list such as {_key(path)}: [a, b]")  # fmt: skip
     if nonempty and not value:
-        raise SpecError(path, "must not be empty", value=value)
+        raise SpecError(path, "must not be empty", value=value, hint=f"give at least one item, or remove {_key(path)}")
     return value
 
 
@@ -167,9 +179,12 @@ def read_duration_s(value: Any, path: str) -> float:
     """A positive duration with a unit (s, m, h, d, w), in seconds."""
     seconds = parse_duration_s(value) if isinstance(value, str) else None
     if seconds is None:
-        raise SpecError(path, "expected a duration such as 90s, 5m, 12h, 90d or 2w", value=value)
+        raise SpecError(path, "expected a duration such as 90s, 5m, 12h, 90d or 2w", value=value,
+                        hint="write a number and a unit (s, m, h, d, w), e.g. 90d")  # fmt: skip
     if seconds <= 0:
-        raise SpecError(path, "the duration must be greater than 0", value=value)
+        raise SpecError(
+            path, "the duration must be greater than 0", value=value, hint="give a positive duration, e.g. 90d"
+        )
     return seconds
 
 

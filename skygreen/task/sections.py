@@ -180,9 +180,12 @@ def read_every(raw: Any, path: str) -> int | str:
     if isinstance(raw, str):
         seconds = parse_duration_s(raw)
         if seconds is None:
-            raise SpecError(path, "expected auto, a number of steps, or a duration", value=raw, allowed=_EVERY_ALLOWED)
+            raise SpecError(path, "expected auto, a number of steps, or a duration", value=raw, allowed=_EVERY_ALLOWED,
+                            hint="write e.g. every: 500 (steps) or every: 5m")  # fmt: skip
         if seconds <= 0:
-            raise SpecError(path, "the interval must be greater than 0", value=raw)
+            raise SpecError(
+                path, "the interval must be greater than 0", value=raw, hint="write e.g. every: 5m, or auto"
+            )
         return raw.strip()
     return read_int(raw, path, minimum=1)
 
@@ -191,7 +194,8 @@ def read_folder(raw: Any, path: str) -> str:
     """A folder inside the workdir (relative paths stay relative to it)."""
     folder = read_str(raw, path).strip()
     if ".." in Path(folder).parts:
-        raise SpecError(path, "may not leave the workdir with `..`", value=folder)
+        raise SpecError(path, "may not leave the workdir with `..`", value=folder,
+                        hint="name a folder inside the workdir, e.g. dir: out")  # fmt: skip
     return folder
 
 
@@ -338,7 +342,7 @@ class CheckpointSpec(Record, frozen=True, kw_only=True):
                                    "or remove it")  # fmt: skip
         if self.marker is not None and self.quiet_s is not None:
             raise FieldProblem("quiet_s", "and checkpoint.marker both say when a folder is complete; give one",
-                               value=self.quiet_s)  # fmt: skip
+                               value=self.quiet_s, hint="remove quiet_s: (the marker file says it)")  # fmt: skip
 
 
 # ---------------------------------------------------------------- power
@@ -356,7 +360,8 @@ def read_cap(raw: Any, path: str) -> CapRequest:
                         hint="use a fraction between 0.3 and 1.0, or watts")  # fmt: skip
     if value > 1.0 and not 50 <= value <= 1500:
         raise SpecError(path, "watts must be between 50 and 1500", value=raw,
-                        allowed="auto | off | watts (50-1500) | fraction (0.3-1.0)")  # fmt: skip
+                        allowed="auto | off | watts (50-1500) | fraction (0.3-1.0)",
+                        hint="give watts between 50 and 1500, a fraction such as 0.8, or auto")  # fmt: skip
     return CapRequest(mode="fraction" if value <= 1.0 else "watts", value=value)
 
 
