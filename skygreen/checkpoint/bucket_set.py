@@ -90,7 +90,8 @@ def members(url: str) -> tuple[Member, ...]:
     for item in body.split(";"):
         key, sep, member_url = item.partition("=")
         if not sep or "://" not in member_url or member_url.partition("://")[0] not in _URL_CLOUD:
-            raise SpecError("checkpoint.buckets", f"a set member is not KEY=URL of a cloud bucket: {item!r}", value=url)
+            raise SpecError("checkpoint.buckets", f"a set member is not KEY=URL of a cloud bucket: {item!r}", value=url,
+                            hint="write checkpoint.buckets as a mapping, e.g. {aws: s3://team-ckpt, gcp: gs://team-ckpt}")  # fmt: skip
         out.append(Member(key=key, url=member_url.rstrip("/") + (f"/{path}" if path else "")))
     return tuple(out)
 

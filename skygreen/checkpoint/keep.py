@@ -16,7 +16,6 @@ MIN_KEEP = 2
 def check_keep(keep: object, field: str = "keep") -> int:
     """`keep` if it is an integer of at least `MIN_KEEP`, else a `SpecError` naming `field`."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < MIN_KEEP:
-        raise SpecError(
-            field, f"must be an integer at least {MIN_KEEP} (the newest checkpoint may be the broken one)", value=keep
-        )
+        raise SpecError(field, f"must be an integer at least {MIN_KEEP} (the newest checkpoint may be the broken one)",
+                        value=keep, hint=f"use {MIN_KEEP} or more")  # fmt: skip
     return keep

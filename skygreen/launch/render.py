@@ -295,9 +295,8 @@ def _secret_refs(raw: Any) -> dict[str, None] | list[str] | None:
         return {str(name): None for name in raw}
     if isinstance(raw, list):
         return [str(item) for item in raw]
-    raise SpecError(
-        "secrets", "expected a mapping of names to values, or a list of secrets:NAME", value=type(raw).__name__
-    )
+    raise SpecError("secrets", "expected a mapping of names to values, or a list of secrets:NAME",
+                    value=type(raw).__name__, hint="write one NAME: value per line, indented under secrets:")  # fmt: skip
 
 
 def _workdir(raw: Any, task_dir: Path) -> Any:
