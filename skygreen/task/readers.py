@@ -23,8 +23,9 @@ def type_name(value: Any) -> str:
 
 
 def _key(path: str) -> str:
-    """The key a path ends in (`keep` for `skygreen.checkpoint.keep`), for a fix line's example."""
-    return path.rpartition(".")[2]
+    """The key a path ends in (`keep` for `skygreen.checkpoint.keep`, `gpus` for `skygreen.gpus[0]`),
+    for a fix line's example."""
+    return path.rpartition(".")[2].partition("[")[0]
 
 
 def read_mapping(value: Any, path: str) -> Mapping[str, Any]:
