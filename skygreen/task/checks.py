@@ -42,24 +42,15 @@ OWNED_RESOURCE_KEYS: dict[str, str] = {
 
 
 def load_task(path: str | os.PathLike[str]) -> TaskSpec:
-    """Read a task file and check it whole, each error prefixed with the file's name."""
-    spec = load_spec(path)
-    try:
-        spec = with_script_trainer(spec)
-        check_task(spec)
-    except SpecError as e:
-        raise e.with_source(str(path), line=_line_of(path, e.field)) from None
+    """Read a task file and check it whole, each error naming the file and the line."""
+    return load_spec(path, then=checked_task)
+
+
+def checked_task(spec: TaskSpec) -> TaskSpec:
+    """The task with its trainer read from the script, once every check passes."""
+    spec = with_script_trainer(spec)
+    check_task(spec)
     return spec
-
-
-def _line_of(path: str | os.PathLike[str], field: str) -> int | None:
-    """The line the field sits on, for the message; None when the file cannot be read again."""
-    from skygreen.task.yaml_lines import line_of
-
-    try:
-        return line_of(Path(path).read_text(encoding="utf-8"), field)
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def check_task(spec: TaskSpec) -> None:

@@ -31,8 +31,8 @@ from typing import Any
 from skygreen.errors import RuntimeSetupError, SpecError
 from skygreen.memory.planned import PlannedMemory
 from skygreen.power.policy import CapRequest
-from skygreen.task.declare import Record, fields_of, without_none
-from skygreen.task.spec import HALF_PRECISIONS, PRECISIONS, TRAINERS, EarlyStopConfig, GreenSpec
+from skygreen.task.declare import Field, Record, fields_of, without_none
+from skygreen.task.spec import EarlyStopConfig, GreenSpec
 
 DEFAULT_PRECISION_ENV = "SKYGREEN_DEFAULT_PRECISION"
 SMOKE_ENV = "SKYGREEN_SMOKE"
@@ -51,17 +51,22 @@ def task_field(path: str, convert: Callable[[Any], Any] = lambda value: value) -
     """A setting that carries the task file's field at `path` (`checkpoint.keep`, read from the
     `skygreen:` section's records by `RuntimeSettings.from_spec`, through `convert`), with that
     field's declared default: the declaration (`skygreen.task.declare`) says it once."""
-    default = convert(_declared_default(GreenSpec, path.split(".")))
+    declared = _declared(GreenSpec, path.split("."))
+    default = convert(declared.default if declared is not None else None)
     return field(default=default, metadata={"task": path, "convert": convert})
 
 
-def _declared_default(record: type, path: list[str]) -> Any:
-    """The declared default of the field at `path` under `record`; None for a value a record
-    derives (`checkpoint.every_steps`) rather than declares."""
+def _declared(record: type, path: list[str]) -> Field | None:
+    """The declaration of the field at `path` under `record`; None for a value a record derives
+    (`checkpoint.every_steps`) rather than declares."""
     found = {f.name: f for f in fields_of(record)}.get(path[0])
-    if found is None:
-        return None
-    return found.default if len(path) == 1 else _declared_default(found.hint, path[1:])
+    return found if found is None or len(path) == 1 else _declared(found.hint, path[1:])
+
+
+def _choices(setting: dataclasses.Field[Any]) -> tuple[str, ...]:
+    """The names a setting that carries a task file field allows, as the field declares them."""
+    declared = _declared(GreenSpec, setting.metadata["task"].split(".")) if "task" in setting.metadata else None
+    return declared.extra.get("choices", ()) if declared is not None else ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,25 +132,16 @@ class RuntimeSettings:
         for name in ("run_id", "bucket"):
             if not getattr(self, name):
                 _bad(name, getattr(self, name), "must not be empty", "start the script with `skygreen up`")
-        _choice("precision", self.precision, PRECISIONS)
-        if self.checkpoint_half_precision is not None:
-            _choice("checkpoint_half_precision", self.checkpoint_half_precision, HALF_PRECISIONS)
-        if self.trainer is not None:
-            _choice("trainer", self.trainer, TRAINERS)
-        for name in ("effective_batch", "micro_batch", "checkpoint_every_steps", "checkpoint_keep", "launch"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                _bad(name, value, "must be an integer >= 1", "set a whole number such as 4")
-        for name in (
-            "checkpoint_every_s",
-            "checkpoint_quiet_s",
-            "power_eta",
-            "preemptions_per_hour",
-            "burn_alert_usd_per_hour",
-        ):
-            value = getattr(self, name)
-            if value is not None and not _non_negative(value):
-                _bad(name, value, "must be a finite number >= 0", "set a number such as 0.5")
+        for f in dataclasses.fields(self):
+            value, hint, choices = getattr(self, f.name), without_none(_HINTS[f.name]), _choices(f)
+            if value is None:
+                continue
+            if choices and value not in choices:
+                _bad(f.name, value, f"must be one of {', '.join(choices)}", f"one of {', '.join(choices)}")
+            if hint is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                _bad(f.name, value, "must be an integer >= 1", "set a whole number such as 4")
+            if hint is float and f.name not in _ABOVE_ZERO and not _non_negative(value):
+                _bad(f.name, value, "must be a finite number >= 0", "set a number such as 0.5")
         # A budget of 0 would stop before the first step; the ledger's BudgetPolicy refuses it too,
         # but only later, deep in the run's start, so it is refused here with the variable's name.
         if self.budget_usd is not None and not (_non_negative(self.budget_usd) and self.budget_usd > 0):
@@ -274,7 +270,7 @@ def decode(raw: str, hint: Any, name: str) -> Any:
         if origin is tuple:
             item = typing.get_args(hint)[0]
             return tuple(decode(part.strip(), item, name) for part in raw.split(",") if part.strip())
-        if origin in (Mapping, dict, typing.get_origin(Mapping[str, str])):
+        if origin in (Mapping, dict):
             item = typing.get_args(hint)[1]
             pairs = {}
             for part in raw.split(","):
@@ -377,9 +373,6 @@ def _bad(name: str, value: Any, problem: str, fix: str) -> None:
     raise RuntimeSetupError(f"{_env_name((name,))} ({name}): {problem}, got {value!r}\n  fix: {fix}")
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        _bad(name, value, f"must be one of {', '.join(allowed)}", f"one of {', '.join(allowed)}")
-
-
 _HINTS = typing.get_type_hints(RuntimeSettings)
+_ABOVE_ZERO = ("budget_usd", "ledger_heartbeat_s")
+"""Numbers checked on their own above 0, with their unit, where the others may be 0."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,9 @@ __all__ = [
 # ---------------------------------------------------------------- loading
 
 
-def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
-    """Read and validate a task file; every problem is an `InputError` (exit code 2)."""
+def load_spec(path: str | os.PathLike[str], *, then: Callable[[TaskSpec], TaskSpec] | None = None) -> TaskSpec:
+    """Read and validate a task file, and pass it through `then` (the whole task's checks); every
+    problem is an `InputError` (exit code 2) naming the file and the line."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -52,7 +53,8 @@ def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read task file {path}: {e}") from e
     try:
-        return parse_spec_text(text, source=str(path))
+        spec = parse_spec_text(text, source=str(path))
+        return then(spec) if then is not None else spec
     except SpecError as e:
         line = None if e.field == "(file)" or e.field.startswith("line ") else line_of(text, e.field)
         raise e.with_source(str(path), line=line) from None
