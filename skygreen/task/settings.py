@@ -48,17 +48,21 @@ to try a task on a laptop."""
 
 
 def task_field(path: str, convert: Callable[[Any], Any] = lambda value: value) -> Any:
-    """A setting that carries the task file's field at `path` (`checkpoint.keep`, read from the
-    `skygreen:` section's records by `RuntimeSettings.from_spec`, through `convert`), with that
-    field's declared default: the declaration (`skygreen.task.declare`) says it once."""
+    """A setting that carries the task file's field at `path`, with that field's declared default.
+
+    `RuntimeSettings.from_spec` reads it from the `skygreen:` section's records (`checkpoint.keep`),
+    through `convert`; the declaration (`skygreen.task.declare`) says the default once.
+    """
     declared = _declared(GreenSpec, path.split("."))
     default = convert(declared.default if declared is not None else None)
     return field(default=default, metadata={"task": path, "convert": convert})
 
 
 def _declared(record: type, path: list[str]) -> Field | None:
-    """The declaration of the field at `path` under `record`; None for a value a record derives
-    (`checkpoint.every_steps`) rather than declares."""
+    """The declaration of the field at `path` under `record`.
+
+    None for a value a record derives (`checkpoint.every_steps`) rather than declares.
+    """
     found = {f.name: f for f in fields_of(record)}.get(path[0])
     return found if found is None or len(path) == 1 else _declared(found.hint, path[1:])
 
@@ -186,9 +190,11 @@ class RuntimeSettings:
 
     @classmethod
     def from_spec(cls, spec: GreenSpec, *, run_id: str, bucket: str, **run: Any) -> RuntimeSettings:
-        """The settings of a run of a task, as `skygreen up` builds them before `to_env`: each
-        `task_field` from `spec`, the rest from what the launch knows (`**run`: `cloud`, `offers`,
-        `user`, the preemption rates; None leaves a field unset)."""
+        """The settings of a run of a task, as `skygreen up` builds them before `to_env`.
+
+        Each `task_field` comes from `spec`, the rest from what the launch knows (`**run`:
+        `cloud`, `offers`, `user`, the preemption rates; None leaves a field unset).
+        """
         from_task = {
             f.name: f.metadata["convert"](_get(spec, tuple(f.metadata["task"].split("."))))
             for f in dataclasses.fields(cls)
@@ -207,9 +213,13 @@ class RuntimeSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RuntimeSettings:
-        """The settings from the `SKYGREEN_*` variables of `environ` (default `os.environ`), with
-        `overrides` from code winning (None ignored); a `RuntimeSetupError` naming a malformed,
-        out-of-range or missing variable."""
+        """The settings from the `SKYGREEN_*` variables of `environ` (default `os.environ`).
+
+        `overrides` from code win (None is ignored).
+
+        Raises:
+            RuntimeSetupError: a malformed, out-of-range or missing variable, named.
+        """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         nested: dict[str, dict[str, Any]] = {}
@@ -261,9 +271,14 @@ def encode(value: Any, hint: Any) -> str:
 
 
 def decode(raw: str, hint: Any, name: str) -> Any:
-    """The text of variable `name` read as `hint` (int, float, bool, str, `tuple[X, ...]`,
-    `Mapping[str, X]`, a record with a `parse` classmethod, or one of those `| None`): the one
-    parser of runtime variables; a `RuntimeSetupError` naming the variable otherwise."""
+    """The text of variable `name` read as `hint`: the one parser of runtime variables.
+
+    `hint` is int, float, bool, str, `tuple[X, ...]`, `Mapping[str, X]`, a record with a `parse`
+    classmethod, or one of those `| None`.
+
+    Raises:
+        RuntimeSetupError: the text is not a `hint`, naming the variable.
+    """
     hint = without_none(hint)
     origin = typing.get_origin(hint)
     try:
@@ -346,7 +361,9 @@ def _get(record: Any, path: tuple[str, ...]) -> Any:
 
 def field_from_env(name: str, environ: Mapping[str, str]) -> Any:
     """One setting read from its variable, checked as the settings check it; None when unset.
-    For code that needs it alone (a `Checkpointer` built by hand reads `launch`)."""
+
+    For code that needs it alone (a `Checkpointer` built by hand reads `launch`).
+    """
     variable = _env_name((name,))
     raw = environ.get(variable, "")
     if raw.strip() == "":
