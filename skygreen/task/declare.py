@@ -67,8 +67,9 @@ def meaning(
     take; `example` the fix line's value when a required key is missing; `auto` lets `auto` stand
     for None (decided at run time), `off` lets `false` stand for None (a section turned off);
     `default` the default as the page says it, where the value alone would mislead."""
-    given = dict(unit=unit, allowed=allowed, example=example, auto=auto, choices=choices, keys=keys, off=off)
-    extra = {k: v for k, v in {**given, "default_text": default}.items() if v}
+    given = dict(unit=unit, allowed=allowed, example=example, auto=auto, choices=choices, keys=keys, off=off,
+                 default_text=default)  # fmt: skip
+    extra = {k: v for k, v in given.items() if v}
     bounds = {name: bound for name, bound in (("ge", ge), ("gt", gt), ("le", le)) if bound is not None}
     return msgspec.Meta(description=text, extra=extra or None, **bounds)  # type: ignore[call-overload]  # a dict of bounds matches no single overload
 

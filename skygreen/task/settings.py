@@ -137,7 +137,7 @@ class RuntimeSettings:
             if not getattr(self, name):
                 _bad(name, getattr(self, name), "must not be empty", "start the script with `skygreen up`")
         for f in dataclasses.fields(self):
-            value, hint, choices = getattr(self, f.name), without_none(_HINTS[f.name]), _choices(f)
+            value, hint, choices = getattr(self, f.name), without_none(_HINTS[f.name]), _CHOICES[f.name]
             if value is None:
                 continue
             if choices and value not in choices:
@@ -391,5 +391,7 @@ def _bad(name: str, value: Any, problem: str, fix: str) -> None:
 
 
 _HINTS = typing.get_type_hints(RuntimeSettings)
+_CHOICES = {f.name: _choices(f) for f in dataclasses.fields(RuntimeSettings)}
+"""The names each setting allows, from its task field's declaration (empty: any), read once."""
 _ABOVE_ZERO = ("budget_usd", "ledger_heartbeat_s")
 """Numbers checked on their own above 0, with their unit, where the others may be 0."""
