@@ -18,10 +18,12 @@ import socket
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from skygreen.errors import LaunchError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.launch.launcher import JobState, Launcher
@@ -212,6 +214,10 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _stopped_listening(port: int) -> bool:
+    return not _listening(port)
+
+
 SERVER_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -231,17 +237,15 @@ SERVER_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_real_skypilot_api_server_without_credentials(tmp_path):
-    """SkyPilot's client starts its API server on a private port; launching without cloud
-    credentials and reading a job without a controller fail with skygreen's messages."""
-    home = tmp_path / "home"
+def _private_sky_home(home: Path) -> dict[str, str]:
+    """The environment of a SkyPilot client and API server in a private HOME, on a port picked
+    free, with a seeded catalog."""
     home.mkdir()
-    port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_"))}
     env.update(
         HOME=str(home),
         SKY_RUNTIME_DIR=str(home),
-        SKYPILOT_API_SERVER_LOCAL_PORT=str(port),
+        SKYPILOT_API_SERVER_LOCAL_PORT=str(_free_port()),
         SKYPILOT_DISABLE_USAGE_COLLECTION="1",
     )
     # SkyPilot's server reads its catalog to canonicalise GPU names and check regions; seeded
@@ -252,6 +256,12 @@ def test_a_real_skypilot_api_server_without_credentials(tmp_path):
     (catalogs / "common" / "accelerators.csv").write_text(
         'AcceleratorName,Clouds\nA100,"AWS, GCP, Azure"\nL4,"AWS, GCP"\nT4,"AWS, GCP, Azure"\n'
     )
+    return env
+
+
+def test_a_real_skypilot_api_server_without_credentials(tmp_path):
+    """SkyPilot's client starts its API server on a private port; launching without cloud
+    credentials and reading a job without a controller fail with skygreen's messages."""
     from skygreen.api import plan
 
     spec = parse_spec({"name": "demo", "skygreen": {"gpus": ["L4", "T4", "A100"]}, "run": "python train.py"})
@@ -259,7 +269,10 @@ def test_a_real_skypilot_api_server_without_credentials(tmp_path):
     task = render_task(spec, plan(spec, catalog_dir=SMALL_CATALOG), settings=settings, task_dir=tmp_path)
     task_path = tmp_path / "task.json"
     task_path.write_text(json.dumps(task))
-    for attempt in (1, 2):
+    for attempt in range(3):
+        home = tmp_path / f"home-{attempt}"
+        env = _private_sky_home(home)
+        port = int(env["SKYPILOT_API_SERVER_LOCAL_PORT"])
         try:
             out = subprocess.run(
                 [sys.executable, "-c", SERVER_SCRIPT, str(task_path)],
@@ -272,16 +285,18 @@ def test_a_real_skypilot_api_server_without_credentials(tmp_path):
             subprocess.run(
                 [sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120
             )
-        assert not _listening(port), "the SkyPilot API server is still running"
+        # its processes may take a moment to release the port after `api_stop` returns
+        wait_for(partial(_stopped_listening, port), "the SkyPilot API server to stop listening", timeout_s=120)
         lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
         assert lines, out.stdout[-2000:] + out.stderr[-3000:]
         result = json.loads(lines[-1][len("RESULT ") :])
         launch = result["launch"]
-        # SkyPilot's own server process sometimes dies while starting on a loaded machine (seen
-        # once in a full run, never alone): start it once more, and show its log if it dies again.
-        if attempt == 1 and "API server process exited unexpectedly" in launch.get("error", ""):
-            continue
-        break
+        # The server's ports (its own and its request queue's, derived from it) were only free
+        # when picked; on a loaded machine another process can bind one first, or the server can
+        # die while starting. Start it again in a new HOME on a new port, and show its log if
+        # it dies every time.
+        if "API server process exited unexpectedly" not in launch.get("error", ""):
+            break
     server_logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in home.rglob("*.log"))
     assert "error" in launch, launch
     assert launch["cause"] == "NoCloudAccessError", launch["error"] + "\n" + server_logs
