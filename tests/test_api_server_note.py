@@ -8,48 +8,23 @@ colour codes into output that is not a terminal. The server is stopped afterward
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import yaml
 
-from helpers import user_env, wait_for
+from helpers import user_env
 from servers import FAKE_AWS_ENV, free_port
+from sky_server import SMALL_CATALOG, listening, sky_env, stop_server
 
-REPO = Path(__file__).resolve().parents[1]
-SMALL_CATALOG = REPO / "tests" / "data" / "catalog" / "v8"
 SKYGREEN = [sys.executable, "-m", "skygreen.cli"]
 
 
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def sky_env(home: Path, port: int, s3_endpoint: str) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_", "SKYGREEN_"))
-    }
-    env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), SKYPILOT_API_SERVER_LOCAL_PORT=str(port),
-               SKYPILOT_DISABLE_USAGE_COLLECTION="1", XDG_DATA_HOME=str(home / ".local" / "share"))  # fmt: skip
-    # The checkpoint bucket lives on moto; SkyPilot itself finds no AWS credentials file.
-    env.update(FAKE_AWS_ENV, AWS_ENDPOINT_URL_S3=s3_endpoint)
-    catalogs = home / ".sky" / "catalogs" / "v8"  # seeded without checksums: never downloaded
-    shutil.copytree(SMALL_CATALOG, catalogs)
-    (catalogs / "common").mkdir()
-    (catalogs / "common" / "accelerators.csv").write_text(
-        'AcceleratorName,Clouds\nA100,"AWS, GCP, Azure"\nL4,"AWS, GCP"\nT4,"AWS, GCP, Azure"\n'
-    )
-    return env
-
-
-def stopped_listening(port: int) -> bool:
-    return not listening(port)
+def sky_env_with_a_bucket(home: Path, port: int, s3_endpoint: str) -> dict[str, str]:
+    """SkyPilot's private environment, with the checkpoint bucket on moto; SkyPilot itself finds
+    no AWS credentials file."""
+    return {**sky_env(home, port), **FAKE_AWS_ENV, "AWS_ENDPOINT_URL_S3": s3_endpoint}
 
 
 def port_taken_under_the_server(home: Path, out: subprocess.CompletedProcess) -> bool:
@@ -68,7 +43,7 @@ def up_through_sky(tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> tuple[su
         home = tmp_path / f"home-{attempt}"
         home.mkdir()
         port = free_port()
-        env = sky_env(home, port, s3_endpoint)
+        env = sky_env_with_a_bucket(home, port, s3_endpoint)
         task = tmp_path / "task.yaml"
         task.write_text(yaml.safe_dump({"name": "demo", "skygreen": {"gpus": ["L4", "T4"], "checkpoint": {"bucket": f"s3://{s3_bucket}/runs"}},
                                         "run": "python train.py"}))  # fmt: skip
@@ -77,11 +52,7 @@ def up_through_sky(tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> tuple[su
                                  env=env, capture_output=True, text=True, timeout=420, cwd=tmp_path)  # fmt: skip
             started = listening(port)
         finally:
-            subprocess.run(
-                [sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120
-            )
-        # its processes may take a moment to release the port after `api_stop` returns
-        wait_for(partial(stopped_listening, port), "the SkyPilot API server to stop listening", timeout_s=120)
+            stop_server(env, port)
         if not port_taken_under_the_server(home, out) or attempt == 2:
             return out, port, started
     raise AssertionError("unreachable")

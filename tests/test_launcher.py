@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import builtins
 import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
-from functools import partial
-from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from servers import free_port
+from sky_server import SMALL_CATALOG, sky_env, stop_server
 from skygreen.errors import LaunchError
 from skygreen.exit_codes import PREEMPTED_EXIT_CODE
 from skygreen.launch.launcher import JobState, Launcher
@@ -39,9 +35,6 @@ from skygreen.launch.skypilot_launcher import (
 from skygreen.plan.rank import Candidate, Plan
 from skygreen.task.settings import RuntimeSettings
 from skygreen.task.spec import parse_spec
-
-REPO = Path(__file__).resolve().parents[1]
-SMALL_CATALOG = REPO / "tests" / "data" / "catalog" / "v8"
 
 
 def rendered(tmp_path, **green) -> dict:
@@ -203,21 +196,6 @@ def test_job_records_become_skygreen_statuses(sky):
     assert failed.state.resumable
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _stopped_listening(port: int) -> bool:
-    return not _listening(port)
-
-
 SERVER_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -237,28 +215,6 @@ SERVER_SCRIPT = textwrap.dedent(
 )
 
 
-def _private_sky_home(home: Path) -> dict[str, str]:
-    """The environment of a SkyPilot client and API server in a private HOME, on a port picked
-    free, with a seeded catalog."""
-    home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_"))}
-    env.update(
-        HOME=str(home),
-        SKY_RUNTIME_DIR=str(home),
-        SKYPILOT_API_SERVER_LOCAL_PORT=str(_free_port()),
-        SKYPILOT_DISABLE_USAGE_COLLECTION="1",
-    )
-    # SkyPilot's server reads its catalog to canonicalise GPU names and check regions; seeded
-    # (without .meta checksums) it never downloads one. Tests reach loopback only.
-    catalogs = home / ".sky" / "catalogs" / "v8"
-    shutil.copytree(SMALL_CATALOG, catalogs)
-    (catalogs / "common").mkdir()
-    (catalogs / "common" / "accelerators.csv").write_text(
-        'AcceleratorName,Clouds\nA100,"AWS, GCP, Azure"\nL4,"AWS, GCP"\nT4,"AWS, GCP, Azure"\n'
-    )
-    return env
-
-
 def test_a_real_skypilot_api_server_without_credentials(tmp_path):
     """SkyPilot's client starts its API server on a private port; launching without cloud
     credentials and reading a job without a controller fail with skygreen's messages."""
@@ -270,9 +226,9 @@ def test_a_real_skypilot_api_server_without_credentials(tmp_path):
     task_path = tmp_path / "task.json"
     task_path.write_text(json.dumps(task))
     for attempt in range(3):
-        home = tmp_path / f"home-{attempt}"
-        env = _private_sky_home(home)
-        port = int(env["SKYPILOT_API_SERVER_LOCAL_PORT"])
+        home, port = tmp_path / f"home-{attempt}", free_port()
+        home.mkdir()
+        env = sky_env(home, port)
         try:
             out = subprocess.run(
                 [sys.executable, "-c", SERVER_SCRIPT, str(task_path)],
@@ -282,11 +238,7 @@ def test_a_real_skypilot_api_server_without_credentials(tmp_path):
                 timeout=420,
             )
         finally:
-            subprocess.run(
-                [sys.executable, "-c", "import sky; sky.api_stop()"], env=env, capture_output=True, timeout=120
-            )
-        # its processes may take a moment to release the port after `api_stop` returns
-        wait_for(partial(_stopped_listening, port), "the SkyPilot API server to stop listening", timeout_s=120)
+            stop_server(env, port)
         lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
         assert lines, out.stdout[-2000:] + out.stderr[-3000:]
         result = json.loads(lines[-1][len("RESULT ") :])
