@@ -6,6 +6,7 @@ when it stays corrupt, is refused with nothing left at the path."""
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import os
 import random
@@ -94,13 +95,19 @@ def test_ranged_download_settings_are_validated():
 
 
 def tune_over(tuner: StreamTuner, bytes_per_s_at, *, parts: int = 200, part_bytes: int = 16 * MIB) -> StreamTuner:
-    """Parts through a link whose throughput at n streams is `bytes_per_s_at(n)`: parts land one
-    after another at that rate, each counted at the level it started at."""
-    now_s = 0.0
-    for _ in range(parts):
-        level = tuner.part_started(now_s)
-        now_s += part_bytes / bytes_per_s_at(level)
-        tuner.part_done(level, part_bytes, now_s)
+    """Parts through a link whose throughput at n streams is `bytes_per_s_at(n)`, kept in flight
+    as `download_ranged` keeps them: as many at once as the tuner's streams, a new one started as
+    soon as one lands, each taking its share of the link at the level it started at. The parts of
+    a level still landing when the next begins hold their streams meanwhile."""
+    now_s, started = 0.0, 0
+    landing: list[tuple[float, int, float]] = []  # a heap of (lands_s, level, started_s)
+    while started < parts or landing:
+        while started < parts and len(landing) < tuner.streams:
+            level = tuner.part_started()
+            heapq.heappush(landing, (now_s + part_bytes * level / bytes_per_s_at(level), level, now_s))
+            started += 1
+        now_s, level, started_s = heapq.heappop(landing)
+        tuner.part_done(level, part_bytes, started_s=started_s, now_s=now_s)
     return tuner
 
 
@@ -127,14 +134,15 @@ def test_the_stream_tuner_with_start_at_most_never_moves_and_counts_only_its_own
     fixed = tune_over(StreamTuner(start=8, most=8), lambda n: 1e9)
     assert fixed.settled and fixed.streams == 8 and fixed.levels == []
     tuner = StreamTuner(start=2, most=8)
-    level = tuner.part_started(0.0)
+    level = tuner.part_started()
     for _ in range(3):
-        tuner.part_done(level, MIB, 1.0)
-    tuner.part_done(level + 1, MIB, 1.0)  # a part of another level does not count towards this one
+        tuner.part_done(level, MIB, started_s=0.0, now_s=1.0)
+    tuner.part_done(level + 1, MIB, started_s=0.0, now_s=1.0)  # a part of another level does not count towards this one
     assert tuner.levels == [] and tuner.streams == 2
-    tuner.part_done(level, MIB, 2.0)
+    tuner.part_done(level, MIB, started_s=0.5, now_s=2.5)
     assert [streams for streams, _ in tuner.levels] == [2] and tuner.streams == 4
-    assert tuner.levels[0][1] == pytest.approx(4 * MIB / 2.0)
+    # 2 streams, each part's bytes over its own seconds: 4 MiB in 3 + 2 part-seconds
+    assert tuner.levels[0][1] == pytest.approx(2 * 4 * MIB / 5.0)
 
 
 # -- local store ----------------------------------------------------------------------------

@@ -106,10 +106,17 @@ class StreamTuner:
     """How many ranged GETs to keep in flight: as many as raise the throughput, measured.
 
     It starts at `start` streams and measures each level over `parts_per_stream` parts per stream
-    fetched at that level (bytes over the seconds since the level began). A level at least `gain`
-    times as fast as the best before it doubles the streams (up to `most`); one that is not
-    settles the download on the best level measured. Pure: the caller reports each part done,
-    with the level it was started at and the clock, and reads `streams`.
+    started and fetched at that level. A level at least `gain` times as fast as the best before it
+    doubles the streams (up to `most`); one that is not settles the download on the best level
+    measured. Pure: the caller reports each part done, with the level it was started at, when it
+    started and the clock, and reads `streams`.
+
+    A level's rate is its streams times the bytes per second of its own parts, each timed from
+    its start to its end (Little's law: `streams` parts are in flight all along). Bytes over the
+    wall clock since the level began would count the first parts of a doubled level while the
+    parts of the level before it still held their streams: on a link that gives each stream its
+    share, twice the streams then measured about 1.3 times the rate, close enough to `gain` for
+    a busy host to stop the tuner short.
 
     Args:
         start: the streams of the first level (at most `most`).
@@ -127,31 +134,31 @@ class StreamTuner:
         self.levels: list[tuple[int, float]] = []
         """(streams, bytes per second) of each level measured, in order."""
         self._best: tuple[float, int] | None = None
-        self._level_started_s: float | None = None
         self._level_bytes = 0
+        self._level_part_s = 0.0
         self._level_parts = 0
 
-    def part_started(self, now_s: float) -> int:
-        """Note a part starting; the level it is fetched at (hand it back to `part_done`)."""
-        if self._level_started_s is None:
-            self._level_started_s = now_s
+    def part_started(self) -> int:
+        """The level a part starting now is fetched at (hand it back to `part_done`)."""
         return self.streams
 
-    def part_done(self, level: int, nbytes: int, now_s: float) -> None:
-        """Count a part fetched at `level`; a level fully measured moves the tuner on."""
-        if self.settled or level != self.streams or self._level_started_s is None:
+    def part_done(self, level: int, nbytes: int, *, started_s: float, now_s: float) -> None:
+        """Count a part fetched at `level` from `started_s` to `now_s`; a level fully measured
+        moves the tuner on."""
+        if self.settled or level != self.streams:
             return
         self._level_bytes += nbytes
+        self._level_part_s += now_s - started_s
         self._level_parts += 1
         if self._level_parts < self.parts_per_stream * self.streams:
             return
-        rate = self._level_bytes / max(now_s - self._level_started_s, 1e-9)
+        rate = self.streams * self._level_bytes / max(self._level_part_s, 1e-9)
         self.levels.append((self.streams, rate))
         if self._best is None or rate >= self._best[0] * self.gain:
             self._best = (rate, self.streams)
             if self.streams < self.most:
                 self.streams = min(2 * self.streams, self.most)
-                self._level_started_s, self._level_bytes, self._level_parts = now_s, 0, 0
+                self._level_bytes, self._level_part_s, self._level_parts = 0, 0.0, 0
                 return
         self.streams = self._best[1]
         self.settled = True
@@ -251,7 +258,7 @@ def download_ranged(
     try:
         _preallocate(fd, size_bytes)
 
-        def fetch(index: int, start: int, stop: int, level: int) -> None:
+        def fetch(index: int, start: int, stop: int, level: int, started_s: float) -> None:
             nonlocal in_flight
             try:
                 if failed.is_set():
@@ -261,7 +268,7 @@ def download_ranged(
                     raise StoreError(f"{store.url}: part {start}-{stop - 1} of {key} came back with {len(data)} bytes")
                 _pwrite_all(fd, data, start)
                 with streams:
-                    tuner.part_done(level, len(data), time.monotonic())
+                    tuner.part_done(level, len(data), started_s=started_s, now_s=time.monotonic())
                 digest.add(index, data)
             except BaseException:
                 failed.set()
@@ -283,8 +290,8 @@ def download_ranged(
                     while in_flight >= tuner.streams and not failed.is_set():
                         streams.wait(timeout=0.05)
                     in_flight += 1
-                    level = tuner.part_started(time.monotonic())
-                futures.append(pool.submit(fetch, index, start, stop, level))
+                    level = tuner.part_started()
+                futures.append(pool.submit(fetch, index, start, stop, level, time.monotonic()))
         for future in futures:
             future.result()  # the first failure, in part order
         return digest.result()
