@@ -6,5 +6,9 @@
 trap ':' TERM INT
 bash -c "$1"
 rc=$?
+# The run has ended. `skygreen cancel` signals every process of the job, and on a busy machine
+# its signals may still be arriving: ignored from here, by this shell and the `mv` it starts
+# (an ignored signal stays ignored across exec), so the exit code is always recorded.
+trap '' TERM INT
 printf '%s\n' "$rc" > "$2.tmp" && mv -f "$2.tmp" "$2"
 exit "$rc"

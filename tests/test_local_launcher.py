@@ -6,6 +6,8 @@ code and ends between those two reads finished normally; it must not read as kil
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,3 +48,22 @@ def test_a_job_that_ends_between_the_exit_code_read_and_the_liveness_check_reads
     status = launcher.status(job_id)
     assert reads[0] is None  # the first read came before the end
     assert status.state is JobState.SUCCEEDED and status.exit_code == 0, status
+
+
+def test_a_cancel_signal_that_reaches_the_job_while_it_records_its_exit_code_does_not_lose_it(tmp_path):
+    # `cancel` signals the job's process group, then each process that carries the job's mark,
+    # found by a scan of /proc: on a loaded machine the scan ends after the run script has, and its
+    # SIGTERM reached the `mv` that records the exit code (the job then read as killed). Here that
+    # `mv` signals its own process group before it moves the file, as that late SIGTERM would.
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    mv = shims / "mv"
+    mv.write_text(f'#!/bin/sh\nkill -TERM 0\nexec {shutil.which("mv")} "$@"\n')
+    mv.chmod(0o755)
+    launcher = LocalLauncher(tmp_path / "jobs")
+    task = {"run": "echo trained", "workdir": str(tmp_path), "envs": {"PATH": f"{shims}:{os.environ['PATH']}"}}
+    job_id = launcher.launch(task, name="recording")
+    wait_until(lambda: launcher.status(job_id).state.terminal, "the job to end")
+    status = launcher.status(job_id)
+    assert status.state is JobState.SUCCEEDED and status.exit_code == 0, status
+    assert not (Path(launcher.root) / job_id / "exit_code.tmp").exists()
