@@ -6,7 +6,6 @@ when it stays corrupt, is refused with nothing left at the path."""
 from __future__ import annotations
 
 import hashlib
-import heapq
 import logging
 import os
 import random
@@ -35,6 +34,7 @@ from skygreen.checkpoint.store import RetryPolicy
 from skygreen.checkpoint.store_factory import open_store
 from skygreen.errors import CheckpointError, TransientStoreError
 from skygreen.runtime.checkpointer import Checkpointer
+from tuner_links import LINKS, tune_over
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -94,36 +94,12 @@ def test_ranged_download_settings_are_validated():
     assert DEFAULT_RANGED.threshold_bytes == 64 * MIB
 
 
-def tune_over(tuner: StreamTuner, bytes_per_s_at, *, parts: int = 200, part_bytes: int = 16 * MIB) -> StreamTuner:
-    """Parts through a link whose throughput at n streams is `bytes_per_s_at(n)`, kept in flight
-    as `download_ranged` keeps them: as many at once as the tuner's streams, a new one started as
-    soon as one lands, each taking its share of the link at the level it started at. The parts of
-    a level still landing when the next begins hold their streams meanwhile."""
-    now_s, started = 0.0, 0
-    landing: list[tuple[float, int, float]] = []  # a heap of (lands_s, level, started_s)
-    while started < parts or landing:
-        while started < parts and len(landing) < tuner.streams:
-            level = tuner.part_started()
-            heapq.heappush(landing, (now_s + part_bytes * level / bytes_per_s_at(level), level, now_s))
-            started += 1
-        now_s, level, started_s = heapq.heappop(landing)
-        tuner.part_done(level, part_bytes, started_s=started_s, now_s=now_s)
-    return tuner
-
-
 @pytest.mark.parametrize(
-    ("link", "settles_at", "levels_measured"),
-    [
-        # a cloud link: each stream adds its 80 MB/s share, up to 10 Gbit/s
-        (lambda n: min(80e6 * n, 1250e6), 8, [2, 4, 8]),
-        # a small host: more streams compete for its cores and only add overhead
-        (lambda n: {2: 900e6, 4: 850e6, 8: 600e6}[n], 2, [2, 4]),
-        # a link full at 300 MB/s: doubling past 4 streams wins nothing
-        (lambda n: min(80e6 * n, 300e6), 4, [2, 4, 8]),
-    ],
-    ids=["cloud-link", "small-host", "full-link"],
+    ("name", "settles_at", "levels_measured"),
+    [("cloud-link", 8, [2, 4, 8]), ("small-host", 2, [2, 4]), ("full-link", 4, [2, 4, 8])],
 )
-def test_the_stream_tuner_doubles_streams_while_that_pays_and_keeps_the_best(link, settles_at, levels_measured):
+def test_the_stream_tuner_doubles_streams_while_that_pays_and_keeps_the_best(name, settles_at, levels_measured):
+    link = LINKS[name]
     tuner = tune_over(StreamTuner(start=2, most=8), link)
     assert tuner.settled and tuner.streams == settles_at
     assert [streams for streams, _ in tuner.levels] == levels_measured
